@@ -1,0 +1,69 @@
+"""Conveyor: the transactional outbox and job queue for Python on PostgreSQL."""
+
+from conveyor.admin import Admin, AsyncAdmin
+from conveyor.config import ProducerConfig, WorkerConfig
+from conveyor.errors import (
+    ConfigError,
+    ConveyorError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    EmbeddedServerError,
+    EventNotFoundError,
+    InvalidInputError,
+    InvalidStateError,
+    MigrationError,
+    PayloadTooLargeError,
+)
+from conveyor.outcomes import Cancel, HandlerSignal, PermanentFailure, RetryAfter, Snooze
+from conveyor.producer import (
+    AsyncCommittingProducer,
+    AsyncProducer,
+    CommittingProducer,
+    NewEvent,
+    Producer,
+)
+from conveyor.retry import BackoffPolicy
+from conveyor.router import Route, Router
+from conveyor.schema.migrator import AsyncMigrator, Migrator
+from conveyor.types import Event, EventRecord, EventState, QueueStatus
+from conveyor.worker import Worker, WorkerStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Admin",
+    "AsyncAdmin",
+    "AsyncCommittingProducer",
+    "AsyncMigrator",
+    "AsyncProducer",
+    "BackoffPolicy",
+    "Cancel",
+    "CommittingProducer",
+    "ConfigError",
+    "ConveyorError",
+    "DatabaseError",
+    "DatabaseUnavailableError",
+    "EmbeddedServerError",
+    "Event",
+    "EventNotFoundError",
+    "EventRecord",
+    "EventState",
+    "HandlerSignal",
+    "InvalidInputError",
+    "InvalidStateError",
+    "MigrationError",
+    "Migrator",
+    "NewEvent",
+    "PayloadTooLargeError",
+    "PermanentFailure",
+    "Producer",
+    "ProducerConfig",
+    "QueueStatus",
+    "RetryAfter",
+    "Route",
+    "Router",
+    "Snooze",
+    "Worker",
+    "WorkerConfig",
+    "WorkerStats",
+]

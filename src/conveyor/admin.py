@@ -1,0 +1,228 @@
+"""Operator operations: status, show, retry, cancel, prune.
+
+:class:`Admin` works on a sync connection and :class:`AsyncAdmin` mirrors it
+on an async one; both join the caller's transaction like the producers do.
+
+Example::
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        admin = Admin()
+        print(admin.status(conn).counts)
+        admin.retry_failed(conn, topic="email.send")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from conveyor.db.named_queries import Queries, queries_for
+from conveyor.errors import EventNotFoundError, InvalidInputError, InvalidStateError
+from conveyor.router import patterns_match
+from conveyor.types import (
+    FINISHED_STATES,
+    AttemptError,
+    EventRecord,
+    EventState,
+    QueueStatus,
+    TopicCount,
+    WorkerInfo,
+)
+from conveyor.validation import check_event_id, check_schema_name, check_topic
+
+# A worker that has not renewed its heartbeat for this long is not counted alive.
+WORKER_ALIVE_WITHIN = 30.0
+
+
+def _record(row: Sequence[Any]) -> EventRecord:
+    errors_raw = row[12] if isinstance(row[12], list) else json.loads(row[12] or "[]")
+    return EventRecord(
+        id=row[0], tenant=row[1], topic=row[2], payload=row[3], state=EventState(row[4]),
+        attempts=row[5], max_attempts=row[6], priority=row[7], run_at=row[8],
+        lease_owner=row[9], lease_expires_at=row[10], last_error=row[11],
+        errors=[AttemptError(attempt=e.get("attempt", 0), at=str(e.get("at", "")),
+                             error=e.get("error", ""), traceback=e.get("traceback"),
+                             worker=e.get("worker")) for e in errors_raw],
+        idempotency_key=row[13], created_at=row[14], updated_at=row[15],
+        attempted_at=row[16], finished_at=row[17],
+    )
+
+
+def _status(rows: list[Sequence[Any]], oldest: float | None,
+            workers: list[Sequence[Any]]) -> QueueStatus:
+    counts = {s.value: 0 for s in EventState}
+    by_topic = []
+    for topic, state, count in rows:
+        counts[state] += count
+        by_topic.append(TopicCount(topic, EventState(state), count))
+    infos = [WorkerInfo(id=w[0], name=w[1], host=w[2], pid=w[3], topics=list(w[4]),
+                        started_at=w[5], heartbeat_at=w[6]) for w in workers]
+    pending_topics = sorted({t.topic for t in by_topic if t.state is EventState.PENDING})
+    unhandled = [t for t in pending_topics
+                 if not any(patterns_match(w.topics, t) for w in infos)]
+    return QueueStatus(counts=counts, by_topic=by_topic, oldest_pending_age_s=oldest,
+                       workers=infos, unhandled_topics=unhandled)
+
+
+def _prune_states(states: Sequence[str] | None) -> list[str]:
+    if states is None:
+        return sorted(s.value for s in FINISHED_STATES)
+    out = []
+    for s in states:
+        try:
+            state = EventState(s)
+        except ValueError:
+            raise InvalidInputError(f"unknown state {s!r}") from None
+        if state not in FINISHED_STATES:
+            raise InvalidInputError(
+                f"only finished events can be pruned; {state.value!r} is not finished")
+        out.append(state.value)
+    return out
+
+
+def _older_than(seconds: float) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+        raise InvalidInputError(f"older_than must be a number of seconds >= 0, got {seconds!r}")
+    return float(seconds)
+
+
+def _not_changed(q: Queries, event_id: int, state_row: Sequence[Any] | None, action: str,
+                 allowed: str) -> Exception:
+    if state_row is None:
+        return EventNotFoundError(f"event {event_id} not found")
+    return InvalidStateError(
+        f"event {event_id} is {state_row[0]}; only {allowed} events can be {action}")
+
+
+PRUNE_BATCH = 10_000
+
+
+class Admin:
+    """Operator operations on a sync connection."""
+
+    def __init__(self, schema: str = "conveyor") -> None:
+        self._q = queries_for(check_schema_name(schema))
+
+    def status(self, conn: psycopg.Connection[Any]) -> QueueStatus:
+        q = self._q
+        rows = conn.execute(q["status_counts"]).fetchall()
+        oldest_row = conn.execute(q["status_oldest_pending"]).fetchone()
+        workers = conn.execute(q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN}).fetchall()
+        return _status(rows, oldest_row[0] if oldest_row else None, workers)
+
+    def show(self, conn: psycopg.Connection[Any], event_id: int) -> EventRecord:
+        event_id = check_event_id(event_id)
+        row = conn.execute(self._q["event_get"], {"id": event_id}).fetchone()
+        if row is None:
+            raise EventNotFoundError(f"event {event_id} not found")
+        return _record(row)
+
+    def retry(self, conn: psycopg.Connection[Any], event_id: int) -> None:
+        """Run a failed, cancelled or scheduled event again now."""
+        event_id = check_event_id(event_id)
+        if conn.execute(self._q["event_retry"], {"id": event_id}).fetchone() is None:
+            state = conn.execute(self._q["event_state"], {"id": event_id}).fetchone()
+            raise _not_changed(self._q, event_id, state, "retried",
+                               "failed, cancelled or pending")
+        self._notify(conn)
+
+    def retry_failed(self, conn: psycopg.Connection[Any], topic: str | None = None) -> list[int]:
+        """Retry every failed event (of one topic); returns their ids."""
+        if topic is not None:
+            check_topic(topic)
+        ids = [r[0] for r in conn.execute(self._q["event_retry_failed"], {"topic": topic})]
+        if ids:
+            self._notify(conn)
+        return ids
+
+    def cancel(self, conn: psycopg.Connection[Any], event_id: int) -> None:
+        """Cancel a pending, running or failed event; a running one's result is discarded."""
+        event_id = check_event_id(event_id)
+        if conn.execute(self._q["event_cancel"], {"id": event_id}).fetchone() is None:
+            state = conn.execute(self._q["event_state"], {"id": event_id}).fetchone()
+            raise _not_changed(self._q, event_id, state, "cancelled",
+                               "pending, running or failed")
+
+    def prune(self, conn: psycopg.Connection[Any], older_than: float,
+              states: Sequence[str] | None = None) -> int:
+        """Delete finished events older than ``older_than`` seconds; returns the count."""
+        params = {"older_than": _older_than(older_than), "states": _prune_states(states),
+                  "limit": PRUNE_BATCH}
+        total = 0
+        while True:
+            cur = conn.execute(self._q["event_prune"], params)
+            total += cur.rowcount
+            if cur.rowcount < PRUNE_BATCH:
+                return total
+
+    def _notify(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute(self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})
+
+
+class AsyncAdmin:
+    """The async mirror of :class:`Admin`."""
+
+    def __init__(self, schema: str = "conveyor") -> None:
+        self._q = queries_for(check_schema_name(schema))
+
+    async def status(self, conn: psycopg.AsyncConnection[Any]) -> QueueStatus:
+        q = self._q
+        rows = await (await conn.execute(q["status_counts"])).fetchall()
+        oldest_row = await (await conn.execute(q["status_oldest_pending"])).fetchone()
+        workers = await (await conn.execute(
+            q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN})).fetchall()
+        return _status(rows, oldest_row[0] if oldest_row else None, workers)
+
+    async def show(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> EventRecord:
+        event_id = check_event_id(event_id)
+        row = await (await conn.execute(self._q["event_get"], {"id": event_id})).fetchone()
+        if row is None:
+            raise EventNotFoundError(f"event {event_id} not found")
+        return _record(row)
+
+    async def retry(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:
+        event_id = check_event_id(event_id)
+        if await (await conn.execute(self._q["event_retry"], {"id": event_id})).fetchone() is None:
+            state = await (await conn.execute(self._q["event_state"], {"id": event_id})).fetchone()
+            raise _not_changed(self._q, event_id, state, "retried",
+                               "failed, cancelled or pending")
+        await self._notify(conn)
+
+    async def retry_failed(self, conn: psycopg.AsyncConnection[Any],
+                           topic: str | None = None) -> list[int]:
+        if topic is not None:
+            check_topic(topic)
+        cur = await conn.execute(self._q["event_retry_failed"], {"topic": topic})
+        ids = [r[0] for r in await cur.fetchall()]
+        if ids:
+            await self._notify(conn)
+        return ids
+
+    async def cancel(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:
+        event_id = check_event_id(event_id)
+        if await (await conn.execute(self._q["event_cancel"], {"id": event_id})).fetchone() is None:
+            state = await (await conn.execute(self._q["event_state"], {"id": event_id})).fetchone()
+            raise _not_changed(self._q, event_id, state, "cancelled",
+                               "pending, running or failed")
+
+    async def prune(self, conn: psycopg.AsyncConnection[Any], older_than: float,
+                    states: Sequence[str] | None = None) -> int:
+        params = {"older_than": _older_than(older_than), "states": _prune_states(states),
+                  "limit": PRUNE_BATCH}
+        total = 0
+        while True:
+            cur = await conn.execute(self._q["event_prune"], params)
+            total += cur.rowcount
+            if cur.rowcount < PRUNE_BATCH:
+                return total
+
+    async def _notify(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})
+
+
+def age(dt: datetime | None, now: datetime) -> float | None:
+    return None if dt is None else (now - dt).total_seconds()

@@ -1,0 +1,1 @@
+"""Database seam: named SQL queries and connection helpers over psycopg 3."""

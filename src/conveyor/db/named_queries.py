@@ -1,0 +1,77 @@
+"""Loads the named queries in ``queries/*.sql`` and binds them to a schema.
+
+A file holds blocks that start with ``-- name: <query_name>``; the SQL until
+the next such line belongs to that name. The schema enters only as
+``psycopg.sql.Identifier`` after validation, in place of ``{schema}``.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+from psycopg import sql
+
+from conveyor.validation import check_schema_name
+
+_NAME_RE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+
+
+def parse_named_queries(text: str) -> dict[str, str]:
+    """Split one .sql file into ``{name: sql}``; comment lines are kept in the SQL."""
+    parts = _NAME_RE.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        queries[name] = body.strip()
+    return queries
+
+
+@cache
+def raw_queries() -> dict[str, str]:
+    """Every named query, unbound, from all files in the package."""
+    folder = resources.files("conveyor.db") / "queries"
+    merged: dict[str, str] = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        for name, body in parse_named_queries(entry.read_text("utf-8")).items():
+            if name in merged:
+                raise ValueError(f"query {name!r} is defined in two files")
+            merged[name] = body
+    return merged
+
+
+class Queries:
+    """The named queries with ``{schema}`` bound, rendered once and cached."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = check_schema_name(schema)
+        self._rendered: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> str:
+        try:
+            return self._rendered[name]
+        except KeyError:
+            pass
+        body = raw_queries()[name]
+        text = sql.SQL(body).format(schema=sql.Identifier(self.schema)).as_string()  # type: ignore[arg-type]
+        self._rendered[name] = text
+        return text
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel the insert trigger uses for this schema."""
+        return f"{self.schema}.events"
+
+    @property
+    def events_table(self) -> str:
+        """The events table's qualified name as a regclass literal."""
+        return sql.Identifier(self.schema, "events").as_string()
+
+
+@cache
+def queries_for(schema: str) -> Queries:
+    return Queries(schema)

@@ -1,0 +1,210 @@
+-- Named queries on the events table. `{schema}` is replaced by the quoted
+-- schema identifier; parameters are always bound, never formatted in.
+
+-- name: event_insert
+-- One event. With an idempotency key that already exists nothing is inserted
+-- and no row comes back; the caller then looks the first event up.
+INSERT INTO {schema}.events
+    (tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
+VALUES
+    (%(tenant)s, %(topic)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+     %(idempotency_key)s, now() + %(delay)s * interval '1 second')
+ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id
+
+-- name: event_insert_many_ids
+-- Many events with ids reserved up front, from parallel arrays. Rows whose key
+-- already exists are skipped; the caller looks those keys up.
+INSERT INTO {schema}.events
+    (id, tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
+SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
+       t.idempotency_key, now() + t.delay * interval '1 second'
+FROM unnest(%(ids)s::bigint[], %(tenants)s::text[], %(topics)s::text[], %(payloads)s::text[],
+            %(priorities)s::smallint[], %(max_attempts)s::int[], %(keys)s::text[],
+            %(delays)s::float8[])
+     AS t(id, tenant, topic, payload, priority, max_attempts, idempotency_key, delay)
+ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id
+
+-- name: event_reserve_ids
+-- Ids for a COPY batch, taken from the identity sequence up front because COPY
+-- returns nothing.
+SELECT nextval(pg_get_serial_sequence(%(table)s, 'id')) FROM generate_series(1, %(count)s)
+
+-- name: event_id_by_key
+SELECT id FROM {schema}.events
+WHERE tenant IS NOT DISTINCT FROM %(tenant)s AND idempotency_key = %(idempotency_key)s
+
+-- name: event_claim
+-- Claims up to `limit` due events of the worker's topics. SKIP LOCKED lets
+-- concurrent workers take disjoint rows without waiting on each other; the
+-- attempt is counted at claim time so a crash mid-run still spends it.
+WITH next AS (
+    SELECT id
+    FROM {schema}.events
+    WHERE state = 'pending'
+      AND run_at <= now()
+      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.events AS e
+SET state = 'running',
+    attempts = e.attempts + 1,
+    lease_owner = %(owner)s,
+    lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
+    attempted_at = now(),
+    updated_at = now()
+FROM next
+WHERE e.id = next.id
+RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
+          e.idempotency_key, e.created_at
+
+-- name: event_succeed_many
+-- Fenced: applies only where this worker still owns the same attempt.
+UPDATE {schema}.events AS e
+SET state = 'succeeded',
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt)
+WHERE e.id = d.id
+  AND e.state = 'running'
+  AND e.lease_owner = %(owner)s
+  AND e.attempts = d.attempt
+RETURNING e.id
+
+-- name: event_settle_many
+-- Every other outcome, fenced like event_succeed_many. `refund` gives the
+-- attempt back (snooze, hand-back on shutdown); `error` appends to the history.
+UPDATE {schema}.events AS e
+SET state = d.state,
+    attempts = e.attempts - d.refund,
+    run_at = CASE WHEN d.delay IS NULL THEN e.run_at
+                  ELSE now() + d.delay * interval '1 second' END,
+    last_error = COALESCE(d.error, e.last_error),
+    errors = CASE WHEN d.error IS NULL THEN e.errors
+                  ELSE e.errors || jsonb_build_array(jsonb_build_object(
+                      'attempt', d.attempt, 'at', now(), 'error', d.error,
+                      'traceback', d.traceback, 'worker', %(owner)s::text)) END,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN d.state IN ('succeeded', 'failed', 'cancelled') THEN now() END,
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[],
+            %(delays)s::float8[], %(refunds)s::int[], %(errors)s::text[],
+            %(tracebacks)s::text[])
+     AS d(id, attempt, state, delay, refund, error, traceback)
+WHERE e.id = d.id
+  AND e.state = 'running'
+  AND e.lease_owner = %(owner)s
+  AND e.attempts = d.attempt
+RETURNING e.id
+
+-- name: event_extend_leases
+-- Heartbeat: renew the leases of the events this worker is still running.
+UPDATE {schema}.events
+SET lease_expires_at = now() + %(lease_ttl)s * interval '1 second'
+WHERE id = ANY(%(ids)s::bigint[])
+  AND state = 'running'
+  AND lease_owner = %(owner)s
+RETURNING id
+
+-- name: event_rescue_expired
+-- Events whose worker stopped renewing its lease (killed, frozen, cut off) go
+-- back to pending, or to failed when that was their last attempt, so a poison
+-- event that kills its worker still ends up parked.
+WITH expired AS (
+    SELECT id
+    FROM {schema}.events
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.events AS e
+SET state = CASE WHEN e.attempts >= e.max_attempts THEN 'failed' ELSE 'pending' END,
+    run_at = now(),
+    last_error = 'lease expired: the worker running attempt ' || e.attempts || ' was lost',
+    errors = e.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', e.attempts, 'at', now(),
+        'error', 'lease expired: the worker running this attempt was lost',
+        'traceback', NULL, 'worker', e.lease_owner::text)),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN e.attempts >= e.max_attempts THEN now() END,
+    updated_at = now()
+FROM expired
+WHERE e.id = expired.id
+RETURNING e.id, e.state, e.topic
+
+-- name: event_notify
+SELECT pg_notify(%(channel)s, %(payload)s)
+
+-- name: event_get
+SELECT id, tenant, topic, payload, state, attempts, max_attempts, priority, run_at,
+       lease_owner::text, lease_expires_at, last_error, errors, idempotency_key,
+       created_at, updated_at, attempted_at, finished_at
+FROM {schema}.events
+WHERE id = %(id)s
+
+-- name: event_retry
+-- Operator retry: run again now, granting one more attempt if all are spent.
+UPDATE {schema}.events
+SET state = 'pending',
+    run_at = now(),
+    max_attempts = GREATEST(max_attempts, attempts + 1),
+    finished_at = NULL,
+    updated_at = now()
+WHERE id = %(id)s AND state IN ('pending', 'failed', 'cancelled')
+RETURNING id
+
+-- name: event_retry_failed
+UPDATE {schema}.events
+SET state = 'pending',
+    run_at = now(),
+    max_attempts = GREATEST(max_attempts, attempts + 1),
+    finished_at = NULL,
+    updated_at = now()
+WHERE state = 'failed' AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+RETURNING id
+
+-- name: event_cancel
+-- A running event is cancelled too: its worker's late result is then fenced out.
+UPDATE {schema}.events
+SET state = 'cancelled',
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+WHERE id = %(id)s AND state IN ('pending', 'running', 'failed')
+RETURNING id
+
+-- name: event_state
+SELECT state FROM {schema}.events WHERE id = %(id)s
+
+-- name: event_prune
+-- Deletes finished events in bounded batches so no single statement holds
+-- locks on a huge number of rows.
+WITH doomed AS (
+    SELECT id FROM {schema}.events
+    WHERE finished_at < now() - %(older_than)s * interval '1 second'
+      AND state = ANY(%(states)s::text[])
+    LIMIT %(limit)s
+)
+DELETE FROM {schema}.events AS e
+USING doomed
+WHERE e.id = doomed.id
+
+-- name: status_counts
+SELECT topic, state, count(*)
+FROM {schema}.events
+GROUP BY topic, state
+ORDER BY topic, state
+
+-- name: status_oldest_pending
+SELECT extract(epoch FROM now() - min(run_at))::float8
+FROM {schema}.events
+WHERE state = 'pending' AND run_at <= now()

@@ -1,0 +1,60 @@
+"""Conveyor's exception tree.
+
+Every error Conveyor raises on purpose derives from :class:`ConveyorError`::
+
+    ConveyorError
+    ├── ConfigError            a setting is out of range or malformed
+    ├── InvalidInputError      an event, topic, tenant, key or id was refused before any SQL
+    │   └── PayloadTooLargeError
+    ├── DatabaseError          the database refused or could not be reached
+    │   └── DatabaseUnavailableError
+    ├── MigrationError         the schema is missing, too new, or a migration failed
+    ├── EventNotFoundError     no event has that id
+    ├── InvalidStateError      the event is in a state that forbids the operation
+    └── EmbeddedServerError    the embedded PostgreSQL could not be started
+
+Handler outcomes (retry later, permanent failure, cancel, snooze) are *not*
+errors; they live in :mod:`conveyor.outcomes`.
+"""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Base class of every error Conveyor raises on purpose."""
+
+
+class ConfigError(ConveyorError, ValueError):
+    """A configuration value is invalid; the message names the field and value."""
+
+
+class InvalidInputError(ConveyorError, ValueError):
+    """An input was refused before any SQL ran; the message names the value."""
+
+
+class PayloadTooLargeError(InvalidInputError):
+    """An event payload exceeds the configured size or nesting limit."""
+
+
+class DatabaseError(ConveyorError):
+    """The database refused an operation; the driver error is the ``__cause__``."""
+
+
+class DatabaseUnavailableError(DatabaseError):
+    """The database could not be reached."""
+
+
+class MigrationError(ConveyorError):
+    """The schema is missing, newer than this version, or a migration failed."""
+
+
+class EventNotFoundError(ConveyorError, LookupError):
+    """No event exists with the given id."""
+
+
+class InvalidStateError(ConveyorError):
+    """The event's state does not allow the requested operation."""
+
+
+class EmbeddedServerError(ConveyorError):
+    """The embedded PostgreSQL server could not be started or reached."""

@@ -1,0 +1,411 @@
+"""Writing events inside the caller's transaction.
+
+``enqueue(conn, ...)`` runs on the caller's psycopg connection and so joins
+whatever transaction is open there: the event exists if and only if that
+transaction commits. :class:`CommittingProducer` is the convenience that owns
+a connection and commits each call on its own.
+
+Example::
+
+    producer = Producer()
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO orders ...")
+        producer.enqueue(conn, "order.created", {"order_id": 42}, tenant="acme")
+    # leaving the block commits both, or neither
+
+Every input is checked before any SQL runs; a refusal raises
+:class:`~conveyor.errors.InvalidInputError` naming the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import psycopg
+
+from conveyor.config import ProducerConfig
+from conveyor.db.connect import connect, connect_async
+from conveyor.db.named_queries import Queries, queries_for
+from conveyor.errors import DatabaseError, InvalidInputError
+from conveyor.validation import (
+    check_delay,
+    check_idempotency_key,
+    check_max_attempts,
+    check_priority,
+    check_tenant,
+    check_topic,
+    encode_payload,
+)
+
+# Below this many rows a single INSERT beats the extra round trip COPY needs.
+COPY_THRESHOLD = 64
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NewEvent:
+    """One event to enqueue with :meth:`Producer.enqueue_many`.
+
+    Attributes:
+        topic: dot-separated topic, e.g. ``"email.send"``.
+        payload: any JSON-serialisable value. Defaults to ``{}``.
+        tenant: owning tenant (a DNS label) or ``None``. Defaults to ``None``.
+        idempotency_key: enqueuing the same (tenant, key) again yields the first id.
+            Defaults to ``None``.
+        delay: seconds before the event becomes due. Defaults to 0.
+        priority: higher runs first. Defaults to 0.
+        max_attempts: attempts before it is parked ``failed``. Defaults to the
+            producer's ``max_attempts``.
+    """
+
+    topic: str
+    payload: Any = None
+    tenant: str | None = None
+    idempotency_key: str | None = None
+    delay: float = 0.0
+    priority: int = 0
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    tenant: str | None
+    topic: str
+    payload: str
+    priority: int
+    max_attempts: int
+    key: str | None
+    delay: float
+
+
+def _prepare(config: ProducerConfig, event: NewEvent, index: int | None = None) -> _Row:
+    where = "" if index is None else f"event #{index}: "
+    try:
+        payload = {} if event.payload is None else event.payload
+        return _Row(
+            tenant=check_tenant(event.tenant),
+            topic=check_topic(event.topic),
+            payload=encode_payload(
+                payload,
+                max_bytes=config.max_payload_bytes,
+                max_depth=config.max_payload_depth,
+            ),
+            priority=check_priority(event.priority),
+            max_attempts=check_max_attempts(
+                config.max_attempts if event.max_attempts is None else event.max_attempts
+            ),
+            key=check_idempotency_key(event.idempotency_key),
+            delay=check_delay(event.delay),
+        )
+    except InvalidInputError as exc:
+        if not where:
+            raise
+        raise type(exc)(where + str(exc)) from None
+
+
+def _coerce(item: NewEvent | Mapping[str, Any], index: int) -> NewEvent:
+    if isinstance(item, NewEvent):
+        return item
+    if isinstance(item, Mapping):
+        try:
+            return NewEvent(**item)
+        except TypeError as exc:
+            raise InvalidInputError(f"event #{index}: {exc}") from None
+    raise InvalidInputError(f"event #{index}: expected NewEvent or a mapping, got {item!r:.60}")
+
+
+def _prepare_many(config: ProducerConfig, events: Iterable[NewEvent | Mapping[str, Any]]) -> list[_Row]:
+    return [_prepare(config, _coerce(e, i), i) for i, e in enumerate(events)]
+
+
+def _single_params(row: _Row) -> dict[str, Any]:
+    return {
+        "tenant": row.tenant,
+        "topic": row.topic,
+        "payload": row.payload,
+        "priority": row.priority,
+        "max_attempts": row.max_attempts,
+        "idempotency_key": row.key,
+        "delay": row.delay,
+    }
+
+
+def _use_copy(rows: Sequence[_Row]) -> bool:
+    # COPY cannot skip key conflicts or compute now() + delay, so it is only
+    # used for plain batches.
+    return len(rows) >= COPY_THRESHOLD and all(r.key is None and r.delay == 0 for r in rows)
+
+
+def _insert_many_params(rows: Sequence[_Row], ids: Sequence[int]) -> dict[str, Any]:
+    return {
+        "ids": list(ids),
+        "tenants": [r.tenant for r in rows],
+        "topics": [r.topic for r in rows],
+        "payloads": [r.payload for r in rows],
+        "priorities": [r.priority for r in rows],
+        "max_attempts": [r.max_attempts for r in rows],
+        "keys": [r.key for r in rows],
+        "delays": [r.delay for r in rows],
+    }
+
+
+def _copy_statement(q: Queries) -> str:
+    return (f"COPY {q.events_table} (id, tenant, topic, payload, priority, max_attempts) "
+            "FROM STDIN")
+
+
+def _copy_rows(rows: Sequence[_Row], ids: Sequence[int]) -> Iterable[tuple[Any, ...]]:
+    for rid, r in zip(ids, rows, strict=True):
+        yield (rid, r.tenant, r.topic, r.payload, r.priority, r.max_attempts)
+
+
+def _wrap(exc: psycopg.Error, what: str) -> DatabaseError:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return DatabaseError(f"{what} failed: {first}")
+
+
+class Producer:
+    """Enqueues events on a connection the caller holds (sync).
+
+    Args:
+        config: limits and defaults. Defaults to ``ProducerConfig()``.
+    """
+
+    def __init__(self, config: ProducerConfig | None = None) -> None:
+        self.config = config or ProducerConfig()
+        self._q = queries_for(self.config.schema)
+
+    def enqueue(
+        self,
+        conn: psycopg.Connection[Any],
+        topic: str,
+        payload: Any = None,
+        *,
+        tenant: str | None = None,
+        idempotency_key: str | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        max_attempts: int | None = None,
+    ) -> int:
+        """Write one event in ``conn``'s current transaction; returns its id.
+
+        With an ``idempotency_key`` that already exists for the tenant, returns
+        the first event's id and writes nothing.
+        """
+        row = _prepare(self.config, NewEvent(
+            topic=topic, payload=payload, tenant=tenant, idempotency_key=idempotency_key,
+            delay=delay, priority=priority, max_attempts=max_attempts))
+        q = self._q
+        try:
+            found = conn.execute(q["event_insert"], _single_params(row)).fetchone()
+            if found is None:
+                found = conn.execute(
+                    q["event_id_by_key"], {"tenant": row.tenant, "idempotency_key": row.key}
+                ).fetchone()
+        except psycopg.Error as exc:
+            raise _wrap(exc, f"enqueue of topic {row.topic!r}") from exc
+        if found is None:
+            raise DatabaseError(
+                f"idempotency key {row.key!r} conflicts with an event this transaction cannot see"
+            )
+        return int(found[0])
+
+    def enqueue_many(
+        self,
+        conn: psycopg.Connection[Any],
+        events: Iterable[NewEvent | Mapping[str, Any]],
+    ) -> list[int]:
+        """Write many events in one statement (COPY for plain batches); ids in input order."""
+        rows = _prepare_many(self.config, events)
+        if not rows:
+            return []
+        q = self._q
+        try:
+            ids = [r[0] for r in conn.execute(
+                q["event_reserve_ids"], {"table": q.events_table, "count": len(rows)})]
+            if _use_copy(rows):
+                with conn.cursor().copy(_copy_statement(q)) as copy:
+                    for record in _copy_rows(rows, ids):
+                        copy.write_row(record)
+                return ids
+            cur = conn.execute(q["event_insert_many_ids"], _insert_many_params(rows, ids))
+            inserted = {r[0] for r in cur.fetchall()}
+            return [rid if rid in inserted else self._existing(conn, row)
+                    for rid, row in zip(ids, rows, strict=True)]
+        except psycopg.Error as exc:
+            raise _wrap(exc, f"enqueue of {len(rows)} events") from exc
+
+    def _existing(self, conn: psycopg.Connection[Any], row: _Row) -> int:
+        found = conn.execute(
+            self._q["event_id_by_key"], {"tenant": row.tenant, "idempotency_key": row.key}
+        ).fetchone()
+        if found is None:
+            raise DatabaseError(
+                f"idempotency key {row.key!r} conflicts with an event this transaction cannot see"
+            )
+        return int(found[0])
+
+
+class AsyncProducer:
+    """Enqueues events on an async connection the caller holds; mirrors :class:`Producer`."""
+
+    def __init__(self, config: ProducerConfig | None = None) -> None:
+        self.config = config or ProducerConfig()
+        self._q = queries_for(self.config.schema)
+
+    async def enqueue(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        topic: str,
+        payload: Any = None,
+        *,
+        tenant: str | None = None,
+        idempotency_key: str | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        max_attempts: int | None = None,
+    ) -> int:
+        """Write one event in ``conn``'s current transaction; returns its id."""
+        row = _prepare(self.config, NewEvent(
+            topic=topic, payload=payload, tenant=tenant, idempotency_key=idempotency_key,
+            delay=delay, priority=priority, max_attempts=max_attempts))
+        q = self._q
+        try:
+            cur = await conn.execute(q["event_insert"], _single_params(row))
+            found = await cur.fetchone()
+            if found is None:
+                cur = await conn.execute(
+                    q["event_id_by_key"], {"tenant": row.tenant, "idempotency_key": row.key})
+                found = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise _wrap(exc, f"enqueue of topic {row.topic!r}") from exc
+        if found is None:
+            raise DatabaseError(
+                f"idempotency key {row.key!r} conflicts with an event this transaction cannot see"
+            )
+        return int(found[0])
+
+    async def enqueue_many(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        events: Iterable[NewEvent | Mapping[str, Any]],
+    ) -> list[int]:
+        """Write many events in one statement (COPY for plain batches); ids in input order."""
+        rows = _prepare_many(self.config, events)
+        if not rows:
+            return []
+        q = self._q
+        try:
+            cur = await conn.execute(
+                q["event_reserve_ids"], {"table": q.events_table, "count": len(rows)})
+            ids = [r[0] for r in await cur.fetchall()]
+            if _use_copy(rows):
+                async with conn.cursor().copy(_copy_statement(q)) as copy:
+                    for record in _copy_rows(rows, ids):
+                        await copy.write_row(record)
+                return ids
+            cur = await conn.execute(q["event_insert_many_ids"], _insert_many_params(rows, ids))
+            inserted = {r[0] for r in await cur.fetchall()}
+            out = []
+            for rid, row in zip(ids, rows, strict=True):
+                out.append(rid if rid in inserted else await self._existing(conn, row))
+            return out
+        except psycopg.Error as exc:
+            raise _wrap(exc, f"enqueue of {len(rows)} events") from exc
+
+    async def _existing(self, conn: psycopg.AsyncConnection[Any], row: _Row) -> int:
+        cur = await conn.execute(
+            self._q["event_id_by_key"], {"tenant": row.tenant, "idempotency_key": row.key})
+        found = await cur.fetchone()
+        if found is None:
+            raise DatabaseError(
+                f"idempotency key {row.key!r} conflicts with an event this transaction cannot see"
+            )
+        return int(found[0])
+
+
+class CommittingProducer:
+    """Owns one connection and commits every enqueue on its own.
+
+    For scripts and tools with no business transaction to join. Use as a
+    context manager::
+
+        with CommittingProducer(dsn) as producer:
+            event_id = producer.enqueue("report.requested", {"month": "2026-11"})
+    """
+
+    def __init__(self, conninfo: str, config: ProducerConfig | None = None) -> None:
+        self._producer = Producer(config)
+        self._conninfo = conninfo
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> Self:
+        self._conn = connect(self._conninfo, autocommit=True)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self._conninfo, autocommit=True)
+        return self._conn
+
+    def enqueue(self, topic: str, payload: Any = None, **options: Any) -> int:
+        """Enqueue and commit one event; same options as :meth:`Producer.enqueue`."""
+        conn = self._connection()
+        with conn.transaction():
+            return self._producer.enqueue(conn, topic, payload, **options)
+
+    def enqueue_many(self, events: Iterable[NewEvent | Mapping[str, Any]]) -> list[int]:
+        """Enqueue and commit many events in one transaction."""
+        conn = self._connection()
+        with conn.transaction():
+            return self._producer.enqueue_many(conn, events)
+
+
+class AsyncCommittingProducer:
+    """The async mirror of :class:`CommittingProducer`."""
+
+    def __init__(self, conninfo: str, config: ProducerConfig | None = None) -> None:
+        self._producer = AsyncProducer(config)
+        self._conninfo = conninfo
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._conn = await connect_async(self._conninfo, autocommit=True)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await connect_async(self._conninfo, autocommit=True)
+        return self._conn
+
+    async def enqueue(self, topic: str, payload: Any = None, **options: Any) -> int:
+        """Enqueue and commit one event; same options as :meth:`AsyncProducer.enqueue`."""
+        conn = await self._connection()
+        async with conn.transaction():
+            return await self._producer.enqueue(conn, topic, payload, **options)
+
+    async def enqueue_many(self, events: Iterable[NewEvent | Mapping[str, Any]]) -> list[int]:
+        """Enqueue and commit many events in one transaction."""
+        conn = await self._connection()
+        async with conn.transaction():
+            return await self._producer.enqueue_many(conn, events)

@@ -1,0 +1,168 @@
+"""Applies the numbered migrations in ``migrations/`` exactly once.
+
+Every migrator takes a transaction-scoped advisory lock keyed on the schema
+before reading the version table, so any number of processes may start at the
+same moment: the first applies what is missing, the others wait for its
+commit, then find nothing left to do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from conveyor.db.named_queries import queries_for
+from conveyor.errors import MigrationError
+from conveyor.validation import check_schema_name
+
+_FILE_RE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    body: str
+
+    def render(self, schema: str) -> str:
+        ident = sql.Identifier(check_schema_name(schema))
+        return sql.SQL(self.body).format(schema=ident).as_string()  # type: ignore[arg-type]
+
+
+@cache
+def load_migrations() -> tuple[Migration, ...]:
+    folder = resources.files("conveyor.schema") / "migrations"
+    found: list[Migration] = []
+    for entry in folder.iterdir():
+        match = _FILE_RE.fullmatch(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(f"migration numbers must run 1..n without gaps, got {versions}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    return load_migrations()[-1].version
+
+
+def migration_script(schema: str) -> str:
+    """All migrations as one SQL script, for teams that run their own tool."""
+    q = queries_for(schema)
+    lock = q["migration_lock"].replace("%(schema)s", sql.Literal(schema).as_string())
+    parts = [
+        f"-- Conveyor schema {schema!r}, migrations 1..{latest_version()}.",
+        "BEGIN;",
+        lock + ";",
+        q["migration_create_schema"] + ";",
+        q["migration_create_table"] + ";",
+    ]
+    for m in load_migrations():
+        record = sql.SQL(
+            "INSERT INTO {}.migrations (version, name) VALUES ({}, {}) ON CONFLICT DO NOTHING;"
+        ).format(sql.Identifier(schema), sql.Literal(m.version), sql.Literal(m.name))
+        parts.append(f"-- migration {m.version:04d}_{m.name}")
+        parts.append(m.render(schema).rstrip())
+        parts.append(record.as_string())
+    parts.append("COMMIT;")
+    return "\n".join(parts) + "\n"
+
+
+def _plan(applied: list[int]) -> list[Migration]:
+    known = {m.version for m in load_migrations()}
+    unknown = sorted(set(applied) - known)
+    if unknown:
+        raise MigrationError(
+            f"database schema has migration {unknown[-1]}, newer than this Conveyor "
+            f"(knows up to {latest_version()}); upgrade Conveyor"
+        )
+    return [m for m in load_migrations() if m.version not in set(applied)]
+
+
+class Migrator:
+    """Brings a schema up to date on a sync connection.
+
+    Example::
+
+        with psycopg.connect(dsn) as conn:
+            applied = Migrator("conveyor").apply(conn)
+    """
+
+    def __init__(self, schema: str = "conveyor") -> None:
+        self.schema = check_schema_name(schema)
+        self._q = queries_for(self.schema)
+
+    def apply(self, conn: psycopg.Connection[Any]) -> list[Migration]:
+        """Apply missing migrations in one transaction; returns what was applied."""
+        q = self._q
+        try:
+            with conn.transaction():
+                conn.execute(q["migration_lock"], {"schema": self.schema})
+                conn.execute(q["migration_create_schema"])
+                conn.execute(q["migration_create_table"])
+                applied = [r[0] for r in conn.execute(q["migration_applied"])]
+                todo = _plan(applied)
+                for m in todo:
+                    conn.execute(m.render(self.schema).encode())
+                    conn.execute(q["migration_record"], {"version": m.version, "name": m.name})
+        except psycopg.Error as exc:
+            raise MigrationError(f"migrating schema {self.schema!r} failed: {exc}") from exc
+        return todo
+
+    def pending(self, conn: psycopg.Connection[Any]) -> list[Migration]:
+        return _plan(self.applied_versions(conn))
+
+    def applied_versions(self, conn: psycopg.Connection[Any]) -> list[int]:
+        q = self._q
+        table = sql.Identifier(self.schema, "migrations").as_string()
+        exists = conn.execute(q["migration_table_exists"], {"table": table}).fetchone()
+        if not exists or not exists[0]:
+            return []
+        return [r[0] for r in conn.execute(q["migration_applied"])]
+
+
+class AsyncMigrator:
+    """The async mirror of :class:`Migrator`."""
+
+    def __init__(self, schema: str = "conveyor") -> None:
+        self.schema = check_schema_name(schema)
+        self._q = queries_for(self.schema)
+
+    async def apply(self, conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
+        q = self._q
+        try:
+            async with conn.transaction():
+                await conn.execute(q["migration_lock"], {"schema": self.schema})
+                await conn.execute(q["migration_create_schema"])
+                await conn.execute(q["migration_create_table"])
+                cur = await conn.execute(q["migration_applied"])
+                todo = _plan([r[0] for r in await cur.fetchall()])
+                for m in todo:
+                    await conn.execute(m.render(self.schema).encode())
+                    await conn.execute(
+                        q["migration_record"], {"version": m.version, "name": m.name}
+                    )
+        except psycopg.Error as exc:
+            raise MigrationError(f"migrating schema {self.schema!r} failed: {exc}") from exc
+        return todo
+
+    async def pending(self, conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
+        return _plan(await self.applied_versions(conn))
+
+    async def applied_versions(self, conn: psycopg.AsyncConnection[Any]) -> list[int]:
+        q = self._q
+        table = sql.Identifier(self.schema, "migrations").as_string()
+        cur = await conn.execute(q["migration_table_exists"], {"table": table})
+        exists = await cur.fetchone()
+        if not exists or not exists[0]:
+            return []
+        cur = await conn.execute(q["migration_applied"])
+        return [r[0] for r in await cur.fetchall()]

@@ -1,0 +1,181 @@
+"""Input checks that run before any SQL. Pure functions, no I/O.
+
+Every refusal raises :class:`~conveyor.errors.InvalidInputError` with a
+one-line message that names the offending value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from conveyor.errors import InvalidInputError, PayloadTooLargeError
+
+TOPIC_MAX_LENGTH = 200
+IDEMPOTENCY_KEY_MAX_LENGTH = 255
+
+# Dot-separated segments of letters, digits, '_' and '-'. No '*': a wildcard is
+# a routing pattern, never the topic of an event.
+_TOPIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*")
+# A tenant becomes a DNS label (the Host header ``<tenant>.<domain>``), so it
+# must be one: lowercase letters, digits and inner hyphens, 1-63 characters.
+_TENANT_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+# Schema names enter SQL only through psycopg.sql.Identifier, and only after
+# matching this deliberately narrow pattern.
+_SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,39}")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _show(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_topic(topic: object) -> str:
+    if not isinstance(topic, str):
+        raise InvalidInputError(f"topic must be a string, got {_show(topic)}")
+    if not topic:
+        raise InvalidInputError("topic must not be empty")
+    if len(topic) > TOPIC_MAX_LENGTH:
+        raise InvalidInputError(
+            f"topic is {len(topic)} characters, the limit is {TOPIC_MAX_LENGTH}: {_show(topic)}"
+        )
+    if not _TOPIC_RE.fullmatch(topic):
+        raise InvalidInputError(
+            f"malformed topic {_show(topic)}: expected dot-separated segments of "
+            "letters, digits, '_' and '-' (e.g. 'email.send')"
+        )
+    return topic
+
+
+def check_topic_pattern(pattern: object) -> str:
+    """A routing pattern: an exact topic, ``prefix.*`` or ``*`` for everything."""
+    if pattern == "*":
+        return "*"
+    if isinstance(pattern, str) and pattern.endswith(".*"):
+        prefix = pattern[:-2]
+        try:
+            check_topic(prefix)
+        except InvalidInputError:
+            raise InvalidInputError(
+                f"malformed topic pattern {_show(pattern)}: expected 'topic', 'prefix.*' or '*'"
+            ) from None
+        return pattern
+    try:
+        return check_topic(pattern)
+    except InvalidInputError:
+        raise InvalidInputError(
+            f"malformed topic pattern {_show(pattern)}: expected 'topic', 'prefix.*' or '*'"
+        ) from None
+
+
+def check_tenant(tenant: object) -> str | None:
+    if tenant is None:
+        return None
+    if not isinstance(tenant, str) or not _TENANT_RE.fullmatch(tenant):
+        raise InvalidInputError(
+            f"invalid tenant {_show(tenant)}: expected a DNS label "
+            "(1-63 lowercase letters, digits or inner hyphens)"
+        )
+    return tenant
+
+
+def check_idempotency_key(key: object) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key:
+        raise InvalidInputError(f"idempotency key must be a non-empty string, got {_show(key)}")
+    if len(key) > IDEMPOTENCY_KEY_MAX_LENGTH:
+        raise InvalidInputError(
+            f"idempotency key is {len(key)} characters, the limit is "
+            f"{IDEMPOTENCY_KEY_MAX_LENGTH}: {_show(key)}"
+        )
+    if _CONTROL_RE.search(key):
+        raise InvalidInputError(f"idempotency key contains control characters: {_show(key)}")
+    return key
+
+
+def check_schema_name(schema: object) -> str:
+    if not isinstance(schema, str) or not _SCHEMA_RE.fullmatch(schema):
+        raise InvalidInputError(
+            f"invalid schema name {_show(schema)}: expected 1-40 characters of lowercase "
+            "letters, digits and '_', not starting with a digit"
+        )
+    return schema
+
+
+def check_event_id(event_id: object) -> int:
+    if isinstance(event_id, bool) or not isinstance(event_id, int) or event_id <= 0:
+        if isinstance(event_id, str) and event_id.isdigit() and int(event_id) > 0:
+            return int(event_id)
+        raise InvalidInputError(f"invalid event id {_show(event_id)}: expected a positive integer")
+    if event_id > 2**63 - 1:
+        raise InvalidInputError(f"invalid event id {event_id}: out of range")
+    return event_id
+
+
+def check_delay(delay: object) -> float:
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise InvalidInputError(f"delay must be a number of seconds, got {_show(delay)}")
+    if not math.isfinite(delay) or delay < 0:
+        raise InvalidInputError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+    return float(delay)
+
+
+def check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -32768 <= priority <= 32767:
+        raise InvalidInputError(
+            f"priority must be an integer from -32768 to 32767, got {_show(priority)}"
+        )
+    return priority
+
+
+def check_max_attempts(max_attempts: object) -> int:
+    if (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+            or not 1 <= max_attempts <= 1000):
+        raise InvalidInputError(
+            f"max_attempts must be an integer from 1 to 1000, got {_show(max_attempts)}"
+        )
+    return max_attempts
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a JSON value; stops counting once past ``limit``."""
+    depth = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            depth = max(depth, level)
+            if depth > limit:
+                return depth
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list | tuple):
+            depth = max(depth, level)
+            if depth > limit:
+                return depth
+            stack.extend((v, level + 1) for v in item)
+    return depth
+
+
+def encode_payload(payload: object, *, max_bytes: int, max_depth: int) -> str:
+    """Serialise ``payload`` to JSON text, refusing what PostgreSQL or the limits would not take."""
+    if max_depth and _depth(payload, max_depth) > max_depth:
+        raise PayloadTooLargeError(f"payload nests deeper than the limit of {max_depth} levels")
+    try:
+        text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"payload is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise PayloadTooLargeError("payload nests too deeply to serialise") from None
+    # jsonb cannot store U+0000; refuse it here rather than fail inside the transaction.
+    if "\\u0000" in text or "\x00" in text:
+        raise InvalidInputError("payload contains a NUL character (\\u0000), which jsonb refuses")
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise PayloadTooLargeError(
+            f"payload is {size} bytes of JSON, the limit is {max_bytes} bytes"
+        )
+    return text

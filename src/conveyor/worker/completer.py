@@ -1,0 +1,124 @@
+"""Acknowledges finished attempts in batches, fenced on owner and attempt.
+
+Outcomes wait in a buffer; one flush writes all successes with one statement
+and every other outcome with a second. While a flush runs, new outcomes pile
+up and go out together in the next one, so batching grows with load. A flush
+that fails on a broken connection keeps its outcomes and retries after
+reconnecting: nothing is lost, and the fence makes a late write harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from conveyor.db.named_queries import Queries
+from conveyor.types import EventState
+from conveyor.worker.connection import CONNECTION_ERRORS, ManagedConnection
+from conveyor.worker.executor import Outcome
+
+log = logging.getLogger(__name__)
+
+
+class Completer:
+    def __init__(self, conn: ManagedConnection, queries: Queries, owner: str, *,
+                 flush_size: int, interval: float,
+                 on_acked: Callable[[list[Outcome], set[int]], None]) -> None:
+        self._conn = conn
+        self._q = queries
+        self._owner = owner
+        self._flush_size = flush_size
+        self._interval = interval
+        self._on_acked = on_acked
+        self._buffer: list[Outcome] = []
+        self._signal = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.acked = 0
+        self.stale = 0
+
+    @property
+    def backlog(self) -> int:
+        return len(self._buffer)
+
+    def add(self, outcome: Outcome) -> None:
+        self._buffer.append(outcome)
+        self._idle.clear()
+        self._signal.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Flush until stopped and the buffer is empty."""
+        while True:
+            if not self._buffer:
+                self._idle.set()
+                if stopping.is_set():
+                    return
+                self._signal.clear()
+                stop_wait = asyncio.ensure_future(stopping.wait())
+                sig_wait = asyncio.ensure_future(self._signal.wait())
+                await asyncio.wait({stop_wait, sig_wait}, return_when=asyncio.FIRST_COMPLETED)
+                stop_wait.cancel()
+                sig_wait.cancel()
+                continue
+            if len(self._buffer) < self._flush_size and not stopping.is_set():
+                await asyncio.sleep(self._interval)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write the buffered outcomes once; on a lost connection keep them for later."""
+        batch, self._buffer = self._buffer, []
+        if not batch:
+            return
+        try:
+            conn = await self._conn.get(give_up_on_stop=False)
+            done = await self._write(conn, batch)
+        except CONNECTION_ERRORS as exc:
+            self._buffer[:0] = batch
+            await self._conn.discard(exc)
+            await self._conn.pause_after_failure()
+            return
+        except psycopg.Error as exc:
+            self._buffer[:0] = batch
+            log.error("acknowledging %d events failed: %s", len(batch), exc,
+                      extra={"action": "ack_failed"})
+            await self._conn.pause_after_failure()
+            return
+        self.acked += len(done)
+        missed = len(batch) - len(done)
+        if missed:
+            self.stale += missed
+            log.warning("%d results discarded: the events are no longer owned by this worker",
+                        missed, extra={"action": "ack_stale"})
+        self._on_acked(batch, done)
+
+    async def _write(self, conn: psycopg.AsyncConnection[Any], batch: list[Outcome]) -> set[int]:
+        succeeded = [o for o in batch if o.state is EventState.SUCCEEDED]
+        others = [o for o in batch if o.state is not EventState.SUCCEEDED]
+        done: set[int] = set()
+        if succeeded:
+            cur = await conn.execute(self._q["event_succeed_many"], {
+                "owner": self._owner,
+                "ids": [o.event_id for o in succeeded],
+                "attempts": [o.attempt for o in succeeded],
+            })
+            done.update(r[0] for r in await cur.fetchall())
+        if others:
+            cur = await conn.execute(self._q["event_settle_many"], {
+                "owner": self._owner,
+                "ids": [o.event_id for o in others],
+                "attempts": [o.attempt for o in others],
+                "states": [o.state.value for o in others],
+                "delays": [o.delay for o in others],
+                "refunds": [o.refund for o in others],
+                "errors": [o.error for o in others],
+                "tracebacks": [o.traceback for o in others],
+            })
+            done.update(r[0] for r in await cur.fetchall())
+        return done
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()

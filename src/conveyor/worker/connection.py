@@ -1,0 +1,114 @@
+"""One dedicated async connection that reconnects with jittered backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any
+
+import psycopg
+
+from conveyor.db.connect import connect_async
+from conveyor.errors import DatabaseUnavailableError
+
+log = logging.getLogger(__name__)
+
+# Errors after which the connection is presumed dead and replaced.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    DatabaseUnavailableError,
+    OSError,
+)
+
+
+class Backoff:
+    """Doubling delays from ``low`` to ``high`` seconds, each shortened by up to 25 %."""
+
+    def __init__(self, low: float, high: float, rng: random.Random | None = None) -> None:
+        self.low = low
+        self.high = high
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        raw = min(self.high, self.low * 2 ** min(self.failures, 32))
+        self.failures += 1
+        return raw * (1 - 0.25 * self._rng.random())
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class ManagedConnection:
+    """A lazily (re)opened autocommit connection owned by one worker component.
+
+    ``get()`` returns a live connection, waiting out the backoff while the
+    database is away; ``discard()`` drops a connection that failed so the next
+    ``get()`` opens a new one.
+    """
+
+    def __init__(self, conninfo: str, role: str, *, reconnect_min: float, reconnect_max: float,
+                 stopping: asyncio.Event, **connect_kwargs: Any) -> None:
+        self.conninfo = conninfo
+        self.role = role
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._backoff = Backoff(reconnect_min, reconnect_max)
+        self._stopping = stopping
+        self._kwargs = connect_kwargs
+        self.reconnects = 0
+        self._ever_connected = False
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.closed
+
+    async def get(self, *, give_up_on_stop: bool = True) -> psycopg.AsyncConnection[Any]:
+        while True:
+            if self._conn is not None and not self._conn.closed:
+                return self._conn
+            if give_up_on_stop and self._stopping.is_set():
+                raise asyncio.CancelledError(f"{self.role} connection not needed: stopping")
+            try:
+                self._conn = await connect_async(
+                    self.conninfo, autocommit=True,
+                    application_name=f"conveyor-{self.role}", **self._kwargs)
+            except CONNECTION_ERRORS as exc:
+                delay = self._backoff.next_delay()
+                log.warning("database unreachable for %s connection, retrying in %.1fs: %s",
+                            self.role, delay, exc,
+                            extra={"action": "reconnect_wait", "role": self.role})
+                await self._sleep(delay)
+                continue
+            if self._ever_connected:
+                self.reconnects += 1
+                log.info("%s connection re-established", self.role,
+                         extra={"action": "reconnected", "role": self.role})
+            self._ever_connected = True
+            self._backoff.reset()
+            return self._conn
+
+    async def _sleep(self, delay: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+        except TimeoutError:
+            pass
+
+    async def discard(self, exc: BaseException | None = None) -> None:
+        conn, self._conn = self._conn, None
+        if exc is not None:
+            log.warning("%s connection lost: %s", self.role, str(exc).strip().splitlines()[:1],
+                        extra={"action": "connection_lost", "role": self.role})
+        if conn is not None:
+            try:
+                await conn.close()
+            except Exception:  # noqa: BLE001 - it is already broken; closing is best effort
+                pass
+
+    async def pause_after_failure(self) -> None:
+        """Wait out one backoff step (used after an error on a connection that still looks up)."""
+        await self._sleep(self._backoff.next_delay())
+
+    async def close(self) -> None:
+        await self.discard()

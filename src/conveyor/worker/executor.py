@@ -1,0 +1,96 @@
+"""Runs one handler call and turns what happened into an :class:`Outcome`."""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from conveyor.outcomes import Cancel, PermanentFailure, RetryAfter, Snooze
+from conveyor.retry import BackoffPolicy
+from conveyor.router import Route
+from conveyor.types import Event, EventState
+
+ERROR_MAX_CHARS = 2000
+TRACEBACK_MAX_CHARS = 8000
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What to write back for one attempt (fenced on ``event_id`` + ``attempt``)."""
+
+    event_id: int
+    attempt: int
+    state: EventState
+    delay: float | None = None
+    refund: int = 0
+    error: str | None = None
+    traceback: str | None = None
+
+    @classmethod
+    def handed_back(cls, event: Event) -> Outcome:
+        """Returned unfinished at shutdown: due now, the attempt given back."""
+        return cls(event.id, event.attempt, EventState.PENDING, delay=0.0, refund=1)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 15] + "...[truncated]"
+
+
+def _describe(exc: BaseException) -> str:
+    message = str(exc)
+    return _clip(f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
+                 ERROR_MAX_CHARS)
+
+
+def failure(event: Event, error: str, tb: str | None, backoff: BackoffPolicy,
+            delay: float | None = None) -> Outcome:
+    """A failed attempt: retried after a delay, or parked when it was the last."""
+    if event.attempt >= event.max_attempts:
+        return Outcome(event.id, event.attempt, EventState.FAILED, error=error, traceback=tb)
+    wait = backoff.delay(event.attempt) if delay is None else delay
+    return Outcome(event.id, event.attempt, EventState.PENDING, delay=wait, error=error,
+                   traceback=tb)
+
+
+async def run_handler(
+    route: Route,
+    event: Event,
+    *,
+    timeout: float,
+    backoff: BackoffPolicy,
+    thread_pool: Executor | None,
+) -> Outcome:
+    """Call the route's handler with a timeout and classify the result."""
+    try:
+        async with asyncio.timeout(timeout) as deadline:
+            if route.is_async:
+                await route.handler(event)
+            elif route.blocking:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(thread_pool, route.handler, event)
+            else:
+                route.handler(event)
+    except RetryAfter as signal:
+        return failure(event, _clip(signal.reason, ERROR_MAX_CHARS), None, backoff,
+                       delay=signal.seconds)
+    except Snooze as signal:
+        return Outcome(event.id, event.attempt, EventState.PENDING, delay=signal.seconds,
+                       refund=1)
+    except PermanentFailure as signal:
+        return Outcome(event.id, event.attempt, EventState.FAILED,
+                       error=_clip(signal.reason or "permanent failure", ERROR_MAX_CHARS))
+    except Cancel as signal:
+        return Outcome(event.id, event.attempt, EventState.CANCELLED,
+                       error=_clip("cancelled by handler" + (f": {signal.reason}"
+                                   if signal.reason else ""), ERROR_MAX_CHARS))
+    except TimeoutError as exc:
+        if deadline.expired():
+            return failure(event, f"handler timed out after {timeout:g}s", None, backoff)
+        return failure(event, _describe(exc), _clip(traceback.format_exc(), TRACEBACK_MAX_CHARS),
+                       backoff)
+    except Exception as exc:  # noqa: BLE001 - any handler error is a failed attempt
+        return failure(event, _describe(exc), _clip(traceback.format_exc(), TRACEBACK_MAX_CHARS),
+                       backoff)
+    return Outcome(event.id, event.attempt, EventState.SUCCEEDED)

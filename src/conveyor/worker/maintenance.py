@@ -1,0 +1,87 @@
+"""Periodic upkeep every worker does: heartbeat, lease renewal, rescue, pruning.
+
+Rescue runs on every worker, so events of a dead worker come back as long as
+any worker is alive; ``FOR UPDATE SKIP LOCKED`` keeps concurrent rescuers from
+fighting over the same rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from conveyor.config import WorkerConfig
+from conveyor.db.named_queries import Queries
+from conveyor.types import FINISHED_STATES, EventState
+
+log = logging.getLogger(__name__)
+
+RESCUE_BATCH = 1000
+PRUNE_BATCH = 5000
+DEAD_WORKER_ROW_AGE = 3600.0
+
+
+class Maintenance:
+    def __init__(self, queries: Queries, config: WorkerConfig, owner: str, name: str,
+                 topics: list[str], owned: Callable[[], list[int]]) -> None:
+        self._q = queries
+        self._config = config
+        self._owner = owner
+        self._owned = owned
+        self._registration = {
+            "id": owner, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
+            "topics": topics, "concurrency": config.concurrency,
+        }
+
+    async def heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> set[int]:
+        """Refresh the registry row and this worker's leases; returns the ids it lost."""
+        await conn.execute(self._q["worker_heartbeat"], self._registration)
+        ids = self._owned()
+        if not ids:
+            return set()
+        cur = await conn.execute(self._q["event_extend_leases"], {
+            "ids": ids, "owner": self._owner, "lease_ttl": self._config.lease_ttl})
+        kept = {r[0] for r in await cur.fetchall()}
+        # Ids acknowledged while the query ran are not lost; the caller re-checks.
+        return set(ids) - kept
+
+    async def unregister(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(self._q["worker_unregister"], {"id": self._owner})
+
+    async def rescue(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
+        """Return expired leases to pending (or park them); returns (requeued, parked)."""
+        requeued = parked = 0
+        while True:
+            cur = await conn.execute(self._q["event_rescue_expired"], {"limit": RESCUE_BATCH})
+            rows = await cur.fetchall()
+            for event_id, state, topic in rows:
+                if state == EventState.PENDING:
+                    requeued += 1
+                else:
+                    parked += 1
+                log.warning("event %s rescued from a lost worker -> %s", event_id, state,
+                            extra={"action": "rescued", "event_id": event_id, "topic": topic})
+            if requeued:
+                await conn.execute(self._q["event_notify"],
+                                   {"channel": self._q.channel, "payload": "*"})
+            if len(rows) < RESCUE_BATCH:
+                return requeued, parked
+
+    async def prune(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        """Delete succeeded and cancelled events older than the retention."""
+        await conn.execute(self._q["worker_prune_dead"], {"older_than": DEAD_WORKER_ROW_AGE})
+        if self._config.retention is None:
+            return 0
+        states = [s.value for s in FINISHED_STATES if s is not EventState.FAILED]
+        total = 0
+        while True:
+            cur = await conn.execute(self._q["event_prune"], {
+                "older_than": self._config.retention, "states": states, "limit": PRUNE_BATCH})
+            total += cur.rowcount
+            if cur.rowcount < PRUNE_BATCH:
+                return total

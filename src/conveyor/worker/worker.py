@@ -1,0 +1,422 @@
+"""The worker process's engine: fetch loop, handler tasks, acks and upkeep.
+
+One worker holds four dedicated connections: the listener, the fetcher, the
+completer and maintenance, so a slow acknowledgement never delays a claim and
+the LISTEN connection is never borrowed. Every one reconnects on its own.
+
+Example::
+
+    worker = Worker(dsn, router, WorkerConfig(concurrency=50))
+    asyncio.run(worker.run())          # until worker.request_stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import socket
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from conveyor.config import WorkerConfig
+from conveyor.db.named_queries import queries_for
+from conveyor.errors import ConfigError, MigrationError
+from conveyor.router import Router
+from conveyor.schema.migrator import AsyncMigrator, latest_version
+from conveyor.types import Event, EventState
+from conveyor.worker.completer import Completer
+from conveyor.worker.connection import CONNECTION_ERRORS, ManagedConnection
+from conveyor.worker.executor import Outcome, run_handler
+from conveyor.worker.listener import Listener
+from conveyor.worker.maintenance import Maintenance
+
+log = logging.getLogger(__name__)
+
+PRUNE_INTERVAL = 600.0
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counters since the worker started."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    handed_back: int = 0
+    lost: int = 0
+    rescued: int = 0
+
+
+@dataclass(slots=True)
+class _Running:
+    event: Event
+    task: asyncio.Task[None] | None
+
+
+class Worker:
+    """Runs the handlers of ``router`` for events in ``config.schema``.
+
+    Args:
+        conninfo: libpq connection string or URL; the worker opens its own
+            dedicated connections from it (never pooled ones).
+        router: which topics this worker claims and who handles them.
+        config: tuning. Defaults to ``WorkerConfig()``.
+    """
+
+    def __init__(self, conninfo: str, router: Router, config: WorkerConfig | None = None) -> None:
+        if not router.routes:
+            raise ConfigError("router has no routes: the worker would claim nothing")
+        self.conninfo = conninfo
+        self.router = router
+        self.config = config or WorkerConfig()
+        self.id = str(uuid.uuid4())
+        self.name = self.config.name or f"{socket.gethostname()}:{os.getpid()}"
+        self.stats = WorkerStats()
+        self._q = queries_for(self.config.schema)
+        self._filter = router.claim_filter()
+        self._stopping = asyncio.Event()
+        self._closing = asyncio.Event()   # set once nothing more will be acknowledged
+        self._wake = asyncio.Event()
+        self._running: dict[int, _Running] = {}   # claimed and not yet acknowledged
+        self._active = 0                          # handlers still executing
+        self._slot_freed = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._pool: ThreadPoolExecutor | None = None
+        self._rng = random.Random()
+        c = self.config
+        def managed(role: str) -> ManagedConnection:
+            return ManagedConnection(conninfo, role, reconnect_min=c.reconnect_min,
+                                     reconnect_max=c.reconnect_max, stopping=self._stopping)
+        self._fetch_conn = managed("fetch")
+        self._ack_conn = managed("ack")
+        self._upkeep_conn = managed("upkeep")
+        self._listen_conn = managed("listen")
+        self.completer = Completer(self._ack_conn, self._q, self.id,
+                                   flush_size=c.batch_size, interval=c.ack_interval,
+                                   on_acked=self._acked)
+        self.listener = Listener(self._listen_conn, self._q.channel,
+                                 on_notify=self._notified, on_connected=self.wake,
+                                 ping_interval=c.listener_ping_interval)
+        self.maintenance = Maintenance(self._q, c, self.id, self.name, router.patterns,
+                                       owned=lambda: list(self._running))
+        self.started = asyncio.Event()
+
+    # ----------------------------------------------------------------- control
+
+    def wake(self) -> None:
+        """Ask the fetch loop to claim now (a NOTIFY arrived, or a slot freed)."""
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        """Begin a graceful stop: claim nothing more, let running handlers finish."""
+        if not self._stopping.is_set():
+            log.info("worker stopping", extra={"action": "stopping"})
+        self._stopping.set()
+        self._wake.set()
+        self._slot_freed.set()
+
+    def install_signal_handlers(self) -> None:
+        """Stop gracefully on SIGTERM and SIGINT (call from inside the running loop)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    # --------------------------------------------------------------- lifecycle
+
+    async def check_schema(self) -> None:
+        """Fail fast when the schema is missing or older than this Conveyor."""
+        conn = await self._upkeep_conn.get()
+        applied = await AsyncMigrator(self.config.schema).applied_versions(conn)
+        if not applied:
+            raise MigrationError(
+                f"schema {self.config.schema!r} is not migrated; run 'conveyor migrate' first")
+        if max(applied) < latest_version():
+            raise MigrationError(
+                f"schema {self.config.schema!r} is at migration {max(applied)}, this Conveyor "
+                f"needs {latest_version()}; run 'conveyor migrate'")
+
+    async def run(self) -> None:
+        """Work until :meth:`request_stop`, then shut down gracefully."""
+        await self.check_schema()
+        self._pool = ThreadPoolExecutor(max_workers=self.config.concurrency,
+                                        thread_name_prefix="conveyor-handler")
+        await self._register()
+        tasks = [
+            asyncio.create_task(self.listener.run(self._stopping), name="conveyor-listener"),
+            asyncio.create_task(self._upkeep_loop(), name="conveyor-upkeep"),
+        ]
+        completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
+        log.info("worker %s started: topics %s, concurrency %d", self.name,
+                 ", ".join(self.router.patterns), self.config.concurrency,
+                 extra={"action": "started", "worker": self.id})
+        self.started.set()
+        try:
+            await self._fetch_loop()
+        finally:
+            await self._shutdown(tasks, completer)
+
+    async def _register(self) -> None:
+        conn = await self._upkeep_conn.get()
+        await conn.execute(self._q["worker_register"], self.maintenance._registration)
+
+    async def _shutdown(self, tasks: list[asyncio.Task[Any]], completer: asyncio.Task[None]) -> None:
+        self._stopping.set()
+        pending = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
+        if pending:
+            log.info("waiting up to %.0fs for %d running handlers", self.config.shutdown_timeout,
+                     len(pending), extra={"action": "draining"})
+            _done, late = await asyncio.wait(pending, timeout=self.config.shutdown_timeout)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        # Whatever has no outcome yet goes back without spending an attempt.
+        queued = {o.event_id for o in self.completer._buffer}
+        for event_id, running in list(self._running.items()):
+            if event_id not in queued and (running.task is None or running.task.done()):
+                if running.task is None or running.task.cancelled():
+                    self.completer.add(Outcome.handed_back(running.event))
+                    self.stats.handed_back += 1
+        self._closing.set()
+        try:
+            await asyncio.wait_for(completer, timeout=self.config.shutdown_timeout)
+        except TimeoutError:
+            log.error("could not acknowledge %d results before exit; their leases will expire",
+                      self.completer.backlog, extra={"action": "ack_abandoned"})
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            conn = await asyncio.wait_for(self._upkeep_conn.get(give_up_on_stop=False), 5)
+            await self.maintenance.unregister(conn)
+        except (*CONNECTION_ERRORS, TimeoutError, psycopg.Error):
+            pass
+        for managed in (self._fetch_conn, self._ack_conn, self._upkeep_conn, self._listen_conn):
+            await managed.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        log.info("worker stopped", extra={"action": "stopped", "worker": self.id})
+
+    # -------------------------------------------------------------- fetch loop
+
+    def _notified(self, payload: str) -> None:
+        topic, _, due = payload.partition("|")
+        if topic != "*" and not self.router.handles(topic):
+            return
+        if due:
+            try:
+                self._wake_at(float(due))
+            except ValueError:
+                self.wake()
+        else:
+            self.wake()
+
+    def _wake_at(self, epoch: float) -> None:
+        """Wake the fetch loop when a delayed event falls due."""
+        if epoch >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = epoch
+        delay = max(0.0, epoch - time.time()) + 0.001
+        self._timer = asyncio.get_running_loop().call_later(delay, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        self.wake()
+
+    def _free_slots(self) -> int:
+        return self.config.concurrency - self._active
+
+    async def _fetch_loop(self) -> None:
+        c = self.config
+        threshold = max(1, min(c.batch_size, c.concurrency) // 4)
+        while not self._stopping.is_set():
+            free = self._free_slots()
+            if free < threshold:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            want = min(free, c.batch_size)
+            self._wake.clear()
+            claimed = await self._claim(want)
+            if claimed is None:
+                continue
+            if len(claimed) == want:
+                continue
+            await self._idle_wait()
+
+    async def _idle_wait(self) -> None:
+        poll = self.config.poll_interval * (1 - 0.1 * self._rng.random())
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=poll)
+        except TimeoutError:
+            pass
+
+    async def _claim(self, want: int) -> list[Event] | None:
+        """Claim up to ``want`` events and start them; ``None`` after a database error."""
+        try:
+            conn = await self._fetch_conn.get()
+            cur = await conn.execute(self._q["event_claim"], {
+                **self._filter, "limit": want, "owner": self.id,
+                "lease_ttl": self.config.lease_ttl})
+            rows = await cur.fetchall()
+        except asyncio.CancelledError:
+            if self._stopping.is_set():
+                return None
+            raise
+        except CONNECTION_ERRORS as exc:
+            await self._fetch_conn.discard(exc)
+            return None
+        except psycopg.Error as exc:
+            log.error("claiming events failed: %s", exc, extra={"action": "claim_failed"})
+            await self._fetch_conn.pause_after_failure()
+            return None
+        events = [Event(id=r[0], tenant=r[1], topic=r[2], payload_text=r[3], attempt=r[4],
+                        max_attempts=r[5], priority=r[6], idempotency_key=r[7], created_at=r[8])
+                  for r in rows]
+        self.stats.claimed += len(events)
+        for event in events:
+            self._start(event)
+        return events
+
+    def _start(self, event: Event) -> None:
+        route = self.router.resolve(event.topic)
+        if route is None:
+            # The claim filter should make this impossible; give the event back untouched.
+            self._running[event.id] = _Running(event, None)
+            self.completer.add(Outcome.handed_back(event))
+            return
+        self._active += 1
+        running = _Running(event, None)
+        self._running[event.id] = running
+        running.task = asyncio.create_task(self._execute(route, event))
+
+    async def _execute(self, route: Any, event: Event) -> None:
+        try:
+            outcome = await run_handler(
+                route, event, timeout=route.timeout or self.config.handler_timeout,
+                backoff=self.config.backoff, thread_pool=self._pool)
+        except asyncio.CancelledError:
+            # Shutdown timed out or the lease was lost; _shutdown decides what to write.
+            self._release_slot()
+            raise
+        self._release_slot()
+        if event.id in self._running:
+            self.completer.add(outcome)
+            if outcome.state is EventState.PENDING and outcome.delay:
+                self._wake_at(time.time() + outcome.delay)
+
+    def _release_slot(self) -> None:
+        self._active -= 1
+        self._slot_freed.set()
+
+    def _acked(self, batch: list[Outcome], done: set[int]) -> None:
+        s = self.stats
+        for outcome in batch:
+            self._running.pop(outcome.event_id, None)
+            if outcome.event_id not in done:
+                continue
+            if outcome.refund:
+                s.handed_back += 0  # counted where the hand-back was decided
+            elif outcome.state is EventState.SUCCEEDED:
+                s.succeeded += 1
+            elif outcome.state is EventState.PENDING:
+                s.retried += 1
+            elif outcome.state is EventState.FAILED:
+                s.failed += 1
+            elif outcome.state is EventState.CANCELLED:
+                s.cancelled += 1
+
+    # ------------------------------------------------------------------ upkeep
+
+    async def _upkeep_loop(self) -> None:
+        c = self.config
+        next_beat = next_rescue = time.monotonic()
+        next_prune = time.monotonic() + self._rng.uniform(0, 60)
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            try:
+                conn = await self._upkeep_conn.get()
+                if now >= next_beat:
+                    lost = await self.maintenance.heartbeat(conn)
+                    self._drop_lost(lost)
+                    next_beat = now + c.heartbeat_interval
+                if now >= next_rescue:
+                    requeued, parked = await self.maintenance.rescue(conn)
+                    self.stats.rescued += requeued + parked
+                    next_rescue = now + c.rescue_interval * (1 - 0.2 * self._rng.random())
+                if now >= next_prune:
+                    await self.maintenance.prune(conn)
+                    next_prune = now + PRUNE_INTERVAL
+            except asyncio.CancelledError:
+                if self._stopping.is_set():
+                    return
+                raise
+            except CONNECTION_ERRORS as exc:
+                await self._upkeep_conn.discard(exc)
+                continue
+            except psycopg.Error as exc:
+                log.error("maintenance failed: %s", exc, extra={"action": "upkeep_failed"})
+                await self._upkeep_conn.pause_after_failure()
+                continue
+            sleep_for = max(0.05, min(next_beat, next_rescue) - time.monotonic())
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=sleep_for)
+            except TimeoutError:
+                pass
+
+    def _drop_lost(self, lost: set[int]) -> None:
+        """Stop work on events whose lease this worker no longer holds."""
+        queued = {o.event_id for o in self.completer._buffer}
+        for event_id in lost:
+            running = self._running.get(event_id)
+            if running is None or event_id in queued:
+                continue
+            self.stats.lost += 1
+            log.warning("lost the lease of event %s; abandoning it", event_id,
+                        extra={"action": "lease_lost", "event_id": event_id})
+            del self._running[event_id]
+            if running.task is not None and not running.task.done():
+                running.task.cancel()
+
+    # ----------------------------------------------------------- for tests/ops
+
+    async def run_once(self) -> int:
+        """Claim one batch, run it to completion and acknowledge it; returns the count.
+
+        Deterministic single step for tests; needs no listener or upkeep task.
+        """
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.config.concurrency)
+        claimed = await self._claim(min(self._free_slots(), self.config.batch_size))
+        if not claimed:
+            return 0
+        tasks = [r.task for r in self._running.values() if r.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.completer.flush()
+        return len(claimed)
+
+    async def close(self) -> None:
+        """Release connections opened by :meth:`run_once`."""
+        for managed in (self._fetch_conn, self._ack_conn, self._upkeep_conn, self._listen_conn):
+            await managed.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
