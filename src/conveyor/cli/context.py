@@ -1,0 +1,75 @@
+"""What every command needs: the database URL (or the embedded server) and the schema."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import psycopg
+
+from conveyor.db.connect import connect
+from conveyor.embedded import EmbeddedPostgres
+from conveyor.errors import InvalidInputError, MigrationError
+from conveyor.schema.migrator import Migrator, latest_version
+from conveyor.validation import check_schema_name
+
+
+class Context:
+    def __init__(self, *, database_url: str | None, schema: str, data_dir: str | None) -> None:
+        self.schema = check_schema_name(schema)
+        self._url = database_url or None
+        self._data_dir = data_dir
+        self._embedded: EmbeddedPostgres | None = None
+        self._conns: list[psycopg.Connection[Any]] = []
+
+    @property
+    def embedded(self) -> bool:
+        return self._url is None
+
+    def url(self) -> str:
+        """The database URL; starts (and migrates) the embedded server when none is set."""
+        if self._url is not None:
+            return self._url
+        if self._embedded is None:
+            self._embedded = EmbeddedPostgres(self._data_dir)
+            dsn = self._embedded.start()
+            print(f"conveyor: using the embedded PostgreSQL in {self._embedded.data_dir}",
+                  file=sys.stderr)
+            with connect(dsn, autocommit=True) as conn:
+                Migrator(self.schema).apply(conn)
+            self._embedded_dsn = dsn
+        return self._embedded_dsn
+
+    def connect(self, *, autocommit: bool = True, check_schema: bool = True) -> psycopg.Connection[Any]:
+        conn = connect(self.url(), autocommit=autocommit)
+        self._conns.append(conn)
+        if check_schema:
+            applied = Migrator(self.schema).applied_versions(conn)
+            if not applied:
+                raise MigrationError(
+                    f"schema {self.schema!r} is not migrated; run 'conveyor migrate' first")
+            if max(applied) < latest_version():
+                raise MigrationError(
+                    f"schema {self.schema!r} is at migration {max(applied)}; run 'conveyor migrate'")
+        return conn
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing on exit is best effort
+                pass
+        self._conns.clear()
+        if self._embedded is not None:
+            self._embedded.stop()
+            self._embedded = None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidInputError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise InvalidInputError(f"expected a positive integer, got {text!r}")
+    return value
