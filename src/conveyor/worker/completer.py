@@ -35,6 +35,7 @@ class Completer:
         self._interval = interval
         self._on_acked = on_acked
         self._buffer: list[Outcome] = []
+        self._flushing: list[Outcome] = []
         self._signal = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -44,6 +45,10 @@ class Completer:
     @property
     def backlog(self) -> int:
         return len(self._buffer)
+
+    def unacknowledged_ids(self) -> set[int]:
+        """Ids with an outcome decided but not yet written (buffered or being written)."""
+        return {o.event_id for o in self._buffer} | {o.event_id for o in self._flushing}
 
     def add(self, outcome: Outcome) -> None:
         self._buffer.append(outcome)
@@ -73,6 +78,7 @@ class Completer:
         batch, self._buffer = self._buffer, []
         if not batch:
             return
+        self._flushing = batch
         try:
             conn = await self._conn.get(give_up_on_stop=False)
             done = await self._write(conn, batch)
@@ -82,11 +88,15 @@ class Completer:
             await self._conn.pause_after_failure()
             return
         except psycopg.Error as exc:
-            self._buffer[:0] = batch
-            log.error("acknowledging %d events failed: %s", len(batch), exc,
-                      extra={"action": "ack_failed"})
-            await self._conn.pause_after_failure()
+            # Not a connection problem, so retrying the same batch would fail the
+            # same way and block every later acknowledgement. Drop it: the leases
+            # expire and the events run again (at-least-once still holds).
+            log.error("acknowledging %d events failed, leaving them to lease expiry: %s",
+                      len(batch), exc, extra={"action": "ack_failed"})
+            self._on_acked(batch, set())
             return
+        finally:
+            self._flushing = []
         self.acked += len(done)
         missed = len(batch) - len(done)
         if missed:

@@ -35,6 +35,9 @@ class Outcome:
 
 
 def _clip(text: str, limit: int) -> str:
+    # PostgreSQL text cannot hold NUL, and lone surrogates cannot be encoded:
+    # an error message must never be what makes its acknowledgement fail.
+    text = text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
     return text if len(text) <= limit else text[: limit - 15] + "...[truncated]"
 
 

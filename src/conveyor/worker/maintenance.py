@@ -33,14 +33,14 @@ class Maintenance:
         self._config = config
         self._owner = owner
         self._owned = owned
-        self._registration = {
+        self.registration = {
             "id": owner, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
             "topics": topics, "concurrency": config.concurrency,
         }
 
     async def heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> set[int]:
         """Refresh the registry row and this worker's leases; returns the ids it lost."""
-        await conn.execute(self._q["worker_heartbeat"], self._registration)
+        await conn.execute(self._q["worker_heartbeat"], self.registration)
         ids = self._owned()
         if not ids:
             return set()

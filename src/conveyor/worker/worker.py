@@ -171,8 +171,12 @@ class Worker:
             await self._shutdown(tasks, completer)
 
     async def _register(self) -> None:
-        conn = await self._upkeep_conn.get()
-        await conn.execute(self._q["worker_register"], self.maintenance._registration)
+        try:
+            conn = await self._upkeep_conn.get()
+            await conn.execute(self._q["worker_register"], self.maintenance.registration)
+        except CONNECTION_ERRORS as exc:
+            # The first heartbeat registers the worker once the database is back.
+            await self._upkeep_conn.discard(exc)
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]], completer: asyncio.Task[None]) -> None:
         self._stopping.set()
@@ -186,7 +190,7 @@ class Worker:
             if late:
                 await asyncio.wait(late, timeout=1.0)
         # Whatever has no outcome yet goes back without spending an attempt.
-        queued = {o.event_id for o in self.completer._buffer}
+        queued = self.completer.unacknowledged_ids()
         for event_id, running in list(self._running.items()):
             if event_id not in queued and (running.task is None or running.task.done()):
                 if running.task is None or running.task.cancelled():
@@ -384,7 +388,7 @@ class Worker:
 
     def _drop_lost(self, lost: set[int]) -> None:
         """Stop work on events whose lease this worker no longer holds."""
-        queued = {o.event_id for o in self.completer._buffer}
+        queued = self.completer.unacknowledged_ids()
         for event_id in lost:
             running = self._running.get(event_id)
             if running is None or event_id in queued:
