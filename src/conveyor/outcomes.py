@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 
-class HandlerSignal(Exception):  # noqa: N818 - a signal, not an error
+class HandlerSignal(Exception):
     """Base class of the outcome signals."""
 
     def __init__(self, reason: str = "") -> None:

@@ -353,7 +353,7 @@ def register_bench(sub: Sub, env: Env) -> None:
 def run_bench(ctx: Context, args: argparse.Namespace) -> int:
     from conveyor.bench import run as bench_run
 
-    return bench_run(ctx, args)
+    return int(bench_run(ctx, args))
 
 
 def register_demo(sub: Sub, env: Env) -> None:
@@ -368,7 +368,7 @@ def register_demo(sub: Sub, env: Env) -> None:
 def run_demo(ctx: Context, args: argparse.Namespace) -> int:
     from conveyor.demo import run as demo_run
 
-    return demo_run(ctx, args)
+    return int(demo_run(ctx, args))
 
 
 REGISTRY = [register_migrate, register_worker, register_enqueue, register_status, register_show,

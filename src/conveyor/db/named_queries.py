@@ -57,7 +57,7 @@ class Queries:
         except KeyError:
             pass
         body = raw_queries()[name]
-        text = sql.SQL(body).format(schema=sql.Identifier(self.schema)).as_string()  # type: ignore[arg-type]
+        text = sql.SQL(body).format(schema=sql.Identifier(self.schema)).as_string()
         self._rendered[name] = text
         return text
 

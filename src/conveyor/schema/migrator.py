@@ -32,7 +32,7 @@ class Migration:
 
     def render(self, schema: str) -> str:
         ident = sql.Identifier(check_schema_name(schema))
-        return sql.SQL(self.body).format(schema=ident).as_string()  # type: ignore[arg-type]
+        return sql.SQL(self.body).format(schema=ident).as_string()
 
 
 @cache

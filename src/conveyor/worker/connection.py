@@ -21,6 +21,8 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     DatabaseUnavailableError,
     OSError,
 )
+# ...and the same plus a timeout, for loops that bound their waits.
+RECOVERABLE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, TimeoutError)
 
 
 class Backoff:
@@ -35,7 +37,7 @@ class Backoff:
     def next_delay(self) -> float:
         raw = min(self.high, self.low * 2 ** min(self.failures, 32))
         self.failures += 1
-        return raw * (1 - 0.25 * self._rng.random())
+        return float(raw * (1 - 0.25 * self._rng.random()))
 
     def reset(self) -> None:
         self.failures = 0

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from psycopg import sql
 
-from conveyor.worker.connection import CONNECTION_ERRORS, ManagedConnection
+from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Listener:
                         await asyncio.wait_for(conn.execute("SELECT 1"), self._ping_timeout)
             except asyncio.CancelledError:
                 raise
-            except (*CONNECTION_ERRORS, TimeoutError) as exc:
+            except RECOVERABLE_ERRORS as exc:
                 self.connected.clear()
                 if stopping.is_set():
                     return

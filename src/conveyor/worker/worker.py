@@ -33,7 +33,11 @@ from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator, latest_version
 from conveyor.types import Event, EventState
 from conveyor.worker.completer import Completer
-from conveyor.worker.connection import CONNECTION_ERRORS, ManagedConnection
+from conveyor.worker.connection import (
+    CONNECTION_ERRORS,
+    RECOVERABLE_ERRORS,
+    ManagedConnection,
+)
 from conveyor.worker.executor import Outcome, run_handler
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
@@ -41,6 +45,7 @@ from conveyor.worker.maintenance import Maintenance
 log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL = 600.0
+_UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
 
 
 @dataclass(slots=True)
@@ -178,9 +183,11 @@ class Worker:
             # The first heartbeat registers the worker once the database is back.
             await self._upkeep_conn.discard(exc)
 
-    async def _shutdown(self, tasks: list[asyncio.Task[Any]], completer: asyncio.Task[None]) -> None:
+    async def _shutdown(self, tasks: list[asyncio.Task[Any]],
+                        completer: asyncio.Task[None]) -> None:
         self._stopping.set()
-        pending = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
+        pending = [r.task for r in self._running.values()
+                   if r.task is not None and not r.task.done()]
         if pending:
             log.info("waiting up to %.0fs for %d running handlers", self.config.shutdown_timeout,
                      len(pending), extra={"action": "draining"})
@@ -192,10 +199,10 @@ class Worker:
         # Whatever has no outcome yet goes back without spending an attempt.
         queued = self.completer.unacknowledged_ids()
         for event_id, running in list(self._running.items()):
-            if event_id not in queued and (running.task is None or running.task.done()):
-                if running.task is None or running.task.cancelled():
-                    self.completer.add(Outcome.handed_back(running.event))
-                    self.stats.handed_back += 1
+            unfinished = running.task is None or running.task.cancelled()
+            if event_id not in queued and unfinished:
+                self.completer.add(Outcome.handed_back(running.event))
+                self.stats.handed_back += 1
         self._closing.set()
         try:
             await asyncio.wait_for(completer, timeout=self.config.shutdown_timeout)
@@ -208,7 +215,7 @@ class Worker:
         try:
             conn = await asyncio.wait_for(self._upkeep_conn.get(give_up_on_stop=False), 5)
             await self.maintenance.unregister(conn)
-        except (*CONNECTION_ERRORS, TimeoutError, psycopg.Error):
+        except _UNREGISTER_ERRORS:
             pass
         for managed in (self._fetch_conn, self._ack_conn, self._upkeep_conn, self._listen_conn):
             await managed.close()
