@@ -20,14 +20,17 @@ from conveyor.config import (
     BATCH_SIZE_DEFAULT,
     CONCURRENCY_DEFAULT,
     HANDLER_TIMEOUT_DEFAULT,
+    HEARTBEAT_INTERVAL_DEFAULT,
     LEASE_TTL_DEFAULT,
     POLL_INTERVAL_DEFAULT,
+    RESCUE_INTERVAL_DEFAULT,
     SHUTDOWN_TIMEOUT_DEFAULT,
     ProducerConfig,
     WorkerConfig,
 )
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.producer import Producer
+from conveyor.retry import BASE_DELAY_DEFAULT, MAX_DELAY_DEFAULT, BackoffPolicy
 from conveyor.router import Router
 from conveyor.schema.migrator import Migrator, migration_script
 from conveyor.types import QueueStatus
@@ -273,6 +276,20 @@ def register_worker(sub: Sub, env: Env) -> None:
                    default=env("HANDLER_TIMEOUT", str(HANDLER_TIMEOUT_DEFAULT)),
                    help="default limit for one handler call [env CONVEYOR_HANDLER_TIMEOUT] "
                         "(default: %(default)ss)")
+    p.add_argument("--rescue-interval", type=parse_duration,
+                   default=env("RESCUE_INTERVAL", str(RESCUE_INTERVAL_DEFAULT)),
+                   help="scan for expired leases this often [env CONVEYOR_RESCUE_INTERVAL] "
+                        "(default: %(default)ss)")
+    p.add_argument("--backoff-base", type=parse_duration,
+                   default=env("BACKOFF_BASE", str(BASE_DELAY_DEFAULT)),
+                   help="retry delay after the first failed attempt, doubling per attempt "
+                        "[env CONVEYOR_BACKOFF_BASE] (default: %(default)ss)")
+    p.add_argument("--backoff-max", type=parse_duration,
+                   default=env("BACKOFF_MAX", str(MAX_DELAY_DEFAULT)),
+                   help="cap on any retry delay [env CONVEYOR_BACKOFF_MAX] (default: %(default)ss)")
+    p.add_argument("--retention", default=env("RETENTION", "7d"),
+                   help="prune succeeded/cancelled events older than this; 'forever' keeps them "
+                        "[env CONVEYOR_RETENTION] (default: %(default)s)")
     p.add_argument("--name", default=env("WORKER_NAME"),
                    help="label shown by status [env CONVEYOR_WORKER_NAME] (default: host:pid)")
 
@@ -304,13 +321,17 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
     from conveyor.worker import Worker
 
     router = load_router(args.app)
+    retention = None if args.retention == "forever" else parse_duration(args.retention)
     try:
         config = WorkerConfig(
             schema=ctx.schema, name=args.name, concurrency=args.concurrency,
             batch_size=args.batch_size, poll_interval=args.poll_interval,
             lease_ttl=args.lease_ttl, shutdown_timeout=args.shutdown_timeout,
-            handler_timeout=args.handler_timeout,
-            heartbeat_interval=min(5.0, args.lease_ttl / 3))
+            handler_timeout=args.handler_timeout, rescue_interval=args.rescue_interval,
+            heartbeat_interval=min(HEARTBEAT_INTERVAL_DEFAULT, args.lease_ttl / 3),
+            retention=retention,
+            backoff=BackoffPolicy(base_delay=args.backoff_base,
+                                  max_delay=max(args.backoff_max, args.backoff_base)))
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
     worker = Worker(ctx.url(), router, config)
