@@ -252,7 +252,7 @@ def register_worker(sub: Sub, env: Env) -> None:
              "SIGTERM or SIGINT stops claiming, lets running handlers finish within\n"
              "--shutdown-timeout, hands the rest back without spending an attempt, exits 0.",
              run_worker)
-    p.add_argument("--app", required=True, default=env("APP"), metavar="MODULE:ROUTER",
+    p.add_argument("--app", required=env("APP") is None, default=env("APP"), metavar="MODULE:ROUTER",
                    help="router to serve [env CONVEYOR_APP]")
     p.add_argument("--concurrency", type=positive_int,
                    default=int(env("CONCURRENCY", str(CONCURRENCY_DEFAULT)) or 0),
