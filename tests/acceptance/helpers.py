@@ -1,0 +1,123 @@
+"""Running real ``conveyor`` processes and watching the database they work on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from .apps import LEDGER_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+APP = "tests.acceptance.apps:router"
+T = TypeVar("T")
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child: no stray CONVEYOR_* settings, the repo importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """``python -m conveyor.cli.main ARGS`` to completion, output captured."""
+    return subprocess.run([sys.executable, "-m", "conveyor.cli.main", *args], cwd=REPO,
+                          env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
+
+
+class WorkerProcess:
+    """One ``conveyor worker`` subprocess; its output goes to a log file."""
+
+    def __init__(self, url: str, log_path: Path, *args: str) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli.main", "--database-url", url,
+             "worker", "--app", APP, *args],
+            cwd=REPO, env=cli_env({LEDGER_ENV: url}), stdout=self._log,
+            stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Kill the process if it still runs (teardown; never waits unbounded)."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
+            pass
+        self._log.close()
+
+
+def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 0.1,
+             *, alive: list[WorkerProcess] | None = None) -> T:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        for worker in alive or []:
+            assert worker.alive(), f"worker {worker.pid} died while waiting for {what}:\n" \
+                                   f"{worker.log()[-3000:]}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def query(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True, application_name="acceptance-test") as conn:
+        return conn.execute(sql.encode() if params is None else sql, params).fetchall()
+
+
+def state_counts(url: str) -> dict[str, int]:
+    return {s: n for s, n in query(url, "SELECT state, count(*) FROM conveyor.events GROUP BY 1")}
+
+
+def ledger_counts(url: str) -> dict[int, int]:
+    """Executions recorded per event id."""
+    return {e: n for e, n in query(url, "SELECT event_id, count(*) FROM public.ledger GROUP BY 1")}
+
+
+def backends(url: str, application_name: str) -> list[tuple[int, str]]:
+    """(pid, query) of the sessions of one application on this database."""
+    return [(int(p), str(q)) for p, q in query(
+        url, "SELECT pid, query FROM pg_stat_activity "
+             "WHERE datname = current_database() AND application_name = %s",
+        (application_name,))]
+
+
+def listening(url: str, exclude: set[int] = frozenset()) -> int | None:  # type: ignore[assignment]
+    """Pid of a worker's LISTEN session (one that has run LISTEN), if any."""
+    for pid, q in backends(url, "conveyor-listen"):
+        if pid not in exclude and q.upper().startswith(("LISTEN", "SELECT 1")):
+            return pid
+    return None
