@@ -1,0 +1,135 @@
+"""Handler signals: RetryAfter, Snooze, PermanentFailure and Cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conveyor import Cancel, Event, PermanentFailure, RetryAfter, Router, Snooze, Worker
+
+from .conftest import enqueue, event_row, fast_config, query
+
+
+async def _run_once_raising(url: str, signal: BaseException, **enqueue_options: Any
+                            ) -> tuple[int, Worker, int]:
+    calls = 0
+
+    async def handle(event: Event) -> None:
+        nonlocal calls
+        calls += 1
+        raise signal
+
+    router = Router()
+    router.add("sig.test", handle)
+    event_id = await enqueue(url, "sig.test", **enqueue_options)
+    worker = Worker(url, router, fast_config())
+    try:
+        assert await worker.run_once() == 1
+        # Make whatever is left due and try again: finished events stay finished.
+        await query(url, "UPDATE conveyor.events SET run_at = now() WHERE id = %s", (event_id,))
+        if (await event_row(url, event_id))["state"] != "pending":
+            assert await worker.run_once() == 0
+    finally:
+        await worker.close()
+    return event_id, worker, calls
+
+
+async def _due_in(url: str, event_id: int) -> float:
+    rows = await query(url, "SELECT extract(epoch FROM run_at - now())::float8 AS due "
+                            "FROM conveyor.events WHERE id = %s", (event_id,))
+    return float(rows[0]["due"])
+
+
+async def test_retry_after_spends_the_attempt_and_delays_by_its_seconds(fresh_db: str) -> None:
+    calls = 0
+
+    async def handle(event: Event) -> None:
+        nonlocal calls
+        calls += 1
+        raise RetryAfter(20, "rate limited")
+
+    router = Router()
+    router.add("sig.test", handle)
+    event_id = await enqueue(fresh_db, "sig.test", max_attempts=5)
+    worker = Worker(fresh_db, router, fast_config())
+    try:
+        assert await worker.run_once() == 1
+    finally:
+        await worker.close()
+    row = await event_row(fresh_db, event_id)
+    assert row["state"] == "pending" and row["attempts"] == 1
+    assert 19.0 < await _due_in(fresh_db, event_id) <= 20.0
+    assert row["last_error"] == "rate limited"
+    assert [e["error"] for e in row["errors"]] == ["rate limited"]
+    assert row["lease_owner"] is None
+
+
+async def test_retry_after_on_the_last_attempt_parks_the_event_failed(fresh_db: str) -> None:
+    event_id, _worker, calls = await _run_once_raising(fresh_db, RetryAfter(1), max_attempts=1)
+    row = await event_row(fresh_db, event_id)
+    assert calls == 1
+    assert row["state"] == "failed" and row["attempts"] == 1
+    assert row["finished_at"] is not None
+
+
+async def test_snooze_refunds_the_attempt_and_delays(fresh_db: str) -> None:
+    calls = 0
+
+    async def handle(event: Event) -> None:
+        nonlocal calls
+        calls += 1
+        raise Snooze(20)
+
+    router = Router()
+    router.add("sig.test", handle)
+    event_id = await enqueue(fresh_db, "sig.test", max_attempts=1)
+    worker = Worker(fresh_db, router, fast_config())
+    try:
+        assert await worker.run_once() == 1
+        row = await event_row(fresh_db, event_id)
+        assert row["state"] == "pending" and row["attempts"] == 0
+        assert 19.0 < await _due_in(fresh_db, event_id) <= 20.0
+        assert row["errors"] == [] and row["last_error"] is None
+        assert row["lease_owner"] is None and row["finished_at"] is None
+        # Snoozing a one-attempt event again and again never parks it.
+        for _ in range(3):
+            await query(fresh_db, "UPDATE conveyor.events SET run_at = now() WHERE id = %s",
+                        (event_id,))
+            assert await worker.run_once() == 1
+    finally:
+        await worker.close()
+    row = await event_row(fresh_db, event_id)
+    assert calls == 4
+    assert row["state"] == "pending" and row["attempts"] == 0
+
+
+async def test_permanent_failure_parks_the_event_at_once(fresh_db: str) -> None:
+    event_id, worker, calls = await _run_once_raising(
+        fresh_db, PermanentFailure("amount must be positive"), max_attempts=5)
+    row = await event_row(fresh_db, event_id)
+    assert calls == 1
+    assert row["state"] == "failed" and row["attempts"] == 1 and row["max_attempts"] == 5
+    assert row["last_error"] == "amount must be positive"
+    assert row["finished_at"] is not None and row["lease_owner"] is None
+    assert worker.stats.failed == 1
+
+
+async def test_cancel_marks_the_event_cancelled_and_it_never_runs_again(fresh_db: str) -> None:
+    event_id, worker, calls = await _run_once_raising(fresh_db, Cancel("order withdrawn"),
+                                                      max_attempts=5)
+    row = await event_row(fresh_db, event_id)
+    assert calls == 1
+    assert row["state"] == "cancelled" and row["attempts"] == 1
+    assert row["finished_at"] is not None and row["lease_owner"] is None
+    assert "order withdrawn" in row["last_error"]
+    assert worker.stats.cancelled == 1
+
+
+@pytest.mark.parametrize("signal", [RetryAfter(0), Snooze(0)], ids=["retry_after", "snooze"])
+async def test_zero_second_signals_make_the_event_due_at_once(fresh_db: str,
+                                                             signal: BaseException) -> None:
+    event_id, _worker, calls = await _run_once_raising(fresh_db, signal, max_attempts=5)
+    assert calls == 1
+    assert await _due_in(fresh_db, event_id) <= 0
+    assert (await event_row(fresh_db, event_id))["state"] == "pending"

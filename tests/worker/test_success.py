@@ -1,0 +1,109 @@
+"""The success path: every kind of handler runs and its event ends ``succeeded``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from conveyor import Event, Router, Worker
+
+from .conftest import enqueue, event_row, fast_config, running, wait_all_in
+
+
+async def _assert_succeeded(url: str, event_id: int) -> None:
+    row = await event_row(url, event_id)
+    assert row["state"] == "succeeded"
+    assert row["attempts"] == 1
+    assert row["finished_at"] is not None
+    assert row["finished_at"] >= row["attempted_at"]
+    assert row["lease_owner"] is None and row["lease_expires_at"] is None
+    assert row["last_error"] is None and row["errors"] == []
+
+
+async def test_async_handler_runs_once_and_event_succeeds(fresh_db: str) -> None:
+    seen: list[tuple[int, str, object]] = []
+
+    async def handle(event: Event) -> None:
+        seen.append((event.id, event.topic, event.payload))
+
+    router = Router()
+    router.add("email.send", handle)
+    event_id = await enqueue(fresh_db, "email.send", {"to": "a@example.com"})
+    worker = Worker(fresh_db, router, fast_config())
+    try:
+        assert await worker.run_once() == 1
+        assert await worker.run_once() == 0
+    finally:
+        await worker.close()
+    assert seen == [(event_id, "email.send", {"to": "a@example.com"})]
+    await _assert_succeeded(fresh_db, event_id)
+    assert worker.stats.succeeded == 1 and worker.stats.claimed == 1
+
+
+async def test_plain_handler_runs_in_a_worker_thread(fresh_db: str) -> None:
+    threads: list[str] = []
+
+    def handle(event: Event) -> None:
+        threads.append(threading.current_thread().name)
+
+    router = Router()
+    router.add("report.build", handle)
+    event_id = await enqueue(fresh_db, "report.build")
+    worker = Worker(fresh_db, router, fast_config())
+    try:
+        assert await worker.run_once() == 1
+    finally:
+        await worker.close()
+    assert len(threads) == 1
+    assert threads[0] != threading.main_thread().name
+    await _assert_succeeded(fresh_db, event_id)
+
+
+async def test_plain_handler_with_blocking_false_runs_inline_on_the_loop(fresh_db: str) -> None:
+    calls: list[tuple[str, bool]] = []
+
+    def handle(event: Event) -> None:
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        calls.append((threading.current_thread().name, on_loop))
+
+    router = Router()
+    router.add("cache.touch", handle, blocking=False)
+    event_id = await enqueue(fresh_db, "cache.touch")
+    worker = Worker(fresh_db, router, fast_config())
+    try:
+        assert await worker.run_once() == 1
+    finally:
+        await worker.close()
+    assert calls == [(threading.main_thread().name, True)]
+    await _assert_succeeded(fresh_db, event_id)
+
+
+async def test_running_worker_drains_all_three_handler_kinds(fresh_db: str) -> None:
+    ran: list[str] = []
+
+    async def handle_async(event: Event) -> None:
+        ran.append(event.topic)
+
+    def handle_thread(event: Event) -> None:
+        ran.append(event.topic)
+
+    def handle_inline(event: Event) -> None:
+        ran.append(event.topic)
+
+    router = Router()
+    router.add("a.x", handle_async)
+    router.add("b.x", handle_thread)
+    router.add("c.x", handle_inline, blocking=False)
+    worker = Worker(fresh_db, router, fast_config())
+    async with running(worker):
+        ids = [await enqueue(fresh_db, t) for t in ("a.x", "b.x", "c.x")]
+        final = await wait_all_in(fresh_db, {"succeeded"}, timeout=5)
+    assert sorted(ran) == ["a.x", "b.x", "c.x"]
+    assert set(final) == set(ids)
+    for event_id in ids:
+        await _assert_succeeded(fresh_db, event_id)
+    assert worker.stats.succeeded == 3
