@@ -11,7 +11,8 @@ Every error Conveyor raises on purpose derives from :class:`ConveyorError`::
     ├── MigrationError         the schema is missing, too new, or a migration failed
     ├── EventNotFoundError     no event has that id
     ├── InvalidStateError      the event is in a state that forbids the operation
-    └── EmbeddedServerError    the embedded PostgreSQL could not be started
+    ├── EmbeddedServerError    the embedded PostgreSQL could not be started
+    └── WorkbookError          a spreadsheet is corrupt, hostile or lacks required columns
 
 Handler outcomes (retry later, permanent failure, cancel, snooze) are *not*
 errors; they live in :mod:`conveyor.outcomes`.
@@ -58,3 +59,7 @@ class InvalidStateError(ConveyorError):
 
 class EmbeddedServerError(ConveyorError):
     """The embedded PostgreSQL server could not be started or reached."""
+
+
+class WorkbookError(ConveyorError):
+    """A workbook was refused: not XLSX, corrupt, truncated, hostile, or invalid content."""

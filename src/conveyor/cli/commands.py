@@ -392,5 +392,25 @@ def run_demo(ctx: Context, args: argparse.Namespace) -> int:
     return int(demo_run(ctx, args))
 
 
+# ---------------------------------------------------------------------- xlsx
+
+def register_xlsx(sub: Sub, env: Env) -> None:
+    p = _add(sub, "xlsx", "aggregate a workbook: rows, total and sum per tipo, as JSON",
+             "Stream the first sheet of an XLSX file and print {\"rows\", \"total\", \"by_type\"}:\n"
+             "the data-row count, the sum of the 'monto' column, and that sum per 'tipo'.\n"
+             "Corrupt, truncated, non-XLSX and hostile files (zip bombs, XML entities) are\n"
+             "refused with a one-line reason and a non-zero exit. Needs no database.",
+             run_xlsx)
+    p.add_argument("file", help="path of the .xlsx file")
+
+
+def run_xlsx(ctx: Context, args: argparse.Namespace) -> int:
+    from conveyor.workbook import aggregate_workbook
+
+    print(json.dumps(aggregate_workbook(args.file).to_json()))
+    return 0
+
+
 REGISTRY = [register_migrate, register_worker, register_enqueue, register_status, register_show,
-            register_retry, register_cancel, register_prune, register_bench, register_demo]
+            register_retry, register_cancel, register_prune, register_bench, register_demo,
+            register_xlsx]
