@@ -348,7 +348,7 @@ class _SheetReader:
             kind = attrs.get("t", "n")
             self._kind = "str" if kind == "inlineStr" else kind
             self._text = []
-        elif tag == v_tag or tag == t_tag:
+        elif tag in (v_tag, t_tag):
             self._capture = True
         elif tag == row_tag:
             r = attrs.get("r")
@@ -358,7 +358,7 @@ class _SheetReader:
 
     def end(self, tag: str) -> None:
         row_tag, c_tag, v_tag, t_tag, sheet_data, _is = self._tags
-        if tag == v_tag or tag == t_tag:
+        if tag in (v_tag, t_tag):
             self._capture = False
         elif tag == c_tag:
             if self._row is not None and self._text and (
