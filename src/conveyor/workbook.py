@@ -80,9 +80,12 @@ def _new_parser() -> Any:
     def no_dtd(*_args: object) -> None:
         raise _Refused("XML document type declarations (DTDs) are not allowed")
 
+    def no_external(*_args: object) -> int:
+        raise _Refused("external XML entities are not allowed")
+
     parser.StartDoctypeDeclHandler = no_dtd
     parser.EntityDeclHandler = no_dtd
-    parser.ExternalEntityRefHandler = no_dtd
+    parser.ExternalEntityRefHandler = no_external
     parser.SetParamEntityParsing(pyexpat.XML_PARAM_ENTITY_PARSING_NEVER)
     return parser
 
