@@ -1,0 +1,119 @@
+"""Slots and races: a worker claims only what it can run; events run exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from conveyor import Event, NewEvent, Router, Worker
+
+from .conftest import enqueue_many, fast_config, query, running, states, wait_all_in
+
+
+async def _drain_sampling(url: str, **config: Any) -> tuple[int, list[int]]:
+    """Drain 10 slow events; returns the handler peak and samples of running rows."""
+    active = 0
+    peak = 0
+
+    async def handle(event: Event) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        try:
+            await asyncio.sleep(0.25)
+        finally:
+            active -= 1
+
+    router = Router()
+    router.add("slow.job", handle)
+    worker = Worker(url, router, fast_config(concurrency=3, batch_size=10, **config))
+    await enqueue_many(url, [NewEvent(topic="slow.job") for _ in range(10)])
+    samples: list[int] = []
+
+    async def sample() -> None:
+        while True:
+            rows = await query(url, "SELECT count(*) AS n FROM conveyor.events "
+                                    "WHERE state = 'running'")
+            samples.append(rows[0]["n"])
+            await asyncio.sleep(0.005)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        async with running(worker):
+            await wait_all_in(url, {"succeeded"}, timeout=10)
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    assert len(samples) > 20
+    return peak, samples
+
+
+async def test_never_more_handlers_at_once_than_concurrency(fresh_db: str) -> None:
+    peak, samples = await _drain_sampling(fresh_db)
+    assert peak == 3, f"handlers at once peaked at {peak}"
+    assert 3 in samples
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: a slot is freed when the handler returns, before its result is acknowledged, "
+    "so the worker claims new events while finished ones are still 'running' in the table"))
+async def test_never_more_running_rows_than_concurrency(fresh_db: str) -> None:
+    # ack_interval is a legal setting that widens the window between a handler
+    # returning and its row leaving 'running'; with the default 5 ms the same
+    # overshoot happens, only less reliably caught by sampling.
+    _peak, samples = await _drain_sampling(fresh_db, ack_interval=0.1)
+    assert max(samples) <= 3, f"running rows peaked at {max(samples)}"
+
+
+async def test_run_once_claims_no_more_than_free_slots(fresh_db: str) -> None:
+    async def handle(event: Event) -> None:
+        pass
+
+    router = Router()
+    router.add("job", handle)
+    await enqueue_many(fresh_db, [NewEvent(topic="job") for _ in range(10)])
+    worker = Worker(fresh_db, router, fast_config(concurrency=3, batch_size=10))
+    try:
+        assert await worker.run_once() == 3
+        assert Counter((await states(fresh_db)).values()) == {"succeeded": 3, "pending": 7}
+    finally:
+        await worker.close()
+
+
+async def test_many_workers_drain_every_event_exactly_once(fresh_db: str) -> None:
+    total = 2000
+    calls: list[tuple[str, int]] = []
+
+    def make_handler(name: str):  # type: ignore[no-untyped-def]
+        async def handle(event: Event) -> None:
+            calls.append((name, event.id))
+            await asyncio.sleep(0)
+        return handle
+
+    ids = await enqueue_many(fresh_db, [NewEvent(topic="race.run", payload={"n": n})
+                                        for n in range(total)])
+    workers = []
+    for n in range(4):
+        router = Router()
+        router.add("race.*", make_handler(f"w{n}"))
+        workers.append(Worker(fresh_db, router,
+                              fast_config(concurrency=25, batch_size=25, poll_interval=0.1)))
+    async with contextlib.AsyncExitStack() as stack:
+        for worker in workers:
+            await stack.enter_async_context(running(worker))
+        final = await wait_all_in(fresh_db, {"succeeded"}, timeout=40)
+    per_event = Counter(event_id for _, event_id in calls)
+    assert set(per_event) == set(ids)
+    duplicates = {event_id: n for event_id, n in per_event.items() if n != 1}
+    assert duplicates == {}
+    assert len(calls) == total
+    assert set(final) == set(ids) and set(final.values()) == {"succeeded"}
+    rows = await query(fresh_db, "SELECT count(*) AS n FROM conveyor.events WHERE attempts <> 1")
+    assert rows[0]["n"] == 0
+    assert sum(w.stats.succeeded for w in workers) == total
+    assert sum(1 for w in workers if w.stats.claimed) >= 2, "only one worker ever claimed"
