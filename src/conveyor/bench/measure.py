@@ -1,0 +1,268 @@
+"""The measurements themselves: enqueue, drain and wake-up, each with its baseline.
+
+Timing rules (the same for Conveyor and the baseline):
+
+* Enqueue rates alternate Conveyor and raw in rounds (ABBA...) so drift on a
+  shared machine falls on both; each side is warmed up first (psycopg
+  prepares a statement on its fifth execution).
+* A drain starts with ``count`` events already committed, the table vacuumed
+  and analysed and a CHECKPOINT taken; then the worker process starts. Its
+  rate is ``count / (last finished_at - first attempted_at)``, both stamped
+  by ``now()`` in the claim and acknowledge statements: process start-up,
+  imports and connecting are outside the window, and no polling granularity
+  enters it. The parent polls (every 50 ms, through the partial indexes)
+  only to know when to stop the worker, and reports the rate seen that way
+  too (``wall``) as a cross-check. Every event must end ``succeeded`` with
+  exactly one attempt, or the run fails.
+* Wake-up latency: an idle worker, events enqueued one per transaction every
+  ``gap`` seconds; latency = handler start ``time.time()`` (in the worker)
+  minus ``time.time()`` right after the producer's commit returned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from conveyor.bench import scratch
+from conveyor.bench.app import NOOP_TOPIC, WAKE_TOPIC
+from conveyor.bench.baseline import copy_rows, insert_sql
+from conveyor.bench.processes import ProcessRegistry, run_raw_drainer
+from conveyor.bench.scratch import BenchError, Schemas
+from conveyor.config import ProducerConfig
+from conveyor.producer import NewEvent, Producer
+
+WARMUP = 20
+POLL = 0.05
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        raise ValueError("no values")
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def _split(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts) if base or i < extra]
+
+
+def _alternate(total: int, rounds: int, a: Callable[[int], None],
+               b: Callable[[int], None]) -> tuple[float, float]:
+    """Run ``a(k)`` and ``b(k)`` over ``total`` units in alternating order; their seconds."""
+    spent = [0.0, 0.0]
+    for r, k in enumerate(_split(total, rounds)):
+        order = [(0, a), (1, b)] if r % 2 == 0 else [(1, b), (0, a)]
+        for slot, fn in order:
+            t0 = time.perf_counter()
+            fn(k)
+            spent[slot] += time.perf_counter() - t0
+    return spent[0], spent[1]
+
+
+def enqueue_single(url: str, schemas: Schemas, count: int, rounds: int = 4) -> tuple[float, float]:
+    """One event per transaction: Conveyor ``enqueue`` + commit vs one raw INSERT + commit."""
+    producer = Producer(ProducerConfig(schema=schemas.conveyor))
+    insert = insert_sql(schemas.raw)
+    with psycopg.connect(url) as c_conn, psycopg.connect(url) as r_conn:
+        def conveyor(k: int) -> None:
+            for i in range(k):
+                producer.enqueue(c_conn, NOOP_TOPIC, {"i": i})
+                c_conn.commit()
+
+        def raw(k: int) -> None:
+            for i in range(k):
+                r_conn.execute(insert, (NOOP_TOPIC, json.dumps({"i": i})))
+                r_conn.commit()
+
+        conveyor(WARMUP)
+        raw(WARMUP)
+        c_s, r_s = _alternate(count, rounds, conveyor, raw)
+    return count / c_s, count / r_s
+
+
+def enqueue_batch(url: str, schemas: Schemas, count: int, batch: int = 1000,
+                  rounds: int = 4) -> tuple[float, float]:
+    """``batch`` events per transaction: Conveyor ``enqueue_many`` vs raw COPY."""
+    producer = Producer(ProducerConfig(schema=schemas.conveyor))
+    batches = max(1, count // batch)
+    with psycopg.connect(url) as c_conn, psycopg.connect(url) as r_conn:
+        def conveyor(k: int) -> None:
+            for _ in range(k):
+                producer.enqueue_many(c_conn, [NewEvent(topic=NOOP_TOPIC, payload={"i": i})
+                                               for i in range(batch)])
+                c_conn.commit()
+
+        def raw(k: int) -> None:
+            for _ in range(k):
+                copy_rows(r_conn, schemas.raw,
+                          ((NOOP_TOPIC, json.dumps({"i": i})) for i in range(batch)))
+                r_conn.commit()
+
+        conveyor(1)
+        raw(1)
+        c_s, r_s = _alternate(batches, rounds, conveyor, raw)
+    return batches * batch / c_s, batches * batch / r_s
+
+
+@dataclass(frozen=True, slots=True)
+class DrainRun:
+    """One drain: the rate from table timestamps, the parent's view, the process's peak RSS."""
+
+    per_s: float
+    seconds: float
+    wall_per_s: float
+    rss_mb: float
+    label: str
+
+
+def _timeout(count: int) -> float:
+    return 60.0 + count / 200
+
+
+def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count: int,
+                   registry: ProcessRegistry, *, batch_size: int | None = None,
+                   concurrency: int | None = None) -> DrainRun:
+    schema = schemas.conveyor
+    scratch.reset(admin, schema)
+    scratch.fill_conveyor(url, schema, NOOP_TOPIC, count)
+    scratch.settle(admin, schema)
+    worker = registry.worker(url, schema, batch_size=batch_size, concurrency=concurrency)
+    worker.start()
+    deadline = time.monotonic() + _timeout(count)
+    while scratch.unfinished(admin, schema):
+        worker.check_alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"conveyor drain of {count} events did not finish in time")
+        time.sleep(POLL)
+    seen_done = time.time()
+    rss = worker.peak_rss_mb()
+    code = worker.stop()
+    if code != 0:
+        raise BenchError(f"worker exited with code {code} after the drain")
+    stats = scratch.drain_stats(admin, schema)
+    label = "defaults" if batch_size is None and concurrency is None else \
+        f"batch_size={batch_size} concurrency={concurrency}"
+    seconds = stats.check(count, f"conveyor drain ({label})")
+    assert stats.first_claim is not None
+    return DrainRun(count / seconds, seconds, count / (seen_done - stats.first_claim), rss, label)
+
+
+def raw_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count: int,
+              batch: int) -> DrainRun:
+    schema = schemas.raw
+    scratch.reset(admin, schema)
+    with psycopg.connect(url) as conn:
+        copy_rows(conn, schema, ((NOOP_TOPIC, json.dumps({"i": i})) for i in range(count)))
+        conn.commit()
+    scratch.settle(admin, schema)
+    report = run_raw_drainer(url, schema, batch, _timeout(count))
+    seen_done = time.time()
+    stats = scratch.drain_stats(admin, schema)
+    seconds = stats.check(count, f"raw drain (batch {batch})")
+    assert stats.first_claim is not None
+    if report["handled"] != count:
+        raise BenchError(f"raw drain handled {report['handled']} of {count} events")
+    return DrainRun(count / seconds, seconds, count / (seen_done - stats.first_claim),
+                    float(report["rss_mb"]), f"batch={batch}")
+
+
+# ------------------------------------------------------------------ wake-up
+
+class _PipeReader:
+    """Collects the ``"<id> <epoch>"`` lines the wake handler writes to its pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self.seen: dict[int, float] = {}
+        self._cond = threading.Condition()
+        self._file = os.fdopen(fd, "rb")
+        self._thread = threading.Thread(target=self._read, name="bench-wake-reader",
+                                        daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._file:
+            event_id, _, started = line.decode().partition(" ")
+            with self._cond:
+                self.seen[int(event_id)] = float(started)
+                self._cond.notify_all()
+
+    def wait_for(self, ids: set[int], timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: ids <= self.seen.keys(), timeout)
+
+    def close(self) -> None:
+        self._thread.join(timeout=5)
+        self._file.close()
+
+
+@dataclass(frozen=True, slots=True)
+class WakeRun:
+    latencies_ms: list[float] = field(repr=False)
+    missing: int
+    rss_mb: float
+
+    def p(self, q: float) -> float:
+        return percentile(self.latencies_ms, q)
+
+
+def wake_latency(admin: psycopg.Connection[Any], url: str, schemas: Schemas,
+                 registry: ProcessRegistry, *, samples: int, warmup: int = 10,
+                 gap: float = 0.02) -> WakeRun:
+    """Latency from commit-return to handler start, for an idle worker at defaults."""
+    schema = schemas.conveyor
+    scratch.reset(admin, schema)
+    read_fd, write_fd = os.pipe()
+    worker = registry.worker(url, schema, wake_fd=write_fd)
+    try:
+        worker.start()
+    finally:
+        os.close(write_fd)  # the worker holds the only write end now: EOF when it exits
+    reader = _PipeReader(read_fd)
+    try:
+        worker.wait_registered(admin)
+        producer = Producer(ProducerConfig(schema=schema))
+        with psycopg.connect(url) as conn:
+            def send() -> tuple[int, float]:
+                event_id = producer.enqueue(conn, WAKE_TOPIC, {})
+                conn.commit()
+                return event_id, time.time()
+
+            warm: set[int] = set()
+            for _ in range(warmup):
+                warm.add(send()[0])
+                time.sleep(gap)
+            if not reader.wait_for(warm, timeout=30):
+                worker.check_alive()
+                raise BenchError("the idle worker did not run the warm-up events within 30s")
+            sent: dict[int, float] = {}
+            start = time.perf_counter()
+            for i in range(samples):
+                pause = start + i * gap - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+                event_id, committed = send()
+                sent[event_id] = committed
+        # A lost NOTIFY would still be found by the 5 s poll; wait past one.
+        reader.wait_for(set(sent), timeout=15)
+        rss = worker.peak_rss_mb()
+        worker.stop()
+    finally:
+        worker.stop()
+        reader.close()
+    latencies = [(reader.seen[i] - t) * 1000 for i, t in sent.items() if i in reader.seen]
+    if not latencies:
+        raise BenchError("no wake-up sample arrived")
+    return WakeRun(latencies, samples - len(latencies), rss)

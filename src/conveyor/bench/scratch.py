@@ -1,0 +1,164 @@
+"""The benchmark's scratch schemas: created at the start, dropped at the end.
+
+Conveyor is measured in its own freshly migrated schema (``<schema>_bench``),
+never in the user's: the drains count every row and truncate between runs.
+The raw baseline gets a second one (``<schema>_bench_raw``). Each carries a
+marker comment, so a run that was killed leaves schemas the next run can
+recognise and drop, and a schema of the same name that is *not* ours is
+refused instead of dropped. A session advisory lock keeps two benchmarks
+from running on one database at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from conveyor.bench.baseline import copy_rows, create_table
+from conveyor.config import ProducerConfig
+from conveyor.errors import ConveyorError
+from conveyor.producer import NewEvent, Producer
+from conveyor.schema.migrator import Migrator
+
+MARKER = "conveyor bench scratch schema: dropped when the benchmark ends"
+FILL_BATCH = 1000
+
+
+class BenchError(ConveyorError):
+    """The benchmark could not run or a measurement went wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Schemas:
+    conveyor: str
+    raw: str
+
+    @property
+    def all(self) -> tuple[str, str]:
+        return (self.conveyor, self.raw)
+
+
+def schemas_for(base: str) -> Schemas:
+    stem = base[:30]  # schema names are at most 40 characters
+    return Schemas(conveyor=f"{stem}_bench", raw=f"{stem}_bench_raw")
+
+
+def _table(schema: str, name: str = "events") -> sql.Identifier:
+    return sql.Identifier(schema, name)
+
+
+def lock(conn: psycopg.Connection[Any], schemas: Schemas) -> None:
+    """Hold a session lock for the run; refuse when another benchmark holds it."""
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
+                       (f"conveyor.bench:{schemas.conveyor}",)).fetchone()
+    if not row or not row[0]:
+        raise BenchError("another 'conveyor bench' is running on this database; try again later")
+
+
+def _comment(conn: psycopg.Connection[Any], schema: str) -> str | None | bool:
+    """The schema's comment; ``False`` when the schema does not exist."""
+    row = conn.execute(
+        "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s",
+        (schema,)).fetchone()
+    return False if row is None else row[0]
+
+
+def create(conn: psycopg.Connection[Any], schemas: Schemas) -> None:
+    """Create both schemas from scratch (dropping leftovers of an interrupted run)."""
+    for schema in schemas.all:
+        comment = _comment(conn, schema)
+        if comment is not False and comment != MARKER:
+            raise BenchError(f"schema {schema!r} exists and is not a conveyor bench scratch "
+                             "schema; refusing to touch it")
+    drop(conn, schemas)
+    Migrator(schemas.conveyor).apply(conn)
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schemas.raw)))
+    create_table(conn, schemas.raw)
+    for schema in schemas.all:
+        conn.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
+            sql.Identifier(schema), sql.Literal(MARKER)))
+
+
+def drop(conn: psycopg.Connection[Any], schemas: Schemas) -> None:
+    for schema in schemas.all:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def reset(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Empty a scratch schema's events (and the worker registry, if it has one)."""
+    conn.execute(sql.SQL("TRUNCATE {}").format(_table(schema)))
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                          (sql.Identifier(schema, "workers").as_string(),)).fetchone()
+    if exists and exists[0]:
+        conn.execute(sql.SQL("TRUNCATE {}").format(_table(schema, "workers")))
+
+
+def settle(conn: psycopg.Connection[Any], schema: str) -> None:
+    """VACUUM ANALYZE and CHECKPOINT before a drain, the same for every system."""
+    conn.execute(sql.SQL("VACUUM ANALYZE {}").format(_table(schema)))
+    try:
+        conn.execute("CHECKPOINT")
+    except psycopg.errors.InsufficientPrivilege:
+        pass  # not superuser nor pg_checkpoint: every system runs without it alike
+
+
+def fill_conveyor(url: str, schema: str, topic: str, count: int) -> None:
+    """Enqueue ``count`` no-op events with Conveyor's own batch producer, one commit."""
+    producer = Producer(ProducerConfig(schema=schema))
+    with psycopg.connect(url) as conn:
+        for start in range(0, count, FILL_BATCH):
+            stop = min(count, start + FILL_BATCH)
+            producer.enqueue_many(conn, [NewEvent(topic=topic, payload={"i": i})
+                                         for i in range(start, stop)])
+        conn.commit()
+
+
+def fill_raw(url: str, schema: str, topic: str, count: int) -> None:
+    """COPY ``count`` rows into the baseline table, one commit."""
+    with psycopg.connect(url) as conn:
+        copy_rows(conn, schema, ((topic, json.dumps({"i": i})) for i in range(count)))
+        conn.commit()
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStats:
+    total: int
+    succeeded: int
+    retried: int
+    first_claim: float | None
+    last_finish: float | None
+
+    def check(self, expected: int, who: str) -> float:
+        """Seconds from first claim to last finish, after checking every event ran once."""
+        if self.total != expected or self.succeeded != expected:
+            raise BenchError(f"{who}: expected {expected} succeeded events, found "
+                             f"{self.succeeded} of {self.total}")
+        if self.retried:
+            raise BenchError(f"{who}: {self.retried} events ran more than once")
+        if self.first_claim is None or self.last_finish is None \
+                or self.last_finish <= self.first_claim:
+            raise BenchError(f"{who}: no usable claim/finish timestamps")
+        return self.last_finish - self.first_claim
+
+
+def drain_stats(conn: psycopg.Connection[Any], schema: str) -> DrainStats:
+    row = conn.execute(sql.SQL(
+        "SELECT count(*), count(*) FILTER (WHERE state = 'succeeded'),"
+        " count(*) FILTER (WHERE attempts <> 1),"
+        " extract(epoch FROM min(attempted_at))::float8,"
+        " extract(epoch FROM max(finished_at))::float8 FROM {}").format(_table(schema))).fetchone()
+    assert row is not None
+    return DrainStats(*row)
+
+
+def unfinished(conn: psycopg.Connection[Any], schema: str) -> bool:
+    """Whether any event is still pending or running (both through partial indexes)."""
+    t = _table(schema)
+    row = conn.execute(sql.SQL(
+        "SELECT EXISTS (SELECT 1 FROM {} WHERE state = 'pending')"
+        " OR EXISTS (SELECT 1 FROM {} WHERE state = 'running')").format(t, t)).fetchone()
+    return bool(row and row[0])

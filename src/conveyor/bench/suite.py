@@ -1,0 +1,196 @@
+"""The whole benchmark in one run: what is measured, in which order, how often.
+
+Drains repeat ``reps`` times, Conveyor and the baselines interleaved, and the
+median is reported. The best Conveyor setting is searched by one drain per
+candidate (the default included); the winner is then drained ``reps - 1``
+more times and its median reported, next to the raw baseline at batch 1000.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from conveyor.bench import measure, scratch
+from conveyor.bench.measure import DrainRun
+from conveyor.bench.processes import ProcessRegistry
+from conveyor.config import BATCH_SIZE_DEFAULT, CONCURRENCY_DEFAULT
+
+RAW_SAME_BATCH = BATCH_SIZE_DEFAULT
+RAW_BEST_BATCH = 1000
+DEFAULT = (BATCH_SIZE_DEFAULT, CONCURRENCY_DEFAULT)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Sizes and repetitions; ``quick`` shrinks everything for a smoke run."""
+
+    events: int
+    single_events: int
+    batch_events: int
+    reps: int
+    candidates: tuple[tuple[int, int], ...]   # (batch_size, concurrency)
+    wake_samples: int
+    wake_warmup: int = 10
+    wake_gap: float = 0.02
+    quick: bool = False
+
+    @classmethod
+    def from_args(cls, events: int, quick: bool) -> Plan:
+        if quick:
+            n = min(events, 2_000)
+            return cls(events=n, single_events=n, batch_events=max(n, 10_000), reps=1,
+                       candidates=((500, 1000),), wake_samples=50, quick=True)
+        return cls(events=events, single_events=events, batch_events=max(events, 20_000),
+                   reps=3, candidates=((250, 500), (500, 1000), (1000, 1000), (1000, 2000)),
+                   wake_samples=200)
+
+
+def _median(runs: list[DrainRun]) -> float:
+    return statistics.median(r.per_s for r in runs)
+
+
+def _settings(batch_size: int, concurrency: int) -> dict[str, int]:
+    return {"batch_size": batch_size, "concurrency": concurrency}
+
+
+def _environment(admin: psycopg.Connection[Any]) -> dict[str, Any]:
+    row = admin.execute("SELECT current_setting('server_version'),"
+                        " current_setting('synchronous_commit'), current_setting('fsync')"
+                        ).fetchone()
+    assert row is not None
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return {"postgresql": row[0], "synchronous_commit": row[1], "fsync": row[2],
+            "python": platform.python_version(), "cpus": os.cpu_count(),
+            "load_avg_1m_end": round(load[0], 2), "psycopg": psycopg.__version__}
+
+
+class Suite:
+    def __init__(self, url: str, base_schema: str, plan: Plan, progress: Progress) -> None:
+        self.url = url
+        self.plan = plan
+        self.schemas = scratch.schemas_for(base_schema)
+        self.say = progress
+        self.registry = ProcessRegistry()
+        self._candidate_log: list[dict[str, Any]] = []
+
+    def run(self) -> dict[str, Any]:
+        started = time.time()
+        with psycopg.connect(self.url, autocommit=True) as admin:
+            scratch.lock(admin, self.schemas)
+            scratch.create(admin, self.schemas)
+            try:
+                result = self._measure(admin)
+            finally:
+                self.registry.stop_all()
+                scratch.drop(admin, self.schemas)
+            result["environment"] = _environment(admin)
+        result["elapsed_s"] = round(time.time() - started, 1)
+        return result
+
+    def _measure(self, admin: psycopg.Connection[Any]) -> dict[str, Any]:
+        p, s = self.plan, self.schemas
+        self.say(f"enqueue, 1 event per transaction ({p.single_events:,} each)")
+        single, raw_single = measure.enqueue_single(self.url, s, p.single_events)
+        self.say(f"enqueue, 1000 events per transaction ({p.batch_events:,} each)")
+        batch, raw_copy = measure.enqueue_batch(self.url, s, p.batch_events)
+        for schema in s.all:
+            scratch.reset(admin, schema)
+        default, raw_same, raw_best = self._drains(admin)
+        best_settings, best = self._best(admin, default)
+        self.say(f"wake-up latency ({p.wake_samples} samples, idle worker at defaults)")
+        wake = measure.wake_latency(admin, self.url, s, self.registry, samples=p.wake_samples,
+                                    warmup=p.wake_warmup, gap=p.wake_gap)
+        return {
+            "enqueue_single_per_s": single, "raw_single_per_s": raw_single,
+            "enqueue_batch_per_s": batch, "raw_copy_per_s": raw_copy,
+            "drain_default_per_s": _median(default),
+            "raw_drain_same_batch_per_s": _median(raw_same),
+            "drain_best_per_s": _median(best),
+            "drain_best_settings": _settings(*best_settings),
+            "raw_drain_best_per_s": _median(raw_best),
+            "wake_p50_ms": wake.p(50), "wake_p95_ms": wake.p(95), "wake_p99_ms": wake.p(99),
+            "wake_max_ms": max(wake.latencies_ms), "wake_samples": len(wake.latencies_ms),
+            "wake_missing": wake.missing,
+            "worker_rss_mb": max(r.rss_mb for r in default),
+            "worker_rss_best_mb": max(r.rss_mb for r in best),
+            "worker_rss_wake_mb": wake.rss_mb,
+            "raw_worker_rss_mb": max(r.rss_mb for r in raw_same + raw_best),
+            "runs": {
+                "drain_default": [_run_json(r) for r in default],
+                "drain_best": [_run_json(r) for r in best],
+                "raw_drain_same_batch": [_run_json(r) for r in raw_same],
+                "raw_drain_best": [_run_json(r) for r in raw_best],
+                "drain_candidates": self._candidate_log,
+            },
+            "plan": {"events": p.events, "single_events": p.single_events,
+                     "batch_events": p.batch_events, "reps": p.reps, "quick": p.quick,
+                     "wake_gap_ms": p.wake_gap * 1000, "wake_warmup": p.wake_warmup,
+                     "raw_same_batch": RAW_SAME_BATCH, "raw_best_batch": RAW_BEST_BATCH},
+        }
+
+    def _conveyor(self, admin: psycopg.Connection[Any], settings: tuple[int, int]) -> DrainRun:
+        is_default = settings == DEFAULT
+        self.say(f"  conveyor drain, {'defaults' if is_default else _label(settings)}")
+        if is_default:  # pass no flags at all: the command's own defaults
+            return measure.conveyor_drain(admin, self.url, self.schemas, self.plan.events,
+                                          self.registry)
+        return measure.conveyor_drain(admin, self.url, self.schemas, self.plan.events,
+                                      self.registry, batch_size=settings[0],
+                                      concurrency=settings[1])
+
+    def _raw(self, admin: psycopg.Connection[Any], batch: int) -> DrainRun:
+        self.say(f"  raw drain, batch {batch}")
+        return measure.raw_drain(admin, self.url, self.schemas, self.plan.events, batch)
+
+    def _drains(self, admin: psycopg.Connection[Any]) -> tuple[list[DrainRun], ...]:
+        self.say(f"drain {self.plan.events:,} no-op events x {self.plan.reps}")
+        default: list[DrainRun] = []
+        raw_same: list[DrainRun] = []
+        raw_best: list[DrainRun] = []
+        steps: list[Callable[[], None]] = [
+            lambda: default.append(self._conveyor(admin, DEFAULT)),
+            lambda: raw_same.append(self._raw(admin, RAW_SAME_BATCH)),
+            lambda: raw_best.append(self._raw(admin, RAW_BEST_BATCH)),
+        ]
+        for rep in range(self.plan.reps):
+            for step in steps[rep % 3:] + steps[:rep % 3]:  # rotate who goes first
+                step()
+        return default, raw_same, raw_best
+
+    def _best(self, admin: psycopg.Connection[Any],
+              default: list[DrainRun]) -> tuple[tuple[int, int], list[DrainRun]]:
+        self.say("search the best worker settings")
+        tried: dict[tuple[int, int], list[DrainRun]] = {DEFAULT: default}
+        for settings in self.plan.candidates:
+            tried[settings] = [self._conveyor(admin, settings)]
+        self._candidate_log = [{**_settings(*k), "per_s": [r.per_s for r in v]}
+                               for k, v in tried.items()]
+        winner = max(tried, key=lambda k: _median(tried[k]))
+        runs = tried[winner]
+        while len(runs) < self.plan.reps:
+            runs.append(self._conveyor(admin, winner))
+        return winner, runs
+
+
+def _label(settings: tuple[int, int]) -> str:
+    return f"batch_size={settings[0]} concurrency={settings[1]}"
+
+
+def _run_json(run: DrainRun) -> dict[str, Any]:
+    return {"per_s": round(run.per_s, 1), "seconds": round(run.seconds, 4),
+            "wall_per_s": round(run.wall_per_s, 1), "rss_mb": round(run.rss_mb, 1)}
+
+
+def stderr_progress(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
