@@ -12,7 +12,10 @@ Every error Conveyor raises on purpose derives from :class:`ConveyorError`::
     ├── EventNotFoundError     no event has that id
     ├── InvalidStateError      the event is in a state that forbids the operation
     ├── EmbeddedServerError    the embedded PostgreSQL could not be started
-    └── WorkbookError          a spreadsheet is corrupt, hostile or lacks required columns
+    ├── WorkbookError          a spreadsheet is corrupt, hostile or lacks required columns
+    └── EngineError            a call to the application's HTTP API failed
+        ├── EngineTransportError   no HTTP answer (refused, reset, timed out)
+        └── EngineHTTPError        an answer outside 2xx; ``status`` holds the code
 
 Handler outcomes (retry later, permanent failure, cancel, snooze) are *not*
 errors; they live in :mod:`conveyor.outcomes`.
@@ -63,3 +66,25 @@ class EmbeddedServerError(ConveyorError):
 
 class WorkbookError(ConveyorError):
     """A workbook was refused: not XLSX, corrupt, truncated, hostile, or invalid content."""
+
+
+class EngineError(ConveyorError):
+    """A call to the application's HTTP API (the engine) failed."""
+
+
+class EngineTransportError(EngineError):
+    """The engine gave no HTTP answer: refused, reset, or timed out."""
+
+
+class EngineHTTPError(EngineError):
+    """The engine answered outside 2xx."""
+
+    def __init__(self, message: str, *, status: int, body: object = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+    @property
+    def retryable(self) -> bool:
+        """Whether trying again later could succeed (408, 425, 429 and 5xx)."""
+        return self.status in (408, 425, 429) or self.status >= 500
