@@ -1,0 +1,473 @@
+"""Producer / AsyncProducer: events written in the caller's transaction.
+
+Rolled-back tests use ``conn`` / ``aconn``; anything that needs a commit or
+LISTEN/NOTIFY uses a ``fresh_db`` of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+from conveyor import (
+    AsyncCommittingProducer,
+    AsyncProducer,
+    CommittingProducer,
+    DatabaseError,
+    InvalidInputError,
+    NewEvent,
+    PayloadTooLargeError,
+    Producer,
+    ProducerConfig,
+)
+from conveyor.producer import COPY_THRESHOLD
+
+CHANNEL = sql.Identifier("conveyor.events")
+
+
+def _rows(conn: psycopg.Connection[Any], ids: list[int]) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT id, tenant, topic, payload, priority, max_attempts, idempotency_key, state"
+        " FROM conveyor.events WHERE id = ANY(%s) ORDER BY id", (ids,)).fetchall()
+
+
+def _count(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM conveyor.events").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _delay_of(conn: psycopg.Connection[Any], event_id: int) -> float:
+    # now() is fixed for the transaction, so run_at - now() is exactly the delay.
+    row = conn.execute("SELECT extract(epoch FROM run_at - now())::float8 FROM conveyor.events"
+                       " WHERE id = %s", (event_id,)).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+@pytest.fixture
+def statements(conn: psycopg.Connection[Any]) -> Iterator[list[str]]:
+    """The text of every top-level statement that inserts into the events table.
+
+    A statement-level trigger raises a NOTICE carrying ``current_query()``; the
+    trigger lives in the test's transaction and is rolled back with it.
+    """
+    seen: list[str] = []
+    conn.add_notice_handler(lambda diag: seen.append(diag.message_primary or ""))
+    conn.execute("""
+        CREATE FUNCTION pg_temp.report_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE NOTICE '%', current_query(); RETURN NULL; END $$""")
+    conn.execute("CREATE TRIGGER report_statement AFTER INSERT ON conveyor.events"
+                 " FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.report_statement()")
+    yield seen
+
+
+def _listen(url: str) -> psycopg.Connection[Any]:
+    listener = psycopg.connect(url, autocommit=True)
+    listener.execute(sql.SQL("LISTEN {}").format(CHANNEL))
+    return listener
+
+
+def _notifications(listener: psycopg.Connection[Any], timeout: float = 1.0) -> list[str]:
+    return [n.payload for n in listener.notifies(timeout=timeout)]
+
+
+# -------------------------------------------------------- the caller's transaction
+
+def test_enqueue_returns_id_of_the_written_row(conn: psycopg.Connection[Any]) -> None:
+    event_id = Producer().enqueue(conn, "order.created", {"order": 7}, tenant="acme")
+    assert _rows(conn, [event_id]) == [
+        (event_id, "acme", "order.created", {"order": 7}, 0, 5, None, "pending")]
+
+
+def test_enqueue_without_payload_stores_empty_object(conn: psycopg.Connection[Any]) -> None:
+    event_id = Producer().enqueue(conn, "ping")
+    assert _rows(conn, [event_id])[0][3] == {}
+
+
+def test_enqueue_rolled_back_leaves_no_event(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:
+        Producer().enqueue(conn, "order.created", {"id": 1})
+        conn.rollback()
+        assert _count(conn) == 0
+
+
+def test_enqueue_committed_leaves_exactly_one_event(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:
+        event_id = Producer().enqueue(conn, "order.created", {"id": 1})
+        conn.commit()
+    with psycopg.connect(fresh_db) as other:
+        assert other.execute("SELECT array_agg(id) FROM conveyor.events").fetchone() == (
+            [event_id],)
+
+
+def test_enqueue_is_invisible_to_others_until_commit(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn, psycopg.connect(fresh_db, autocommit=True) as other:
+        Producer().enqueue(conn, "order.created")
+        assert _count(other) == 0
+        conn.commit()
+        assert _count(other) == 1
+
+
+async def test_async_enqueue_rolled_back_leaves_no_event(fresh_db: str) -> None:
+    async with await psycopg.AsyncConnection.connect(fresh_db) as aconn:
+        await AsyncProducer().enqueue(aconn, "order.created", {"id": 1})
+        await aconn.rollback()
+    with psycopg.connect(fresh_db) as conn:
+        assert _count(conn) == 0
+
+
+async def test_async_enqueue_committed_leaves_exactly_one_event(fresh_db: str) -> None:
+    async with await psycopg.AsyncConnection.connect(fresh_db) as aconn:
+        event_id = await AsyncProducer().enqueue(aconn, "order.created", {"id": 1})
+        await aconn.commit()
+    with psycopg.connect(fresh_db) as conn:
+        assert [r[0] for r in _rows(conn, [event_id])] == [event_id]
+        assert _count(conn) == 1
+
+
+async def test_async_enqueue_writes_all_options(aconn: psycopg.AsyncConnection[Any]) -> None:
+    event_id = await AsyncProducer().enqueue(
+        aconn, "a.b", [1], tenant="t1", idempotency_key="k", priority=3, max_attempts=2)
+    cur = await aconn.execute(
+        "SELECT tenant, topic, payload, priority, max_attempts, idempotency_key"
+        " FROM conveyor.events WHERE id = %s", (event_id,))
+    assert await cur.fetchone() == ("t1", "a.b", [1], 3, 2, "k")
+
+
+# ----------------------------------------------------------------- idempotency
+
+def test_same_idempotency_key_twice_returns_first_id(conn: psycopg.Connection[Any]) -> None:
+    producer = Producer()
+    first = producer.enqueue(conn, "order.created", {"v": 1}, tenant="acme", idempotency_key="o-1")
+    second = producer.enqueue(conn, "order.created", {"v": 2}, tenant="acme",
+                              idempotency_key="o-1")
+    assert second == first
+    assert _count(conn) == 1
+    assert _rows(conn, [first])[0][3] == {"v": 1}
+
+
+def test_idempotency_key_is_scoped_per_tenant(conn: psycopg.Connection[Any]) -> None:
+    producer = Producer()
+    ids = {producer.enqueue(conn, "x", tenant=t, idempotency_key="same") for t in ("a", "b", None)}
+    assert len(ids) == 3
+
+
+def test_idempotency_key_without_tenant_is_one_scope(conn: psycopg.Connection[Any]) -> None:
+    producer = Producer()
+    first = producer.enqueue(conn, "x", idempotency_key="k")
+    assert producer.enqueue(conn, "x", idempotency_key="k") == first
+    assert _count(conn) == 1
+
+
+def test_idempotency_key_committed_earlier_returns_that_id(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:
+        first = Producer().enqueue(conn, "x", tenant="acme", idempotency_key="k")
+        conn.commit()
+    with psycopg.connect(fresh_db) as conn:
+        assert Producer().enqueue(conn, "x", tenant="acme", idempotency_key="k") == first
+        conn.commit()
+        assert _count(conn) == 1
+
+
+async def test_async_same_idempotency_key_returns_first_id(
+    aconn: psycopg.AsyncConnection[Any],
+) -> None:
+    producer = AsyncProducer()
+    first = await producer.enqueue(aconn, "x", tenant="acme", idempotency_key="k")
+    assert await producer.enqueue(aconn, "x", tenant="acme", idempotency_key="k") == first
+
+
+def test_enqueue_many_repeated_key_in_one_batch_yields_one_row(
+    conn: psycopg.Connection[Any],
+) -> None:
+    ids = Producer().enqueue_many(conn, [
+        NewEvent(topic="x", tenant="acme", idempotency_key="dup", payload=1),
+        NewEvent(topic="x", tenant="acme", idempotency_key="other"),
+        NewEvent(topic="x", tenant="acme", idempotency_key="dup", payload=2),
+    ])
+    assert ids[2] == ids[0] != ids[1]
+    assert _count(conn) == 2
+    assert _rows(conn, [ids[0]])[0][3] == 1
+
+
+def test_enqueue_many_key_existing_before_returns_existing_id(
+    conn: psycopg.Connection[Any],
+) -> None:
+    producer = Producer()
+    existing = producer.enqueue(conn, "x", idempotency_key="k")
+    ids = producer.enqueue_many(conn, [{"topic": "y"}, {"topic": "x", "idempotency_key": "k"}])
+    assert ids[1] == existing
+    assert _count(conn) == 2
+
+
+async def test_async_enqueue_many_repeated_key_yields_first_id(
+    aconn: psycopg.AsyncConnection[Any],
+) -> None:
+    ids = await AsyncProducer().enqueue_many(aconn, [
+        NewEvent(topic="x", idempotency_key="dup"), NewEvent(topic="x", idempotency_key="dup")])
+    assert ids[0] == ids[1]
+
+
+# ------------------------------------------------- delay, priority, attempts
+
+def test_delayed_event_runs_at_now_plus_delay(conn: psycopg.Connection[Any]) -> None:
+    event_id = Producer().enqueue(conn, "x", delay=90.5)
+    assert _delay_of(conn, event_id) == pytest.approx(90.5, abs=1e-3)
+
+
+def test_undelayed_event_is_due_now(conn: psycopg.Connection[Any]) -> None:
+    assert _delay_of(conn, Producer().enqueue(conn, "x")) == 0
+
+
+def test_priority_is_stored(conn: psycopg.Connection[Any]) -> None:
+    event_id = Producer().enqueue(conn, "x", priority=-7)
+    assert _rows(conn, [event_id])[0][4] == -7
+
+
+def test_max_attempts_defaults_to_producer_config(conn: psycopg.Connection[Any]) -> None:
+    event_id = Producer(ProducerConfig(max_attempts=9)).enqueue(conn, "x")
+    assert _rows(conn, [event_id])[0][5] == 9
+
+
+def test_max_attempts_argument_overrides_config(conn: psycopg.Connection[Any]) -> None:
+    event_id = Producer(ProducerConfig(max_attempts=9)).enqueue(conn, "x", max_attempts=1)
+    assert _rows(conn, [event_id])[0][5] == 1
+
+
+# ----------------------------------------------------------------- enqueue_many
+
+def test_enqueue_many_plain_batch_uses_copy(
+    conn: psycopg.Connection[Any], statements: list[str],
+) -> None:
+    Producer().enqueue_many(conn, [NewEvent(topic="bulk") for _ in range(COPY_THRESHOLD)])
+    assert len(statements) == 1 and statements[0].lstrip().upper().startswith("COPY")
+
+
+def test_enqueue_many_copy_ids_are_in_input_order_and_match_rows(
+    conn: psycopg.Connection[Any],
+) -> None:
+    events = [NewEvent(topic=f"bulk.t{i % 3}", payload={"i": i}, tenant="acme", priority=i % 5)
+              for i in range(150)]
+    ids = Producer().enqueue_many(conn, events)
+    assert len(ids) == len(set(ids)) == 150
+    by_id = {r[0]: r for r in _rows(conn, ids)}
+    for i, event_id in enumerate(ids):
+        row = by_id[event_id]
+        assert row[1:6] == ("acme", f"bulk.t{i % 3}", {"i": i}, i % 5, 5)
+
+
+def test_enqueue_many_small_batch_uses_unnest_insert(
+    conn: psycopg.Connection[Any], statements: list[str],
+) -> None:
+    Producer().enqueue_many(conn, [NewEvent(topic="small") for _ in range(COPY_THRESHOLD - 1)])
+    assert len(statements) == 1 and "unnest" in statements[0]
+
+
+def test_enqueue_many_with_keys_uses_unnest_even_when_large(
+    conn: psycopg.Connection[Any], statements: list[str],
+) -> None:
+    events = [NewEvent(topic="k", idempotency_key=f"k{i}") for i in range(100)]
+    Producer().enqueue_many(conn, events)
+    assert len(statements) == 1 and "unnest" in statements[0]
+
+
+def test_enqueue_many_with_delays_uses_unnest_and_stores_each_delay(
+    conn: psycopg.Connection[Any], statements: list[str],
+) -> None:
+    events = [NewEvent(topic="d", delay=float(i)) for i in range(100)]
+    ids = Producer().enqueue_many(conn, events)
+    assert "unnest" in statements[0]
+    assert [round(_delay_of(conn, event_id), 3) for event_id in ids[:5]] == [0, 1, 2, 3, 4]
+
+
+def test_enqueue_many_unnest_ids_are_in_input_order(conn: psycopg.Connection[Any]) -> None:
+    events = [NewEvent(topic="x", payload=i, idempotency_key=f"k{i}") for i in range(10)]
+    ids = Producer().enqueue_many(conn, events)
+    assert [r[3] for r in sorted(_rows(conn, ids), key=lambda r: ids.index(r[0]))] == list(
+        range(10))
+
+
+def test_enqueue_many_accepts_mappings(conn: psycopg.Connection[Any]) -> None:
+    ids = Producer().enqueue_many(conn, [{"topic": "m", "payload": [1], "priority": 2}])
+    assert _rows(conn, ids)[0][2:5] == ("m", [1], 2)
+
+
+def test_enqueue_many_empty_runs_no_sql(conn: psycopg.Connection[Any]) -> None:
+    assert Producer().enqueue_many(conn, []) == []
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+async def test_async_enqueue_many_copy_path_ids_match_rows(
+    aconn: psycopg.AsyncConnection[Any],
+) -> None:
+    ids = await AsyncProducer().enqueue_many(
+        aconn, [NewEvent(topic="bulk", payload=i) for i in range(100)])
+    cur = await aconn.execute(
+        "SELECT id, payload FROM conveyor.events WHERE id = ANY(%s)", (ids,))
+    stored = dict(await cur.fetchall())
+    assert [stored[event_id] for event_id in ids] == list(range(100))
+
+
+async def test_async_enqueue_many_unnest_path_stores_delays(
+    aconn: psycopg.AsyncConnection[Any],
+) -> None:
+    ids = await AsyncProducer().enqueue_many(aconn, [NewEvent(topic="d", delay=30)])
+    cur = await aconn.execute(
+        "SELECT extract(epoch FROM run_at - now())::float8 FROM conveyor.events WHERE id = %s",
+        (ids[0],))
+    assert await cur.fetchone() == (pytest.approx(30, abs=1e-3),)
+
+
+# ---------------------------------------------------- refused before any SQL
+
+BAD_CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("bad topic", {"topic": "no spaces"}),
+    ("bad tenant", {"topic": "x", "tenant": "ACME"}),
+    ("bad key", {"topic": "x", "idempotency_key": "a\nb"}),
+    ("negative delay", {"topic": "x", "delay": -1}),
+    ("priority", {"topic": "x", "priority": 40000}),
+    ("max_attempts", {"topic": "x", "max_attempts": 0}),
+    ("payload", {"topic": "x", "payload": {"s": {1}}}),
+    ("nul", {"topic": "x", "payload": "\x00"}),
+]
+
+
+@pytest.mark.parametrize(("label", "kwargs"), BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_bad_enqueue_is_refused_before_any_sql(
+    conn: psycopg.Connection[Any], label: str, kwargs: dict[str, Any],
+) -> None:
+    topic = kwargs.pop("topic")
+    with pytest.raises(InvalidInputError):
+        Producer().enqueue(conn, topic, **kwargs)
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def test_bad_row_in_batch_is_refused_before_any_sql_naming_its_index(
+    conn: psycopg.Connection[Any],
+) -> None:
+    events = [NewEvent(topic="ok") for _ in range(5)] + [NewEvent(topic="bad topic")]
+    with pytest.raises(InvalidInputError, match="event #5: malformed topic 'bad topic'"):
+        Producer().enqueue_many(conn, events)
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def test_unknown_field_in_mapping_is_refused_before_any_sql(
+    conn: psycopg.Connection[Any],
+) -> None:
+    with pytest.raises(InvalidInputError, match="event #0"):
+        Producer().enqueue_many(conn, [{"topic": "x", "colour": "red"}])
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def test_payload_over_config_limit_is_refused_before_any_sql(
+    conn: psycopg.Connection[Any],
+) -> None:
+    with pytest.raises(PayloadTooLargeError):
+        Producer(ProducerConfig(max_payload_bytes=10)).enqueue(conn, "x", "x" * 20)
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+async def test_async_bad_enqueue_is_refused_before_any_sql(
+    aconn: psycopg.AsyncConnection[Any],
+) -> None:
+    with pytest.raises(InvalidInputError):
+        await AsyncProducer().enqueue(aconn, "x", tenant="Not A Label")
+    assert aconn.info.transaction_status == TransactionStatus.IDLE
+
+
+def test_database_refusal_is_wrapped_in_database_error(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(DatabaseError, match="enqueue of topic 'x' failed") as info:
+        Producer(ProducerConfig(schema="not_migrated")).enqueue(conn, "x")
+    assert isinstance(info.value.__cause__, psycopg.Error)
+
+
+# ---------------------------------------------------------------------- NOTIFY
+
+def test_commit_sends_notify_with_the_topic(fresh_db: str) -> None:
+    with _listen(fresh_db) as listener, psycopg.connect(fresh_db) as conn:
+        Producer().enqueue(conn, "email.send", {"body": "x" * 5000})
+        assert _notifications(listener, 0.2) == []
+        conn.commit()
+        assert _notifications(listener) == ["email.send"]
+
+
+def test_rollback_sends_no_notify(fresh_db: str) -> None:
+    with _listen(fresh_db) as listener, psycopg.connect(fresh_db) as conn:
+        Producer().enqueue(conn, "email.send")
+        conn.rollback()
+        assert _notifications(listener, 0.3) == []
+
+
+def test_delayed_event_notify_carries_topic_and_due_epoch(fresh_db: str) -> None:
+    with _listen(fresh_db) as listener, psycopg.connect(fresh_db) as conn:
+        before = time.time()
+        Producer().enqueue(conn, "report.build", delay=120)
+        conn.commit()
+        (payload,) = _notifications(listener)
+    topic, _, due = payload.partition("|")
+    assert topic == "report.build"
+    assert before + 119 < float(due) < time.time() + 121
+
+
+def test_batch_sends_one_notify_per_topic(fresh_db: str) -> None:
+    with _listen(fresh_db) as listener, psycopg.connect(fresh_db) as conn:
+        Producer().enqueue_many(conn, [NewEvent(topic=f"t{i % 2}") for i in range(200)])
+        conn.commit()
+        assert sorted(_notifications(listener)) == ["t0", "t1"]
+
+
+# --------------------------------------------------------- committing producers
+
+def test_committing_producer_commits_each_enqueue(fresh_db: str) -> None:
+    with CommittingProducer(fresh_db) as producer:
+        event_id = producer.enqueue("x", {"a": 1}, tenant="acme", priority=2)
+        with psycopg.connect(fresh_db) as other:
+            assert _rows(other, [event_id])[0][1:5] == ("acme", "x", {"a": 1}, 2)
+
+
+def test_committing_producer_batch_is_all_or_nothing(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as admin:
+        admin.execute("ALTER TABLE conveyor.events ADD CONSTRAINT no_poison"
+                      " CHECK (topic <> 'poison')")
+    with CommittingProducer(fresh_db) as producer:
+        with pytest.raises(DatabaseError):
+            producer.enqueue_many([NewEvent(topic="fine"), NewEvent(topic="poison")])
+        assert len(producer.enqueue_many([NewEvent(topic="fine")])) == 1
+    with psycopg.connect(fresh_db) as other:
+        assert _count(other) == 1
+
+
+def test_committing_producer_reconnects_after_close(fresh_db: str) -> None:
+    producer = CommittingProducer(fresh_db)
+    try:
+        producer.enqueue("x")
+        producer.close()
+        producer.enqueue("x")
+    finally:
+        producer.close()
+    with psycopg.connect(fresh_db) as other:
+        assert _count(other) == 2
+
+
+async def test_async_committing_producer_commits_each_enqueue(fresh_db: str) -> None:
+    async with AsyncCommittingProducer(fresh_db) as producer:
+        first = await producer.enqueue("x", idempotency_key="k")
+        assert await producer.enqueue("x", idempotency_key="k") == first
+        ids = await producer.enqueue_many([NewEvent(topic="y"), NewEvent(topic="z")])
+    with psycopg.connect(fresh_db) as other:
+        assert sorted(r[0] for r in _rows(other, [first, *ids])) == sorted([first, *ids])
+        assert _count(other) == 3
+
+
+async def test_async_committing_producer_refuses_bad_input(fresh_db: str) -> None:
+    async with AsyncCommittingProducer(fresh_db) as producer:
+        with pytest.raises(InvalidInputError):
+            await producer.enqueue("bad topic")
+        assert len(await producer.enqueue_many([NewEvent(topic="ok")])) == 1
