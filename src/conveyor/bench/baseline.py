@@ -75,7 +75,7 @@ WHERE id = ANY(%s) AND state = 'running'
 
 
 def _render(template: str, schema: str) -> str:
-    return sql.SQL(template).format(schema=sql.Identifier(schema)).as_string()  # type: ignore[arg-type]
+    return sql.SQL(template).format(schema=sql.Identifier(schema)).as_string()
 
 
 def create_table(conn: psycopg.Connection[Any], schema: str) -> None:

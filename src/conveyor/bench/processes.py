@@ -91,7 +91,7 @@ class WorkerProcess:
         if self.wake_fd is not None:
             extra[WAKE_FD_ENV] = str(self.wake_fd)
             fds = (self.wake_fd,)
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
         self.proc = subprocess.Popen(self.command(), env=child_env(**extra), pass_fds=fds,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=self._stderr)

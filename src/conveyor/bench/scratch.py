@@ -59,7 +59,7 @@ def lock(conn: psycopg.Connection[Any], schemas: Schemas) -> None:
         raise BenchError("another 'conveyor bench' is running on this database; try again later")
 
 
-def _comment(conn: psycopg.Connection[Any], schema: str) -> str | None | bool:
+def _comment(conn: psycopg.Connection[Any], schema: str) -> str | bool | None:
     """The schema's comment; ``False`` when the schema does not exist."""
     row = conn.execute(
         "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s",
