@@ -1,0 +1,123 @@
+"""LISTEN/NOTIFY wake-ups: with a 30 s poll, only notifications and timers can explain speed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from conveyor import BackoffPolicy, Event, RetryAfter, Router, Snooze, Worker
+
+from .conftest import enqueue, event_row, fast_config, running
+
+SLOW_POLL = 30.0
+
+
+def _timed_router(pattern: str, starts: dict[str, list[float]], signal: Any = None) -> Router:
+    async def handle(event: Event) -> None:
+        starts.setdefault(event.topic, []).append(time.time())
+        if signal is not None and event.attempt == 1 and len(starts[event.topic]) == 1:
+            raise signal
+
+    router = Router()
+    router.add(pattern, handle)
+    return router
+
+
+async def _idle(worker: Worker) -> None:
+    """Let the first claim come back empty so the fetch loop is parked in its poll wait."""
+    await asyncio.sleep(0.3)
+    assert worker.stats.claimed == 0
+
+
+async def _wait_calls(starts: dict[str, list[float]], topic: str, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while len(starts.get(topic, [])) < n:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{topic}: {len(starts.get(topic, []))} of {n} handler calls "
+                        f"within {timeout}s")
+        await asyncio.sleep(0.01)
+
+
+async def test_notify_wakes_an_idle_worker_at_once(fresh_db: str) -> None:
+    starts: dict[str, list[float]] = {}
+    worker = Worker(fresh_db, _timed_router("mail.*", starts), fast_config(poll_interval=SLOW_POLL))
+    async with running(worker):
+        await _idle(worker)
+        for _ in range(3):
+            sent = time.time()
+            await enqueue(fresh_db, "mail.send")
+            await _wait_calls(starts, "mail.send", len(starts.get("mail.send", [])) + 1, 2)
+            assert starts["mail.send"][-1] - sent < 0.5
+    assert worker.listener.notifications >= 3
+
+
+async def test_delayed_event_runs_when_due_not_before_and_not_at_next_poll(fresh_db: str) -> None:
+    starts: dict[str, list[float]] = {}
+    worker = Worker(fresh_db, _timed_router("mail.*", starts), fast_config(poll_interval=SLOW_POLL))
+    async with running(worker):
+        await _idle(worker)
+        sent = time.time()
+        event_id = await enqueue(fresh_db, "mail.later", delay=1.0)
+        await _wait_calls(starts, "mail.later", 1, 2.5)
+    row = await event_row(fresh_db, event_id)
+    started = starts["mail.later"][0]
+    assert started >= row["run_at"].timestamp()           # not before it is due
+    assert 0.95 <= started - sent < 1.5                    # and not at the 30 s poll
+    assert row["state"] == "succeeded"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: a second, earlier delayed event replaces the timer of the first (_wake_at keeps "
+    "one timer), so the later event waits for the next poll instead of its own due time"))
+async def test_each_of_two_delayed_events_runs_at_its_own_due_time(fresh_db: str) -> None:
+    starts: dict[str, list[float]] = {}
+    worker = Worker(fresh_db, _timed_router("mail.*", starts), fast_config(poll_interval=SLOW_POLL))
+    async with running(worker):
+        await _idle(worker)
+        sent = time.time()
+        await enqueue(fresh_db, "mail.second", delay=1.2)
+        await enqueue(fresh_db, "mail.first", delay=0.4)
+        await _wait_calls(starts, "mail.first", 1, 1.5)
+        await _wait_calls(starts, "mail.second", 1, 1.5)
+    assert 0.35 <= starts["mail.first"][0] - sent < 0.9
+    assert 1.15 <= starts["mail.second"][0] - sent < 1.7
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: the retry timer is armed at handler return (time.time() + delay) but run_at is "
+    "written at acknowledgement (now() + delay), later; the timer fires before the event is "
+    "due, the claim finds nothing and the retry waits for the next poll"))
+@pytest.mark.parametrize("signal", [None, RetryAfter(0.3), Snooze(0.3)],
+                         ids=["backoff", "retry_after", "snooze"])
+async def test_retry_runs_when_due_without_waiting_for_a_poll(fresh_db: str,
+                                                             signal: Any) -> None:
+    starts: dict[str, list[float]] = {}
+    raised = signal if signal is not None else RuntimeError("first attempt fails")
+    config = fast_config(poll_interval=SLOW_POLL,
+                         backoff=BackoffPolicy(base_delay=0.3, max_delay=0.3, jitter=0))
+    worker = Worker(fresh_db, _timed_router("job.*", starts, raised), config)
+    async with running(worker):
+        await _idle(worker)
+        await enqueue(fresh_db, "job.flaky")
+        await _wait_calls(starts, "job.flaky", 2, 1.5)
+    first, second = starts["job.flaky"]
+    assert 0.25 <= second - first < 1.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: a zero delay (Snooze(0), RetryAfter(0)) arms no timer at all (`if outcome.delay:` "
+    "is false for 0.0), so the event, due at once, waits for the next poll"))
+@pytest.mark.parametrize("signal", [RetryAfter(0), Snooze(0)], ids=["retry_after", "snooze"])
+async def test_zero_delay_retry_runs_again_at_once(fresh_db: str, signal: Any) -> None:
+    starts: dict[str, list[float]] = {}
+    worker = Worker(fresh_db, _timed_router("job.*", starts, signal),
+                    fast_config(poll_interval=SLOW_POLL))
+    async with running(worker):
+        await _idle(worker)
+        await enqueue(fresh_db, "job.flaky")
+        await _wait_calls(starts, "job.flaky", 2, 1.5)
+    first, second = starts["job.flaky"]
+    assert second - first < 0.5
