@@ -94,7 +94,17 @@ def check_idempotency_key(key: object) -> str | None:
         )
     if _CONTROL_RE.search(key):
         raise InvalidInputError(f"idempotency key contains control characters: {_show(key)}")
+    if _has_surrogate(key):
+        raise InvalidInputError(f"idempotency key is not valid Unicode (lone surrogate): {_show(key)}")
     return key
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def check_schema_name(schema: object) -> str:
@@ -106,12 +116,17 @@ def check_schema_name(schema: object) -> str:
     return schema
 
 
+BIGINT_MAX = 2**63 - 1
+# Far enough for any schedule, and well inside what timestamptz arithmetic accepts.
+DELAY_MAX_SECONDS = 100 * 366 * 24 * 3600.0
+
+
 def check_event_id(event_id: object) -> int:
+    if isinstance(event_id, str) and re.fullmatch(r"[0-9]{1,19}", event_id.strip()):
+        event_id = int(event_id.strip())
     if isinstance(event_id, bool) or not isinstance(event_id, int) or event_id <= 0:
-        if isinstance(event_id, str) and event_id.isdigit() and int(event_id) > 0:
-            return int(event_id)
         raise InvalidInputError(f"invalid event id {_show(event_id)}: expected a positive integer")
-    if event_id > 2**63 - 1:
+    if event_id > BIGINT_MAX:
         raise InvalidInputError(f"invalid event id {event_id}: out of range")
     return event_id
 
@@ -119,9 +134,16 @@ def check_event_id(event_id: object) -> int:
 def check_delay(delay: object) -> float:
     if isinstance(delay, bool) or not isinstance(delay, int | float):
         raise InvalidInputError(f"delay must be a number of seconds, got {_show(delay)}")
-    if not math.isfinite(delay) or delay < 0:
+    try:
+        seconds = float(delay)
+    except OverflowError:
+        raise InvalidInputError(f"delay is too large: {_show(delay)}") from None
+    if not math.isfinite(seconds) or seconds < 0:
         raise InvalidInputError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
-    return float(delay)
+    if seconds > DELAY_MAX_SECONDS:
+        raise InvalidInputError(
+            f"delay must be at most {DELAY_MAX_SECONDS:.0f} seconds (100 years), got {delay!r}")
+    return seconds
 
 
 def check_priority(priority: object) -> int:
@@ -141,38 +163,50 @@ def check_max_attempts(max_attempts: object) -> int:
     return max_attempts
 
 
-def _depth(value: Any, limit: int) -> int:
-    """Nesting depth of a JSON value; stops counting once past ``limit``."""
-    depth = 0
+def _scan(value: Any, limit: int) -> None:
+    """Refuse nesting past ``limit`` and strings jsonb cannot store (NUL, lone surrogates)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
-        if isinstance(item, dict):
-            depth = max(depth, level)
-            if depth > limit:
-                return depth
-            stack.extend((v, level + 1) for v in item.values())
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, dict):
+            if level > limit:
+                raise PayloadTooLargeError(f"payload nests deeper than the limit of {limit} levels")
+            for key, v in item.items():
+                if isinstance(key, str):
+                    _check_text(key)
+                stack.append((v, level + 1))
         elif isinstance(item, list | tuple):
-            depth = max(depth, level)
-            if depth > limit:
-                return depth
+            if level > limit:
+                raise PayloadTooLargeError(f"payload nests deeper than the limit of {limit} levels")
             stack.extend((v, level + 1) for v in item)
-    return depth
+
+
+def _check_text(text: str) -> None:
+    if "\x00" in text:
+        raise InvalidInputError(
+            f"payload contains a NUL character (\\u0000), which jsonb refuses: {_show(text)}")
+    if _has_surrogate(text):
+        raise InvalidInputError(f"payload contains a lone surrogate, not valid Unicode: {_show(text)}")
 
 
 def encode_payload(payload: object, *, max_bytes: int, max_depth: int) -> str:
     """Serialise ``payload`` to JSON text, refusing what PostgreSQL or the limits would not take."""
-    if max_depth and _depth(payload, max_depth) > max_depth:
-        raise PayloadTooLargeError(f"payload nests deeper than the limit of {max_depth} levels")
+    # jsonb cannot store U+0000 and no lone surrogate encodes to UTF-8: refuse both
+    # here rather than fail inside the caller's transaction.
+    _scan(payload, max_depth)
     try:
         text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:
+        if "Out of range float" in str(exc):
+            raise InvalidInputError(
+                "payload is not JSON: it contains NaN or Infinity (non-finite numbers)") from None
+        raise InvalidInputError(f"payload is not JSON-serialisable: {exc}") from None
+    except TypeError as exc:
         raise InvalidInputError(f"payload is not JSON-serialisable: {exc}") from None
     except RecursionError:
         raise PayloadTooLargeError("payload nests too deeply to serialise") from None
-    # jsonb cannot store U+0000; refuse it here rather than fail inside the transaction.
-    if "\\u0000" in text or "\x00" in text:
-        raise InvalidInputError("payload contains a NUL character (\\u0000), which jsonb refuses")
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise PayloadTooLargeError(
