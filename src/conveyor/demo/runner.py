@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -148,8 +149,19 @@ def _clock(at: str) -> str:
     return at[11:23] if len(at) >= 23 and at[10] in "T " else at
 
 
+def _conveyor_command() -> str:
+    """How the user can call ``conveyor`` from their shell after the demo."""
+    script = Path(sys.executable).parent / "conveyor"
+    if os.environ.get("VIRTUAL_ENV") or not script.exists():
+        return "conveyor"  # an activated virtual environment puts it on PATH
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
+
+
 def _explore_prefix(ctx: Context, args: argparse.Namespace) -> str:
-    parts = ["conveyor"]
+    parts = [_conveyor_command()]
     if not ctx.embedded:
         parts.append("--database-url URL")
     elif getattr(args, "data_dir", None):
