@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -345,8 +346,11 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
     log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
              s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})
     handler_threads = [t for t in threading.enumerate() if t.name.startswith("conveyor-handler")]
+    deadline = time.monotonic() + 0.5
     for thread in handler_threads:
-        thread.join(timeout=0.2)  # idle pool threads exit as soon as they see the shutdown
+        # Idle pool threads exit as soon as they see the shutdown; one shared
+        # deadline bounds the wait however many threads are stuck.
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
     stuck = [t for t in handler_threads if t.is_alive()]
     if stuck:
         # Plain handlers still running in threads cannot be interrupted; their events

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import random
@@ -97,6 +98,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
+        self._due: list[float] = []               # heap of epochs when delayed events fall due
         self._pool: ThreadPoolExecutor | None = None
         self._rng = random.Random()
         c = self.config
@@ -238,22 +240,34 @@ class Worker:
             self.wake()
 
     def _wake_at(self, epoch: float) -> None:
-        """Wake the fetch loop when a delayed event falls due."""
-        if epoch >= self._timer_at:
+        """Wake the fetch loop when a delayed event falls due (one timer, a heap of due times)."""
+        if len(self._due) < 10_000:
+            heapq.heappush(self._due, epoch)
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        if not self._due or self._due[0] >= self._timer_at:
             return
         if self._timer is not None:
             self._timer.cancel()
-        self._timer_at = epoch
-        delay = max(0.0, epoch - time.time()) + 0.001
+        self._timer_at = self._due[0]
+        # The extra millisecond lets the database clock pass the due time too.
+        delay = max(0.0, self._timer_at - time.time()) + 0.001
         self._timer = asyncio.get_running_loop().call_later(delay, self._timer_fired)
 
     def _timer_fired(self) -> None:
         self._timer = None
         self._timer_at = float("inf")
+        now = time.time()
+        while self._due and self._due[0] <= now + 0.001:
+            heapq.heappop(self._due)
         self.wake()
+        self._arm_timer()
 
     def _free_slots(self) -> int:
-        return self.config.concurrency - self._active
+        # A slot stays taken until the result is acknowledged, so the table never
+        # shows more of this worker's events running than its concurrency.
+        return self.config.concurrency - len(self._running)
 
     async def _fetch_loop(self) -> None:
         c = self.config
@@ -331,22 +345,23 @@ class Worker:
         self._release_slot()
         if event.id in self._running:
             self.completer.add(outcome)
-            if outcome.state is EventState.PENDING and outcome.delay:
-                self._wake_at(time.time() + outcome.delay)
 
     def _release_slot(self) -> None:
         self._active -= 1
-        self._slot_freed.set()
 
     def _acked(self, batch: list[Outcome], done: set[int]) -> None:
         s = self.stats
+        now = time.time()
         for outcome in batch:
             self._running.pop(outcome.event_id, None)
             if outcome.event_id not in done:
                 continue
+            if outcome.state is EventState.PENDING and outcome.delay is not None:
+                # Armed after the write, so the timer can never fire before run_at.
+                self._wake_at(now + outcome.delay)
             if outcome.refund:
-                s.handed_back += 0  # counted where the hand-back was decided
-            elif outcome.state is EventState.SUCCEEDED:
+                continue  # snoozes and hand-backs spend no attempt and count as neither
+            if outcome.state is EventState.SUCCEEDED:
                 s.succeeded += 1
             elif outcome.state is EventState.PENDING:
                 s.retried += 1
@@ -354,6 +369,7 @@ class Worker:
                 s.failed += 1
             elif outcome.state is EventState.CANCELLED:
                 s.cancelled += 1
+        self._slot_freed.set()
 
     # ------------------------------------------------------------------ upkeep
 
@@ -404,6 +420,7 @@ class Worker:
             log.warning("lost the lease of event %s; abandoning it", event_id,
                         extra={"action": "lease_lost", "event_id": event_id})
             del self._running[event_id]
+            self._slot_freed.set()
             if running.task is not None and not running.task.done():
                 running.task.cancel()
 
