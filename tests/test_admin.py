@@ -1,0 +1,420 @@
+"""Admin / AsyncAdmin: status, show, retry, cancel, prune.
+
+Event states are reached through the real named queries (claim, settle) rather
+than written by hand, except for timestamps that a test must move into the past.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conveyor import (
+    Admin,
+    AsyncAdmin,
+    EventNotFoundError,
+    EventState,
+    InvalidInputError,
+    InvalidStateError,
+    Producer,
+)
+from conveyor import admin as admin_module
+from conveyor.db.named_queries import queries_for
+
+Q = queries_for("conveyor")
+
+
+@pytest.fixture
+def db(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """``conn`` with the shared tables emptied inside the rolled-back transaction."""
+    conn.execute("DELETE FROM conveyor.events")
+    conn.execute("DELETE FROM conveyor.workers")
+    return conn
+
+
+def _claim(conn: psycopg.Connection[Any], owner: str, topics: list[str] | None = None,
+           ) -> list[tuple[Any, ...]]:
+    return conn.execute(Q["event_claim"], {
+        "all_topics": topics is None, "topics": topics or [], "prefixes": [],
+        "limit": 1000, "owner": owner, "lease_ttl": 30}).fetchall()
+
+
+def _settle(conn: psycopg.Connection[Any], owner: str, event_id: int, attempt: int,
+            state: str, error: str | None = None, delay: float | None = None) -> None:
+    rows = conn.execute(Q["event_settle_many"], {
+        "owner": owner, "ids": [event_id], "attempts": [attempt], "states": [state],
+        "delays": [delay], "refunds": [0], "errors": [error], "tracebacks": [None]}).fetchall()
+    assert rows == [(event_id,)]
+
+
+def _succeed(conn: psycopg.Connection[Any], owner: str, event_id: int, attempt: int) -> list[Any]:
+    return conn.execute(Q["event_succeed_many"], {
+        "owner": owner, "ids": [event_id], "attempts": [attempt]}).fetchall()
+
+
+def _make(conn: psycopg.Connection[Any], state: str, topic: str = "t.x",
+          max_attempts: int = 3) -> int:
+    """An event brought to ``state`` through the worker's own queries."""
+    event_id = Producer().enqueue(conn, topic, {"n": 1}, max_attempts=max_attempts)
+    if state == "pending":
+        return event_id
+    owner = str(uuid.uuid4())
+    # Claim only this event: park every other pending one behind a future run_at.
+    conn.execute("UPDATE conveyor.events SET run_at = run_at + interval '1 day'"
+                 " WHERE state = 'pending' AND id <> %s", (event_id,))
+    claimed = _claim(conn, owner)
+    conn.execute("UPDATE conveyor.events SET run_at = run_at - interval '1 day'"
+                 " WHERE state = 'pending' AND id <> %s", (event_id,))
+    assert [r[0] for r in claimed] == [event_id]
+    if state == "running":
+        return event_id
+    if state == "succeeded":
+        assert _succeed(conn, owner, event_id, 1) == [(event_id,)]
+    else:
+        _settle(conn, owner, event_id, 1, state, error=f"{state} on purpose")
+    return event_id
+
+
+def _state(conn: psycopg.Connection[Any], event_id: int) -> str:
+    row = conn.execute("SELECT state FROM conveyor.events WHERE id = %s", (event_id,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _register_worker(conn: psycopg.Connection[Any], topics: list[str],
+                     stale: bool = False) -> str:
+    worker_id = str(uuid.uuid4())
+    conn.execute(Q["worker_register"], {"id": worker_id, "name": "w", "host": "h", "pid": 1,
+                                        "topics": topics, "concurrency": 1})
+    if stale:
+        conn.execute("UPDATE conveyor.workers SET heartbeat_at = now() - interval '1 hour'"
+                     " WHERE id = %s", (worker_id,))
+    return worker_id
+
+
+# ------------------------------------------------------------------- status
+
+def test_status_counts_every_state(db: psycopg.Connection[Any]) -> None:
+    for state in ("pending", "pending", "running", "succeeded", "failed", "cancelled"):
+        event_id = _make(db, state if state != "cancelled" else "pending")
+        if state == "cancelled":
+            Admin().cancel(db, event_id)
+    assert Admin().status(db).counts == {
+        "pending": 2, "running": 1, "succeeded": 1, "failed": 1, "cancelled": 1}
+
+
+def test_status_of_empty_queue_is_all_zero(db: psycopg.Connection[Any]) -> None:
+    status = Admin().status(db)
+    assert set(status.counts.values()) == {0}
+    assert status.by_topic == [] and status.oldest_pending_age_s is None
+
+
+def test_status_groups_by_topic_and_state(db: psycopg.Connection[Any]) -> None:
+    _make(db, "pending", "a.x")
+    _make(db, "pending", "a.x")
+    _make(db, "failed", "b.y")
+    by_topic = [(t.topic, t.state, t.count) for t in Admin().status(db).by_topic]
+    assert by_topic == [("a.x", EventState.PENDING, 2), ("b.y", EventState.FAILED, 1)]
+
+
+def test_status_reports_age_of_oldest_due_pending_event(db: psycopg.Connection[Any]) -> None:
+    old = Producer().enqueue(db, "x")
+    Producer().enqueue(db, "x")
+    Producer().enqueue(db, "x", delay=3600)  # scheduled, not yet waiting
+    db.execute("UPDATE conveyor.events SET run_at = now() - interval '90 seconds'"
+               " WHERE id = %s", (old,))
+    assert Admin().status(db).oldest_pending_age_s == pytest.approx(90, abs=0.01)
+
+
+def test_status_counts_only_workers_with_recent_heartbeat(db: psycopg.Connection[Any]) -> None:
+    alive = _register_worker(db, ["a.*"])
+    _register_worker(db, ["b.*"], stale=True)
+    status = Admin().status(db)
+    assert [w.id for w in status.workers] == [alive]
+    assert status.to_json()["workers_alive"] == 1
+
+
+def test_status_lists_pending_topics_no_alive_worker_handles(
+    db: psycopg.Connection[Any],
+) -> None:
+    _register_worker(db, ["email.*", "sms.send"])
+    _register_worker(db, ["report.build"], stale=True)
+    for topic in ("email.send", "sms.send", "sms.bulk", "report.build"):
+        Producer().enqueue(db, topic)
+    _make(db, "failed", "push.send")  # not pending: not reported
+    assert Admin().status(db).unhandled_topics == ["report.build", "sms.bulk"]
+
+
+def test_star_worker_handles_every_topic(db: psycopg.Connection[Any]) -> None:
+    _register_worker(db, ["*"])
+    Producer().enqueue(db, "anything.else")
+    assert Admin().status(db).unhandled_topics == []
+
+
+# --------------------------------------------------------------------- show
+
+def test_show_returns_the_full_record(db: psycopg.Connection[Any]) -> None:
+    event_id = Producer().enqueue(db, "x.y", {"a": [1]}, tenant="acme", idempotency_key="k",
+                                  priority=4, max_attempts=2)
+    record = Admin().show(db, event_id)
+    assert (record.id, record.tenant, record.topic, record.payload, record.state,
+            record.attempts, record.max_attempts, record.priority, record.idempotency_key,
+            record.errors, record.finished_at) == (
+        event_id, "acme", "x.y", {"a": [1]}, EventState.PENDING, 0, 2, 4, "k", [], None)
+
+
+def test_show_includes_error_history_of_every_attempt(db: psycopg.Connection[Any]) -> None:
+    event_id = Producer().enqueue(db, "x", max_attempts=2)
+    owner = str(uuid.uuid4())
+    _claim(db, owner)
+    _settle(db, owner, event_id, 1, "pending", error="first boom", delay=0)
+    _claim(db, owner)
+    _settle(db, owner, event_id, 2, "failed", error="second boom")
+    record = Admin().show(db, event_id)
+    assert record.state is EventState.FAILED and record.attempts == 2
+    assert record.last_error == "second boom"
+    assert [(e.attempt, e.error, e.worker) for e in record.errors] == [
+        (1, "first boom", owner), (2, "second boom", owner)]
+    assert all(e.at for e in record.errors)
+
+
+def test_show_record_serialises_to_json_types(db: psycopg.Connection[Any]) -> None:
+    data = Admin().show(db, _make(db, "failed")).to_json()
+    assert data["state"] == "failed" and isinstance(data["created_at"], str)
+    assert data["errors"][0]["error"] == "failed on purpose"
+
+
+def test_show_missing_event_raises_not_found(db: psycopg.Connection[Any]) -> None:
+    with pytest.raises(EventNotFoundError, match="event 987654321 not found"):
+        Admin().show(db, 987654321)
+
+
+def test_show_refuses_malformed_id_before_sql(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(InvalidInputError, match="'abc'"):
+        Admin().show(conn, "abc")  # type: ignore[arg-type]
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+# -------------------------------------------------------------------- retry
+
+def test_retry_failed_event_makes_it_pending_and_due_now(db: psycopg.Connection[Any]) -> None:
+    event_id = _make(db, "failed", max_attempts=1)
+    Admin().retry(db, event_id)
+    record = Admin().show(db, event_id)
+    assert record.state is EventState.PENDING and record.finished_at is None
+    assert record.max_attempts == 2  # one more attempt granted when all were spent
+    assert [r[0] for r in _claim(db, str(uuid.uuid4()))] == [event_id]
+
+
+def test_retry_cancelled_event_makes_it_pending(db: psycopg.Connection[Any]) -> None:
+    event_id = _make(db, "pending")
+    Admin().cancel(db, event_id)
+    Admin().retry(db, event_id)
+    assert _state(db, event_id) == "pending"
+
+
+def test_retry_scheduled_event_makes_it_due_now(db: psycopg.Connection[Any]) -> None:
+    event_id = Producer().enqueue(db, "x", delay=3600)
+    Admin().retry(db, event_id)
+    assert [r[0] for r in _claim(db, str(uuid.uuid4()))] == [event_id]
+
+
+@pytest.mark.parametrize("state", ["succeeded", "running"])
+def test_retry_refuses_succeeded_and_running_events(db: psycopg.Connection[Any],
+                                                     state: str) -> None:
+    event_id = _make(db, state)
+    with pytest.raises(InvalidStateError, match=f"event {event_id} is {state}"):
+        Admin().retry(db, event_id)
+    assert _state(db, event_id) == state
+
+
+def test_retry_missing_event_raises_not_found(db: psycopg.Connection[Any]) -> None:
+    with pytest.raises(EventNotFoundError):
+        Admin().retry(db, 987654321)
+
+
+def test_retry_notifies_workers(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:
+        event_id = _make(conn, "failed")
+        conn.commit()
+        with psycopg.connect(fresh_db, autocommit=True) as listener:
+            listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier("conveyor.events")))
+            Admin().retry(conn, event_id)
+            conn.commit()
+            assert [n.payload for n in listener.notifies(timeout=1)] == ["*"]
+
+
+def test_retry_failed_retries_every_failed_event(db: psycopg.Connection[Any]) -> None:
+    failed = {_make(db, "failed", "a.x"), _make(db, "failed", "b.y")}
+    done = _make(db, "succeeded")
+    assert set(Admin().retry_failed(db)) == failed
+    assert {_state(db, i) for i in failed} == {"pending"} and _state(db, done) == "succeeded"
+
+
+def test_retry_failed_with_topic_retries_only_that_topic(db: psycopg.Connection[Any]) -> None:
+    mine = _make(db, "failed", "a.x")
+    other = _make(db, "failed", "b.y")
+    assert Admin().retry_failed(db, topic="a.x") == [mine]
+    assert _state(db, other) == "failed"
+
+
+def test_retry_failed_with_nothing_failed_returns_empty(db: psycopg.Connection[Any]) -> None:
+    _make(db, "pending")
+    assert Admin().retry_failed(db) == []
+
+
+def test_retry_failed_refuses_malformed_topic(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(InvalidInputError, match="'a b'"):
+        Admin().retry_failed(conn, topic="a b")
+
+
+# ------------------------------------------------------------------- cancel
+
+@pytest.mark.parametrize("state", ["pending", "running", "failed"])
+def test_cancel_pending_running_or_failed_event(db: psycopg.Connection[Any], state: str) -> None:
+    event_id = _make(db, state)
+    Admin().cancel(db, event_id)
+    record = Admin().show(db, event_id)
+    assert record.state is EventState.CANCELLED
+    assert record.finished_at is not None and record.lease_owner is None
+
+
+def test_cancelled_running_event_fences_out_its_worker(db: psycopg.Connection[Any]) -> None:
+    event_id = Producer().enqueue(db, "x")
+    owner = str(uuid.uuid4())
+    _claim(db, owner)
+    Admin().cancel(db, event_id)
+    assert _succeed(db, owner, event_id, 1) == []
+    assert _state(db, event_id) == "cancelled"
+
+
+@pytest.mark.parametrize("state", ["succeeded", "cancelled"])
+def test_cancel_refuses_finished_event(db: psycopg.Connection[Any], state: str) -> None:
+    event_id = _make(db, "succeeded" if state == "succeeded" else "pending")
+    if state == "cancelled":
+        Admin().cancel(db, event_id)
+    with pytest.raises(InvalidStateError,
+                       match=f"event {event_id} is {state}; only pending, running or failed"):
+        Admin().cancel(db, event_id)
+
+
+def test_cancel_missing_event_raises_not_found(db: psycopg.Connection[Any]) -> None:
+    with pytest.raises(EventNotFoundError, match="event 987654321 not found"):
+        Admin().cancel(db, 987654321)
+
+
+# -------------------------------------------------------------------- prune
+
+def _finished_ago(conn: psycopg.Connection[Any], event_id: int, seconds: int) -> None:
+    conn.execute("UPDATE conveyor.events SET finished_at = now() - %s * interval '1 second'"
+                 " WHERE id = %s", (seconds, event_id))
+
+
+def _ids(conn: psycopg.Connection[Any]) -> set[int]:
+    return {r[0] for r in conn.execute("SELECT id FROM conveyor.events")}
+
+
+def test_prune_deletes_finished_events_older_than_age(db: psycopg.Connection[Any]) -> None:
+    old_done, old_failed, new_done = (_make(db, "succeeded"), _make(db, "failed"),
+                                      _make(db, "succeeded"))
+    pending = _make(db, "pending")
+    _finished_ago(db, old_done, 7200)
+    _finished_ago(db, old_failed, 7200)
+    assert Admin().prune(db, older_than=3600) == 2
+    assert _ids(db) == {new_done, pending}
+
+
+def test_prune_with_states_deletes_only_those_states(db: psycopg.Connection[Any]) -> None:
+    done, failed = _make(db, "succeeded"), _make(db, "failed")
+    _finished_ago(db, done, 7200)
+    _finished_ago(db, failed, 7200)
+    assert Admin().prune(db, older_than=60, states=["succeeded"]) == 1
+    assert _ids(db) == {failed}
+
+
+def test_prune_works_through_several_batches(db: psycopg.Connection[Any],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admin_module, "PRUNE_BATCH", 2)
+    for _ in range(5):
+        _finished_ago(db, _make(db, "succeeded"), 100)
+    assert Admin().prune(db, older_than=10) == 5
+    assert _ids(db) == set()
+
+
+@pytest.mark.parametrize("states", [["pending"], ["running"], ["bogus"]])
+def test_prune_refuses_unfinished_or_unknown_states(conn: psycopg.Connection[Any],
+                                                    states: list[str]) -> None:
+    with pytest.raises(InvalidInputError, match=repr(states[0])):
+        Admin().prune(conn, older_than=0, states=states)
+
+
+@pytest.mark.parametrize("age", [-1, float("nan"), "1h"])
+def test_prune_refuses_invalid_age(conn: psycopg.Connection[Any], age: Any) -> None:
+    with pytest.raises(InvalidInputError, match="older_than"):
+        Admin().prune(conn, older_than=age)
+
+
+def test_admin_refuses_malicious_schema() -> None:
+    with pytest.raises(InvalidInputError):
+        Admin(schema='x"; drop table t; --')
+
+
+# -------------------------------------------------------------------- async
+
+@pytest.fixture
+async def adb(aconn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
+    await aconn.execute("DELETE FROM conveyor.events")
+    await aconn.execute("DELETE FROM conveyor.workers")
+    return aconn
+
+
+async def _aclaim_fail(aconn: psycopg.AsyncConnection[Any], event_id: int) -> None:
+    owner = str(uuid.uuid4())
+    await aconn.execute(Q["event_claim"], {"all_topics": True, "topics": [], "prefixes": [],
+                                           "limit": 10, "owner": owner, "lease_ttl": 30})
+    await aconn.execute(Q["event_settle_many"], {
+        "owner": owner, "ids": [event_id], "attempts": [1], "states": ["failed"],
+        "delays": [None], "refunds": [0], "errors": ["boom"], "tracebacks": [None]})
+
+
+async def test_async_status_counts_states(adb: psycopg.AsyncConnection[Any]) -> None:
+    from conveyor import AsyncProducer
+
+    await AsyncProducer().enqueue(adb, "x")
+    status = await AsyncAdmin().status(adb)
+    assert status.counts["pending"] == 1 and status.unhandled_topics == ["x"]
+
+
+async def test_async_show_retry_and_retry_failed(adb: psycopg.AsyncConnection[Any]) -> None:
+    from conveyor import AsyncProducer
+
+    event_id = await AsyncProducer().enqueue(adb, "x", max_attempts=1)
+    await _aclaim_fail(adb, event_id)
+    admin = AsyncAdmin()
+    assert (await admin.show(adb, event_id)).errors[0].error == "boom"
+    await admin.retry(adb, event_id)
+    assert (await admin.show(adb, event_id)).state is EventState.PENDING
+    assert await admin.retry_failed(adb) == []
+
+
+async def test_async_cancel_and_prune(adb: psycopg.AsyncConnection[Any]) -> None:
+    from conveyor import AsyncProducer
+
+    event_id = await AsyncProducer().enqueue(adb, "x")
+    admin = AsyncAdmin()
+    await admin.cancel(adb, event_id)
+    with pytest.raises(InvalidStateError):
+        await admin.cancel(adb, event_id)
+    await adb.execute("UPDATE conveyor.events SET finished_at = now() - interval '1 hour'")
+    assert await admin.prune(adb, older_than=60, states=["cancelled"]) == 1
+
+
+async def test_async_not_found_errors(adb: psycopg.AsyncConnection[Any]) -> None:
+    admin = AsyncAdmin()
+    for operation in (admin.show, admin.retry, admin.cancel):
+        with pytest.raises(EventNotFoundError):
+            await operation(adb, 987654321)
