@@ -1,0 +1,126 @@
+"""Where consumers read files from: a confined local directory, or content-addressed storage.
+
+Both return binary streams, so a consumer can stream a large file without
+loading it. Names come from event payloads and engine records, which is to say
+from outside: every name is checked before the filesystem sees it.
+
+Example::
+
+    store = LocalDirectoryStore("/srv/uploads")
+    with store.open("acme/2026/report.xlsx") as f:
+        ...
+
+    cas = ContentAddressedStore("/srv/blobs")
+    file_id = cas.put(open("report.xlsx", "rb"))   # SHA-256 of the content
+    with cas.open(file_id) as f:
+        ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from conveyor.errors import ConveyorError
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+CHUNK = 1024 * 1024
+
+
+class FileStoreError(ConveyorError):
+    """A file name was refused or the file does not exist."""
+
+
+class FileStore(Protocol):
+    def open(self, name: str) -> BinaryIO:
+        """Open ``name`` for binary reading; raises FileStoreError when refused or missing."""
+        ...
+
+
+class LocalDirectoryStore:
+    """Files under one root directory; nothing outside it can be opened.
+
+    Refused: empty names, NUL bytes, absolute paths, ``..`` segments, and any
+    path whose real location (after following symlinks) leaves the root.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve(strict=True)
+        if not self.root.is_dir():
+            raise FileStoreError(f"file store root {str(root)!r} is not a directory")
+
+    def resolve(self, name: str) -> Path:
+        if not isinstance(name, str) or not name:
+            raise FileStoreError(f"invalid file name {name!r:.80}")
+        if "\x00" in name:
+            raise FileStoreError(f"file name contains a NUL byte: {name!r:.80}")
+        if name.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", name):
+            raise FileStoreError(f"file name must be relative to the store: {name!r:.80}")
+        parts = re.split(r"[\\/]", name)
+        if any(p in ("..", ".") for p in parts):
+            raise FileStoreError(f"file name must not contain '.' or '..' segments: {name!r:.80}")
+        candidate = self.root.joinpath(*[p for p in parts if p])
+        real = Path(os.path.realpath(candidate))
+        if real != self.root and self.root not in real.parents:
+            raise FileStoreError(f"file name leads outside the store: {name!r:.80}")
+        return real
+
+    def open(self, name: str) -> BinaryIO:
+        path = self.resolve(name)
+        try:
+            # O_NOFOLLOW closes the window between the check above and the open.
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise FileStoreError(f"file not found in store: {name!r:.80}") from None
+        except OSError as exc:
+            raise FileStoreError(f"cannot open {name!r:.80}: {exc.strerror}") from None
+        if not os.path.isfile(path):
+            os.close(fd)
+            raise FileStoreError(f"not a regular file: {name!r:.80}")
+        return os.fdopen(fd, "rb")
+
+
+class ContentAddressedStore:
+    """Files named by the SHA-256 of their content, stored as ``ab/cd/<sha256>``.
+
+    Writing streams the content to a temporary file while hashing it, then
+    moves it into place atomically, so a reader never sees half a file.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, file_id: str) -> Path:
+        if not isinstance(file_id, str) or not _SHA256_RE.fullmatch(file_id):
+            raise FileStoreError(f"invalid file id {file_id!r:.80}: expected 64 lowercase hex digits")
+        return self.root / file_id[:2] / file_id[2:4] / file_id
+
+    def put(self, stream: BinaryIO) -> str:
+        """Store the stream's content; returns its id. Storing the same content twice is a no-op."""
+        digest = hashlib.sha256()
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".incoming-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := stream.read(CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+            file_id = digest.hexdigest()
+            final = self._path(file_id)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return file_id
+
+    def open(self, name: str) -> BinaryIO:
+        try:
+            return open(self._path(name), "rb")
+        except FileNotFoundError:
+            raise FileStoreError(f"no file with id {name}") from None
