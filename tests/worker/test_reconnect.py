@@ -1,0 +1,63 @@
+"""Every connection of a running worker is cut; the worker reconnects and loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from conveyor import Event, NewEvent, Router, Worker
+
+from .conftest import enqueue, enqueue_many, event_row, fast_config, query, running, states, wait_until
+
+TERMINATE = ("SELECT pg_terminate_backend(pid) AS killed FROM pg_stat_activity "
+             "WHERE datname = current_database() AND application_name LIKE 'conveyor-%%' "
+             "AND pid <> pg_backend_pid()")
+
+
+async def test_worker_survives_all_its_connections_being_terminated(fresh_db: str) -> None:
+    handled: list[int] = []
+    woken: list[float] = []
+
+    async def handle(event: Event) -> None:
+        if event.topic == "cut.wake":
+            woken.append(time.time())
+            return
+        await asyncio.sleep(0.02)
+        handled.append(event.id)
+
+    router = Router()
+    router.add("cut.*", handle)
+    total = 200
+    ids = await enqueue_many(fresh_db, [NewEvent(topic="cut.drain") for _ in range(total)])
+    worker = Worker(fresh_db, router,
+                    fast_config(concurrency=5, batch_size=5, poll_interval=30))
+    managed = {"fetch": worker._fetch_conn, "ack": worker._ack_conn,
+               "upkeep": worker._upkeep_conn, "listen": worker._listen_conn}
+    async with running(worker) as task:
+        async def some_done() -> bool:
+            return len(handled) >= 30
+        await wait_until(some_done, timeout=5, what="the drain to get going")
+        killed = await query(fresh_db, TERMINATE)
+        assert len(killed) == 4 and all(r["killed"] for r in killed)
+        assert len(handled) < total, "the drain finished before the cut"
+
+        async def all_done() -> bool:
+            current = await states(fresh_db)
+            return all(current[i] == "succeeded" for i in ids)
+        await wait_until(all_done, timeout=15, what="every event to succeed after the cut")
+        assert not task.done()
+
+        async def all_reconnected() -> bool:
+            return all(m.reconnects > 0 for m in managed.values())
+        await wait_until(all_reconnected, timeout=3, what="every connection to reconnect")
+        await asyncio.wait_for(worker.listener.connected.wait(), 3)
+        await asyncio.sleep(0.1)  # let the LISTEN statement finish on the new connection
+        sent = time.time()
+        wake_id = await enqueue(fresh_db, "cut.wake")
+
+        async def woke() -> bool:
+            return bool(woken)
+        await wait_until(woke, timeout=2, what="a NOTIFY to wake the reconnected worker")
+        assert woken[0] - sent < 1.0
+    assert (await event_row(fresh_db, wake_id))["state"] == "succeeded"
+    assert set(handled) == set(ids) and len(handled) == total

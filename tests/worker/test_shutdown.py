@@ -1,0 +1,127 @@
+"""Graceful stop: finish what can finish, hand the rest back unspent; the registry row."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from conveyor import Event, Router, Worker
+
+from .conftest import enqueue, event_row, fast_config, query, running, wait_until
+
+
+async def test_stop_acks_handlers_that_finish_and_hands_back_the_rest(fresh_db: str) -> None:
+    release_thread = threading.Event()
+    started: set[str] = set()
+    all_started = asyncio.Event()
+    stop_requested = asyncio.Event()
+
+    def note(topic: str) -> None:
+        started.add(topic)
+        if len(started) == 4:
+            all_started.set()
+
+    async def quick(event: Event) -> None:
+        note(event.topic)
+        await asyncio.wait_for(stop_requested.wait(), 10)
+        await asyncio.sleep(0.1)          # finishes well within shutdown_timeout
+
+    async def stuck(event: Event) -> None:
+        note(event.topic)
+        await asyncio.sleep(30)
+
+    def stuck_in_thread(event: Event) -> None:
+        loop.call_soon_threadsafe(note, event.topic)
+        release_thread.wait(10)
+
+    loop = asyncio.get_running_loop()
+    router = Router()
+    router.add("quick.*", quick)
+    router.add("stuck.async", stuck)
+    router.add("stuck.thread", stuck_in_thread)
+    ids = {t: await enqueue(fresh_db, t, max_attempts=5)
+           for t in ("quick.a", "quick.b", "stuck.async", "stuck.thread")}
+    # One of them had spent two attempts before: the hand-back must restore exactly that.
+    await query(fresh_db, "UPDATE conveyor.events SET attempts = 2 WHERE id = %s",
+                (ids["stuck.async"],))
+    worker = Worker(fresh_db, router, fast_config(concurrency=4, shutdown_timeout=0.6))
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(all_started.wait(), 5)
+        stopped_at = time.monotonic()
+        worker.request_stop()
+        stop_requested.set()
+        await asyncio.wait_for(task, 5)
+        took = time.monotonic() - stopped_at
+    finally:
+        release_thread.set()
+        if not task.done():
+            task.cancel()
+        await worker.close()
+    assert 0.5 <= took < 2.0, f"run() returned {took:.2f}s after request_stop"
+    for topic in ("quick.a", "quick.b"):
+        row = await event_row(fresh_db, ids[topic])
+        assert row["state"] == "succeeded" and row["attempts"] == 1
+    expected_attempts = {"stuck.async": 2, "stuck.thread": 0}
+    for topic, attempts in expected_attempts.items():
+        row = await event_row(fresh_db, ids[topic])
+        assert row["state"] == "pending", topic
+        assert row["attempts"] == attempts, topic
+        assert row["lease_owner"] is None and row["lease_expires_at"] is None
+        assert row["errors"] == [] and row["finished_at"] is None
+        due = await query(fresh_db, "SELECT run_at <= now() AS due FROM conveyor.events "
+                                    "WHERE id = %s", (row["id"],))
+        assert due[0]["due"], f"{topic} was not handed back due now"
+    assert worker.stats.succeeded == 2 and worker.stats.handed_back == 2
+
+
+async def test_stop_while_idle_returns_promptly_and_claims_nothing_more(fresh_db: str) -> None:
+    ran: list[int] = []
+
+    async def handle(event: Event) -> None:
+        ran.append(event.id)
+
+    router = Router()
+    router.add("idle.*", handle)
+    worker = Worker(fresh_db, router, fast_config(poll_interval=30))
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.started.wait(), 5)
+        await asyncio.sleep(0.2)
+        stopped_at = time.monotonic()
+        worker.request_stop()
+        await asyncio.wait_for(task, 5)
+        assert time.monotonic() - stopped_at < 1.0
+    finally:
+        if not task.done():
+            task.cancel()
+        await worker.close()
+    event_id = await enqueue(fresh_db, "idle.after")
+    await asyncio.sleep(0.2)
+    assert ran == []
+    assert (await event_row(fresh_db, event_id))["state"] == "pending"
+
+
+async def test_worker_is_registered_while_running_and_removed_after_stop(fresh_db: str) -> None:
+    router = Router()
+    router.add("reg.*", lambda event: None)
+    router.add("other.topic", lambda event: None)
+    worker = Worker(fresh_db, router, fast_config(name="reg-test", concurrency=7))
+
+    async def registry() -> list[dict[str, object]]:
+        return await query(fresh_db, "SELECT id::text AS id, name, topics, concurrency, "
+                                     "heartbeat_at FROM conveyor.workers")
+
+    async with running(worker):
+        rows = await registry()
+        assert len(rows) == 1
+        first = rows[0]
+        assert first["id"] == worker.id and first["name"] == "reg-test"
+        assert first["topics"] == ["reg.*", "other.topic"] and first["concurrency"] == 7
+
+        async def beat_advanced() -> bool:
+            rows = await registry()
+            return bool(rows) and rows[0]["heartbeat_at"] > first["heartbeat_at"]  # type: ignore[operator]
+        await wait_until(beat_advanced, timeout=2, what="heartbeat_at to advance")
+    assert await registry() == []
