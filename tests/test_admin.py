@@ -245,7 +245,7 @@ def test_retry_notifies_workers(fresh_db: str) -> None:
             listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier("conveyor.events")))
             Admin().retry(conn, event_id)
             conn.commit()
-            assert [n.payload for n in listener.notifies(timeout=1)] == ["*"]
+            assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["*"]
 
 
 def test_retry_failed_retries_every_failed_event(db: psycopg.Connection[Any]) -> None:

@@ -1,0 +1,475 @@
+"""Every named query in db/queries/*.sql, executed directly, plus the claim plan.
+
+Each test below is registered with ``@exercises("query_name")`` for the query it
+runs; ``test_every_named_query_is_exercised`` fails when a query is added to a
+.sql file without a test here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conveyor import NewEvent, Producer
+from conveyor.db.named_queries import parse_named_queries, queries_for, raw_queries
+
+Q = queries_for("conveyor")
+EXERCISED: set[str] = set()
+
+Conn = psycopg.Connection[Any]
+
+
+def exercises(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    for name in names:
+        assert name in raw_queries(), f"no named query {name!r}"
+    EXERCISED.update(names)
+    return lambda test: test
+
+
+def test_every_named_query_is_exercised() -> None:
+    assert sorted(set(raw_queries()) - EXERCISED) == []
+
+
+def test_parse_named_queries_splits_blocks_and_refuses_duplicates() -> None:
+    text = "-- name: a\nSELECT 1\n\n-- name: b\n-- why\nSELECT 2\n"
+    assert parse_named_queries(text) == {"a": "SELECT 1", "b": "-- why\nSELECT 2"}
+    with pytest.raises(ValueError, match="'a' is defined twice"):
+        parse_named_queries(text + "-- name: a\nSELECT 3\n")
+
+
+def test_queries_bind_the_schema_as_a_quoted_identifier() -> None:
+    assert 'FROM "other_q".events' in queries_for("other_q")["event_state"]
+
+
+# ------------------------------------------------------------------ helpers
+
+def _owner() -> str:
+    return str(uuid.uuid4())
+
+
+def _insert(conn: Conn, topic: str = "t", *, tenant: str | None = None, key: str | None = None,
+            delay: float = 0, priority: int = 0, max_attempts: int = 3) -> int | None:
+    row = conn.execute(Q["event_insert"], {
+        "tenant": tenant, "topic": topic, "payload": '{"k": 1}', "priority": priority,
+        "max_attempts": max_attempts, "idempotency_key": key, "delay": delay}).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _claim(conn: Conn, owner: str, limit: int = 100, lease_ttl: float = 30,
+           **filter_: Any) -> list[tuple[Any, ...]]:
+    params = {"all_topics": True, "topics": [], "prefixes": [], **filter_}
+    return conn.execute(Q["event_claim"], {**params, "limit": limit, "owner": owner,
+                                           "lease_ttl": lease_ttl}).fetchall()
+
+
+def _settle(conn: Conn, owner: str, ids: list[int], attempts: list[int], states: list[str], *,
+            delays: list[float | None] | None = None, refunds: list[int] | None = None,
+            errors: list[str | None] | None = None) -> list[int]:
+    n = len(ids)
+    return [r[0] for r in conn.execute(Q["event_settle_many"], {
+        "owner": owner, "ids": ids, "attempts": attempts, "states": states,
+        "delays": delays or [None] * n, "refunds": refunds or [0] * n,
+        "errors": errors or [None] * n, "tracebacks": [None] * n})]
+
+
+def _row(conn: Conn, event_id: int, columns: str) -> tuple[Any, ...]:
+    row = conn.execute(sql.SQL("SELECT {} FROM conveyor.events WHERE id = %s").format(
+        sql.SQL(columns)), (event_id,)).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+@pytest.fixture
+def db(conn: Conn) -> Conn:
+    conn.execute("DELETE FROM conveyor.events")
+    conn.execute("DELETE FROM conveyor.workers")
+    return conn
+
+
+# ----------------------------------------------------------------- inserts
+
+@exercises("event_insert")
+def test_event_insert_returns_new_id_and_nothing_on_key_conflict(db: Conn) -> None:
+    first = _insert(db, key="k", tenant="a")
+    assert first is not None
+    assert _insert(db, key="k", tenant="a") is None
+    assert _row(db, first, "payload, state, attempts") == ({"k": 1}, "pending", 0)
+
+
+@exercises("event_reserve_ids", "event_insert_many_ids")
+def test_insert_many_uses_reserved_ids_and_skips_key_conflicts(db: Conn) -> None:
+    ids = [r[0] for r in db.execute(Q["event_reserve_ids"],
+                                    {"table": Q.events_table, "count": 3})]
+    assert len(set(ids)) == 3 and ids == sorted(ids)
+    _insert(db, key="taken")
+    inserted = db.execute(Q["event_insert_many_ids"], {
+        "ids": ids, "tenants": [None] * 3, "topics": ["a", "b", "c"],
+        "payloads": ["1", "2", "3"], "priorities": [0, 1, 2], "max_attempts": [1, 1, 1],
+        "keys": [None, "taken", "fresh"], "delays": [0.0, 0.0, 5.0]}).fetchall()
+    assert sorted(r[0] for r in inserted) == [ids[0], ids[2]]
+    assert _row(db, ids[2], "topic, payload, idempotency_key") == ("c", 3, "fresh")
+
+
+@exercises("event_id_by_key")
+def test_event_id_by_key_treats_null_tenant_as_a_tenant(db: Conn) -> None:
+    none_tenant = _insert(db, key="k")
+    acme = _insert(db, key="k", tenant="acme")
+    lookup = Q["event_id_by_key"]
+    assert db.execute(lookup, {"tenant": None, "idempotency_key": "k"}).fetchall() == [
+        (none_tenant,)]
+    assert db.execute(lookup, {"tenant": "acme", "idempotency_key": "k"}).fetchall() == [(acme,)]
+
+
+# ------------------------------------------------------------------- claim
+
+@exercises("event_claim")
+def test_claim_takes_due_events_by_priority_and_marks_them_running(db: Conn) -> None:
+    low, high = _insert(db, priority=0), _insert(db, priority=5)
+    _insert(db, delay=60)
+    owner = _owner()
+    rows = _claim(db, owner)
+    assert [r[0] for r in rows] == [high, low]
+    assert rows[0][2:5] == ("t", '{"k": 1}', 1)
+    state, attempts, lease_owner, lease_left = _row(
+        db, high, "state, attempts, lease_owner::text,"
+                  " extract(epoch FROM lease_expires_at - now())::float8")
+    assert (state, attempts, lease_owner, lease_left) == ("running", 1, owner, 30)
+
+
+def test_claim_respects_limit_and_topic_filter(db: Conn) -> None:
+    for topic in ("a.x", "a.y", "b.x"):
+        _insert(db, topic)
+    assert [r[2] for r in _claim(db, _owner(), limit=1, all_topics=False, topics=[],
+                                 prefixes=["a.%"])] == ["a.x"]
+    assert [r[2] for r in _claim(db, _owner(), all_topics=False, topics=["b.x"])] == ["b.x"]
+
+
+@pytest.mark.slow
+def test_concurrent_claims_take_each_event_exactly_once(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:
+        Producer().enqueue_many(conn, [NewEvent(topic="race") for _ in range(400)])
+        conn.commit()
+    claimed: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(8)
+
+    def claimer() -> None:
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            start.wait()
+            while rows := _claim(conn, _owner(), limit=7):
+                with lock:
+                    claimed.extend(r[0] for r in rows)
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(claimed) == len(set(claimed)) == 400
+
+
+# ---------------------------------------------------------------- completion
+
+@exercises("event_succeed_many")
+def test_succeed_is_fenced_on_owner_and_attempt(db: Conn) -> None:
+    a, b, c = _insert(db), _insert(db), _insert(db)
+    owner = _owner()
+    _claim(db, owner)
+    done = db.execute(Q["event_succeed_many"], {
+        "owner": owner, "ids": [a, b, c], "attempts": [1, 2, 1]}).fetchall()
+    assert sorted(r[0] for r in done) == sorted([a, c])  # b: stale attempt number
+    assert db.execute(Q["event_succeed_many"], {
+        "owner": _owner(), "ids": [b], "attempts": [1]}).fetchall() == []  # not the owner
+    assert _row(db, a, "state, lease_owner, finished_at IS NOT NULL") == ("succeeded", None, True)
+    assert _row(db, b, "state") == ("running",)
+
+
+@exercises("event_settle_many")
+def test_settle_retries_later_and_appends_error(db: Conn) -> None:
+    event_id = _insert(db)
+    assert event_id is not None
+    owner = _owner()
+    _claim(db, owner)
+    assert _settle(db, owner, [event_id], [1], ["pending"], delays=[45.0],
+                   errors=["boom"]) == [event_id]
+    state, attempts, delay, last_error, errors, finished = _row(
+        db, event_id, "state, attempts, extract(epoch FROM run_at - now())::float8,"
+                      " last_error, errors, finished_at")
+    assert (state, attempts, delay, last_error, finished) == ("pending", 1, 45, "boom", None)
+    assert [(e["attempt"], e["error"], e["worker"]) for e in errors] == [(1, "boom", owner)]
+
+
+def test_settle_refund_gives_the_attempt_back(db: Conn) -> None:
+    event_id = _insert(db)
+    assert event_id is not None
+    owner = _owner()
+    _claim(db, owner)
+    _settle(db, owner, [event_id], [1], ["pending"], delays=[0.0], refunds=[1])
+    assert _row(db, event_id, "state, attempts, errors") == ("pending", 0, [])
+
+
+def test_settle_failed_is_fenced_and_finishes(db: Conn) -> None:
+    event_id = _insert(db)
+    assert event_id is not None
+    owner = _owner()
+    _claim(db, owner)
+    assert _settle(db, _owner(), [event_id], [1], ["failed"], errors=["x"]) == []
+    assert _settle(db, owner, [event_id], [1], ["failed"], errors=["x"]) == [event_id]
+    assert _row(db, event_id, "state, finished_at IS NOT NULL") == ("failed", True)
+
+
+@exercises("event_extend_leases")
+def test_extend_leases_renews_only_the_owners_running_events(db: Conn) -> None:
+    mine, theirs = _insert(db, "mine"), _insert(db, "theirs")
+    owner = _owner()
+    _claim(db, owner, lease_ttl=5, all_topics=False, topics=["mine"])
+    _claim(db, _owner(), lease_ttl=5)
+    kept = db.execute(Q["event_extend_leases"], {
+        "ids": [mine, theirs], "owner": owner, "lease_ttl": 60}).fetchall()
+    assert kept == [(mine,)]
+    assert _row(db, mine, "extract(epoch FROM lease_expires_at - now())::float8") == (60,)
+    assert _row(db, theirs, "extract(epoch FROM lease_expires_at - now())::float8") == (5,)
+
+
+@exercises("event_rescue_expired")
+def test_rescue_requeues_expired_and_parks_last_attempts(db: Conn) -> None:
+    retry, last, alive = _insert(db, max_attempts=2), _insert(db, max_attempts=1), _insert(db)
+    _claim(db, _owner())
+    db.execute("UPDATE conveyor.events SET lease_expires_at = now() - interval '1 second'"
+               " WHERE id = ANY(%s)", ([retry, last],))
+    rescued = db.execute(Q["event_rescue_expired"], {"limit": 100}).fetchall()
+    assert sorted(rescued) == sorted([(retry, "pending", "t"), (last, "failed", "t")])
+    assert _row(db, retry, "lease_owner, jsonb_array_length(errors)") == (None, 1)
+    assert _row(db, last, "finished_at IS NOT NULL") == (True,)
+    assert _row(db, alive, "state") == ("running",)
+
+
+@exercises("event_notify")
+def test_notify_delivers_payload_on_the_channel(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as listener, \
+            psycopg.connect(fresh_db, autocommit=True) as conn:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(Q.channel)))
+        conn.execute(Q["event_notify"], {"channel": Q.channel, "payload": "*"})
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["*"]
+
+
+# ------------------------------------------------------------------ operator
+
+@exercises("event_get", "event_state")
+def test_get_and_state_read_one_event(db: Conn) -> None:
+    event_id = _insert(db, tenant="acme")
+    row = db.execute(Q["event_get"], {"id": event_id}).fetchone()
+    assert row is not None and row[:5] == (event_id, "acme", "t", {"k": 1}, "pending")
+    assert len(row) == 18
+    assert db.execute(Q["event_state"], {"id": event_id}).fetchone() == ("pending",)
+    assert db.execute(Q["event_state"], {"id": -1}).fetchone() is None
+
+
+@exercises("event_retry")
+def test_retry_reopens_failed_and_refuses_running(db: Conn) -> None:
+    failed, running = _insert(db, max_attempts=1), _insert(db)
+    owner = _owner()
+    _claim(db, owner)
+    _settle(db, owner, [failed], [1], ["failed"], errors=["x"])
+    assert db.execute(Q["event_retry"], {"id": failed}).fetchall() == [(failed,)]
+    assert db.execute(Q["event_retry"], {"id": running}).fetchall() == []
+    assert _row(db, failed, "state, max_attempts, finished_at") == ("pending", 2, None)
+
+
+@exercises("event_retry_failed")
+def test_retry_failed_filters_by_topic(db: Conn) -> None:
+    a, b = _insert(db, "a"), _insert(db, "b")
+    owner = _owner()
+    _claim(db, owner)
+    _settle(db, owner, [a, b], [1, 1], ["failed", "failed"])
+    assert db.execute(Q["event_retry_failed"], {"topic": "a"}).fetchall() == [(a,)]
+    assert db.execute(Q["event_retry_failed"], {"topic": None}).fetchall() == [(b,)]
+
+
+@exercises("event_cancel")
+def test_cancel_finishes_pending_and_refuses_succeeded(db: Conn) -> None:
+    pending = _insert(db)
+    assert db.execute(Q["event_cancel"], {"id": pending}).fetchall() == [(pending,)]
+    assert db.execute(Q["event_cancel"], {"id": pending}).fetchall() == []
+    assert _row(db, pending, "state, finished_at IS NOT NULL") == ("cancelled", True)
+
+
+@exercises("event_prune")
+def test_prune_deletes_old_finished_rows_in_bounded_batches(db: Conn) -> None:
+    ids = [_insert(db) for _ in range(3)]
+    db.execute("UPDATE conveyor.events SET state = 'succeeded',"
+               " finished_at = now() - interval '1 hour'")
+    cur = db.execute(Q["event_prune"], {"older_than": 60, "states": ["succeeded"], "limit": 2})
+    assert cur.rowcount == 2
+    cur = db.execute(Q["event_prune"], {"older_than": 7200, "states": ["succeeded"],
+                                        "limit": 10})
+    assert cur.rowcount == 0  # the last one is younger than two hours
+    assert len(ids) - 2 == db.execute("SELECT count(*) FROM conveyor.events").fetchone()[0]  # type: ignore[index]
+
+
+@exercises("status_counts", "status_oldest_pending")
+def test_status_queries_count_and_age(db: Conn) -> None:
+    assert db.execute(Q["status_oldest_pending"]).fetchone() == (None,)
+    old = _insert(db, "a")
+    _insert(db, "a")
+    _insert(db, "b", delay=999)
+    db.execute("UPDATE conveyor.events SET run_at = now() - interval '30 s' WHERE id = %s",
+               (old,))
+    assert db.execute(Q["status_counts"]).fetchall() == [("a", "pending", 2), ("b", "pending", 1)]
+    assert db.execute(Q["status_oldest_pending"]).fetchone() == (30,)
+
+
+# ------------------------------------------------------------------ workers
+
+def _worker(conn: Conn, query: str, worker_id: str, topics: list[str]) -> None:
+    conn.execute(Q[query], {"id": worker_id, "name": "n", "host": "h", "pid": 7,
+                            "topics": topics, "concurrency": 4})
+
+
+@exercises("worker_register", "worker_heartbeat", "worker_list_alive")
+def test_worker_register_heartbeat_and_list(db: Conn) -> None:
+    worker_id = _owner()
+    _worker(db, "worker_register", worker_id, ["a.*"])
+    db.execute("UPDATE conveyor.workers SET heartbeat_at = now() - interval '1 minute'")
+    assert db.execute(Q["worker_list_alive"], {"within": 30}).fetchall() == []
+    _worker(db, "worker_heartbeat", worker_id, ["a.*"])
+    alive = db.execute(Q["worker_list_alive"], {"within": 30}).fetchall()
+    assert [(w[0], w[1], w[3], w[4]) for w in alive] == [(worker_id, "n", 7, ["a.*"])]
+
+
+def test_worker_heartbeat_recreates_a_pruned_registration(db: Conn) -> None:
+    worker_id = _owner()
+    _worker(db, "worker_heartbeat", worker_id, ["x"])
+    assert [w[0] for w in db.execute(Q["worker_list_alive"], {"within": 30})] == [worker_id]
+
+
+@exercises("worker_unregister", "worker_prune_dead")
+def test_worker_unregister_and_prune_dead(db: Conn) -> None:
+    gone, dead, alive = _owner(), _owner(), _owner()
+    for worker_id in (gone, dead, alive):
+        _worker(db, "worker_register", worker_id, ["x"])
+    db.execute("UPDATE conveyor.workers SET heartbeat_at = now() - interval '2 hours'"
+               " WHERE id = %s", (dead,))
+    db.execute(Q["worker_unregister"], {"id": gone})
+    assert db.execute(Q["worker_prune_dead"], {"older_than": 3600}).rowcount == 1
+    assert [r[0] for r in db.execute("SELECT id::text FROM conveyor.workers")] == [alive]
+
+
+# --------------------------------------------------------------- migrations
+
+@exercises("migration_lock", "migration_create_schema", "migration_create_table",
+           "migration_applied", "migration_record", "migration_table_exists")
+def test_migration_queries_build_and_read_the_version_table(empty_db: str) -> None:
+    q = queries_for("mq")
+    table = sql.Identifier("mq", "migrations").as_string()
+    with psycopg.connect(empty_db) as conn:
+        assert conn.execute(q["migration_table_exists"], {"table": table}).fetchone() == (False,)
+        conn.execute(q["migration_lock"], {"schema": "mq"})
+        held = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                            " AND pid = pg_backend_pid()").fetchone()
+        assert held == (1,)
+        conn.execute(q["migration_create_schema"])
+        conn.execute(q["migration_create_table"])
+        conn.execute(q["migration_create_table"])  # IF NOT EXISTS: idempotent
+        conn.execute(q["migration_record"], {"version": 2, "name": "b"})
+        conn.execute(q["migration_record"], {"version": 1, "name": "a"})
+        assert conn.execute(q["migration_applied"]).fetchall() == [(1,), (2,)]
+        assert conn.execute(q["migration_table_exists"], {"table": table}).fetchone() == (True,)
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                            " AND pid = pg_backend_pid()").fetchone() == (0,)
+
+
+# ----------------------------------------------------------- claim query plan
+
+def _index_names(plan: Any) -> set[str]:
+    found: set[str] = set()
+    if isinstance(plan, dict):
+        if "Index Name" in plan:
+            found.add(plan["Index Name"])
+        for value in plan.values():
+            found |= _index_names(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            found |= _index_names(value)
+    return found
+
+
+def _node_types(plan: Any) -> set[str]:
+    if isinstance(plan, dict):
+        out = {plan["Node Type"]} if "Node Type" in plan else set()
+        return out.union(*(_node_types(v) for v in plan.values()))
+    if isinstance(plan, list):
+        return set().union(*(_node_types(v) for v in plan))
+    return set()
+
+
+CLAIM_FILTERS = {
+    "all topics": {"all_topics": True, "topics": [], "prefixes": []},
+    "exact and prefix": {"all_topics": False, "topics": ["email.send"], "prefixes": ["sms.%"]},
+}
+
+
+@pytest.fixture(scope="module")
+def million_finished_db(server_url: str, template_db: str) -> Any:
+    """A migrated database with 1,000,000 succeeded rows and a few pending ones."""
+    name = f"conveyor_explain_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template_db)))
+    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("""
+                INSERT INTO conveyor.events
+                    (topic, payload, state, attempts, run_at, finished_at, created_at)
+                SELECT 'email.send', '{}', 'succeeded', 1, now() - interval '2 days',
+                       now() - interval '1 day', now() - interval '2 days'
+                FROM generate_series(1, 1000000)""")
+            Producer().enqueue_many(conn, [NewEvent(topic=t) for t in
+                                           ("email.send", "sms.send", "other", "email.send")])
+            conn.execute("ANALYZE conveyor.events")
+        yield url
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", list(CLAIM_FILTERS))
+def test_claim_plan_uses_the_claim_index_among_a_million_finished_rows(
+    million_finished_db: str, label: str,
+) -> None:
+    params = {**CLAIM_FILTERS[label], "limit": 100, "owner": _owner(), "lease_ttl": 30}
+    with psycopg.connect(million_finished_db) as conn:
+        row = conn.execute("EXPLAIN (FORMAT JSON) " + Q["event_claim"], params).fetchone()
+        assert row is not None
+        plan = row[0]
+        assert "events_claim_idx" in _index_names(plan), plan
+        assert "Seq Scan" not in _node_types(plan), plan
+        conn.rollback()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", list(CLAIM_FILTERS))
+def test_claim_among_a_million_finished_rows_is_fast(
+    million_finished_db: str, label: str,
+) -> None:
+    params = {**CLAIM_FILTERS[label], "limit": 100, "owner": _owner(), "lease_ttl": 30}
+    with psycopg.connect(million_finished_db) as conn:
+        conn.execute(Q["event_claim"], params).fetchall()  # warm the cache
+        conn.rollback()
+        started = time.perf_counter()
+        claimed = conn.execute(Q["event_claim"], params).fetchall()
+        elapsed = time.perf_counter() - started
+        conn.rollback()
+    assert 1 <= len(claimed) <= 4
+    assert elapsed < 0.05, f"claim took {elapsed * 1000:.1f} ms"
