@@ -12,10 +12,7 @@ from typing import IO, Any
 
 APP = "conveyor.demo.app:router"
 # Small delays so the retries of the demo happen within seconds: 0.5 s, 1 s, 2 s, 4 s.
-# A short poll as well: a retry's wake-up timer can fire a few milliseconds before
-# the event is due, and the demo should not then sit out a 5 s poll.
-WORKER_FLAGS = ["--concurrency", "10", "--backoff-base", "0.5", "--poll-interval", "0.5",
-                "--shutdown-timeout", "5"]
+WORKER_FLAGS = ["--concurrency", "10", "--backoff-base", "0.5", "--shutdown-timeout", "5"]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
