@@ -22,7 +22,7 @@ from conveyor.producer import (
     NewEvent,
     Producer,
 )
-from conveyor.retry import BackoffPolicy
+from conveyor.retry import BackoffPolicy, LinearBackoff, RetryPolicy
 from conveyor.router import Route, Router
 from conveyor.schema.migrator import AsyncMigrator, Migrator
 from conveyor.types import Event, EventRecord, EventState, QueueStatus
@@ -51,6 +51,7 @@ __all__ = [
     "HandlerSignal",
     "InvalidInputError",
     "InvalidStateError",
+    "LinearBackoff",
     "MigrationError",
     "Migrator",
     "NewEvent",
@@ -60,6 +61,7 @@ __all__ = [
     "ProducerConfig",
     "QueueStatus",
     "RetryAfter",
+    "RetryPolicy",
     "Route",
     "Router",
     "Snooze",

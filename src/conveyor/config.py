@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from conveyor.errors import ConfigError, InvalidInputError
-from conveyor.retry import BackoffPolicy
+from conveyor.retry import BackoffPolicy, RetryPolicy
 from conveyor.validation import check_schema_name
 
 SCHEMA_DEFAULT = "conveyor"
@@ -119,7 +119,7 @@ class WorkerConfig:
     ack_interval: float = ACK_INTERVAL_DEFAULT
     listener_ping_interval: float = LISTENER_PING_INTERVAL_DEFAULT
     retention: float | None = RETENTION_DEFAULT
-    backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
+    backoff: RetryPolicy = field(default_factory=BackoffPolicy)
 
     def __post_init__(self) -> None:
         _schema(self.schema)

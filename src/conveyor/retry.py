@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Protocol
 
 from conveyor.errors import ConfigError
 
@@ -21,6 +22,34 @@ BASE_DELAY_DEFAULT = 2.0
 FACTOR_DEFAULT = 2.0
 MAX_DELAY_DEFAULT = 3600.0
 JITTER_DEFAULT = 0.1
+
+
+class RetryPolicy(Protocol):
+    """Anything that tells how long to wait after failed attempt ``attempt`` (1-based)."""
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinearBackoff:
+    """``min(max_delay, step * attempt)`` seconds, no jitter: 10, 20, 30 ... with the defaults.
+
+    Attributes:
+        step: seconds added per failed attempt. Defaults to 10.0.
+        max_delay: cap on any delay. Defaults to 100.0.
+    """
+
+    step: float = 10.0
+    max_delay: float = 100.0
+
+    def __post_init__(self) -> None:
+        if not self.step >= 0:
+            raise ConfigError(f"expected step to be >= 0, got {self.step!r}")
+        if not self.max_delay >= 0:
+            raise ConfigError(f"expected max_delay to be >= 0, got {self.max_delay!r}")
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        return float(min(self.max_delay, self.step * max(attempt, 1)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

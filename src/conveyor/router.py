@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import ConfigError, InvalidInputError
+from conveyor.retry import RetryPolicy
 from conveyor.types import Event
 from conveyor.validation import check_topic_pattern
 
@@ -41,6 +42,8 @@ class Route:
         is_async: whether ``handler`` is a coroutine function.
         blocking: for plain callables, whether to run them in a thread (the
             default) rather than inline on the event loop.
+        backoff: delays between this route's failed attempts; ``None`` uses the
+            worker's ``backoff``.
     """
 
     pattern: str
@@ -48,6 +51,7 @@ class Route:
     timeout: float | None
     is_async: bool
     blocking: bool
+    backoff: RetryPolicy | None = None
 
     def matches(self, topic: str) -> bool:
         if self.pattern == "*":
@@ -79,6 +83,7 @@ class Router:
         *,
         timeout: float | None = None,
         blocking: bool = True,
+        backoff: RetryPolicy | None = None,
     ) -> Route:
         """Add a rule; ``blocking=False`` runs a plain callable inline on the loop."""
         try:
@@ -94,18 +99,19 @@ class Router:
         is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
             getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
         )
-        route = Route(pattern, handler, timeout, is_async, blocking)
+        route = Route(pattern, handler, timeout, is_async, blocking, backoff)
         self._routes.append(route)
         self._cache.clear()
         return route
 
     def route(
-        self, pattern: str, *, timeout: float | None = None, blocking: bool = True
+        self, pattern: str, *, timeout: float | None = None, blocking: bool = True,
+        backoff: RetryPolicy | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`."""
 
         def register(handler: Handler) -> Handler:
-            self.add(pattern, handler, timeout=timeout, blocking=blocking)
+            self.add(pattern, handler, timeout=timeout, blocking=blocking, backoff=backoff)
             return handler
 
         return register

@@ -8,7 +8,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from conveyor.outcomes import Cancel, PermanentFailure, RetryAfter, Snooze
-from conveyor.retry import BackoffPolicy
+from conveyor.retry import RetryPolicy
 from conveyor.router import Route
 from conveyor.types import Event, EventState
 
@@ -47,7 +47,7 @@ def _describe(exc: BaseException) -> str:
                  ERROR_MAX_CHARS)
 
 
-def failure(event: Event, error: str, tb: str | None, backoff: BackoffPolicy,
+def failure(event: Event, error: str, tb: str | None, backoff: RetryPolicy,
             delay: float | None = None) -> Outcome:
     """A failed attempt: retried after a delay, or parked when it was the last."""
     if event.attempt >= event.max_attempts:
@@ -62,7 +62,7 @@ async def run_handler(
     event: Event,
     *,
     timeout: float,
-    backoff: BackoffPolicy,
+    backoff: RetryPolicy,
     thread_pool: Executor | None,
 ) -> Outcome:
     """Call the route's handler with a timeout and classify the result."""

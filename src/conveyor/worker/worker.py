@@ -337,7 +337,7 @@ class Worker:
         try:
             outcome = await run_handler(
                 route, event, timeout=route.timeout or self.config.handler_timeout,
-                backoff=self.config.backoff, thread_pool=self._pool)
+                backoff=route.backoff or self.config.backoff, thread_pool=self._pool)
         except asyncio.CancelledError:
             # Shutdown timed out or the lease was lost; _shutdown decides what to write.
             self._release_slot()
