@@ -69,9 +69,6 @@ async def test_delayed_event_runs_when_due_not_before_and_not_at_next_poll(fresh
     assert row["state"] == "succeeded"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a second, earlier delayed event replaces the timer of the first (_wake_at keeps "
-    "one timer), so the later event waits for the next poll instead of its own due time"))
 async def test_each_of_two_delayed_events_runs_at_its_own_due_time(fresh_db: str) -> None:
     starts: dict[str, list[float]] = {}
     worker = Worker(fresh_db, _timed_router("mail.*", starts), fast_config(poll_interval=SLOW_POLL))
@@ -86,10 +83,6 @@ async def test_each_of_two_delayed_events_runs_at_its_own_due_time(fresh_db: str
     assert 1.15 <= starts["mail.second"][0] - sent < 1.7
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the retry timer is armed at handler return (time.time() + delay) but run_at is "
-    "written at acknowledgement (now() + delay), later; the timer fires before the event is "
-    "due, the claim finds nothing and the retry waits for the next poll"))
 @pytest.mark.parametrize("signal", [None, RetryAfter(0.3), Snooze(0.3)],
                          ids=["backoff", "retry_after", "snooze"])
 async def test_retry_runs_when_due_without_waiting_for_a_poll(fresh_db: str,
@@ -107,9 +100,6 @@ async def test_retry_runs_when_due_without_waiting_for_a_poll(fresh_db: str,
     assert 0.25 <= second - first < 1.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a zero delay (Snooze(0), RetryAfter(0)) arms no timer at all (`if outcome.delay:` "
-    "is false for 0.0), so the event, due at once, waits for the next poll"))
 @pytest.mark.parametrize("signal", [RetryAfter(0), Snooze(0)], ids=["retry_after", "snooze"])
 async def test_zero_delay_retry_runs_again_at_once(fresh_db: str, signal: Any) -> None:
     starts: dict[str, list[float]] = {}
