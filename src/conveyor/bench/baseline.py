@@ -10,7 +10,7 @@ no trigger, so it never wakes a Conveyor worker and pays for no NOTIFY.
   statement (marking them ``running``), calling a no-op for each, and marking
   the batch ``succeeded`` with a second statement; it stops when a claim comes
   back empty. Run as ``python .../bench/baseline.py SCHEMA BATCH`` with
-  the URL in ``CONVEYOR_BENCH_URL``; prints one JSON line (handled, peak RSS).
+  the URL in ``CONVEYOR_BENCH_URL``; prints one JSON line (handled, peak RSS, CPU seconds of the loop).
 
 ``now()`` in the claim and in the finish statement stamps ``attempted_at`` and
 ``finished_at`` exactly as Conveyor's queries do, so both drains are timed the
@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -127,8 +128,10 @@ def _peak_rss_mb() -> float:
 def main(argv: list[str]) -> int:
     schema, batch = argv[0], int(argv[1])
     with psycopg.connect(os.environ[URL_ENV], autocommit=True) as conn:
+        cpu = time.process_time()
         handled = drain(conn, schema, batch)
-    print(json.dumps({"handled": handled, "rss_mb": _peak_rss_mb()}))
+        cpu = time.process_time() - cpu
+    print(json.dumps({"handled": handled, "rss_mb": _peak_rss_mb(), "cpu_s": cpu}))
     return 0
 
 
