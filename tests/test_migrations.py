@@ -149,7 +149,7 @@ def _migrate_after_barrier(url: str, barrier: Any, results: Any) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             barrier.wait(timeout=30)
             results.put(("ok", len(Migrator().apply(conn))))
-    except BaseException as exc:  # report every failure to the parent
+    except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
         results.put(("error", repr(exc)))
 
 

@@ -121,7 +121,7 @@ def test_malformed_pattern_is_refused_with_config_error_naming_it(pattern: str) 
 
 def test_duplicate_pattern_is_refused() -> None:
     router = _router("a.*")
-    with pytest.raises(ConfigError, match="'a.\\*' is already routed"):
+    with pytest.raises(ConfigError, match=r"'a\.\*' is already routed"):
         router.add("a.*", handler)
 
 

@@ -23,7 +23,6 @@ Example::
 """
 
 from conveyor.testing.assertions import (
-    UNSET,
     assert_enqueued,
     assert_enqueued_async,
     payload_matches,
@@ -35,7 +34,6 @@ from conveyor.testing.working import WorkedEvent, work_event, work_event_async
 
 __all__ = [
     "DrainResult",
-    "UNSET",
     "WorkedEvent",
     "assert_enqueued",
     "assert_enqueued_async",
