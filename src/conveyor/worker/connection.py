@@ -25,6 +25,32 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 RECOVERABLE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, TimeoutError)
 
 
+PROBE_INTERVAL = 1.0
+RECOVERY_WINDOW = 15.0
+
+
+async def probe_server(conninfo: str, timeout: float = 1.0) -> bool | None:
+    """Whether the server's socket accepts a connection; ``None`` when it cannot be told."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return None
+    host = str(params.get("host") or "")
+    port = str(params.get("port") or "5432")
+    if not host or "," in host or "," in port or not port.isdigit():
+        return None
+    try:
+        if host.startswith("/"):
+            opening = asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+        else:
+            opening = asyncio.open_connection(host, int(port))
+        _reader, writer = await asyncio.wait_for(opening, timeout)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
 class Backoff:
     """Doubling delays from ``low`` to ``high`` seconds, each shortened by up to 25 %."""
 
@@ -61,6 +87,8 @@ class ManagedConnection:
         self._kwargs = connect_kwargs
         self.reconnects = 0
         self._ever_connected = False
+        self._saw_down = False
+        self._recovering_until = 0.0
 
     @property
     def connected(self) -> bool:
@@ -81,7 +109,7 @@ class ManagedConnection:
                 log.warning("database unreachable for %s connection, retrying in %.1fs: %s",
                             self.role, delay, exc,
                             extra={"action": "reconnect_wait", "role": self.role})
-                await self._sleep(delay)
+                await self._wait_for_server(delay)
                 continue
             if self._ever_connected:
                 self.reconnects += 1
@@ -90,6 +118,35 @@ class ManagedConnection:
             self._ever_connected = True
             self._backoff.reset()
             return self._conn
+
+    async def _wait_for_server(self, delay: float) -> None:
+        """Sleep out a backoff step, cut short when the server comes back.
+
+        Backoff keeps a long outage from being hammered with logins, but after a
+        restart it would leave the worker idle for up to ``reconnect_max``. So
+        while waiting, the server's socket is probed every second (a bare TCP or
+        Unix-socket connect, no login); once a probe that failed succeeds, the
+        wait ends and, for a short while, so does every wait after it (the
+        server may still be starting up).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + delay
+        while not self._stopping.is_set():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            await self._sleep(min(PROBE_INTERVAL, remaining))
+            if loop.time() < self._recovering_until:
+                return
+            reachable = await probe_server(self.conninfo)
+            if reachable is None:
+                continue  # cannot tell where the server is: plain backoff
+            if not reachable:
+                self._saw_down = True
+            elif self._saw_down:
+                self._saw_down = False
+                self._recovering_until = loop.time() + RECOVERY_WINDOW
+                return
 
     async def _sleep(self, delay: float) -> None:
         try:
