@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import io
 import os
+import re
+import signal
 import subprocess
 import sys
 from typing import Any
 
+import psutil
 import psycopg
 import pytest
 
@@ -101,3 +104,24 @@ def test_progress_redraws_in_place_on_a_terminal() -> None:
     assert f"\x1b[{first.count(chr(10))}F" in redraw
     assert "3/6 finished" in redraw
     assert out.getvalue().endswith("\x1b[?25h")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_demo_stops_its_worker(fresh_db: str, signum: int) -> None:
+    env = dict(os.environ, CONVEYOR_DATABASE_URL=fresh_db)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli.main", "demo", "--events", "40"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    worker_pid = 0
+    for line in proc.stdout:
+        match = re.search(r"worker pid (\d+) started", line)
+        if match:
+            worker_pid = int(match[1])
+            break
+    assert worker_pid
+    proc.send_signal(signum)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert not psutil.pid_exists(worker_pid) or \
+        psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE

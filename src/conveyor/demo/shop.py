@@ -159,7 +159,7 @@ def enqueue_mix(conn: psycopg.Connection[Any], events: int, say: Say,
     say(f"  placed {mix.orders} orders, each in one transaction with its events "
         f"(order.created, email.send, invoice.render, some webhook.deliver)")
 
-    _show_rollback(conn, producer, number, mix, say, schema)
+    _show_rollback(conn, producer, number, say, schema)
     _show_idempotency(conn, producer, mix, say)
 
     with conn.transaction():
@@ -179,8 +179,9 @@ def enqueue_mix(conn: psycopg.Connection[Any], events: int, say: Say,
     return mix
 
 
-def _show_rollback(conn: psycopg.Connection[Any], producer: Producer, number: int, mix: Mix,
+def _show_rollback(conn: psycopg.Connection[Any], producer: Producer, number: int,
                    say: Say, schema: str) -> None:
+    """An order whose payment fails after its events were written: all of it rolls back."""
     before = count_events(conn, schema)
     shadow = Mix()
     try:
