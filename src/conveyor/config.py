@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.retry import BackoffPolicy, RetryPolicy
-from conveyor.validation import check_schema_name
+from conveyor.validation import check_schema_name, check_tenant
 
 SCHEMA_DEFAULT = "conveyor"
 MAX_PAYLOAD_BYTES_DEFAULT = 256 * 1024
@@ -102,6 +102,8 @@ class WorkerConfig:
             prunes them; ``None`` keeps them forever. Failed events are never pruned
             automatically. Defaults to 604800 (7 days).
         backoff: delay policy between failed attempts. Defaults to ``BackoffPolicy()``.
+        tenants: claim only events of these tenants; ``None`` claims every tenant's.
+            Defaults to ``None``.
     """
 
     schema: str = SCHEMA_DEFAULT
@@ -120,9 +122,18 @@ class WorkerConfig:
     listener_ping_interval: float = LISTENER_PING_INTERVAL_DEFAULT
     retention: float | None = RETENTION_DEFAULT
     backoff: RetryPolicy = field(default_factory=BackoffPolicy)
+    tenants: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _schema(self.schema)
+        if self.tenants is not None:
+            if isinstance(self.tenants, str) or not self.tenants:
+                raise ConfigError(f"expected tenants to be a non-empty tuple, got {self.tenants!r}")
+            for tenant in self.tenants:
+                try:
+                    check_tenant(tenant)
+                except InvalidInputError as exc:
+                    raise ConfigError(str(exc)) from None
         for name in ("concurrency", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -291,6 +291,8 @@ def register_worker(sub: Sub, env: Env) -> None:
     p.add_argument("--retention", default=env("RETENTION", "7d"),
                    help="prune succeeded/cancelled events older than this; 'forever' keeps them "
                         "[env CONVEYOR_RETENTION] (default: %(default)s)")
+    p.add_argument("--tenant", action="append", dest="tenants", metavar="TENANT",
+                   help="claim only this tenant's events (repeatable; default: every tenant)")
     p.add_argument("--name", default=env("WORKER_NAME"),
                    help="label shown by status [env CONVEYOR_WORKER_NAME] (default: host:pid)")
 
@@ -331,6 +333,7 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
             handler_timeout=args.handler_timeout, rescue_interval=args.rescue_interval,
             heartbeat_interval=min(HEARTBEAT_INTERVAL_DEFAULT, args.lease_ttl / 3),
             retention=retention,
+            tenants=tuple(args.tenants) if args.tenants else None,
             backoff=BackoffPolicy(base_delay=args.backoff_base,
                                   max_delay=max(args.backoff_max, args.backoff_base)))
     except ConfigError as exc:

@@ -90,6 +90,9 @@ class Worker:
         self.stats = WorkerStats()
         self._q = queries_for(self.config.schema)
         self._filter = router.claim_filter()
+        tenants = self.config.tenants
+        self._filter["all_tenants"] = tenants is None
+        self._filter["tenants"] = list(tenants or ())
         self._stopping = asyncio.Event()
         self._closing = asyncio.Event()   # set once nothing more will be acknowledged
         self._wake = asyncio.Event()

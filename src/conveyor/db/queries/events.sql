@@ -45,6 +45,7 @@ WITH next AS (
     WHERE state = 'pending'
       AND run_at <= now()
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
+      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
