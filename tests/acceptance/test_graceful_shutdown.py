@@ -61,8 +61,8 @@ def test_sigterm_with_many_stuck_thread_handlers_exits_within_bound(
         acc_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     """Regression: stuck handler threads were joined 0.2 s each, one after the other."""
     with psycopg.connect(acc_db) as conn:
-        long = Producer().enqueue_many(conn, [NewEvent(topic="sync.stuck", payload={"sleep": 60})
-                                              for _ in range(STUCK_THREADS)])
+        Producer().enqueue_many(conn, [NewEvent(topic="sync.stuck", payload={"sleep": 60})
+                                       for _ in range(STUCK_THREADS)])
         conn.commit()
     worker = spawn(acc_db, "--shutdown-timeout", f"{SHUTDOWN_TIMEOUT:g}", "--concurrency", "50")
     wait_for(lambda: state_counts(acc_db).get("running", 0) == STUCK_THREADS, 20,
