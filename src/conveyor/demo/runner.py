@@ -33,6 +33,8 @@ MISBEHAVING_SHOWN = 8
 
 
 class Demo:
+    """The four steps of the tour, written to ``out`` as they happen."""
+
     def __init__(self, url: str, out: TextIO, *, explore_prefix: str) -> None:
         self.url = url
         self.out = out
