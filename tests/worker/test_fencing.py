@@ -212,3 +212,53 @@ async def test_rescue_leaves_live_leases_alone(fresh_db: str) -> None:
         assert await worker.maintenance.rescue(conn) == (0, 0)
     row = await event_row(fresh_db, event_id)
     assert row["state"] == "running" and row["owner"] == owner and row["errors"] == []
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: _running is keyed by event id only; when a worker re-claims an event whose "
+    "earlier attempt it still runs, the stale attempt's fenced outcome pops the new "
+    "attempt's entry in _acked, and the new attempt's result is then dropped in _execute "
+    "(`event.id in self._running` is false): the event stays 'running' until its lease "
+    "expires and runs yet again"))
+async def test_reclaiming_an_event_still_running_here_keeps_the_new_attempt(
+        fresh_db: str) -> None:
+    # This worker's lease lapsed unnoticed (e.g. its upkeep connection was down
+    # for longer than lease_ttl); the event was rescued, and this same worker
+    # claims it again while attempt 1 is still running.
+    gates = {1: asyncio.Event(), 2: asyncio.Event()}
+    calls: list[int] = []
+
+    async def handle(event: Event) -> None:
+        calls.append(event.attempt)
+        await asyncio.wait_for(gates[event.attempt].wait(), 10)
+
+    router = Router()
+    router.add("fence.*", handle)
+    event_id = await enqueue(fresh_db, "fence.job", max_attempts=5)
+    # Long lease, rare heartbeats: nothing but this test moves the row.
+    worker = Worker(fresh_db, router, fast_config(lease_ttl=30, heartbeat_interval=20,
+                                                  rescue_interval=20))
+    try:
+        async with running(worker):
+            await _claimed_by(fresh_db, event_id, worker)
+            # What a rescuer does, plus the NOTIFY that wakes this worker at once.
+            await query(fresh_db, "UPDATE conveyor.events SET state = 'pending', "
+                                  "lease_owner = NULL, lease_expires_at = NULL, run_at = now() "
+                                  "WHERE id = %s", (event_id,))
+            await query(fresh_db, "SELECT pg_notify('conveyor.events', '*')")
+
+            async def reclaimed() -> bool:
+                return calls == [1, 2]
+            await wait_until(reclaimed, timeout=3, what="this worker to claim attempt 2")
+            gates[1].set()                       # the stale attempt ends first ...
+            await asyncio.sleep(0.2)
+            gates[2].set()                       # ... then the live one succeeds
+
+            async def succeeded() -> bool:
+                return (await event_row(fresh_db, event_id))["state"] == "succeeded"
+            await wait_until(succeeded, timeout=2, what="attempt 2's success to be written")
+    finally:
+        for gate in gates.values():
+            gate.set()
+    row = await event_row(fresh_db, event_id)
+    assert row["attempts"] == 2 and calls == [1, 2]
