@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
@@ -182,6 +183,11 @@ class Engine:
         key = request.headers.get("idempotency-key")
         async with self.pool.connection() as conn, conn.transaction():
             if key:
+                # One writer per (tenant, key) at a time: a retry racing the first
+                # attempt waits for it, then gets its answer replayed (not a 500
+                # from the primary key below).
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                                   (f"idempotency:{tenant}:{key}",))
                 seen = await (await conn.execute(
                     "SELECT status, response FROM engine.idempotency WHERE tenant = %s AND key = %s",
                     (tenant, key))).fetchone()
@@ -242,6 +248,10 @@ def create_app(settings: EngineSettings) -> Starlette:
                 response: JSONResponse = await handler(request)
             except HTTPError as exc:
                 return _error(exc.status, str(exc))
+            except psycopg.DataError as exc:
+                # A value PostgreSQL refuses (NUL in text or JSON, ...) is the
+                # client's error; the transaction was rolled back with it.
+                return _error(422, f"invalid value: {(exc.diag.message_primary or str(exc))[:200]}")
             return response
         return wrapped
 
