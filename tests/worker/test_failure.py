@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+
+import pytest
 
 from conveyor import BackoffPolicy, Event, Router, Worker
 
@@ -162,3 +165,64 @@ async def test_timeout_error_raised_by_the_handler_is_an_ordinary_failure(fresh_
     row = await event_row(fresh_db, event_id)
     assert row["last_error"] == "TimeoutError: upstream took too long"
     assert row["errors"][0]["traceback"].startswith("Traceback")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: a CancelledError the handler raises itself (the worker never cancelled it) "
+    "escapes run_handler; _execute re-raises it, no outcome is recorded, the event stays "
+    "'running' with its lease renewed by every heartbeat and its slot taken, until shutdown"))
+async def test_cancelled_error_raised_inside_the_handler_is_a_failed_attempt(
+        fresh_db: str) -> None:
+    # The handler awaits something that someone else cancelled: the worker did
+    # not cancel the handler, so this is the handler failing, not a shutdown.
+    async def handle(event: Event) -> None:
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+
+    event_id = await enqueue(fresh_db, "inner.cancel", max_attempts=5)
+    worker = Worker(fresh_db, _router("inner.cancel", handle), fast_config())
+    try:
+        assert await asyncio.wait_for(worker.run_once(), 5) == 1
+        in_flight = worker.in_flight
+    finally:
+        await worker.close()
+    row = await event_row(fresh_db, event_id)
+    assert row["state"] == "pending", "the event was left running with no outcome"
+    assert row["attempts"] == 1 and row["lease_owner"] is None
+    assert "CancelledError" in row["last_error"]
+    assert in_flight == 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: a timed-out plain handler keeps its pool thread, but its slot is freed; the pool "
+    "has only `concurrency` threads, so the next plain handler queues behind the stuck one "
+    "and times out without ever starting, spending an innocent event's attempt"))
+async def test_a_timed_out_thread_does_not_steal_the_next_events_time(fresh_db: str) -> None:
+    # A plain handler that timed out keeps its thread until it returns; the next
+    # event must not spend its attempt (and its timeout) queued behind it.
+    release = threading.Event()
+    ran: list[str] = []
+
+    def handle(event: Event) -> None:
+        ran.append(event.topic)
+        if event.topic == "thread.stuck":
+            release.wait(3)
+
+    router = Router()
+    router.add("thread.*", handle, timeout=0.3)
+    stuck = await enqueue(fresh_db, "thread.stuck", max_attempts=5, priority=1)
+    quick = await enqueue(fresh_db, "thread.quick", max_attempts=5)
+    worker = Worker(fresh_db, router, fast_config(concurrency=1, batch_size=1))
+    try:
+        assert await asyncio.wait_for(worker.run_once(), 5) == 1     # the stuck one times out
+        assert "timed out" in (await event_row(fresh_db, stuck))["last_error"]
+        await query(fresh_db, "UPDATE conveyor.events SET run_at = now() + interval '1 hour' "
+                              "WHERE id = %s", (stuck,))
+        assert await asyncio.wait_for(worker.run_once(), 5) == 1
+    finally:
+        release.set()
+        await worker.close()
+    row = await event_row(fresh_db, quick)
+    assert row["state"] == "succeeded", f"quick event: {row['state']}, {row['last_error']!r}"
+    assert ran[:2] == ["thread.stuck", "thread.quick"]
