@@ -145,14 +145,15 @@ class _CountingController(Controller):
         return smtp
 
 
-def _start_smtp(tls: Tls, *, auth: bool, **extra: Any) -> tuple[_CountingController, SmtpServer]:
+def _start_smtp(tls: Tls | None, *, auth: bool, **extra: Any) -> tuple[_CountingController, SmtpServer]:
     port = free_port()
     state = SmtpServer(host="127.0.0.1", port=port)
-    kwargs: dict[str, Any] = dict(
-        hostname="127.0.0.1", port=port, tls_context=tls.server_context, require_starttls=True,
-        ready_timeout=5.0, **extra)
+    kwargs: dict[str, Any] = dict(hostname="127.0.0.1", port=port, ready_timeout=5.0, **extra)
+    if tls is not None:
+        kwargs.update(tls_context=tls.server_context, require_starttls=True)
     if auth:
-        kwargs.update(auth_required=True, auth_require_tls=True, authenticator=_authenticator(state))
+        kwargs.update(auth_required=True, auth_require_tls=tls is not None,
+                      authenticator=_authenticator(state))
     controller = _CountingController(state, **kwargs)
     controller.start()
     controller.counting = True  # start() made one probe connection of its own
@@ -183,6 +184,20 @@ def smtp_server_noauth(tls: Tls) -> Iterator[SmtpServer]:
 def smtp_server_short_idle(tls: Tls) -> Iterator[SmtpServer]:
     """Like ``smtp_server`` but closes a connection idle for 0.5 s (421, then close)."""
     controller, state = _start_smtp(tls, auth=True, timeout=0.5)
+    try:
+        yield state
+    finally:
+        controller.stop()
+
+
+@pytest.fixture
+def smtp_server_plaintext() -> Iterator[SmtpServer]:
+    """No STARTTLS offered (as after a downgrade by a man in the middle), AUTH accepted in clear."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # aiosmtpd warns about AUTH without TLS: that is the point
+        controller, state = _start_smtp(None, auth=True)
     try:
         yield state
     finally:
