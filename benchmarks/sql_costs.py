@@ -1,0 +1,189 @@
+"""What Conveyor's claim and acknowledge statements cost in the database, per batch.
+
+Runs the worker's own named queries (``event_claim``, ``event_succeed_many``)
+from one sync psycopg connection, batch after batch over pre-filled events,
+next to the raw baseline's claim/finish, alternating so load drift falls on
+both. Then repeats Conveyor's pair on schema variants (each in a fresh
+scratch schema) to price each index and the acknowledge-by-DELETE option:
+
+    .venv/bin/python benchmarks/sql_costs.py --url postgresql://... [--batch 100]
+
+Reports the median client-observed time per statement (prepared, autocommit,
+loopback), so it is database work plus one round trip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from conveyor.bench import scratch
+from conveyor.bench.app import NOOP_TOPIC, router
+from conveyor.bench.baseline import _CLAIM as RAW_CLAIM
+from conveyor.bench.baseline import _FINISH as RAW_FINISH
+from conveyor.bench.baseline import _render
+from conveyor.config import WorkerConfig
+from conveyor.db.named_queries import queries_for
+from conveyor.worker import Worker
+
+DELETE_ACK = """
+DELETE FROM {schema}.events AS e
+USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt)
+WHERE e.id = d.id AND e.state = 'running' AND e.lease_owner = %(owner)s
+  AND e.attempts = d.attempt
+RETURNING e.id
+"""
+
+# The shipped ack minus "e.state = 'running'": lease_owner = owner already implies it
+# (events_lease_check), and without it the planner cannot pick events_lease_idx.
+ACK_NO_STATE = """
+UPDATE {schema}.events AS e
+SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
+    finished_at = now(), updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt)
+WHERE e.id = d.id AND e.lease_owner = %(owner)s AND e.attempts = d.attempt
+RETURNING e.id
+"""
+
+Timings = dict[str, list[float]]
+
+
+def _timed(timings: Timings, key: str, fn: Callable[[], Any]) -> Any:
+    t0 = time.perf_counter()
+    result = fn()
+    timings.setdefault(key, []).append((time.perf_counter() - t0) * 1000)
+    return result
+
+
+def conveyor_pair(conn: psycopg.Connection[Any], schema: str, batch: int, timings: Timings,
+                  prefix: str, ack_sql: str | None = None) -> int:
+    q = queries_for(schema)
+    owner = str(uuid.uuid4())
+    # The worker's own claim filter, so the parameters follow the worker's code.
+    claim_filter = Worker("", router, WorkerConfig(schema=schema))._filter
+    params = {**claim_filter, "limit": batch, "owner": owner, "lease_ttl": 15.0}
+    ack = ack_sql or q["event_succeed_many"]
+    rows = _timed(timings, f"{prefix}: conveyor claim", lambda: conn.execute(
+        q["event_claim"], params).fetchall())
+    if not rows:
+        return 0
+    ids, attempts = [r[0] for r in rows], [r[4] for r in rows]
+    done = _timed(timings, f"{prefix}: conveyor ack", lambda: conn.execute(
+        ack, {"owner": owner, "ids": ids, "attempts": attempts}).fetchall())
+    assert len(done) == len(rows)
+    return len(rows)
+
+
+def raw_pair(conn: psycopg.Connection[Any], schema: str, batch: int, timings: Timings,
+             prefix: str) -> int:
+    claim, finish = _render(RAW_CLAIM, schema), _render(RAW_FINISH, schema)
+    rows = _timed(timings, f"{prefix}: raw claim",
+                  lambda: conn.execute(claim, (batch,)).fetchall())
+    if not rows:
+        return 0
+    _timed(timings, f"{prefix}: raw finish",
+           lambda: conn.execute(finish, ([r[0] for r in rows],)))
+    return len(rows)
+
+
+def variant(admin: psycopg.Connection[Any], url: str, schemas: scratch.Schemas,
+            drop_indexes: list[str]) -> None:
+    """Empty Conveyor's table and drop the named indexes from it."""
+    scratch.reset(admin, schemas.conveyor)
+    for name in drop_indexes:
+        admin.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(
+            sql.Identifier(schemas.conveyor, name)))
+
+
+def _phase(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any], url: str,
+           schemas: scratch.Schemas, args: argparse.Namespace, timings: Timings, label: str,
+           drops: list[str], ack: str | None, prepare: bool = True) -> None:
+    """One variant of Conveyor's table, interleaved batch by batch with the raw baseline."""
+    variant(admin, url, schemas, drops)
+    scratch.reset(admin, schemas.raw)
+    scratch.fill_conveyor(url, schemas.conveyor, NOOP_TOPIC, args.events)
+    scratch.fill_raw(url, schemas.raw, NOOP_TOPIC, args.events)
+    for s in schemas.all:
+        scratch.settle(admin, s)
+    conveyor_conn = conn if prepare else psycopg.connect(url, autocommit=True,
+                                                          prepare_threshold=None)
+    try:
+        while True:
+            a = conveyor_pair(conveyor_conn, schemas.conveyor, args.batch, timings, label, ack)
+            b = raw_pair(conn, schemas.raw, args.batch, timings, label)
+            if not a and not b:
+                return
+    finally:
+        if conveyor_conn is not conn:
+            conveyor_conn.close()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    schemas = scratch.schemas_for("conveyor_sqlcost")
+    out: dict[str, Any] = {}
+    with psycopg.connect(args.url, autocommit=True) as admin:
+        scratch.lock(admin, schemas)
+        scratch.create(admin, schemas)
+        try:
+            with psycopg.connect(args.url, autocommit=True) as conn:
+                timings: Timings = {}
+                # Dropped indexes stay dropped: keep those phases last.
+                phases: list[tuple[str, list[str], str | None, bool]] = [
+                    ("as shipped", [], None, True),
+                    ("never prepared (custom plans)", [], None, False),
+                    ("ack without state=running", [], _render(ACK_NO_STATE, schemas.conveyor),
+                     True),
+                    ("ack by DELETE", [], _render(DELETE_ACK, schemas.conveyor), True),
+                    ("no finished+lease idx", ["events_finished_idx", "events_lease_idx"],
+                     None, True),
+                ]
+                for label, drops, ack, prepare in phases:
+                    _phase(admin, conn, args.url, schemas, args, timings, label, drops, ack,
+                           prepare)
+            for key, values in timings.items():
+                out[key] = {"median_ms": statistics.median(values[1:] or values),
+                            "batches": len(values)}
+        finally:
+            scratch.drop(admin, schemas)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=os.environ.get("CONVEYOR_DATABASE_URL"))
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not args.url:
+        parser.error("--url (or CONVEYOR_DATABASE_URL) is required")
+    result = run(args)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"batch {args.batch}: median ms per statement (per event in us)")
+    for key, value in result.items():
+        ms = value["median_ms"]
+        print(f"  {key:<50} {ms:7.3f} ms  {ms * 1000 / args.batch:6.1f} us/event"
+              f"  ({value['batches']} batches)")
+    print("pair totals (claim + ack) vs raw (claim + finish) in the same phase:")
+    for label in dict.fromkeys(k.split(":")[0] for k in result):
+        mine = sum(result[f"{label}: conveyor {x}"]["median_ms"] for x in ("claim", "ack"))
+        raw = sum(result[f"{label}: raw {x}"]["median_ms"] for x in ("claim", "finish"))
+        print(f"  {label:<30} conveyor {mine:6.3f} ms  raw {raw:6.3f} ms  ratio {mine / raw:4.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
