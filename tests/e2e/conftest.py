@@ -103,7 +103,8 @@ class _Process:
         return self.proc.poll() is None
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def send(self, sig: int) -> None:
