@@ -237,9 +237,9 @@ async def test_transport_error_on_closed_port(closed_port: int) -> None:
             await client.request("acme", "GET", "/api/filejobs/1")
     assert isinstance(info.value, EngineError)
     assert time.monotonic() - start < 3
-    with EngineClient(config(f"http://127.0.0.1:{closed_port}")) as sync_client:
-        with pytest.raises(EngineTransportError):
-            sync_client.request("acme", "GET", "/api/filejobs/1")
+    with EngineClient(config(f"http://127.0.0.1:{closed_port}")) as sync_client, \
+            pytest.raises(EngineTransportError):
+        sync_client.request("acme", "GET", "/api/filejobs/1")
 
 
 async def test_timeout_is_a_transport_error(silent_server: Silent) -> None:
@@ -303,9 +303,8 @@ async def test_request_refuses_bad_paths_before_any_request(engine: Engine, path
     async with AsyncEngineClient(config(engine.url)) as client:
         with pytest.raises(InvalidInputError):
             await client.request("acme", "GET", path)
-    with EngineClient(config(engine.url)) as sync_client:
-        with pytest.raises(InvalidInputError):
-            sync_client.request("acme", "GET", path)
+    with EngineClient(config(engine.url)) as sync_client, pytest.raises(InvalidInputError):
+        sync_client.request("acme", "GET", path)
     assert engine.requests == []
 
 
