@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor.admin import Admin
+from conveyor.cli import multi
 from conveyor.cli.context import Context, positive_int
 from conveyor.cli.durations import parse_duration
 from conveyor.config import (
@@ -420,4 +421,4 @@ def run_xlsx(ctx: Context, args: argparse.Namespace) -> int:
 
 REGISTRY = [register_migrate, register_worker, register_enqueue, register_status, register_show,
             register_retry, register_cancel, register_prune, register_bench, register_demo,
-            register_xlsx]
+            register_xlsx, *multi.REGISTRY]

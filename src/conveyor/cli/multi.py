@@ -1,0 +1,226 @@
+"""``conveyor worker-multi`` and ``conveyor workflow register|status``.
+
+Thin like the other commands: parse flags and ``CONVEYOR_*`` variables, build
+the configuration, call the library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from conveyor.admin import Admin
+from conveyor.cli.context import Context, positive_int
+from conveyor.cli.durations import parse_duration
+from conveyor.config import (
+    HANDLER_TIMEOUT_DEFAULT,
+    HEARTBEAT_INTERVAL_DEFAULT,
+    POLL_INTERVAL_DEFAULT,
+    SHUTDOWN_TIMEOUT_DEFAULT,
+    WorkerConfig,
+)
+from conveyor.engine_client import AsyncEngineClient, EngineConfig
+from conveyor.errors import ConfigError, InvalidInputError
+from conveyor.multitenant import (
+    RESCAN_INTERVAL_DEFAULT,
+    TENANT_CONCURRENCY_DEFAULT,
+    DirectoryTenants,
+    MultiTenantConfig,
+    MultiTenantWorker,
+    StaticTenants,
+    TenantSource,
+    load_app,
+)
+from conveyor.workflow.adapters import REGISTRATION_TENANT_DEFAULT, HttpWorkflowAdapter
+from conveyor.workflow.publisher import TOPIC_PREFIX_DEFAULT, status_of
+from conveyor.workflow.registry import WorkflowRegistry
+
+Env = Any
+Sub = Any
+
+log = logging.getLogger(__name__)
+
+
+def _add(sub: Sub, name: str, help_text: str, description: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help_text, description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser
+
+
+def import_target(spec: str, flag: str = "--app") -> object:
+    """The object named by ``'module:attribute'`` (the current directory is importable)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidInputError(f"invalid {flag} {spec!r}: expected 'module:attribute'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidInputError(f"cannot import module {module_name!r} for {flag}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise InvalidInputError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return target
+
+
+# -------------------------------------------------------------- worker-multi
+
+def register_worker_multi(sub: Sub, env: Env) -> None:
+    p = _add(sub, "worker-multi", "one worker process for many tenant databases",
+             "Serve every tenant database with its own worker in this process: a list of\n"
+             "--dsn [TENANT=]URL, or --tenants-dir holding <tenant>.dsn files, re-scanned\n"
+             "every --rescan-interval so tenants can be added or removed while it runs.\n"
+             "Each tenant database is migrated when it is added. --app names a Router, or a\n"
+             "function taking a conveyor.multitenant.TenantDatabase and returning one.")
+    p.set_defaults(handler=run_worker_multi)
+    p.add_argument("--app", required=env("APP") is None, default=env("APP"),
+                   metavar="MODULE:ROUTER", help="router or router factory [env CONVEYOR_APP]")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--dsn", action="append", metavar="[TENANT=]URL",
+                       help="a tenant database (repeatable); without TENANT= the database "
+                            "name is the tenant")
+    group.add_argument("--tenants-dir", metavar="DIR",
+                       help="directory of <tenant>.dsn files, each holding one URL")
+    p.add_argument("--concurrency", type=positive_int, default=TENANT_CONCURRENCY_DEFAULT,
+                   help="handlers running at once per tenant (default: %(default)s)")
+    p.add_argument("--rescan-interval", type=parse_duration, default=RESCAN_INTERVAL_DEFAULT,
+                   help="re-read the tenant list this often (default: %(default)ss)")
+    p.add_argument("--poll-interval", type=parse_duration, default=POLL_INTERVAL_DEFAULT,
+                   help="fallback poll per tenant when no NOTIFY arrives (default: %(default)ss)")
+    p.add_argument("--shutdown-timeout", type=parse_duration, default=SHUTDOWN_TIMEOUT_DEFAULT,
+                   help="grace for running handlers on SIGTERM (default: %(default)ss)")
+    p.add_argument("--handler-timeout", type=parse_duration, default=HANDLER_TIMEOUT_DEFAULT,
+                   help="default limit for one handler call (default: %(default)ss)")
+    p.add_argument("--name", default=env("WORKER_NAME"),
+                   help="label shown by status, '/<tenant>' appended (default: host:pid)")
+
+
+def _tenant_source(args: argparse.Namespace) -> TenantSource:
+    if args.tenants_dir:
+        source = DirectoryTenants(args.tenants_dir)
+        source.scan()  # fail now, with the path in the message, if it is not a directory
+        return source
+    return StaticTenants(args.dsn)
+
+
+def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
+    try:
+        app = load_app(import_target(args.app))
+        config = MultiTenantConfig(
+            worker=WorkerConfig(
+                schema=ctx.schema, name=args.name, concurrency=args.concurrency,
+                poll_interval=args.poll_interval, shutdown_timeout=args.shutdown_timeout,
+                handler_timeout=args.handler_timeout,
+                heartbeat_interval=HEARTBEAT_INTERVAL_DEFAULT),
+            rescan_interval=args.rescan_interval)
+        source = _tenant_source(args)
+    except ConfigError as exc:
+        raise InvalidInputError(str(exc)) from None
+    worker = MultiTenantWorker(source, app, config)
+
+    async def serve() -> None:
+        worker.install_signal_handlers()
+        await worker.run()
+
+    asyncio.run(serve())
+    log.info("multi-tenant worker exiting", extra={"action": "exit"})
+    return 0
+
+
+# ------------------------------------------------------------------ workflow
+
+def register_workflow(sub: Sub, env: Env) -> None:
+    p = _add(sub, "workflow", "register workflow definitions; show a workflow event",
+             "Workflow events: 'register' sends a module's object types and triggers to the\n"
+             "workflow engine (idempotent; conflicts exit 1 naming each); 'status' shows one\n"
+             "published event's state, attempts and last error.")
+    wsub = p.add_subparsers(dest="workflow_command", metavar="ACTION", required=True)
+
+    reg = _add(wsub, "register", "register a WorkflowRegistry with the workflow engine",
+               "Register every object type and trigger of --app (a 'module:attribute' naming a\n"
+               "conveyor.workflow.WorkflowRegistry) and print what was created, updated or\n"
+               "unchanged. The HS256 secret comes from CONVEYOR_WORKFLOW_JWT_SECRET only.")
+    reg.set_defaults(handler=run_workflow_register)
+    reg.add_argument("--app", required=True, metavar="MODULE:REGISTRY")
+    reg.add_argument("--engine-url", required=env("WORKFLOW_ENGINE_URL") is None,
+                     default=env("WORKFLOW_ENGINE_URL"),
+                     help="workflow engine base URL [env CONVEYOR_WORKFLOW_ENGINE_URL]")
+    reg.add_argument("--tenant-domain", default=env("WORKFLOW_TENANT_DOMAIN", "workflow.test"),
+                     help="engine's tenant domain [env CONVEYOR_WORKFLOW_TENANT_DOMAIN] "
+                          "(default: %(default)s)")
+    reg.add_argument("--role", default=env("WORKFLOW_ROLE", "conveyor-workflow"),
+                     help="scoped service role [env CONVEYOR_WORKFLOW_ROLE] (default: %(default)s)")
+    reg.add_argument("--audience", default=env("WORKFLOW_AUDIENCE", "workflow"),
+                     help="token audience [env CONVEYOR_WORKFLOW_AUDIENCE] (default: %(default)s)")
+    reg.add_argument("--registration-tenant", default=REGISTRATION_TENANT_DEFAULT,
+                     help="tenant whose Host carries registrations (default: %(default)s)")
+    reg.add_argument("--json", action="store_true", help="print the report as JSON")
+    reg.set_defaults(jwt_secret=env("WORKFLOW_JWT_SECRET"))
+
+    st = _add(wsub, "status", "state, attempts and last error of one workflow event",
+              "Show one published workflow event by id: state, attempts, last error and the\n"
+              "error of every failed attempt.")
+    st.set_defaults(handler=run_workflow_status)
+    st.add_argument("id", help="event id")
+    st.add_argument("--topic-prefix", default=TOPIC_PREFIX_DEFAULT,
+                    help="the publisher's topic prefix (default: %(default)s)")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_workflow_register(ctx: Context, args: argparse.Namespace) -> int:
+    registry = import_target(args.app)
+    if not isinstance(registry, WorkflowRegistry):
+        raise InvalidInputError(
+            f"--app {args.app!r} is a {type(registry).__name__}, not a WorkflowRegistry")
+    if not args.jwt_secret:
+        raise InvalidInputError("set CONVEYOR_WORKFLOW_JWT_SECRET to the engine's HS256 secret")
+    try:
+        config = EngineConfig(base_url=args.engine_url, tenant_domain=args.tenant_domain,
+                              jwt_secret=args.jwt_secret, role=args.role, audience=args.audience)
+    except ConfigError as exc:
+        raise InvalidInputError(str(exc)) from None
+
+    async def register() -> Any:
+        async with AsyncEngineClient(config) as engine:
+            adapter = HttpWorkflowAdapter(engine, registration_tenant=args.registration_tenant)
+            return await registry.register_all(adapter)
+
+    report = asyncio.run(register())
+    if args.json:
+        print(json.dumps(report.to_json()))
+        return 0
+    for label in report.created:
+        print(f"created   {label}")
+    for label in report.updated:
+        print(f"updated   {label}")
+    for label in report.unchanged:
+        print(f"unchanged {label}")
+    print(report.summary())
+    return 0
+
+
+def run_workflow_status(ctx: Context, args: argparse.Namespace) -> int:
+    record = Admin(ctx.schema).show(ctx.connect(), args.id)
+    data = status_of(record, args.topic_prefix).to_json()
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    for key in ("event_id", "trigger", "tenant", "state", "attempts", "max_attempts", "last_error"):
+        value = data[key]
+        print(f"{key:>12}: {'-' if value is None else value}")
+    for e in data["errors"]:
+        print(f"  attempt {e['attempt']} at {e['at']}: {e['error']}")
+    return 0
+
+
+REGISTRY = [register_worker_multi, register_workflow]
