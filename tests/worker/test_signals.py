@@ -133,3 +133,32 @@ async def test_zero_second_signals_make_the_event_due_at_once(fresh_db: str,
     assert calls == 1
     assert await _due_in(fresh_db, event_id) <= 0
     assert (await event_row(fresh_db, event_id))["state"] == "pending"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: RetryAfter/Snooze accept delays PostgreSQL cannot store (inf, 1e13 s); "
+    "event_settle_many then fails with 'interval out of range' and the completer drops the "
+    "whole batch, so every other outcome in it is lost to lease expiry"))
+@pytest.mark.parametrize("signal", [RetryAfter(float("inf")), Snooze(1e13)],
+                         ids=["retry_after_inf", "snooze_huge"])
+async def test_an_out_of_range_delay_does_not_lose_the_other_results_of_its_batch(
+        fresh_db: str, signal: BaseException) -> None:
+    # One handler asks for a delay PostgreSQL cannot represent; the failure of an
+    # unrelated event acknowledged in the same batch must still be recorded.
+    async def handle(event: Event) -> None:
+        if event.topic == "sig.odd":
+            raise signal
+        raise RuntimeError("an ordinary failure")
+
+    router = Router()
+    router.add("sig.*", handle)
+    odd = await enqueue(fresh_db, "sig.odd", max_attempts=5)
+    plain = await enqueue(fresh_db, "sig.plain", max_attempts=5)
+    worker = Worker(fresh_db, router, fast_config(lease_ttl=30, heartbeat_interval=10))
+    try:
+        assert await worker.run_once() == 2
+    finally:
+        await worker.close()
+    row = await event_row(fresh_db, plain)
+    assert row["state"] == "pending" and row["last_error"] == "RuntimeError: an ordinary failure"
+    assert (await event_row(fresh_db, odd))["state"] != "running"
