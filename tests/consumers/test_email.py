@@ -153,6 +153,19 @@ async def test_builtin_welcome_template(consumer: EmailConsumer, smtp_server: Sm
     assert 'href="https://shop.test/login"' in html
 
 
+async def test_non_ascii_and_very_long_lines(consumer: EmailConsumer, smtp_server: SmtpServer) -> None:
+    link = "https://shop.test/verify?t=" + "x" * 5000
+    await send(consumer, make_event(welcome(name="José 🚀 Ñandú", login_url=link)))
+    raw = smtp_server.messages[0].raw
+    assert_crlf_only(raw)
+    assert max(len(line) for line in raw.split(b"\r\n")) <= 998  # RFC 5322 2.1.1
+    raw.decode("ascii")  # headers encoded (RFC 2047), bodies transfer-encoded: no SMTPUTF8 needed
+    msg = parse(raw)
+    assert msg["Subject"] == "Welcome to Shop, José 🚀 Ñandú"
+    assert link in msg.get_body(("plain",)).get_content()
+    assert link in msg.get_body(("html",)).get_content()
+
+
 async def test_message_id_is_deterministic_on_redelivery(consumer: EmailConsumer,
                                                          smtp_server: SmtpServer) -> None:
     first = make_event(verification(), event_id=4242)

@@ -238,6 +238,42 @@ def test_only_tipo_and_monto_matter(tmp_path: Path) -> None:
     assert aggregate_workbook(path).to_json() == {"rows": 2, "total": 3.5, "by_type": {"a": 1, "b": 2.5}}
 
 
+def test_rich_text_strings(tmp_path: Path) -> None:
+    path = tmp_path / "rich.xlsx"
+    wb = xlsxwriter.Workbook(str(path))
+    ws = wb.add_worksheet()
+    bold = wb.add_format({"bold": True})
+    ws.write_rich_string(0, 0, bold, "Ti", "po")   # header in a rich shared string
+    ws.write_string(0, 1, "monto")
+    ws.write_rich_string(1, 0, "ven", bold, "ta")
+    ws.write_number(1, 1, 2)
+    ws.write_string(2, 0, "venta")
+    ws.write_number(2, 1, 3)
+    wb.close()
+    assert aggregate_workbook(path).to_json() == {"rows": 2, "total": 5, "by_type": {"venta": 5}}
+
+
+def test_first_sheet_in_workbook_order_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "two.xlsx"
+    wb = xlsxwriter.Workbook(str(path))
+    first, second = wb.add_worksheet("datos"), wb.add_worksheet("otro")
+    first.write_row(0, 0, ["tipo", "monto"])
+    first.write_row(1, 0, ["a", 1])
+    second.write_row(0, 0, ["tipo", "monto"])
+    second.write_row(1, 0, ["b", 10])
+    second.write_row(2, 0, ["b", 10])
+    wb.close()
+    assert aggregate_workbook(path).to_json() == {"rows": 1, "total": 1, "by_type": {"a": 1}}
+    # Swap the <sheet> elements: the first sheet is now 'otro' (still stored as sheet2.xml).
+    with zipfile.ZipFile(path) as zf:
+        book = zf.read("xl/workbook.xml")
+    sheets = re.findall(rb"<sheet [^>]*/>", book)
+    assert len(sheets) == 2
+    swapped = book.replace(sheets[0], b"\0").replace(sheets[1], sheets[0]).replace(b"\0", sheets[1])
+    other = rewrite(path, tmp_path / "swapped.xlsx", {"xl/workbook.xml": swapped})
+    assert aggregate_workbook(other).to_json() == {"rows": 2, "total": 20, "by_type": {"b": 20}}
+
+
 def test_wrong_dimension_still_reads_every_row(tmp_path: Path) -> None:
     rows = dataset(120)
     good = write_openpyxl(tmp_path / "good.xlsx", rows)
