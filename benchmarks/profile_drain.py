@@ -75,6 +75,9 @@ def report_cpu(label: str, n: int, seconds: float, own: float,
 def profile_conveyor(args: argparse.Namespace, admin: psycopg.Connection[Any],
                      schemas: scratch.Schemas, registry: ProcessRegistry, out: str) -> None:
     launcher: list[str] = ["-m", "conveyor.cli.main"]
+    if args.patch:
+        launcher = [os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                 "patched_worker.py"), args.patch, "--"]
     if args.tool == "cprofile":
         launcher = ["-m", "cProfile", "-o", os.path.join(out, "worker.prof"), *launcher]
     worker = registry.worker(args.url, schemas.conveyor, batch_size=args.batch_size,
@@ -104,7 +107,8 @@ def profile_conveyor(args: argparse.Namespace, admin: psycopg.Connection[Any],
     worker.stop()
     stats = scratch.drain_stats(admin, schemas.conveyor)
     seconds = stats.check(args.events, "conveyor drain")
-    label = (f"conveyor worker batch_size={args.batch_size or 'default'} "
+    patched = f" patched {args.patch}" if args.patch else ""
+    label = (f"conveyor worker{patched} batch_size={args.batch_size or 'default'} "
              f"concurrency={args.concurrency or 'default'}")
     report_cpu(label, args.events, seconds, cpu1 - cpu0,
                {backends[p]: db1[p] - db0.get(p, 0.0) for p in backends})
@@ -185,6 +189,8 @@ def main() -> int:
     parser.add_argument("--tool", choices=["none", "py-spy", "cprofile"], default="none")
     parser.add_argument("--raw-batch", type=int, action="append",
                         help="also profile the raw drainer at this batch (repeatable)")
+    parser.add_argument("--patch", help="run the worker through patched_worker.py with these "
+                        "patches, e.g. ack-no-state+async-commit")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default=None, help="directory for profiles (default: temp)")
     args = parser.parse_args()
