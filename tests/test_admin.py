@@ -40,6 +40,7 @@ def _claim(conn: psycopg.Connection[Any], owner: str, topics: list[str] | None =
            ) -> list[tuple[Any, ...]]:
     return conn.execute(Q["event_claim"], {
         "all_topics": topics is None, "topics": topics or [], "prefixes": [],
+        "all_tenants": True, "tenants": [],
         "limit": 1000, "owner": owner, "lease_ttl": 30}).fetchall()
 
 
@@ -375,6 +376,7 @@ async def adb(aconn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[An
 async def _aclaim_fail(aconn: psycopg.AsyncConnection[Any], event_id: int) -> None:
     owner = str(uuid.uuid4())
     await aconn.execute(Q["event_claim"], {"all_topics": True, "topics": [], "prefixes": [],
+                                           "all_tenants": True, "tenants": [],
                                            "limit": 10, "owner": owner, "lease_ttl": 30})
     await aconn.execute(Q["event_settle_many"], {
         "owner": owner, "ids": [event_id], "attempts": [1], "states": ["failed"],

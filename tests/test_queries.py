@@ -64,7 +64,8 @@ def _insert(conn: Conn, topic: str = "t", *, tenant: str | None = None, key: str
 
 def _claim(conn: Conn, owner: str, limit: int = 100, lease_ttl: float = 30,
            **filter_: Any) -> list[tuple[Any, ...]]:
-    params = {"all_topics": True, "topics": [], "prefixes": [], **filter_}
+    params = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
+              "tenants": [], **filter_}
     return conn.execute(Q["event_claim"], {**params, "limit": limit, "owner": owner,
                                            "lease_ttl": lease_ttl}).fetchall()
 
@@ -412,8 +413,12 @@ def _node_types(plan: Any) -> set[str]:
 
 
 CLAIM_FILTERS = {
-    "all topics": {"all_topics": True, "topics": [], "prefixes": []},
-    "exact and prefix": {"all_topics": False, "topics": ["email.send"], "prefixes": ["sms.%"]},
+    "all topics": {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
+                   "tenants": []},
+    "exact and prefix": {"all_topics": False, "topics": ["email.send"], "prefixes": ["sms.%"],
+                         "all_tenants": True, "tenants": []},
+    "tenants": {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": False,
+                "tenants": ["acme", "globex"]},
 }
 
 
@@ -433,8 +438,10 @@ def million_finished_db(server_url: str, template_db: str) -> Any:
                 SELECT 'email.send', '{}', 'succeeded', 1, now() - interval '2 days',
                        now() - interval '1 day', now() - interval '2 days'
                 FROM generate_series(1, 1000000)""")
-            Producer().enqueue_many(conn, [NewEvent(topic=t) for t in
-                                           ("email.send", "sms.send", "other", "email.send")])
+            Producer().enqueue_many(conn, [
+                NewEvent(topic=t, tenant=tenant) for t, tenant in (
+                    ("email.send", "acme"), ("sms.send", None), ("other", "globex"),
+                    ("email.send", None))])
             conn.execute("ANALYZE conveyor.events")
         yield url
     finally:
@@ -473,3 +480,8 @@ def test_claim_among_a_million_finished_rows_is_fast(
         conn.rollback()
     assert 1 <= len(claimed) <= 4
     assert elapsed < 0.05, f"claim took {elapsed * 1000:.1f} ms"
+
+
+def test_claim_with_tenants_takes_only_those_tenants(db: Conn) -> None:
+    acme, _other, _none = _insert(db, tenant="acme"), _insert(db, tenant="globex"), _insert(db)
+    assert [r[0] for r in _claim(db, _owner(), all_tenants=False, tenants=["acme"])] == [acme]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor import BackoffPolicy, ConfigError
+from conveyor import BackoffPolicy, ConfigError, LinearBackoff, RetryPolicy
 
 
 class FixedRandom(random.Random):
@@ -119,3 +119,26 @@ def test_large_factor_is_capped_not_overflowed() -> None:
 def test_infinite_max_delay_is_refused() -> None:
     with pytest.raises(ConfigError):
         BackoffPolicy(max_delay=math.inf)
+
+
+def test_linear_backoff_defaults_add_ten_seconds_per_attempt() -> None:
+    assert [LinearBackoff().delay(n) for n in (1, 2, 3)] == [10.0, 20.0, 30.0]
+
+
+def test_linear_backoff_is_capped_at_max_delay() -> None:
+    assert LinearBackoff(step=10, max_delay=25).delay(3) == 25.0
+
+
+def test_linear_backoff_attempt_below_one_counts_as_one() -> None:
+    assert LinearBackoff(step=4).delay(0) == 4.0
+
+
+@pytest.mark.parametrize(("field", "value"), [("step", -1), ("max_delay", math.nan)])
+def test_linear_backoff_refuses_negative_or_nan(field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=f"expected {field}"):
+        LinearBackoff(**{field: value})
+
+
+def test_policies_satisfy_the_retry_policy_protocol() -> None:
+    policies: list[RetryPolicy] = [BackoffPolicy(), LinearBackoff()]
+    assert all(p.delay(1) > 0 for p in policies)

@@ -166,7 +166,8 @@ def test_patterns_match_agrees_with_router(patterns: list[str], topic: str,
 
 def _claimed_topics(conn: psycopg.Connection[Any], router: Router) -> set[str]:
     rows = conn.execute(queries_for("conveyor")["event_claim"], {
-        **router.claim_filter(), "limit": 1000, "owner": str(uuid.uuid4()), "lease_ttl": 30,
+        **router.claim_filter(), "all_tenants": True, "tenants": [], "limit": 1000,
+        "owner": str(uuid.uuid4()), "lease_ttl": 30,
     }).fetchall()
     return {r[2] for r in rows}
 
@@ -183,3 +184,20 @@ def test_sql_claim_filter_claims_exactly_what_the_router_handles(
     Producer().enqueue_many(conn, [NewEvent(topic=t) for t in TOPICS])
     router = _router(*patterns)
     assert _claimed_topics(conn, router) == {t for t in TOPICS if router.handles(t)}
+
+
+def test_route_keeps_its_own_backoff_policy() -> None:
+    from conveyor import LinearBackoff
+
+    policy = LinearBackoff(step=3)
+    router = Router()
+
+    @router.route("a", backoff=policy)
+    def work(event: Event) -> None: ...
+
+    route = router.resolve("a")
+    assert route is not None and route.backoff is policy
+
+
+def test_route_without_backoff_defers_to_the_worker() -> None:
+    assert Router().add("a", handler).backoff is None

@@ -361,9 +361,9 @@ def test_drain_fails_when_events_stay_due_past_max_batches(fresh_db: str) -> Non
         drain_sync(fresh_db, _router("x", snooze), max_batches=3)
 
 
-def test_drain_refuses_non_positive_max_batches(fresh_db: str) -> None:
+def test_drain_refuses_non_positive_max_batches(shared_db_url: str) -> None:
     with pytest.raises(ValueError, match="max_batches"):
-        drain_sync(fresh_db, _router("x", lambda event: None), max_batches=0)
+        drain_sync(shared_db_url, _router("x", lambda event: None), max_batches=0)
 
 
 async def test_async_drain_runs_async_handlers(fresh_db: str) -> None:
@@ -377,3 +377,24 @@ async def test_async_drain_runs_async_handlers(fresh_db: str) -> None:
     result = await drain(fresh_db, _router("x", handler), WorkerConfig(batch_size=100))
     assert sorted(seen) == list(range(150))
     assert (result.succeeded, result.batches) == (150, 2)
+
+
+def test_work_event_prefers_the_routes_own_backoff(db: Conn) -> None:
+    from conveyor import LinearBackoff
+
+    def broken(event: Event) -> None:
+        raise RuntimeError("x")
+
+    router = Router()
+    router.add("x", broken, backoff=LinearBackoff(step=7))
+    Producer().enqueue(db, "x", max_attempts=3)
+    assert work_event(db, router, backoff=NO_JITTER) is not None
+    assert_enqueued(db, "x", delay=7, tolerance=0.01)
+
+
+def test_work_event_with_tenants_claims_only_their_events(db: Conn) -> None:
+    Producer().enqueue(db, "x", {"who": "initech"}, tenant="initech", priority=9)
+    Producer().enqueue(db, "x", {"who": "acme"}, tenant="acme")
+    worked = work_event(db, _router("x", lambda event: None), tenants=["acme"])
+    assert worked is not None and worked.event.tenant == "acme"
+    assert work_event(db, _router("x", lambda event: None), tenants=["acme"]) is None

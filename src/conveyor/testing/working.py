@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,10 @@ import psycopg
 from conveyor.admin import Admin, AsyncAdmin
 from conveyor.config import HANDLER_TIMEOUT_DEFAULT
 from conveyor.db.named_queries import Queries, queries_for
-from conveyor.retry import BackoffPolicy
+from conveyor.retry import BackoffPolicy, RetryPolicy
 from conveyor.router import Route, Router
 from conveyor.types import Event, EventRecord, EventState
+from conveyor.validation import check_tenant
 from conveyor.worker.executor import Outcome, run_handler
 
 # The lease only has to outlive the handler: nobody else can see the claim
@@ -52,9 +54,12 @@ class _Claim:
     timeout: float
 
 
-def _claim_params(router: Router, owner: str, timeout: float) -> dict[str, Any]:
-    return {**router.claim_filter(), "limit": 1, "owner": owner,
-            "lease_ttl": timeout + _LEASE_MARGIN}
+def _claim_params(router: Router, owner: str, timeout: float,
+                  tenants: Sequence[str] | None) -> dict[str, Any]:
+    # The same filter a worker with WorkerConfig(tenants=...) uses.
+    chosen = None if tenants is None else [t for t in tenants if check_tenant(t)]
+    return {**router.claim_filter(), "all_tenants": chosen is None, "tenants": chosen or [],
+            "limit": 1, "owner": owner, "lease_ttl": timeout + _LEASE_MARGIN}
 
 
 def _event(row: Any) -> Event:
@@ -83,9 +88,11 @@ def _ack(q: Queries, owner: str, outcome: Outcome) -> tuple[str, dict[str, Any]]
         "tracebacks": [outcome.traceback]}
 
 
-async def _run(claim: _Claim, backoff: BackoffPolicy | None) -> Outcome:
+async def _run(claim: _Claim, backoff: RetryPolicy | None) -> Outcome:
+    # The same precedence as the worker: the route's policy, then the caller's.
+    policy = claim.route.backoff or backoff or BackoffPolicy()
     return await run_handler(claim.route, claim.event, timeout=claim.timeout,
-                             backoff=backoff or BackoffPolicy(), thread_pool=None)
+                             backoff=policy, thread_pool=None)
 
 
 def _no_running_loop() -> None:
@@ -101,8 +108,9 @@ def work_event(
     conn: psycopg.Connection[Any],
     router: Router,
     *,
-    backoff: BackoffPolicy | None = None,
+    backoff: RetryPolicy | None = None,
     timeout: float | None = None,
+    tenants: Sequence[str] | None = None,
     schema: str = "conveyor",
 ) -> WorkedEvent | None:
     """Claim the next due event ``router`` handles, run its handler, write the outcome.
@@ -113,8 +121,12 @@ def work_event(
     while the event row is locked by ``conn``'s transaction: a handler that
     updates the same event row on another connection would wait forever.
 
+    ``backoff`` stands in for the worker's ``WorkerConfig.backoff``: a route's
+    own ``backoff`` still wins, as in a worker. ``tenants`` limits the claim
+    like ``WorkerConfig.tenants``.
+
     Defaults: ``backoff`` ``BackoffPolicy()``, ``timeout`` the route's timeout or
-    300 s, schema ``"conveyor"``.
+    300 s, every tenant, schema ``"conveyor"``.
 
     Example::
 
@@ -128,7 +140,7 @@ def work_event(
     q = queries_for(schema)
     owner = str(uuid.uuid4())
     row = conn.execute(q["event_claim"], _claim_params(
-        router, owner, timeout or HANDLER_TIMEOUT_DEFAULT)).fetchone()
+        router, owner, timeout or HANDLER_TIMEOUT_DEFAULT, tenants)).fetchone()
     if row is None:
         return None
     claim = _prepare(router, owner, row, timeout)
@@ -143,8 +155,9 @@ async def work_event_async(
     conn: psycopg.AsyncConnection[Any],
     router: Router,
     *,
-    backoff: BackoffPolicy | None = None,
+    backoff: RetryPolicy | None = None,
     timeout: float | None = None,
+    tenants: Sequence[str] | None = None,
     schema: str = "conveyor",
 ) -> WorkedEvent | None:
     """The async twin of :func:`work_event`.
@@ -159,7 +172,7 @@ async def work_event_async(
     q = queries_for(schema)
     owner = str(uuid.uuid4())
     cur = await conn.execute(q["event_claim"], _claim_params(
-        router, owner, timeout or HANDLER_TIMEOUT_DEFAULT))
+        router, owner, timeout or HANDLER_TIMEOUT_DEFAULT, tenants))
     row = await cur.fetchone()
     if row is None:
         return None
