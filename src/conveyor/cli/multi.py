@@ -190,6 +190,9 @@ def run_workflow_register(ctx: Context, args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
 
+    # httpx logs every request at INFO; the report below says the same, once.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
     async def register() -> Any:
         async with AsyncEngineClient(config) as engine:
             adapter = HttpWorkflowAdapter(engine, registration_tenant=args.registration_tenant)
