@@ -10,6 +10,17 @@ import sys
 from typing import Any
 
 import psycopg
+from examples.mail_module import registry
+from tests.workflow.conftest import (
+    ROOT,
+    SMALL_BACKOFF,
+    EngineHandle,
+    new_worker,
+    running,
+    show,
+    state_of,
+    wait_for,
+)
 
 from conveyor import EventState, Router
 from conveyor.engine_client import AsyncEngineClient
@@ -21,17 +32,6 @@ from conveyor.workflow import (
     WorkflowDispatcher,
     WorkflowPublisher,
     workflow_idempotency_key,
-)
-from examples.mail_module import registry
-from tests.workflow.conftest import (
-    ROOT,
-    SMALL_BACKOFF,
-    EngineHandle,
-    new_worker,
-    running,
-    show,
-    state_of,
-    wait_for,
 )
 
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from examples.mail_module import registry
+from tests.workflow.conftest import EngineHandle
 
 from conveyor import EventState, Producer
 from conveyor.errors import InvalidInputError
 from conveyor.workflow import AsyncWorkflowPublisher, WorkflowPublisher
-from examples.mail_module import registry
-from tests.workflow.conftest import EngineHandle
 
 FIELDS = {"message_id": "m-1", "thread_id": "t-1", "mailbox": "inbox"}
 
@@ -44,7 +44,7 @@ def test_generic_publish_and_optional_fields(conn: psycopg.Connection[Any]) -> N
 
 
 def test_unregistered_trigger_is_refused_by_name(conn: psycopg.Connection[Any]) -> None:
-    with pytest.raises(InvalidInputError, match="trigger 'mail.sent' is not registered in 'mail'"):
+    with pytest.raises(InvalidInputError, match=r"trigger 'mail\.sent' is not registered in 'mail'"):
         WorkflowPublisher(registry).publish(conn, "mail.sent", tenant="acme", message_id="m")
 
 
@@ -55,7 +55,7 @@ def test_unknown_publish_method_is_an_attribute_error() -> None:
 
 def test_missing_declared_fields_are_named(conn: psycopg.Connection[Any]) -> None:
     with pytest.raises(InvalidInputError,
-                       match="'mail.received' payload lacks declared field\\(s\\): thread_id, mailbox"):
+                       match=r"'mail\.received' payload lacks declared field\(s\): thread_id, mailbox"):
         WorkflowPublisher(registry).publish_received(conn, tenant="acme", message_id="m-1")
 
 

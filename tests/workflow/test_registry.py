@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+from examples.mail_module import registry as mail_registry
+from tests.workflow.conftest import JWT_SECRET, ROOT, EngineHandle
 
 from conveyor.engine_client import AsyncEngineClient
 from conveyor.errors import ConfigError, InvalidInputError
@@ -19,8 +21,6 @@ from conveyor.workflow import (
     WorkflowError,
     WorkflowRegistry,
 )
-from examples.mail_module import registry as mail_registry
-from tests.workflow.conftest import JWT_SECRET, ROOT, EngineHandle
 
 MAIL_LABELS = ["object_type:message", "object_type:thread", "trigger:mail.received",
                "trigger:mail.delivery_failed", "trigger:mail.deadline_reached"]
@@ -60,7 +60,7 @@ def test_duplicate_declarations_are_refused() -> None:
     registry = _mail()
     with pytest.raises(ConfigError, match="object type 'message' is already declared"):
         registry.object_type("message")
-    with pytest.raises(ConfigError, match="trigger 'mail.received' is already declared"):
+    with pytest.raises(ConfigError, match=r"trigger 'mail\.received' is already declared"):
         registry.trigger("mail.received", object_type="message")
 
 
