@@ -6,6 +6,7 @@ LISTEN/NOTIFY uses a ``fresh_db`` of its own.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -474,3 +475,58 @@ async def test_async_committing_producer_refuses_bad_input(fresh_db: str) -> Non
         with pytest.raises(InvalidInputError):
             await producer.enqueue("bad topic")
         assert len(await producer.enqueue_many([NewEvent(topic="ok")])) == 1
+
+
+# ------------------------------------------ idempotency across open transactions
+
+def _enqueue_in_thread(url: str, key: str, out: list[int]) -> threading.Thread:
+    def run() -> None:
+        with psycopg.connect(url) as conn:
+            out.append(Producer().enqueue(conn, "x", idempotency_key=key))
+            conn.commit()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _waiting_on_lock(url: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                           " AND wait_event_type = 'Lock'").fetchone()
+        return bool(row and row[0])
+
+
+def _wait_until_blocked(url: str) -> None:
+    deadline = time.monotonic() + 10
+    while not _waiting_on_lock(url):
+        assert time.monotonic() < deadline, "second enqueue never waited for the first"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_same_key_in_concurrent_transaction_waits_and_returns_the_committed_id(
+    fresh_db: str,
+) -> None:
+    got: list[int] = []
+    with psycopg.connect(fresh_db) as first:
+        first_id = Producer().enqueue(first, "x", idempotency_key="race")
+        thread = _enqueue_in_thread(fresh_db, "race", got)
+        _wait_until_blocked(fresh_db)
+        first.commit()
+    thread.join(timeout=10)
+    assert got == [first_id]
+
+
+@pytest.mark.slow
+def test_same_key_after_concurrent_rollback_writes_its_own_event(fresh_db: str) -> None:
+    got: list[int] = []
+    with psycopg.connect(fresh_db) as first:
+        first_id = Producer().enqueue(first, "x", idempotency_key="race")
+        thread = _enqueue_in_thread(fresh_db, "race", got)
+        _wait_until_blocked(fresh_db)
+        first.rollback()
+    thread.join(timeout=10)
+    assert len(got) == 1 and got[0] != first_id
+    with psycopg.connect(fresh_db) as conn:
+        assert _rows(conn, got)[0][6] == "race" and _count(conn) == 1
