@@ -9,14 +9,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from conveyor import AsyncCommittingProducer, BackoffPolicy, NewEvent, Router, Worker, WorkerConfig
+
+WORKER_BACKENDS = ("SELECT count(*) FROM pg_stat_activity "
+                   "WHERE datname = current_database() AND application_name LIKE 'conveyor-%'")
+
+
+@pytest.fixture(scope="module")
+def module_db(server_url: str, template_db: str) -> Iterator[str]:
+    """A migrated database for one test module (creating one per test costs ~1 s)."""
+    name = f"conveyor_w_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'.encode())
+    yield make_conninfo(server_url, dbname=name)
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+@pytest.fixture
+def db(module_db: str) -> Iterator[str]:
+    """The module's database, emptied for this test; tests commit freely in it.
+
+    Afterwards every worker of the test must have let go of its connections.
+    """
+    with psycopg.connect(module_db, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '5s'")
+        conn.execute("TRUNCATE conveyor.events, conveyor.workers RESTART IDENTITY")
+    yield module_db
+    with psycopg.connect(module_db, autocommit=True) as conn:
+        deadline = time.monotonic() + 3
+        while True:
+            row = conn.execute(WORKER_BACKENDS).fetchone()
+            if row is None or row[0] == 0:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"{row[0]} worker connections still open after the test")
+            time.sleep(0.02)
+
 
 FAST_BACKOFF = BackoffPolicy(base_delay=0.01, max_delay=0.05, jitter=0.0)
 

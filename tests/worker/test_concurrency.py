@@ -53,35 +53,35 @@ async def _drain_sampling(url: str, **config: Any) -> tuple[int, list[int]]:
     return peak, samples
 
 
-async def test_never_more_handlers_at_once_than_concurrency(fresh_db: str) -> None:
-    peak, samples = await _drain_sampling(fresh_db)
+async def test_never_more_handlers_at_once_than_concurrency(db: str) -> None:
+    peak, samples = await _drain_sampling(db)
     assert peak == 3, f"handlers at once peaked at {peak}"
     assert 3 in samples
 
 
-async def test_never_more_running_rows_than_concurrency(fresh_db: str) -> None:
+async def test_never_more_running_rows_than_concurrency(db: str) -> None:
     # A slot is held until the result is acknowledged, not merely until the handler
     # returns; a wide ack_interval makes any early release show up in the samples.
-    _peak, samples = await _drain_sampling(fresh_db, ack_interval=0.1)
+    _peak, samples = await _drain_sampling(db, ack_interval=0.1)
     assert max(samples) <= 3, f"running rows peaked at {max(samples)}"
 
 
-async def test_run_once_claims_no_more_than_free_slots(fresh_db: str) -> None:
+async def test_run_once_claims_no_more_than_free_slots(db: str) -> None:
     async def handle(event: Event) -> None:
         pass
 
     router = Router()
     router.add("job", handle)
-    await enqueue_many(fresh_db, [NewEvent(topic="job") for _ in range(10)])
-    worker = Worker(fresh_db, router, fast_config(concurrency=3, batch_size=10))
+    await enqueue_many(db, [NewEvent(topic="job") for _ in range(10)])
+    worker = Worker(db, router, fast_config(concurrency=3, batch_size=10))
     try:
         assert await worker.run_once() == 3
-        assert Counter((await states(fresh_db)).values()) == {"succeeded": 3, "pending": 7}
+        assert Counter((await states(db)).values()) == {"succeeded": 3, "pending": 7}
     finally:
         await worker.close()
 
 
-async def test_many_workers_drain_every_event_exactly_once(fresh_db: str) -> None:
+async def test_many_workers_drain_every_event_exactly_once(db: str) -> None:
     total = 2000
     calls: list[tuple[str, int]] = []
 
@@ -91,25 +91,25 @@ async def test_many_workers_drain_every_event_exactly_once(fresh_db: str) -> Non
             await asyncio.sleep(0)
         return handle
 
-    ids = await enqueue_many(fresh_db, [NewEvent(topic="race.run", payload={"n": n})
+    ids = await enqueue_many(db, [NewEvent(topic="race.run", payload={"n": n})
                                         for n in range(total)])
     workers = []
     for n in range(4):
         router = Router()
         router.add("race.*", make_handler(f"w{n}"))
-        workers.append(Worker(fresh_db, router,
+        workers.append(Worker(db, router,
                               fast_config(concurrency=25, batch_size=25, poll_interval=0.1)))
     async with contextlib.AsyncExitStack() as stack:
         for worker in workers:
             await stack.enter_async_context(running(worker))
-        final = await wait_all_in(fresh_db, {"succeeded"}, timeout=40)
+        final = await wait_all_in(db, {"succeeded"}, timeout=40)
     per_event = Counter(event_id for _, event_id in calls)
     assert set(per_event) == set(ids)
     duplicates = {event_id: n for event_id, n in per_event.items() if n != 1}
     assert duplicates == {}
     assert len(calls) == total
     assert set(final) == set(ids) and set(final.values()) == {"succeeded"}
-    rows = await query(fresh_db, "SELECT count(*) AS n FROM conveyor.events WHERE attempts <> 1")
+    rows = await query(db, "SELECT count(*) AS n FROM conveyor.events WHERE attempts <> 1")
     assert rows[0]["n"] == 0
     assert sum(w.stats.succeeded for w in workers) == total
     assert sum(1 for w in workers if w.stats.claimed) >= 2, "only one worker ever claimed"

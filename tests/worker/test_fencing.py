@@ -51,20 +51,20 @@ def _snapshot(row: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(("late", "winner"), [("ok", "fail"), ("fail", "ok")],
                          ids=["late_success_after_new_failure", "late_failure_after_new_success"])
 async def test_late_outcome_of_a_rescued_attempt_does_not_overwrite_the_new_owner(
-        fresh_db: str, late: str, winner: str) -> None:
-    event_id = await enqueue(fresh_db, "fence.job", max_attempts=5)
+        db: str, late: str, winner: str) -> None:
+    event_id = await enqueue(db, "fence.job", max_attempts=5)
     gate_a, gate_b = asyncio.Event(), asyncio.Event()
     gate_b.set()
     calls_a: list[int] = []
     calls_b: list[int] = []
-    worker_a = Worker(fresh_db, _gated_router(gate_a, late, calls_a), fast_config())
-    worker_b = Worker(fresh_db, _gated_router(gate_b, winner, calls_b), fast_config())
+    worker_a = Worker(db, _gated_router(gate_a, late, calls_a), fast_config())
+    worker_b = Worker(db, _gated_router(gate_b, winner, calls_b), fast_config())
     run_a = asyncio.create_task(worker_a.run_once())
     try:
-        await _claimed_by(fresh_db, event_id, worker_a)
-        await _expire_and_rescue(fresh_db, event_id, worker_b)
+        await _claimed_by(db, event_id, worker_a)
+        await _expire_and_rescue(db, event_id, worker_b)
         assert await worker_b.run_once() == 1
-        settled_by_b = _snapshot(await event_row(fresh_db, event_id))
+        settled_by_b = _snapshot(await event_row(db, event_id))
         gate_a.set()
         assert await asyncio.wait_for(run_a, 5) == 1
     finally:
@@ -72,7 +72,7 @@ async def test_late_outcome_of_a_rescued_attempt_does_not_overwrite_the_new_owne
         await worker_a.close()
         await worker_b.close()
     assert calls_a == [1] and calls_b == [2]
-    after = _snapshot(await event_row(fresh_db, event_id))
+    after = _snapshot(await event_row(db, event_id))
     assert after == settled_by_b
     assert after["attempts"] == 2
     assert after["state"] == ("succeeded" if winner == "ok" else "pending")
@@ -86,21 +86,21 @@ async def test_late_outcome_of_a_rescued_attempt_does_not_overwrite_the_new_owne
 
 
 async def test_late_outcome_while_the_new_owner_still_runs_leaves_it_running(
-        fresh_db: str) -> None:
-    event_id = await enqueue(fresh_db, "fence.job", max_attempts=5)
+        db: str) -> None:
+    event_id = await enqueue(db, "fence.job", max_attempts=5)
     gate_a, gate_b = asyncio.Event(), asyncio.Event()
-    worker_a = Worker(fresh_db, _gated_router(gate_a, "ok", []), fast_config())
-    worker_b = Worker(fresh_db, _gated_router(gate_b, "fail", []), fast_config())
+    worker_a = Worker(db, _gated_router(gate_a, "ok", []), fast_config())
+    worker_b = Worker(db, _gated_router(gate_b, "fail", []), fast_config())
     run_a = asyncio.create_task(worker_a.run_once())
     run_b: asyncio.Task[int] | None = None
     try:
-        await _claimed_by(fresh_db, event_id, worker_a)
-        await _expire_and_rescue(fresh_db, event_id, worker_b)
+        await _claimed_by(db, event_id, worker_a)
+        await _expire_and_rescue(db, event_id, worker_b)
         run_b = asyncio.create_task(worker_b.run_once())
-        await _claimed_by(fresh_db, event_id, worker_b)
+        await _claimed_by(db, event_id, worker_b)
         gate_a.set()
         assert await asyncio.wait_for(run_a, 5) == 1
-        row = await event_row(fresh_db, event_id)
+        row = await event_row(db, event_id)
         assert row["state"] == "running" and row["owner"] == worker_b.id
         assert row["attempts"] == 2
         gate_b.set()
@@ -110,14 +110,14 @@ async def test_late_outcome_while_the_new_owner_still_runs_leaves_it_running(
         gate_b.set()
         await worker_a.close()
         await worker_b.close()
-    row = await event_row(fresh_db, event_id)
+    row = await event_row(db, event_id)
     assert row["state"] == "pending" and row["attempts"] == 2
     assert row["last_error"] == "RuntimeError: failed on attempt 2"
     assert worker_a.completer.stale == 1
 
 
 async def test_heartbeat_notices_a_lost_lease_and_cancels_the_stale_handler(
-        fresh_db: str) -> None:
+        db: str) -> None:
     started = asyncio.Event()
     cancelled = asyncio.Event()
     ran: list[str] = []
@@ -134,33 +134,33 @@ async def test_heartbeat_notices_a_lost_lease_and_cancels_the_stale_handler(
 
     router = Router()
     router.add("lease.*", handle)
-    worker = Worker(fresh_db, router, fast_config(concurrency=1))
+    worker = Worker(db, router, fast_config(concurrency=1))
     thief = str(uuid.uuid4())
     async with running(worker):
-        event_id = await enqueue(fresh_db, "lease.long")
+        event_id = await enqueue(db, "lease.long")
         await asyncio.wait_for(started.wait(), 5)
         # Another worker took it over (after a rescue); its lease is long, so this
         # worker's own rescuer leaves it alone.
-        await query(fresh_db, "UPDATE conveyor.events SET lease_owner = %s, "
+        await query(db, "UPDATE conveyor.events SET lease_owner = %s, "
                               "lease_expires_at = now() + interval '1 minute' WHERE id = %s",
                     (thief, event_id))
         await asyncio.wait_for(cancelled.wait(), 3)
         assert worker.stats.lost == 1
         assert worker.in_flight == 0
         # The slot came back: with concurrency 1, another event can run.
-        other = await enqueue(fresh_db, "lease.short")
+        other = await enqueue(db, "lease.short")
 
         async def other_done() -> bool:
-            return (await event_row(fresh_db, other))["state"] == "succeeded"
+            return (await event_row(db, other))["state"] == "succeeded"
         await wait_until(other_done, timeout=3, what="the next event to run in the freed slot")
-    row = await event_row(fresh_db, event_id)
+    row = await event_row(db, event_id)
     # The stale worker wrote nothing: the new owner's claim stands untouched.
     assert row["state"] == "running" and row["owner"] == thief
     assert row["errors"] == [] and row["attempts"] == 1
     assert ran == ["lease.long", "lease.short"]
 
 
-async def test_rescue_requeues_expired_leases_and_parks_spent_ones(fresh_db: str) -> None:
+async def test_rescue_requeues_expired_leases_and_parks_spent_ones(db: str) -> None:
     ran: list[int] = []
 
     async def handle(event: Event) -> None:
@@ -169,48 +169,48 @@ async def test_rescue_requeues_expired_leases_and_parks_spent_ones(fresh_db: str
     router = Router()
     router.add("crash.*", handle)
     dead = str(uuid.uuid4())
-    spent = await enqueue(fresh_db, "crash.spent", max_attempts=2)
-    retry = await enqueue(fresh_db, "crash.retry", max_attempts=2)
+    spent = await enqueue(db, "crash.spent", max_attempts=2)
+    retry = await enqueue(db, "crash.retry", max_attempts=2)
     # What a worker killed mid-attempt leaves behind.
-    await query(fresh_db, "UPDATE conveyor.events SET state = 'running', attempts = "
+    await query(db, "UPDATE conveyor.events SET state = 'running', attempts = "
                           "CASE WHEN id = %s THEN 2 ELSE 1 END, lease_owner = %s, "
                           "lease_expires_at = now() - interval '1 second', attempted_at = now() "
                           "WHERE id IN (%s, %s)", (spent, dead, spent, retry))
-    worker = Worker(fresh_db, router, fast_config(poll_interval=30))
+    worker = Worker(db, router, fast_config(poll_interval=30))
     start = time.monotonic()
     async with running(worker):
         async def settled() -> bool:
-            return ((await event_row(fresh_db, spent))["state"] == "failed"
-                    and (await event_row(fresh_db, retry))["state"] == "succeeded")
+            return ((await event_row(db, spent))["state"] == "failed"
+                    and (await event_row(db, retry))["state"] == "succeeded")
         await wait_until(settled, timeout=3, what="rescue of both events")
     # The requeued event ran well before the 30 s poll: the rescue's NOTIFY woke us.
     assert time.monotonic() - start < 3
     assert ran == [retry]
-    parked = await event_row(fresh_db, spent)
+    parked = await event_row(db, spent)
     assert parked["attempts"] == 2 and parked["finished_at"] is not None
     assert parked["lease_owner"] is None
     assert parked["last_error"].startswith("lease expired")
     assert [e["attempt"] for e in parked["errors"]] == [2]
     assert "lease expired" in parked["errors"][0]["error"]
     assert parked["errors"][0]["worker"] == dead
-    rerun = await event_row(fresh_db, retry)
+    rerun = await event_row(db, retry)
     assert rerun["attempts"] == 2
     assert [e["worker"] for e in rerun["errors"]] == [dead]
     assert worker.stats.rescued == 2
 
 
-async def test_rescue_leaves_live_leases_alone(fresh_db: str) -> None:
-    event_id = await enqueue(fresh_db, "crash.alive")
+async def test_rescue_leaves_live_leases_alone(db: str) -> None:
+    event_id = await enqueue(db, "crash.alive")
     owner = str(uuid.uuid4())
-    await query(fresh_db, "UPDATE conveyor.events SET state = 'running', attempts = 1, "
+    await query(db, "UPDATE conveyor.events SET state = 'running', attempts = 1, "
                           "lease_owner = %s, lease_expires_at = now() + interval '1 minute' "
                           "WHERE id = %s", (owner, event_id))
     router = Router()
     router.add("crash.*", lambda event: None)
-    worker = Worker(fresh_db, router, fast_config())
-    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+    worker = Worker(db, router, fast_config())
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
         assert await worker.maintenance.rescue(conn) == (0, 0)
-    row = await event_row(fresh_db, event_id)
+    row = await event_row(db, event_id)
     assert row["state"] == "running" and row["owner"] == owner and row["errors"] == []
 
 
@@ -221,7 +221,7 @@ async def test_rescue_leaves_live_leases_alone(fresh_db: str) -> None:
     "(`event.id in self._running` is false): the event stays 'running' until its lease "
     "expires and runs yet again"))
 async def test_reclaiming_an_event_still_running_here_keeps_the_new_attempt(
-        fresh_db: str) -> None:
+        db: str) -> None:
     # This worker's lease lapsed unnoticed (e.g. its upkeep connection was down
     # for longer than lease_ttl); the event was rescued, and this same worker
     # claims it again while attempt 1 is still running.
@@ -234,18 +234,18 @@ async def test_reclaiming_an_event_still_running_here_keeps_the_new_attempt(
 
     router = Router()
     router.add("fence.*", handle)
-    event_id = await enqueue(fresh_db, "fence.job", max_attempts=5)
+    event_id = await enqueue(db, "fence.job", max_attempts=5)
     # Long lease, rare heartbeats: nothing but this test moves the row.
-    worker = Worker(fresh_db, router, fast_config(lease_ttl=30, heartbeat_interval=20,
+    worker = Worker(db, router, fast_config(lease_ttl=30, heartbeat_interval=20,
                                                   rescue_interval=20))
     try:
         async with running(worker):
-            await _claimed_by(fresh_db, event_id, worker)
+            await _claimed_by(db, event_id, worker)
             # What a rescuer does, plus the NOTIFY that wakes this worker at once.
-            await query(fresh_db, "UPDATE conveyor.events SET state = 'pending', "
+            await query(db, "UPDATE conveyor.events SET state = 'pending', "
                                   "lease_owner = NULL, lease_expires_at = NULL, run_at = now() "
                                   "WHERE id = %s", (event_id,))
-            await query(fresh_db, "SELECT pg_notify('conveyor.events', '*')")
+            await query(db, "SELECT pg_notify('conveyor.events', '*')")
 
             async def reclaimed() -> bool:
                 return calls == [1, 2]
@@ -255,10 +255,10 @@ async def test_reclaiming_an_event_still_running_here_keeps_the_new_attempt(
             gates[2].set()                       # ... then the live one succeeds
 
             async def succeeded() -> bool:
-                return (await event_row(fresh_db, event_id))["state"] == "succeeded"
+                return (await event_row(db, event_id))["state"] == "succeeded"
             await wait_until(succeeded, timeout=2, what="attempt 2's success to be written")
     finally:
         for gate in gates.values():
             gate.set()
-    row = await event_row(fresh_db, event_id)
+    row = await event_row(db, event_id)
     assert row["attempts"] == 2 and calls == [1, 2]

@@ -41,42 +41,42 @@ async def _wait_calls(starts: dict[str, list[float]], topic: str, n: int, timeou
         await asyncio.sleep(0.01)
 
 
-async def test_notify_wakes_an_idle_worker_at_once(fresh_db: str) -> None:
+async def test_notify_wakes_an_idle_worker_at_once(db: str) -> None:
     starts: dict[str, list[float]] = {}
-    worker = Worker(fresh_db, _timed_router("mail.*", starts), fast_config(poll_interval=SLOW_POLL))
+    worker = Worker(db, _timed_router("mail.*", starts), fast_config(poll_interval=SLOW_POLL))
     async with running(worker):
         await _idle(worker)
         for _ in range(3):
             sent = time.time()
-            await enqueue(fresh_db, "mail.send")
+            await enqueue(db, "mail.send")
             await _wait_calls(starts, "mail.send", len(starts.get("mail.send", [])) + 1, 2)
             assert starts["mail.send"][-1] - sent < 0.5
     assert worker.listener.notifications >= 3
 
 
-async def test_delayed_event_runs_when_due_not_before_and_not_at_next_poll(fresh_db: str) -> None:
+async def test_delayed_event_runs_when_due_not_before_and_not_at_next_poll(db: str) -> None:
     starts: dict[str, list[float]] = {}
-    worker = Worker(fresh_db, _timed_router("mail.*", starts), fast_config(poll_interval=SLOW_POLL))
+    worker = Worker(db, _timed_router("mail.*", starts), fast_config(poll_interval=SLOW_POLL))
     async with running(worker):
         await _idle(worker)
         sent = time.time()
-        event_id = await enqueue(fresh_db, "mail.later", delay=1.0)
+        event_id = await enqueue(db, "mail.later", delay=1.0)
         await _wait_calls(starts, "mail.later", 1, 2.5)
-    row = await event_row(fresh_db, event_id)
+    row = await event_row(db, event_id)
     started = starts["mail.later"][0]
     assert started >= row["run_at"].timestamp()           # not before it is due
     assert 0.95 <= started - sent < 1.5                    # and not at the 30 s poll
     assert row["state"] == "succeeded"
 
 
-async def test_each_of_two_delayed_events_runs_at_its_own_due_time(fresh_db: str) -> None:
+async def test_each_of_two_delayed_events_runs_at_its_own_due_time(db: str) -> None:
     starts: dict[str, list[float]] = {}
-    worker = Worker(fresh_db, _timed_router("mail.*", starts), fast_config(poll_interval=SLOW_POLL))
+    worker = Worker(db, _timed_router("mail.*", starts), fast_config(poll_interval=SLOW_POLL))
     async with running(worker):
         await _idle(worker)
         sent = time.time()
-        await enqueue(fresh_db, "mail.second", delay=1.2)
-        await enqueue(fresh_db, "mail.first", delay=0.4)
+        await enqueue(db, "mail.second", delay=1.2)
+        await enqueue(db, "mail.first", delay=0.4)
         await _wait_calls(starts, "mail.first", 1, 1.5)
         await _wait_calls(starts, "mail.second", 1, 1.5)
     assert 0.35 <= starts["mail.first"][0] - sent < 0.9
@@ -85,29 +85,29 @@ async def test_each_of_two_delayed_events_runs_at_its_own_due_time(fresh_db: str
 
 @pytest.mark.parametrize("signal", [None, RetryAfter(0.3), Snooze(0.3)],
                          ids=["backoff", "retry_after", "snooze"])
-async def test_retry_runs_when_due_without_waiting_for_a_poll(fresh_db: str,
+async def test_retry_runs_when_due_without_waiting_for_a_poll(db: str,
                                                              signal: Any) -> None:
     starts: dict[str, list[float]] = {}
     raised = signal if signal is not None else RuntimeError("first attempt fails")
     config = fast_config(poll_interval=SLOW_POLL,
                          backoff=BackoffPolicy(base_delay=0.3, max_delay=0.3, jitter=0))
-    worker = Worker(fresh_db, _timed_router("job.*", starts, raised), config)
+    worker = Worker(db, _timed_router("job.*", starts, raised), config)
     async with running(worker):
         await _idle(worker)
-        await enqueue(fresh_db, "job.flaky")
+        await enqueue(db, "job.flaky")
         await _wait_calls(starts, "job.flaky", 2, 1.5)
     first, second = starts["job.flaky"]
     assert 0.25 <= second - first < 1.0
 
 
 @pytest.mark.parametrize("signal", [RetryAfter(0), Snooze(0)], ids=["retry_after", "snooze"])
-async def test_zero_delay_retry_runs_again_at_once(fresh_db: str, signal: Any) -> None:
+async def test_zero_delay_retry_runs_again_at_once(db: str, signal: Any) -> None:
     starts: dict[str, list[float]] = {}
-    worker = Worker(fresh_db, _timed_router("job.*", starts, signal),
+    worker = Worker(db, _timed_router("job.*", starts, signal),
                     fast_config(poll_interval=SLOW_POLL))
     async with running(worker):
         await _idle(worker)
-        await enqueue(fresh_db, "job.flaky")
+        await enqueue(db, "job.flaky")
         await _wait_calls(starts, "job.flaky", 2, 1.5)
     first, second = starts["job.flaky"]
     assert second - first < 0.5

@@ -29,40 +29,40 @@ async def _ids(url: str) -> set[int]:
     return {r["id"] for r in await query(url, "SELECT id FROM conveyor.events")}
 
 
-async def test_prune_deletes_old_succeeded_and_cancelled_but_never_failed(fresh_db: str) -> None:
-    old_ok = await _fabricate(fresh_db, "succeeded", "2 hours")
-    old_cancelled = await _fabricate(fresh_db, "cancelled", "2 hours")
-    old_failed = await _fabricate(fresh_db, "failed", "30 days")
-    new_ok = await _fabricate(fresh_db, "succeeded", "10 minutes")
-    pending = await enqueue(fresh_db, "prune.pending")
-    await query(fresh_db, "UPDATE conveyor.events SET created_at = now() - interval '30 days' "
+async def test_prune_deletes_old_succeeded_and_cancelled_but_never_failed(db: str) -> None:
+    old_ok = await _fabricate(db, "succeeded", "2 hours")
+    old_cancelled = await _fabricate(db, "cancelled", "2 hours")
+    old_failed = await _fabricate(db, "failed", "30 days")
+    new_ok = await _fabricate(db, "succeeded", "10 minutes")
+    pending = await enqueue(db, "prune.pending")
+    await query(db, "UPDATE conveyor.events SET created_at = now() - interval '30 days' "
                           "WHERE id = %s", (pending,))
-    worker = _worker(fresh_db, retention=3600)
-    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+    worker = _worker(db, retention=3600)
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
         assert await worker.maintenance.prune(conn) == 2
         assert await worker.maintenance.prune(conn) == 0
-    assert await _ids(fresh_db) == {old_failed, new_ok, pending}
-    assert old_ok not in await _ids(fresh_db) and old_cancelled not in await _ids(fresh_db)
+    assert await _ids(db) == {old_failed, new_ok, pending}
+    assert old_ok not in await _ids(db) and old_cancelled not in await _ids(db)
 
 
-async def test_prune_without_retention_keeps_everything(fresh_db: str) -> None:
-    ids = {await _fabricate(fresh_db, state, "400 days")
+async def test_prune_without_retention_keeps_everything(db: str) -> None:
+    ids = {await _fabricate(db, state, "400 days")
            for state in ("succeeded", "cancelled", "failed")}
-    worker = _worker(fresh_db, retention=None)
-    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+    worker = _worker(db, retention=None)
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
         assert await worker.maintenance.prune(conn) == 0
-    assert await _ids(fresh_db) == ids
+    assert await _ids(db) == ids
 
 
-async def test_prune_removes_registry_rows_of_long_silent_workers(fresh_db: str) -> None:
+async def test_prune_removes_registry_rows_of_long_silent_workers(db: str) -> None:
     silent, recent = str(uuid.uuid4()), str(uuid.uuid4())
-    await query(fresh_db, "INSERT INTO conveyor.workers (id, name, host, pid, topics, "
+    await query(db, "INSERT INTO conveyor.workers (id, name, host, pid, topics, "
                           "concurrency, heartbeat_at) VALUES "
                           "(%s, 'gone', 'h', 1, '{a}', 1, now() - interval '2 hours'), "
                           "(%s, 'alive', 'h', 2, '{a}', 1, now() - interval '1 minute')",
                 (silent, recent))
-    worker = _worker(fresh_db, retention=3600)
-    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+    worker = _worker(db, retention=3600)
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
         await worker.maintenance.prune(conn)
-    rows = await query(fresh_db, "SELECT id::text AS id FROM conveyor.workers")
+    rows = await query(db, "SELECT id::text AS id FROM conveyor.workers")
     assert [r["id"] for r in rows] == [recent]

@@ -21,7 +21,7 @@ TERMINATE_IN = ("SELECT pg_terminate_backend(pid) AS killed FROM pg_stat_activit
                 "WHERE datname = %s AND application_name LIKE 'conveyor-%%'")
 
 
-async def test_worker_survives_all_its_connections_being_terminated(fresh_db: str) -> None:
+async def test_worker_survives_all_its_connections_being_terminated(db: str) -> None:
     handled: list[int] = []
     woken: list[float] = []
 
@@ -35,8 +35,8 @@ async def test_worker_survives_all_its_connections_being_terminated(fresh_db: st
     router = Router()
     router.add("cut.*", handle)
     total = 200
-    ids = await enqueue_many(fresh_db, [NewEvent(topic="cut.drain") for _ in range(total)])
-    worker = Worker(fresh_db, router,
+    ids = await enqueue_many(db, [NewEvent(topic="cut.drain") for _ in range(total)])
+    worker = Worker(db, router,
                     fast_config(concurrency=5, batch_size=5, poll_interval=30))
     managed = {"fetch": worker._fetch_conn, "ack": worker._ack_conn,
                "upkeep": worker._upkeep_conn, "listen": worker._listen_conn}
@@ -44,12 +44,12 @@ async def test_worker_survives_all_its_connections_being_terminated(fresh_db: st
         async def some_done() -> bool:
             return len(handled) >= 30
         await wait_until(some_done, timeout=5, what="the drain to get going")
-        killed = await query(fresh_db, TERMINATE)
+        killed = await query(db, TERMINATE)
         assert len(killed) == 4 and all(r["killed"] for r in killed)
         assert len(handled) < total, "the drain finished before the cut"
 
         async def all_done() -> bool:
-            current = await states(fresh_db)
+            current = await states(db)
             return all(current[i] == "succeeded" for i in ids)
         await wait_until(all_done, timeout=15, what="every event to succeed after the cut")
         assert not task.done()
@@ -60,13 +60,13 @@ async def test_worker_survives_all_its_connections_being_terminated(fresh_db: st
         await asyncio.wait_for(worker.listener.connected.wait(), 3)
         await asyncio.sleep(0.1)  # let the LISTEN statement finish on the new connection
         sent = time.time()
-        wake_id = await enqueue(fresh_db, "cut.wake")
+        wake_id = await enqueue(db, "cut.wake")
 
         async def woke() -> bool:
             return bool(woken)
         await wait_until(woke, timeout=2, what="a NOTIFY to wake the reconnected worker")
         assert woken[0] - sent < 1.0
-    assert (await event_row(fresh_db, wake_id))["state"] == "succeeded"
+    assert (await event_row(db, wake_id))["state"] == "succeeded"
     assert set(handled) == set(ids) and len(handled) == total
 
 

@@ -23,7 +23,7 @@ async def _untouched(url: str, event_id: int) -> None:
     assert row["attempted_at"] is None and row["lease_owner"] is None
 
 
-async def test_worker_never_claims_topics_outside_its_router(fresh_db: str) -> None:
+async def test_worker_never_claims_topics_outside_its_router(db: str) -> None:
     handled: list[str] = []
 
     async def handle(event: Event) -> None:
@@ -31,21 +31,21 @@ async def test_worker_never_claims_topics_outside_its_router(fresh_db: str) -> N
 
     router = Router()
     router.add("email.*", handle)
-    billing = await enqueue(fresh_db, "billing.x")
-    worker = Worker(fresh_db, router, fast_config())
+    billing = await enqueue(db, "billing.x")
+    worker = Worker(db, router, fast_config())
     async with running(worker):
-        email = await enqueue(fresh_db, "email.send")
+        email = await enqueue(db, "email.send")
 
         async def email_done() -> bool:
-            return (await event_row(fresh_db, email))["state"] == "succeeded"
+            return (await event_row(db, email))["state"] == "succeeded"
         await wait_until(email_done, timeout=5, what="email.send to succeed")
         await asyncio.sleep(0.5)   # a few more polls: billing.x must stay put
     assert handled == ["email.send"]
-    await _untouched(fresh_db, billing)
+    await _untouched(db, billing)
     assert worker.stats.claimed == 1
 
 
-async def test_prefix_pattern_matches_whole_segments_only(fresh_db: str) -> None:
+async def test_prefix_pattern_matches_whole_segments_only(db: str) -> None:
     handled: list[str] = []
 
     async def handle(event: Event) -> None:
@@ -54,21 +54,21 @@ async def test_prefix_pattern_matches_whole_segments_only(fresh_db: str) -> None
     router = Router()
     router.add("a.*", handle)
     router.add("x.y", handle)
-    ids = {t: await enqueue(fresh_db, t) for t in
+    ids = {t: await enqueue(db, t) for t in
            ("a.b", "a.b.c", "ab.c", "a", "x.y", "x.y.z", "x.yz")}
-    worker = Worker(fresh_db, router, fast_config())
+    worker = Worker(db, router, fast_config())
     try:
         await _drain(worker)
     finally:
         await worker.close()
     assert sorted(handled) == ["a.b", "a.b.c", "x.y"]
     for topic in ("ab.c", "a", "x.y.z", "x.yz"):
-        await _untouched(fresh_db, ids[topic])
+        await _untouched(db, ids[topic])
     for topic in ("a.b", "a.b.c", "x.y"):
-        assert (await event_row(fresh_db, ids[topic]))["state"] == "succeeded"
+        assert (await event_row(db, ids[topic]))["state"] == "succeeded"
 
 
-async def test_underscore_in_a_pattern_is_not_a_like_wildcard(fresh_db: str) -> None:
+async def test_underscore_in_a_pattern_is_not_a_like_wildcard(db: str) -> None:
     handled: list[str] = []
 
     async def handle(event: Event) -> None:
@@ -77,19 +77,19 @@ async def test_underscore_in_a_pattern_is_not_a_like_wildcard(fresh_db: str) -> 
     router = Router()
     router.add("a_b.*", handle)
     router.add("c_d", handle)
-    ids = {t: await enqueue(fresh_db, t) for t in ("a_b.x", "aXb.x", "a-b.x", "c_d", "cXd")}
-    worker = Worker(fresh_db, router, fast_config())
+    ids = {t: await enqueue(db, t) for t in ("a_b.x", "aXb.x", "a-b.x", "c_d", "cXd")}
+    worker = Worker(db, router, fast_config())
     try:
         await _drain(worker)
     finally:
         await worker.close()
     assert sorted(handled) == ["a_b.x", "c_d"]
     for topic in ("aXb.x", "a-b.x", "cXd"):
-        await _untouched(fresh_db, ids[topic])
+        await _untouched(db, ids[topic])
     assert worker.stats.handed_back == 0
 
 
-async def test_percent_in_a_stored_topic_is_not_matched_by_a_prefix(fresh_db: str) -> None:
+async def test_percent_in_a_stored_topic_is_not_matched_by_a_prefix(db: str) -> None:
     # Producers refuse '%' in topics; a row written by other means must still
     # not be claimed through a LIKE wildcard.
     handled: list[str] = []
@@ -100,19 +100,19 @@ async def test_percent_in_a_stored_topic_is_not_matched_by_a_prefix(fresh_db: st
     router = Router()
     router.add("p.*", handle)
 
-    rows = await query(fresh_db, "INSERT INTO conveyor.events (topic, payload) "
+    rows = await query(db, "INSERT INTO conveyor.events (topic, payload) "
                                  "VALUES ('p%q', '{}'), ('p_.x', '{}') RETURNING id")
-    worker = Worker(fresh_db, router, fast_config())
+    worker = Worker(db, router, fast_config())
     try:
         await _drain(worker)
     finally:
         await worker.close()
     assert handled == []
     for row in rows:
-        await _untouched(fresh_db, row["id"])
+        await _untouched(db, row["id"])
 
 
-async def test_catch_all_route_claims_every_topic(fresh_db: str) -> None:
+async def test_catch_all_route_claims_every_topic(db: str) -> None:
     handled: list[str] = []
 
     async def handle(event: Event) -> None:
@@ -121,8 +121,8 @@ async def test_catch_all_route_claims_every_topic(fresh_db: str) -> None:
     router = Router()
     router.add("*", handle)
     for topic in ("a.b", "zz", "q_r.s"):
-        await enqueue(fresh_db, topic)
-    worker = Worker(fresh_db, router, fast_config())
+        await enqueue(db, topic)
+    worker = Worker(db, router, fast_config())
     try:
         await _drain(worker)
     finally:

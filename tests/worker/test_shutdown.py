@@ -13,7 +13,7 @@ from conveyor import Event, Router, Worker
 from .conftest import enqueue, event_row, fast_config, query, running, wait_until
 
 
-async def test_stop_acks_handlers_that_finish_and_hands_back_the_rest(fresh_db: str) -> None:
+async def test_stop_acks_handlers_that_finish_and_hands_back_the_rest(db: str) -> None:
     release_thread = threading.Event()
     started: set[str] = set()
     all_started = asyncio.Event()
@@ -42,12 +42,12 @@ async def test_stop_acks_handlers_that_finish_and_hands_back_the_rest(fresh_db: 
     router.add("quick.*", quick)
     router.add("stuck.async", stuck)
     router.add("stuck.thread", stuck_in_thread)
-    ids = {t: await enqueue(fresh_db, t, max_attempts=5)
+    ids = {t: await enqueue(db, t, max_attempts=5)
            for t in ("quick.a", "quick.b", "stuck.async", "stuck.thread")}
     # One of them had spent two attempts before: the hand-back must restore exactly that.
-    await query(fresh_db, "UPDATE conveyor.events SET attempts = 2 WHERE id = %s",
+    await query(db, "UPDATE conveyor.events SET attempts = 2 WHERE id = %s",
                 (ids["stuck.async"],))
-    worker = Worker(fresh_db, router, fast_config(concurrency=4, shutdown_timeout=0.6))
+    worker = Worker(db, router, fast_config(concurrency=4, shutdown_timeout=0.6))
     task = asyncio.create_task(worker.run())
     try:
         await asyncio.wait_for(all_started.wait(), 5)
@@ -63,22 +63,22 @@ async def test_stop_acks_handlers_that_finish_and_hands_back_the_rest(fresh_db: 
         await worker.close()
     assert 0.5 <= took < 2.0, f"run() returned {took:.2f}s after request_stop"
     for topic in ("quick.a", "quick.b"):
-        row = await event_row(fresh_db, ids[topic])
+        row = await event_row(db, ids[topic])
         assert row["state"] == "succeeded" and row["attempts"] == 1
     expected_attempts = {"stuck.async": 2, "stuck.thread": 0}
     for topic, attempts in expected_attempts.items():
-        row = await event_row(fresh_db, ids[topic])
+        row = await event_row(db, ids[topic])
         assert row["state"] == "pending", topic
         assert row["attempts"] == attempts, topic
         assert row["lease_owner"] is None and row["lease_expires_at"] is None
         assert row["errors"] == [] and row["finished_at"] is None
-        due = await query(fresh_db, "SELECT run_at <= now() AS due FROM conveyor.events "
+        due = await query(db, "SELECT run_at <= now() AS due FROM conveyor.events "
                                     "WHERE id = %s", (row["id"],))
         assert due[0]["due"], f"{topic} was not handed back due now"
     assert worker.stats.succeeded == 2 and worker.stats.handed_back == 2
 
 
-async def test_stop_while_idle_returns_promptly_and_claims_nothing_more(fresh_db: str) -> None:
+async def test_stop_while_idle_returns_promptly_and_claims_nothing_more(db: str) -> None:
     ran: list[int] = []
 
     async def handle(event: Event) -> None:
@@ -86,7 +86,7 @@ async def test_stop_while_idle_returns_promptly_and_claims_nothing_more(fresh_db
 
     router = Router()
     router.add("idle.*", handle)
-    worker = Worker(fresh_db, router, fast_config(poll_interval=30))
+    worker = Worker(db, router, fast_config(poll_interval=30))
     task = asyncio.create_task(worker.run())
     try:
         await asyncio.wait_for(worker.started.wait(), 5)
@@ -99,20 +99,20 @@ async def test_stop_while_idle_returns_promptly_and_claims_nothing_more(fresh_db
         if not task.done():
             task.cancel()
         await worker.close()
-    event_id = await enqueue(fresh_db, "idle.after")
+    event_id = await enqueue(db, "idle.after")
     await asyncio.sleep(0.2)
     assert ran == []
-    assert (await event_row(fresh_db, event_id))["state"] == "pending"
+    assert (await event_row(db, event_id))["state"] == "pending"
 
 
-async def test_worker_is_registered_while_running_and_removed_after_stop(fresh_db: str) -> None:
+async def test_worker_is_registered_while_running_and_removed_after_stop(db: str) -> None:
     router = Router()
     router.add("reg.*", lambda event: None)
     router.add("other.topic", lambda event: None)
-    worker = Worker(fresh_db, router, fast_config(name="reg-test", concurrency=7))
+    worker = Worker(db, router, fast_config(name="reg-test", concurrency=7))
 
     async def registry() -> list[dict[str, object]]:
-        return await query(fresh_db, "SELECT id::text AS id, name, topics, concurrency, "
+        return await query(db, "SELECT id::text AS id, name, topics, concurrency, "
                                      "heartbeat_at FROM conveyor.workers")
 
     async with running(worker):
@@ -133,7 +133,7 @@ async def test_worker_is_registered_while_running_and_removed_after_stop(fresh_d
     "BUG: _upkeep_loop runs only `while not self._stopping.is_set()`, so heartbeats and "
     "lease renewal stop the moment a graceful stop begins; a handler still draining past "
     "lease_ttl is rescued and run again by another worker, and its own result is fenced out"))
-async def test_leases_stay_renewed_while_a_stopping_worker_drains(fresh_db: str) -> None:
+async def test_leases_stay_renewed_while_a_stopping_worker_drains(db: str) -> None:
     # A handler that needs longer than lease_ttl after the stop, but less than
     # shutdown_timeout, must finish and be acknowledged by its own worker; no
     # rescuer may take the event over in the meantime.
@@ -152,10 +152,10 @@ async def test_leases_stay_renewed_while_a_stopping_worker_drains(fresh_db: str)
     router_a.add("drain.job", slow)
     router_b = Router()
     router_b.add("drain.job", rescuer_handler)
-    event_id = await enqueue(fresh_db, "drain.job", max_attempts=5)
-    draining = Worker(fresh_db, router_a, fast_config(lease_ttl=1.0, heartbeat_interval=0.3,
+    event_id = await enqueue(db, "drain.job", max_attempts=5)
+    draining = Worker(db, router_a, fast_config(lease_ttl=1.0, heartbeat_interval=0.3,
                                                       shutdown_timeout=4.0))
-    rescuer = Worker(fresh_db, router_b, fast_config(rescue_interval=0.2))
+    rescuer = Worker(db, router_b, fast_config(rescue_interval=0.2))
     task = asyncio.create_task(draining.run())
     try:
         await asyncio.wait_for(started.wait(), 5)
@@ -166,7 +166,7 @@ async def test_leases_stay_renewed_while_a_stopping_worker_drains(fresh_db: str)
         if not task.done():
             task.cancel()
         await draining.close()
-    row = await event_row(fresh_db, event_id)
+    row = await event_row(db, event_id)
     assert calls == ["draining"], f"the event ran again elsewhere: {calls}"
     assert row["state"] == "succeeded" and row["attempts"] == 1 and row["errors"] == []
     assert draining.stats.succeeded == 1 and draining.completer.stale == 0
@@ -175,16 +175,16 @@ async def test_leases_stay_renewed_while_a_stopping_worker_drains(fresh_db: str)
 @pytest.mark.xfail(strict=True, raises=asyncio.CancelledError, reason=(
     "BUG: run() after request_stop() raises CancelledError out of check_schema(): "
     "ManagedConnection.get() gives up on stop, and run() does not catch it"))
-async def test_stop_requested_before_run_returns_cleanly(fresh_db: str) -> None:
+async def test_stop_requested_before_run_returns_cleanly(db: str) -> None:
     router = Router()
     router.add("early.*", lambda event: None)
-    worker = Worker(fresh_db, router, fast_config())
-    event_id = await enqueue(fresh_db, "early.stop")
+    worker = Worker(db, router, fast_config())
+    event_id = await enqueue(db, "early.stop")
     worker.request_stop()
     try:
         await asyncio.wait_for(worker.run(), 5)
     finally:
         await worker.close()
-    row = await event_row(fresh_db, event_id)
+    row = await event_row(db, event_id)
     assert row["state"] == "pending" and row["attempts"] == 0
-    assert await query(fresh_db, "SELECT id FROM conveyor.workers") == []
+    assert await query(db, "SELECT id FROM conveyor.workers") == []

@@ -41,7 +41,7 @@ async def _due_in(url: str, event_id: int) -> float:
     return float(rows[0]["due"])
 
 
-async def test_retry_after_spends_the_attempt_and_delays_by_its_seconds(fresh_db: str) -> None:
+async def test_retry_after_spends_the_attempt_and_delays_by_its_seconds(db: str) -> None:
     calls = 0
 
     async def handle(event: Event) -> None:
@@ -51,29 +51,29 @@ async def test_retry_after_spends_the_attempt_and_delays_by_its_seconds(fresh_db
 
     router = Router()
     router.add("sig.test", handle)
-    event_id = await enqueue(fresh_db, "sig.test", max_attempts=5)
-    worker = Worker(fresh_db, router, fast_config())
+    event_id = await enqueue(db, "sig.test", max_attempts=5)
+    worker = Worker(db, router, fast_config())
     try:
         assert await worker.run_once() == 1
     finally:
         await worker.close()
-    row = await event_row(fresh_db, event_id)
+    row = await event_row(db, event_id)
     assert row["state"] == "pending" and row["attempts"] == 1
-    assert 19.0 < await _due_in(fresh_db, event_id) <= 20.0
+    assert 19.0 < await _due_in(db, event_id) <= 20.0
     assert row["last_error"] == "rate limited"
     assert [e["error"] for e in row["errors"]] == ["rate limited"]
     assert row["lease_owner"] is None
 
 
-async def test_retry_after_on_the_last_attempt_parks_the_event_failed(fresh_db: str) -> None:
-    event_id, _worker, calls = await _run_once_raising(fresh_db, RetryAfter(1), max_attempts=1)
-    row = await event_row(fresh_db, event_id)
+async def test_retry_after_on_the_last_attempt_parks_the_event_failed(db: str) -> None:
+    event_id, _worker, calls = await _run_once_raising(db, RetryAfter(1), max_attempts=1)
+    row = await event_row(db, event_id)
     assert calls == 1
     assert row["state"] == "failed" and row["attempts"] == 1
     assert row["finished_at"] is not None
 
 
-async def test_snooze_refunds_the_attempt_and_delays(fresh_db: str) -> None:
+async def test_snooze_refunds_the_attempt_and_delays(db: str) -> None:
     calls = 0
 
     async def handle(event: Event) -> None:
@@ -83,31 +83,31 @@ async def test_snooze_refunds_the_attempt_and_delays(fresh_db: str) -> None:
 
     router = Router()
     router.add("sig.test", handle)
-    event_id = await enqueue(fresh_db, "sig.test", max_attempts=1)
-    worker = Worker(fresh_db, router, fast_config())
+    event_id = await enqueue(db, "sig.test", max_attempts=1)
+    worker = Worker(db, router, fast_config())
     try:
         assert await worker.run_once() == 1
-        row = await event_row(fresh_db, event_id)
+        row = await event_row(db, event_id)
         assert row["state"] == "pending" and row["attempts"] == 0
-        assert 19.0 < await _due_in(fresh_db, event_id) <= 20.0
+        assert 19.0 < await _due_in(db, event_id) <= 20.0
         assert row["errors"] == [] and row["last_error"] is None
         assert row["lease_owner"] is None and row["finished_at"] is None
         # Snoozing a one-attempt event again and again never parks it.
         for _ in range(3):
-            await query(fresh_db, "UPDATE conveyor.events SET run_at = now() WHERE id = %s",
+            await query(db, "UPDATE conveyor.events SET run_at = now() WHERE id = %s",
                         (event_id,))
             assert await worker.run_once() == 1
     finally:
         await worker.close()
-    row = await event_row(fresh_db, event_id)
+    row = await event_row(db, event_id)
     assert calls == 4
     assert row["state"] == "pending" and row["attempts"] == 0
 
 
-async def test_permanent_failure_parks_the_event_at_once(fresh_db: str) -> None:
+async def test_permanent_failure_parks_the_event_at_once(db: str) -> None:
     event_id, worker, calls = await _run_once_raising(
-        fresh_db, PermanentFailure("amount must be positive"), max_attempts=5)
-    row = await event_row(fresh_db, event_id)
+        db, PermanentFailure("amount must be positive"), max_attempts=5)
+    row = await event_row(db, event_id)
     assert calls == 1
     assert row["state"] == "failed" and row["attempts"] == 1 and row["max_attempts"] == 5
     assert row["last_error"] == "amount must be positive"
@@ -115,10 +115,10 @@ async def test_permanent_failure_parks_the_event_at_once(fresh_db: str) -> None:
     assert worker.stats.failed == 1
 
 
-async def test_cancel_marks_the_event_cancelled_and_it_never_runs_again(fresh_db: str) -> None:
-    event_id, worker, calls = await _run_once_raising(fresh_db, Cancel("order withdrawn"),
+async def test_cancel_marks_the_event_cancelled_and_it_never_runs_again(db: str) -> None:
+    event_id, worker, calls = await _run_once_raising(db, Cancel("order withdrawn"),
                                                       max_attempts=5)
-    row = await event_row(fresh_db, event_id)
+    row = await event_row(db, event_id)
     assert calls == 1
     assert row["state"] == "cancelled" and row["attempts"] == 1
     assert row["finished_at"] is not None and row["lease_owner"] is None
@@ -127,12 +127,12 @@ async def test_cancel_marks_the_event_cancelled_and_it_never_runs_again(fresh_db
 
 
 @pytest.mark.parametrize("signal", [RetryAfter(0), Snooze(0)], ids=["retry_after", "snooze"])
-async def test_zero_second_signals_make_the_event_due_at_once(fresh_db: str,
+async def test_zero_second_signals_make_the_event_due_at_once(db: str,
                                                              signal: BaseException) -> None:
-    event_id, _worker, calls = await _run_once_raising(fresh_db, signal, max_attempts=5)
+    event_id, _worker, calls = await _run_once_raising(db, signal, max_attempts=5)
     assert calls == 1
-    assert await _due_in(fresh_db, event_id) <= 0
-    assert (await event_row(fresh_db, event_id))["state"] == "pending"
+    assert await _due_in(db, event_id) <= 0
+    assert (await event_row(db, event_id))["state"] == "pending"
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -142,7 +142,7 @@ async def test_zero_second_signals_make_the_event_due_at_once(fresh_db: str,
 @pytest.mark.parametrize("signal", [RetryAfter(float("inf")), Snooze(1e13)],
                          ids=["retry_after_inf", "snooze_huge"])
 async def test_an_out_of_range_delay_does_not_lose_the_other_results_of_its_batch(
-        fresh_db: str, signal: BaseException) -> None:
+        db: str, signal: BaseException) -> None:
     # One handler asks for a delay PostgreSQL cannot represent; the failure of an
     # unrelated event acknowledged in the same batch must still be recorded.
     async def handle(event: Event) -> None:
@@ -152,13 +152,13 @@ async def test_an_out_of_range_delay_does_not_lose_the_other_results_of_its_batc
 
     router = Router()
     router.add("sig.*", handle)
-    odd = await enqueue(fresh_db, "sig.odd", max_attempts=5)
-    plain = await enqueue(fresh_db, "sig.plain", max_attempts=5)
-    worker = Worker(fresh_db, router, fast_config(lease_ttl=30, heartbeat_interval=10))
+    odd = await enqueue(db, "sig.odd", max_attempts=5)
+    plain = await enqueue(db, "sig.plain", max_attempts=5)
+    worker = Worker(db, router, fast_config(lease_ttl=30, heartbeat_interval=10))
     try:
         assert await worker.run_once() == 2
     finally:
         await worker.close()
-    row = await event_row(fresh_db, plain)
+    row = await event_row(db, plain)
     assert row["state"] == "pending" and row["last_error"] == "RuntimeError: an ordinary failure"
-    assert (await event_row(fresh_db, odd))["state"] != "running"
+    assert (await event_row(db, odd))["state"] != "running"

@@ -20,7 +20,7 @@ async def _assert_succeeded(url: str, event_id: int) -> None:
     assert row["last_error"] is None and row["errors"] == []
 
 
-async def test_async_handler_runs_once_and_event_succeeds(fresh_db: str) -> None:
+async def test_async_handler_runs_once_and_event_succeeds(db: str) -> None:
     seen: list[tuple[int, str, object]] = []
 
     async def handle(event: Event) -> None:
@@ -28,19 +28,19 @@ async def test_async_handler_runs_once_and_event_succeeds(fresh_db: str) -> None
 
     router = Router()
     router.add("email.send", handle)
-    event_id = await enqueue(fresh_db, "email.send", {"to": "a@example.com"})
-    worker = Worker(fresh_db, router, fast_config())
+    event_id = await enqueue(db, "email.send", {"to": "a@example.com"})
+    worker = Worker(db, router, fast_config())
     try:
         assert await worker.run_once() == 1
         assert await worker.run_once() == 0
     finally:
         await worker.close()
     assert seen == [(event_id, "email.send", {"to": "a@example.com"})]
-    await _assert_succeeded(fresh_db, event_id)
+    await _assert_succeeded(db, event_id)
     assert worker.stats.succeeded == 1 and worker.stats.claimed == 1
 
 
-async def test_plain_handler_runs_in_a_worker_thread(fresh_db: str) -> None:
+async def test_plain_handler_runs_in_a_worker_thread(db: str) -> None:
     threads: list[str] = []
 
     def handle(event: Event) -> None:
@@ -48,18 +48,18 @@ async def test_plain_handler_runs_in_a_worker_thread(fresh_db: str) -> None:
 
     router = Router()
     router.add("report.build", handle)
-    event_id = await enqueue(fresh_db, "report.build")
-    worker = Worker(fresh_db, router, fast_config())
+    event_id = await enqueue(db, "report.build")
+    worker = Worker(db, router, fast_config())
     try:
         assert await worker.run_once() == 1
     finally:
         await worker.close()
     assert len(threads) == 1
     assert threads[0] != threading.main_thread().name
-    await _assert_succeeded(fresh_db, event_id)
+    await _assert_succeeded(db, event_id)
 
 
-async def test_plain_handler_with_blocking_false_runs_inline_on_the_loop(fresh_db: str) -> None:
+async def test_plain_handler_with_blocking_false_runs_inline_on_the_loop(db: str) -> None:
     calls: list[tuple[str, bool]] = []
 
     def handle(event: Event) -> None:
@@ -72,17 +72,17 @@ async def test_plain_handler_with_blocking_false_runs_inline_on_the_loop(fresh_d
 
     router = Router()
     router.add("cache.touch", handle, blocking=False)
-    event_id = await enqueue(fresh_db, "cache.touch")
-    worker = Worker(fresh_db, router, fast_config())
+    event_id = await enqueue(db, "cache.touch")
+    worker = Worker(db, router, fast_config())
     try:
         assert await worker.run_once() == 1
     finally:
         await worker.close()
     assert calls == [(threading.main_thread().name, True)]
-    await _assert_succeeded(fresh_db, event_id)
+    await _assert_succeeded(db, event_id)
 
 
-async def test_running_worker_drains_all_three_handler_kinds(fresh_db: str) -> None:
+async def test_running_worker_drains_all_three_handler_kinds(db: str) -> None:
     ran: list[str] = []
 
     async def handle_async(event: Event) -> None:
@@ -98,12 +98,12 @@ async def test_running_worker_drains_all_three_handler_kinds(fresh_db: str) -> N
     router.add("a.x", handle_async)
     router.add("b.x", handle_thread)
     router.add("c.x", handle_inline, blocking=False)
-    worker = Worker(fresh_db, router, fast_config())
+    worker = Worker(db, router, fast_config())
     async with running(worker):
-        ids = [await enqueue(fresh_db, t) for t in ("a.x", "b.x", "c.x")]
-        final = await wait_all_in(fresh_db, {"succeeded"}, timeout=5)
+        ids = [await enqueue(db, t) for t in ("a.x", "b.x", "c.x")]
+        final = await wait_all_in(db, {"succeeded"}, timeout=5)
     assert sorted(ran) == ["a.x", "b.x", "c.x"]
     assert set(final) == set(ids)
     for event_id in ids:
-        await _assert_succeeded(fresh_db, event_id)
+        await _assert_succeeded(db, event_id)
     assert worker.stats.succeeded == 3
