@@ -21,9 +21,11 @@ SHUTDOWN_TIMEOUT = 3.0
 EXIT_MARGIN = 5.0
 
 
-@pytest.mark.parametrize("kind", ["acc", "sync"], ids=["async_handlers", "thread_handlers"])
+@pytest.mark.parametrize("kind,sig", [("acc", signal.SIGTERM), ("sync", signal.SIGTERM),
+                                      ("acc", signal.SIGINT)],
+                         ids=["async_handlers", "thread_handlers", "sigint"])
 def test_sigterm_finishes_short_events_and_hands_back_the_rest(
-        acc_db: str, spawn: Callable[..., WorkerProcess], kind: str) -> None:
+        acc_db: str, spawn: Callable[..., WorkerProcess], kind: str, sig: int) -> None:
     with psycopg.connect(acc_db) as conn:
         short = Producer().enqueue_many(conn, [NewEvent(topic=f"{kind}.term", payload={"sleep": 1})
                                                for _ in range(SHORT)])
@@ -34,11 +36,11 @@ def test_sigterm_finishes_short_events_and_hands_back_the_rest(
     wait_for(lambda: state_counts(acc_db).get("running", 0) == SHORT + LONG, 20,
              "every event in flight", interval=0.05, alive=[worker])
 
-    worker.signal(signal.SIGTERM)
+    worker.signal(sig)
     sent = time.monotonic()
     code = worker.wait(timeout=SHUTDOWN_TIMEOUT + EXIT_MARGIN + 5)
     took = time.monotonic() - sent
-    print(f"[{kind}] exited {code} {took:.2f}s after SIGTERM "
+    print(f"[{kind} {signal.Signals(sig).name}] exited {code} {took:.2f}s after SIGTERM "
           f"(shutdown_timeout {SHUTDOWN_TIMEOUT:g}s)")
     assert code == 0, worker.log()[-3000:]
     assert took <= SHUTDOWN_TIMEOUT + EXIT_MARGIN
