@@ -181,6 +181,9 @@ class Engine:
         if status not in STATUSES:
             raise HTTPError(422, f"'status' must be one of {', '.join(STATUSES)}")
         key = request.headers.get("idempotency-key")
+        # A key answers for one request only: replaying it on another row is an error,
+        # not that row's update silently skipped.
+        target = f"PATCH /api/{resource}/{row_id}"
         async with self.pool.connection() as conn, conn.transaction():
             if key:
                 # One writer per (tenant, key) at a time: a retry racing the first
@@ -189,9 +192,11 @@ class Engine:
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                                    (f"idempotency:{tenant}:{key}",))
                 seen = await (await conn.execute(
-                    "SELECT status, response FROM engine.idempotency WHERE tenant = %s AND key = %s",
-                    (tenant, key))).fetchone()
+                    "SELECT status, response, request FROM engine.idempotency "
+                    "WHERE tenant = %s AND key = %s", (tenant, key))).fetchone()
                 if seen is not None:
+                    if seen[2] is not None and seen[2] != target:
+                        raise HTTPError(422, "Idempotency-Key already used for another request")
                     return JSONResponse(seen[1], status_code=seen[0],
                                         headers={"Idempotent-Replayed": "true"})
             row = await (await conn.execute(
@@ -205,8 +210,8 @@ class Engine:
             response = _row(resource, row)
             if key:
                 await conn.execute(
-                    "INSERT INTO engine.idempotency (tenant, key, status, response) "
-                    "VALUES (%s, %s, 200, %s)", (tenant, key, Jsonb(response)))
+                    "INSERT INTO engine.idempotency (tenant, key, status, response, request) "
+                    "VALUES (%s, %s, 200, %s, %s)", (tenant, key, Jsonb(response), target))
         return JSONResponse(response)
 
     async def send_email(self, request: Request) -> JSONResponse:

@@ -38,3 +38,6 @@ CREATE TABLE IF NOT EXISTS engine.idempotency (
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant, key)
 );
+-- The request a key was first used for ("PATCH /api/filejobs/7"); NULL in rows
+-- written before the column existed.
+ALTER TABLE engine.idempotency ADD COLUMN IF NOT EXISTS request text;

@@ -391,3 +391,17 @@ def test_patch_with_a_refused_value_changes_nothing(api: Api, body: dict[str, An
                      json={"status": "done"})
     assert retry.status_code == 200 and "idempotent-replayed" not in retry.headers
     assert retry.json()["status"] == "done"
+
+
+def test_idempotency_key_reused_on_another_row_is_refused(api: Api) -> None:
+    first, second = new_job(api), new_job(api)
+    svc = token(role=SERVICE)
+    key = {"Idempotency-Key": f"e2e-reuse-{first}"}
+    assert api.call("PATCH", f"/api/filejobs/{first}", bearer=svc, headers=key,
+                    json={"status": "done"}).status_code == 200
+    reused = api.call("PATCH", f"/api/filejobs/{second}", bearer=svc, headers=key,
+                      json={"status": "done"})
+    assert reused.status_code == 422, reused.text
+    assert api.call("GET", f"/api/filejobs/{second}").json()["status"] == "pending"
+    assert api.call("PATCH", f"/api/tasks/{first}", bearer=svc, headers=key,
+                    json={"status": "done"}).status_code == 422
