@@ -326,3 +326,18 @@ def test_reserved_pg_schema_name_fails_migrate_with_migration_error(empty_db: st
 def test_migration_script_on_migrated_database_is_a_no_op(fresh_db: str) -> None:
     run_script(fresh_db, migration_script("conveyor"))
     assert _applied(fresh_db) == [(m.version, m.name) for m in load_migrations()]
+
+
+@pytest.mark.xfail(strict=True, reason="BUG/gap: migration_script() wraps itself in BEGIN/COMMIT, "
+                   "so run inside a host tool's transaction (Alembic op.execute, Django RunSQL "
+                   "in an atomic migration) its COMMIT ends the host's transaction early; a "
+                   "rollback of the host transaction then leaves the schema behind")
+def test_migration_script_inside_a_host_transaction_is_undone_by_its_rollback(
+    empty_db: str,
+) -> None:
+    with psycopg.connect(empty_db) as conn:
+        conn.execute("SELECT 1")  # the host tool's transaction is open
+        conn.execute(migration_script("conveyor").encode())
+        conn.rollback()
+    with psycopg.connect(empty_db) as conn:
+        assert Migrator().applied_versions(conn) == []
