@@ -420,3 +420,28 @@ async def test_async_not_found_errors(adb: psycopg.AsyncConnection[Any]) -> None
     for operation in (admin.show, admin.retry, admin.cancel):
         with pytest.raises(EventNotFoundError):
             await operation(adb, 987654321)
+
+
+# --------------------------------------------- connections with another row factory
+
+DICT_ROW_BUG = ("BUG: Admin indexes rows by position (row[0], _record(row)), so on a "
+                "connection with row_factory=dict_row it raises KeyError; fix: run its "
+                "queries on conn.cursor(row_factory=tuple_row)")
+
+
+@pytest.mark.xfail(strict=True, reason=DICT_ROW_BUG)
+def test_status_on_a_dict_row_connection(db: psycopg.Connection[Any]) -> None:
+    from psycopg.rows import dict_row
+
+    _make(db, "pending")
+    db.row_factory = dict_row  # type: ignore[assignment]
+    assert Admin().status(db).counts["pending"] == 1
+
+
+@pytest.mark.xfail(strict=True, reason=DICT_ROW_BUG)
+def test_show_on_a_dict_row_connection(db: psycopg.Connection[Any]) -> None:
+    from psycopg.rows import dict_row
+
+    event_id = _make(db, "pending")
+    db.row_factory = dict_row  # type: ignore[assignment]
+    assert Admin().show(db, event_id).id == event_id

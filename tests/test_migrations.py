@@ -341,3 +341,14 @@ def test_migration_script_inside_a_host_transaction_is_undone_by_its_rollback(
         conn.rollback()
     with psycopg.connect(empty_db) as conn:
         assert Migrator().applied_versions(conn) == []
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: Migrator reads versions as r[0]; on a connection "
+                   "with row_factory=dict_row migrating an already migrated database raises a "
+                   "bare KeyError: 0 (not even MigrationError); fix: tuple_row cursors")
+def test_migrate_on_a_dict_row_connection_applies_nothing_twice(fresh_db: str) -> None:
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(fresh_db, autocommit=True, row_factory=dict_row) as conn:
+        assert Migrator().apply(conn) == []
+        assert Migrator().applied_versions(conn) == [m.version for m in load_migrations()]

@@ -530,3 +530,37 @@ def test_same_key_after_concurrent_rollback_writes_its_own_event(fresh_db: str) 
     assert len(got) == 1 and got[0] != first_id
     with psycopg.connect(fresh_db) as conn:
         assert _rows(conn, got)[0][6] == "race" and _count(conn) == 1
+
+
+# --------------------------------------------- connections with another row factory
+
+DICT_ROW_BUG = ("BUG: the producer indexes rows by position (found[0], r[0]), so on a "
+                "connection with row_factory=dict_row (common in applications) it raises "
+                "KeyError: 0; fix: run its queries on conn.cursor(row_factory=tuple_row)")
+
+
+@pytest.mark.xfail(strict=True, reason=DICT_ROW_BUG)
+def test_enqueue_on_a_dict_row_connection_returns_the_id(conn: psycopg.Connection[Any]) -> None:
+    from psycopg.rows import dict_row
+
+    conn.row_factory = dict_row  # type: ignore[assignment]
+    event_id = Producer().enqueue(conn, "x")
+    assert isinstance(event_id, int)
+
+
+@pytest.mark.xfail(strict=True, reason=DICT_ROW_BUG)
+def test_enqueue_many_on_a_dict_row_connection_returns_ids(conn: psycopg.Connection[Any]) -> None:
+    from psycopg.rows import dict_row
+
+    conn.row_factory = dict_row  # type: ignore[assignment]
+    assert len(Producer().enqueue_many(conn, [NewEvent(topic="x")] * 3)) == 3
+
+
+@pytest.mark.xfail(strict=True, reason=DICT_ROW_BUG)
+async def test_async_enqueue_on_a_dict_row_connection_returns_the_id(
+    aconn: psycopg.AsyncConnection[Any],
+) -> None:
+    from psycopg.rows import dict_row
+
+    aconn.row_factory = dict_row  # type: ignore[assignment]
+    assert isinstance(await AsyncProducer().enqueue(aconn, "x"), int)

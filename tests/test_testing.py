@@ -398,3 +398,33 @@ def test_work_event_with_tenants_claims_only_their_events(db: Conn) -> None:
     worked = work_event(db, _router("x", lambda event: None), tenants=["acme"])
     assert worked is not None and worked.event.tenant == "acme"
     assert work_event(db, _router("x", lambda event: None), tenants=["acme"]) is None
+
+
+# --------------------------------------------- connections with another row factory
+
+def test_helpers_work_on_a_dict_row_connection(db: Conn) -> None:
+    from psycopg.rows import dict_row
+
+    Producer().enqueue(db, "x", {"a": 1})
+    db.row_factory = dict_row  # type: ignore[assignment]
+    assert assert_enqueued(db, "x", payload={"a": 1})[0].topic == "x"
+    assert refute_enqueued(db, "y") == []
+    worked = work_event(db, _router("x", lambda event: None))
+    assert worked is not None and worked.record.state is EventState.SUCCEEDED
+
+
+async def test_async_helpers_work_on_a_dict_row_connection(
+    aconn: psycopg.AsyncConnection[Any],
+) -> None:
+    from psycopg.rows import dict_row
+
+    await aconn.execute("DELETE FROM conveyor.events")
+    await AsyncProducer().enqueue(aconn, "x")
+    aconn.row_factory = dict_row  # type: ignore[assignment]
+    assert len(await assert_enqueued_async(aconn, "x")) == 1
+
+    async def handler(event: Event) -> None:
+        return None
+
+    worked = await work_event_async(aconn, _router("x", handler))
+    assert worked is not None and worked.record.state is EventState.SUCCEEDED

@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from conveyor.types import AttemptError, EventRecord, EventState
 from conveyor.validation import check_schema_name
@@ -113,7 +114,27 @@ def _where(schema: str, f: _Filters) -> tuple[sql.Composed, dict[str, Any]]:
     return query, params
 
 
-def _record(row: Sequence[Any]) -> EventRecord:
+def record_query(schema: str) -> sql.Composed:
+    """One event by ``%(id)s``, in the column order :func:`event_record` reads."""
+    return sql.SQL("SELECT {} FROM {}.events WHERE id = %(id)s").format(
+        _COLUMNS, sql.Identifier(check_schema_name(schema)))
+
+
+# Tuple cursors whatever the connection's row_factory (dict_row is common in apps).
+def _rows(conn: psycopg.Connection[Any], query: sql.Composed,
+          params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
+
+
+async def _rows_async(conn: psycopg.AsyncConnection[Any], query: sql.Composed,
+                      params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(query, params)
+    return await cur.fetchall()
+
+
+def event_record(row: Sequence[Any]) -> EventRecord:
+    """An :class:`EventRecord` from a row selected with :func:`record_query`'s columns."""
     return EventRecord(
         id=row[0], tenant=row[1], topic=row[2], payload=row[3], state=EventState(row[4]),
         attempts=row[5], max_attempts=row[6], priority=row[7], run_at=row[8],
@@ -127,7 +148,7 @@ def _record(row: Sequence[Any]) -> EventRecord:
 
 
 def _row_matches(row: Sequence[Any], f: _Filters) -> bool:
-    record = _record(row)
+    record = event_record(row)
     if f.payload is not UNSET and not payload_matches(f.payload, record.payload,
                                                       exact=f.exact_payload):
         return False
@@ -151,7 +172,7 @@ def _check_found(rows: Sequence[Sequence[Any]], f: _Filters, count: int | None,
                  ) -> list[EventRecord]:
     matched = [r for r in rows if _row_matches(r, f)]
     if (count is None and matched) or (count is not None and len(matched) == count):
-        return [_record(r) for r in matched]
+        return [event_record(r) for r in matched]
     wanted = "at least one event" if count is None else f"exactly {count} event(s)"
     scope = f"topic {f.topic!r}" if f.topic is not None else "the filters"
     raise AssertionError(
@@ -218,7 +239,7 @@ def assert_enqueued(
     f = _filters(topic, payload, tenant, idempotency_key, priority, max_attempts, state, delay,
                  run_at, tolerance, exact_payload)
     query, params = _where(schema, f)
-    return _check_found(conn.execute(query, params).fetchall(), f, count)
+    return _check_found(_rows(conn, query, params), f, count)
 
 
 def refute_enqueued(
@@ -252,7 +273,7 @@ def refute_enqueued(
     f = _filters(topic, payload, tenant, idempotency_key, priority, max_attempts, state, delay,
                  run_at, tolerance, exact_payload)
     query, params = _where(schema, f)
-    return _check_absent(conn.execute(query, params).fetchall(), f)
+    return _check_absent(_rows(conn, query, params), f)
 
 
 async def assert_enqueued_async(
@@ -283,8 +304,7 @@ async def assert_enqueued_async(
     f = _filters(topic, payload, tenant, idempotency_key, priority, max_attempts, state, delay,
                  run_at, tolerance, exact_payload)
     query, params = _where(schema, f)
-    cur = await conn.execute(query, params)
-    return _check_found(await cur.fetchall(), f, count)
+    return _check_found(await _rows_async(conn, query, params), f, count)
 
 
 async def refute_enqueued_async(
@@ -307,5 +327,4 @@ async def refute_enqueued_async(
     f = _filters(topic, payload, tenant, idempotency_key, priority, max_attempts, state, delay,
                  run_at, tolerance, exact_payload)
     query, params = _where(schema, f)
-    cur = await conn.execute(query, params)
-    return _check_absent(await cur.fetchall(), f)
+    return _check_absent(await _rows_async(conn, query, params), f)

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
-from conveyor.admin import Admin, AsyncAdmin
 from conveyor.config import HANDLER_TIMEOUT_DEFAULT
 from conveyor.db.named_queries import Queries, queries_for
 from conveyor.retry import BackoffPolicy, RetryPolicy
 from conveyor.router import Route, Router
+from conveyor.testing.assertions import event_record, record_query
 from conveyor.types import Event, EventRecord, EventState
 from conveyor.validation import check_tenant
 from conveyor.worker.executor import Outcome, run_handler
@@ -139,16 +140,20 @@ def work_event(
     _no_running_loop()
     q = queries_for(schema)
     owner = str(uuid.uuid4())
-    row = conn.execute(q["event_claim"], _claim_params(
+    cur = conn.cursor(row_factory=tuple_row)  # whatever the connection's row_factory
+    row = cur.execute(q["event_claim"], _claim_params(
         router, owner, timeout or HANDLER_TIMEOUT_DEFAULT, tenants)).fetchone()
     if row is None:
         return None
     claim = _prepare(router, owner, row, timeout)
     outcome = asyncio.run(_run(claim, backoff))
     query, params = _ack(q, owner, outcome)
-    if conn.execute(query, params).fetchone() is None:
+    if cur.execute(query, params).fetchone() is None:
         raise AssertionError(f"event {claim.event.id} changed hands while its handler ran")
-    return WorkedEvent(claim.event, outcome, Admin(schema).show(conn, claim.event.id))
+    after = cur.execute(record_query(schema), {"id": claim.event.id}).fetchone()
+    if after is None:
+        raise AssertionError(f"event {claim.event.id} vanished after its outcome was written")
+    return WorkedEvent(claim.event, outcome, event_record(after))
 
 
 async def work_event_async(
@@ -171,7 +176,8 @@ async def work_event_async(
     """
     q = queries_for(schema)
     owner = str(uuid.uuid4())
-    cur = await conn.execute(q["event_claim"], _claim_params(
+    cur = conn.cursor(row_factory=tuple_row)  # whatever the connection's row_factory
+    await cur.execute(q["event_claim"], _claim_params(
         router, owner, timeout or HANDLER_TIMEOUT_DEFAULT, tenants))
     row = await cur.fetchone()
     if row is None:
@@ -179,7 +185,11 @@ async def work_event_async(
     claim = _prepare(router, owner, row, timeout)
     outcome = await _run(claim, backoff)
     query, params = _ack(q, owner, outcome)
-    cur = await conn.execute(query, params)
+    await cur.execute(query, params)
     if await cur.fetchone() is None:
         raise AssertionError(f"event {claim.event.id} changed hands while its handler ran")
-    return WorkedEvent(claim.event, outcome, await AsyncAdmin(schema).show(conn, claim.event.id))
+    await cur.execute(record_query(schema), {"id": claim.event.id})
+    after = await cur.fetchone()
+    if after is None:
+        raise AssertionError(f"event {claim.event.id} vanished after its outcome was written")
+    return WorkedEvent(claim.event, outcome, event_record(after))
