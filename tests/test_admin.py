@@ -445,3 +445,33 @@ def test_show_on_a_dict_row_connection(db: psycopg.Connection[Any]) -> None:
     event_id = _make(db, "pending")
     db.row_factory = dict_row  # type: ignore[assignment]
     assert Admin().show(db, event_id).id == event_id
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a worker's tenant limit (WorkerConfig.tenants) is "
+                   "not stored in the workers registry, so status() reports a topic as handled "
+                   "although no alive worker may claim its pending events' tenant; fix: add a "
+                   "tenants text[] column (NULL = all) to workers, register it, and check it in "
+                   "_status")
+async def test_status_reports_topic_pending_only_for_tenants_no_worker_serves(
+    fresh_db: str,
+) -> None:
+    import asyncio
+
+    from conveyor import Router, Worker, WorkerConfig
+
+    with psycopg.connect(fresh_db) as conn:
+        Producer().enqueue(conn, "x", tenant="globex")
+        conn.commit()
+    router = Router()
+    router.add("x", lambda event: None)
+    worker = Worker(fresh_db, router, WorkerConfig(tenants=("acme",), poll_interval=0.1))
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.started.wait(), 10)
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            status = Admin().status(conn)
+        assert len(status.workers) == 1
+        assert status.unhandled_topics == ["x"]
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)

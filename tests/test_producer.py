@@ -564,3 +564,12 @@ async def test_async_enqueue_on_a_dict_row_connection_returns_the_id(
 
     aconn.row_factory = dict_row  # type: ignore[assignment]
     assert isinstance(await AsyncProducer().enqueue(aconn, "x"), int)
+
+
+def test_many_enqueues_of_one_topic_in_a_transaction_send_one_notify(fresh_db: str) -> None:
+    # PostgreSQL folds identical notifications of one transaction into one.
+    with _listen(fresh_db) as listener, psycopg.connect(fresh_db) as conn:
+        for i in range(50):
+            Producer().enqueue(conn, "email.send", {"i": i})
+        conn.commit()
+        assert _notifications(listener) == ["email.send"]
