@@ -354,9 +354,10 @@ ERRORS = {
     "malformed_topic": (["enqueue", "Bad Topic!"], ["malformed topic"]),
     "bad_tenant": (["enqueue", "a.b", "--tenant", "Not_A_Label"], ["invalid tenant"]),
     "show_unknown_id": (["show", "987654321"], ["event 987654321 not found"]),
-    "retry_unknown_id": (["retry", "987654321"], ["987654321"]),
-    "cancel_unknown_id": (["cancel", "987654321"], ["987654321"]),
-    "show_malformed_id": (["show", "abc"], ["invalid event id"]),
+    "retry_unknown_id": (["retry", "987654321"], ["event 987654321 not found"]),
+    "cancel_unknown_id": (["cancel", "987654321"], ["event 987654321 not found"]),
+    "show_malformed_id": (["show", "abc"], ["invalid event id 'abc'"]),
+    "cancel_zero_id": (["cancel", "0"], ["invalid event id 0"]),
     "retry_without_target": (["retry"], ["give either an event id or --failed"]),
     "retry_topic_without_failed": (["retry", "1", "--topic", "a.b"], ["--topic"]),
     "app_without_colon": (["worker", "--app", "nope"], ["invalid --app 'nope'"]),
@@ -378,7 +379,8 @@ def test_cancel_of_a_finished_event_is_refused(error_db: str) -> None:
     done = conveyor("--database-url", error_db, "enqueue", "a.b")
     event_id = done.stdout.strip()
     assert conveyor("--database-url", error_db, "cancel", event_id).returncode == 0
-    assert_one_line_error(conveyor("--database-url", error_db, "cancel", event_id), event_id)
+    assert_one_line_error(conveyor("--database-url", error_db, "cancel", event_id),
+                          f"event {event_id} is cancelled", "only pending, running or failed")
 
 
 def test_unreachable_database_is_one_line() -> None:
