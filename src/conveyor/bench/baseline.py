@@ -10,7 +10,9 @@ no trigger, so it never wakes a Conveyor worker and pays for no NOTIFY.
   statement (marking them ``running``), calling a no-op for each, and marking
   the batch ``succeeded`` with a second statement; it stops when a claim comes
   back empty. Run as ``python .../bench/baseline.py SCHEMA BATCH`` with
-  the URL in ``CONVEYOR_BENCH_URL``; prints one JSON line (handled, peak RSS, CPU seconds of the loop).
+  the URL in ``CONVEYOR_BENCH_URL``: it connects, prints ``ready``, drains
+  when it reads ``go``, prints one JSON line (handled, peak RSS, CPU seconds
+  of the loop) and disconnects at the next line or end of input.
 
 ``now()`` in the claim and in the finish statement stamps ``attempted_at`` and
 ``finished_at`` exactly as Conveyor's queries do, so both drains are timed the
@@ -126,12 +128,21 @@ def _peak_rss_mb() -> float:
 
 
 def main(argv: list[str]) -> int:
+    """Connect, say ``ready``, drain on ``go``, report, and disconnect on the next line.
+
+    Staying connected until told lets the parent read the backend's CPU time.
+    """
     schema, batch = argv[0], int(argv[1])
     with psycopg.connect(os.environ[URL_ENV], autocommit=True) as conn:
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            return 0
         cpu = time.process_time()
         handled = drain(conn, schema, batch)
         cpu = time.process_time() - cpu
-    print(json.dumps({"handled": handled, "rss_mb": _peak_rss_mb(), "cpu_s": cpu}))
+        print(json.dumps({"handled": handled, "rss_mb": _peak_rss_mb(), "cpu_s": cpu}),
+              flush=True)
+        sys.stdin.readline()
     return 0
 
 

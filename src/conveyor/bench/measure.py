@@ -5,15 +5,20 @@ Timing rules (the same for Conveyor and the baseline):
 * Enqueue rates alternate Conveyor and raw in rounds (ABBA...) so drift on a
   shared machine falls on both; each side is warmed up first (psycopg
   prepares a statement on its fifth execution).
-* A drain starts with ``count`` events already committed, the table vacuumed
-  and analysed and a CHECKPOINT taken; then the worker process starts. Its
-  rate is ``count / (last finished_at - first attempted_at)``, both stamped
-  by ``now()`` in the claim and acknowledge statements: process start-up,
-  imports and connecting are outside the window, and no polling granularity
-  enters it. The parent polls (every 50 ms, through the partial indexes)
-  only to know when to stop the worker, and reports the rate seen that way
-  too (``wall``) as a cross-check. Every event must end ``succeeded`` with
-  exactly one attempt, or the run fails.
+* A drain starts with the draining process already running, connected and
+  idle (a ``conveyor worker`` registered half a second ago; the raw loop
+  waiting for ``go``) on an empty, vacuumed table after a CHECKPOINT. Then
+  ``count`` events are committed in one transaction (Conveyor: its own
+  ``enqueue_many``, whose NOTIFY wakes the worker; raw: COPY, then ``go``).
+  The rate is ``count / (last finished_at - first attempted_at)``, both
+  stamped by ``now()`` in the claim and acknowledge statements: start-up,
+  imports, connecting and the enqueue are outside the window, and no polling
+  granularity enters it. The parent polls (every 50 ms, through the partial
+  indexes) only to know when the drain is over, and reports the rate seen
+  that way too (``wall``) as a cross-check. Every event must end
+  ``succeeded`` with exactly one attempt, or the run fails. CPU per event is
+  read from ``/proc`` for the draining process and, when the server is on
+  this machine, for its backends, over the same span.
 * Wake-up latency: an idle worker, events enqueued one per transaction every
   ``gap`` seconds; latency = handler start ``time.time()`` (in the worker)
   minus ``time.time()`` right after the producer's commit returned.
@@ -34,13 +39,14 @@ import psycopg
 from conveyor.bench import scratch
 from conveyor.bench.app import NOOP_TOPIC, WAKE_TOPIC
 from conveyor.bench.baseline import copy_rows, insert_sql
-from conveyor.bench.processes import ProcessRegistry, run_raw_drainer
+from conveyor.bench.processes import CpuProbe, ProcessRegistry
 from conveyor.bench.scratch import BenchError, Schemas
 from conveyor.config import ProducerConfig
 from conveyor.producer import NewEvent, Producer
 
 WARMUP = 20
 POLL = 0.05
+IDLE_SETTLE = 0.5  # after registering: listener connected, first heartbeat done
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -119,28 +125,49 @@ def enqueue_batch(url: str, schemas: Schemas, count: int, batch: int = 1000,
 
 @dataclass(frozen=True, slots=True)
 class DrainRun:
-    """One drain: the rate from table timestamps, the parent's view, the process's peak RSS."""
+    """One drain: the rate from table timestamps, the parent's view, peak RSS, CPU per event.
+
+    ``client_us``/``db_us`` are CPU microseconds per event of the draining process
+    and of its database backends (``None`` where they cannot be read, e.g. a
+    remote server).
+    """
 
     per_s: float
     seconds: float
     wall_per_s: float
     rss_mb: float
     label: str
+    client_us: float | None = None
+    db_us: float | None = None
+
+    @property
+    def cpu_us(self) -> float | None:
+        if self.client_us is None or self.db_us is None:
+            return None
+        return self.client_us + self.db_us
 
 
 def _timeout(count: int) -> float:
     return 60.0 + count / 200
 
 
+def _per_event(seconds: float | None, count: int) -> float | None:
+    return None if seconds is None else seconds * 1e6 / count
+
+
 def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count: int,
                    registry: ProcessRegistry, *, batch_size: int | None = None,
                    concurrency: int | None = None) -> DrainRun:
+    """Start an idle worker, then commit ``count`` events at once; time first claim to last ack."""
     schema = schemas.conveyor
     scratch.reset(admin, schema)
-    scratch.fill_conveyor(url, schema, NOOP_TOPIC, count)
     scratch.settle(admin, schema)
     worker = registry.worker(url, schema, batch_size=batch_size, concurrency=concurrency)
     worker.start()
+    worker.wait_registered(admin)
+    time.sleep(IDLE_SETTLE)
+    probe = CpuProbe(admin, worker.pid)
+    scratch.fill_conveyor(url, schema, NOOP_TOPIC, count)  # one commit: its NOTIFY starts it
     deadline = time.monotonic() + _timeout(count)
     while scratch.unfinished(admin, schema):
         worker.check_alive()
@@ -148,6 +175,7 @@ def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, c
             raise BenchError(f"conveyor drain of {count} events did not finish in time")
         time.sleep(POLL)
     seen_done = time.time()
+    client_cpu, db_cpu = probe.spent(admin)
     rss = worker.peak_rss_mb()
     code = worker.stop()
     if code != 0:
@@ -157,26 +185,34 @@ def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, c
         f"batch_size={batch_size} concurrency={concurrency}"
     seconds = stats.check(count, f"conveyor drain ({label})")
     assert stats.first_claim is not None
-    return DrainRun(count / seconds, seconds, count / (seen_done - stats.first_claim), rss, label)
+    return DrainRun(count / seconds, seconds, count / (seen_done - stats.first_claim), rss, label,
+                    _per_event(client_cpu, count), _per_event(db_cpu, count))
 
 
 def raw_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count: int,
-              batch: int) -> DrainRun:
+              batch: int, registry: ProcessRegistry) -> DrainRun:
+    """The same for the baseline loop: connected and idle, then the events, then ``go``."""
     schema = schemas.raw
     scratch.reset(admin, schema)
-    with psycopg.connect(url) as conn:
-        copy_rows(conn, schema, ((NOOP_TOPIC, json.dumps({"i": i})) for i in range(count)))
-        conn.commit()
     scratch.settle(admin, schema)
-    report = run_raw_drainer(url, schema, batch, _timeout(count))
+    drainer = registry.raw_drainer(url, schema, batch)
+    drainer.start()
+    drainer.wait_ready()
+    probe = CpuProbe(admin, drainer.pid)
+    scratch.fill_raw(url, schema, NOOP_TOPIC, count)
+    drainer.go()
+    report = drainer.result(_timeout(count))
     seen_done = time.time()
+    client_cpu, db_cpu = probe.spent(admin)
+    drainer.stop()
     stats = scratch.drain_stats(admin, schema)
     seconds = stats.check(count, f"raw drain (batch {batch})")
     assert stats.first_claim is not None
     if report["handled"] != count:
         raise BenchError(f"raw drain handled {report['handled']} of {count} events")
     return DrainRun(count / seconds, seconds, count / (seen_done - stats.first_claim),
-                    float(report["rss_mb"]), f"batch={batch}")
+                    float(report["rss_mb"]), f"batch={batch}",
+                    _per_event(client_cpu, count), _per_event(db_cpu, count))
 
 
 # ------------------------------------------------------------------ wake-up

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -151,38 +152,165 @@ class WorkerProcess:
             self._stderr = None
 
 
+class RawDrainer:
+    """The baseline drain loop (``baseline.py``) in its own process, started on a signal.
+
+    ``start`` and ``wait_ready`` leave it connected and idle; ``go`` starts the
+    drain; ``result`` waits for its report; ``stop`` lets it disconnect (after
+    the caller has read its backend's CPU time) or kills it.
+    """
+
+    def __init__(self, url: str, schema: str, batch: int) -> None:
+        self.url = url
+        self.schema = schema
+        self.batch = batch
+        self.proc: subprocess.Popen[str] | None = None
+        self._stderr: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
+        self.proc = subprocess.Popen(
+            [sys.executable, BASELINE_SCRIPT, self.schema, str(self.batch)],
+            env=child_env(**{URL_ENV: self.url}), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+
+    def _line(self, timeout: float) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            self.stop(timeout=1.0)
+            raise BenchError(f"raw drain (batch {self.batch}) gave no answer within "
+                             f"{timeout:.0f}s:\n{self._tail()}")
+        return line.strip()
+
+    def _tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return "\n".join(self._stderr.read().decode("utf-8", "replace").splitlines()[-10:])
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        if self._line(timeout) != "ready":
+            raise BenchError(f"raw drain (batch {self.batch}) did not start")
+
+    def go(self) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        report: dict[str, Any] = json.loads(self._line(timeout))
+        return report
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        proc = self.proc
+        if proc is None:
+            return 0
+        if proc.poll() is None:
+            try:
+                assert proc.stdin is not None
+                proc.stdin.close()  # end of input: it disconnects and exits
+                proc.wait(timeout)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+
 class ProcessRegistry:
     """Tracks every child so ``stop_all`` can end them, whatever went wrong."""
 
     def __init__(self) -> None:
-        self._workers: list[WorkerProcess] = []
+        self._children: list[WorkerProcess | RawDrainer] = []
 
     def worker(self, *args: Any, **kwargs: Any) -> WorkerProcess:
         worker = WorkerProcess(*args, **kwargs)
-        self._workers.append(worker)
+        self._children.append(worker)
         return worker
 
+    def raw_drainer(self, url: str, schema: str, batch: int) -> RawDrainer:
+        drainer = RawDrainer(url, schema, batch)
+        self._children.append(drainer)
+        return drainer
+
     def stop_all(self) -> None:
-        for worker in self._workers:
+        for child in self._children:
             try:
-                worker.stop(timeout=10.0)
+                child.stop(timeout=10.0)
             finally:
-                worker.close()
-        self._workers.clear()
+                child.close()
+        self._children.clear()
 
 
-def run_raw_drainer(url: str, schema: str, batch: int, timeout: float) -> dict[str, Any]:
-    """Run the baseline drain loop in its own process; returns its JSON report."""
+# ------------------------------------------------------------------- CPU time
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a local process; ``None`` if it cannot be read."""
     try:
-        done = subprocess.run(
-            [sys.executable, BASELINE_SCRIPT, schema, str(batch)],
-            env=child_env(**{URL_ENV: url}), stdin=subprocess.DEVNULL,
-            capture_output=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"raw drain (batch {batch}) did not finish within {timeout:.0f}s") \
-            from None
-    if done.returncode != 0:
-        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-10:]
-        raise BenchError(f"raw drain (batch {batch}) failed:\n" + "\n".join(tail))
-    report: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
-    return report
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _local_backends(admin: psycopg.Connection[Any], pid: int) -> list[int]:
+    """Server pids of the TCP connections process ``pid`` holds, when the server is local."""
+    try:
+        import psutil
+
+        ports = {c.laddr.port for c in psutil.Process(pid).net_connections(kind="inet")
+                 if c.laddr}
+        rows = admin.execute(
+            "SELECT pid, client_port FROM pg_stat_activity WHERE datname = current_database()"
+            " AND client_addr IS NOT NULL AND (client_addr = inet_server_addr()"
+            " OR host(client_addr) IN ('127.0.0.1', '::1'))").fetchall()
+        found = [r[0] for r in rows if r[1] in ports]
+        # Only trust pids that really are PostgreSQL processes on this machine.
+        return [p for p in found if "postgres" in psutil.Process(p).name()]
+    except Exception:  # noqa: BLE001 - no psutil, no permission, remote server: no figure
+        return []
+
+
+class CpuProbe:
+    """CPU spent by one client process and its database backends between two readings.
+
+    Backends are looked up again at the end (the worker opens its acknowledging
+    connection on the first acknowledgement); one found only then counts from 0.
+    Backend figures exist only when the server runs on this machine.
+    """
+
+    def __init__(self, admin: psycopg.Connection[Any], pid: int) -> None:
+        self.pid = pid
+        self._own = cpu_seconds(pid)
+        self._backends = {b: cpu_seconds(b) or 0.0 for b in _local_backends(admin, pid)}
+
+    def spent(self, admin: psycopg.Connection[Any]) -> tuple[float | None, float | None]:
+        """(client seconds, backend seconds) since construction."""
+        own_end = cpu_seconds(self.pid)
+        own = None if own_end is None or self._own is None else own_end - self._own
+        backends = _local_backends(admin, self.pid)
+        if not backends:
+            return own, None
+        total = 0.0
+        for b in backends:
+            now = cpu_seconds(b)
+            if now is not None:
+                total += now - self._backends.get(b, 0.0)
+        return own, total

@@ -45,6 +45,13 @@ def complete(result: dict[str, Any]) -> dict[str, Any]:
         for key, what, op, threshold in TARGETS
     }
     result["targets_met"] = all(t["met"] for t in result["targets"].values())
+    # CPU efficiency: raw CPU per event / Conveyor's (like a throughput ratio when
+    # the machine is CPU-bound, but far less sensitive to other tenants' load).
+    cpu = result["cpu_us_per_event"]
+    for mine, theirs in (("drain_default", "raw_drain_same_batch"),
+                         ("drain_best", "raw_drain_best")):
+        a, b = cpu[mine]["total"], cpu[theirs]["total"]
+        result[f"{mine}_cpu_ratio"] = b / a if a and b else None
     return result
 
 
@@ -99,11 +106,24 @@ def format_table(result: dict[str, Any]) -> str:
         f"  {r['raw_worker_rss_mb']:>10.1f} MB  {'raw drainer':<15}{'':>6}  "
         f"{_verdict(r, 'worker_rss_mb')}",
     ]
+    cpu = r["cpu_us_per_event"]
+    if cpu["drain_default"]["total"] is not None:
+        lines.append(f"{'CPU/event, defaults':<{w}}{_us(cpu['drain_default'])}"
+                     f"  {_us(cpu['raw_drain_same_batch'])}  {'worker+db / raw':<15}"
+                     f"{r['drain_default_cpu_ratio'] or 0:>6.2f}")
+        lines.append(f"{'CPU/event, best':<{w}}{_us(cpu['drain_best'])}"
+                     f"  {_us(cpu['raw_drain_best'])}  {'(raw/Conveyor)':<15}"
+                     f"{r['drain_best_cpu_ratio'] or 0:>6.2f}")
     met = sum(t["met"] for t in r["targets"].values())
     lines.append("-" * (w + 64))
     lines.append(f"targets met: {met} of {len(r['targets'])}")
     lines.append(_notes(r))
     return "\n".join(lines)
+
+
+def _us(cpu: dict[str, float | None]) -> str:
+    total = cpu["total"]
+    return f"{total:>10.1f} us" if total is not None else f"{'-':>13}"
 
 
 def _notes(r: dict[str, Any]) -> str:
@@ -117,6 +137,7 @@ def _notes(r: dict[str, Any]) -> str:
         f"max {r['wake_max_ms']:.2f} ms, missing {r['wake_missing']}",
         f"drains: {plan['events']:,} events, median of {plan['reps']}; "
         f"settings tried (first run each): {candidates}",
-        f"PostgreSQL {env['postgresql']}, {env['cpus']} CPUs, load {env['load_avg_1m_end']}, "
+        f"PostgreSQL {env['postgresql']}, {env['cpus']} CPUs, load {env['load_avg_1m_start']}"
+        f" -> {env['load_avg_1m_end']}, "
         f"synchronous_commit={env['synchronous_commit']}; took {r['elapsed_s']:.0f}s",
     ])

@@ -60,6 +60,18 @@ def _median(runs: list[DrainRun]) -> float:
     return statistics.median(r.per_s for r in runs)
 
 
+def _median_of(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _cpu(runs: list[DrainRun]) -> dict[str, float | None]:
+    """Median CPU microseconds per event: the draining process, its backends, both."""
+    return {"client": _median_of([r.client_us for r in runs]),
+            "db": _median_of([r.db_us for r in runs]),
+            "total": _median_of([r.cpu_us for r in runs])}
+
+
 def _settings(batch_size: int, concurrency: int) -> dict[str, int]:
     return {"batch_size": batch_size, "concurrency": concurrency}
 
@@ -86,6 +98,7 @@ class Suite:
 
     def run(self) -> dict[str, Any]:
         started = time.time()
+        load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         with psycopg.connect(self.url, autocommit=True) as admin:
             scratch.lock(admin, self.schemas)
             scratch.create(admin, self.schemas)
@@ -95,6 +108,7 @@ class Suite:
                 self.registry.stop_all()
                 scratch.drop(admin, self.schemas)
             result["environment"] = _environment(admin)
+        result["environment"]["load_avg_1m_start"] = round(load_start, 2)
         result["elapsed_s"] = round(time.time() - started, 1)
         return result
 
@@ -126,6 +140,9 @@ class Suite:
             "worker_rss_best_mb": max(r.rss_mb for r in best),
             "worker_rss_wake_mb": wake.rss_mb,
             "raw_worker_rss_mb": max(r.rss_mb for r in raw_same + raw_best),
+            "cpu_us_per_event": {"drain_default": _cpu(default), "drain_best": _cpu(best),
+                                 "raw_drain_same_batch": _cpu(raw_same),
+                                 "raw_drain_best": _cpu(raw_best)},
             "runs": {
                 "drain_default": [_run_json(r) for r in default],
                 "drain_best": [_run_json(r) for r in best],
@@ -151,7 +168,8 @@ class Suite:
 
     def _raw(self, admin: psycopg.Connection[Any], batch: int) -> DrainRun:
         self.say(f"  raw drain, batch {batch}")
-        return measure.raw_drain(admin, self.url, self.schemas, self.plan.events, batch)
+        return measure.raw_drain(admin, self.url, self.schemas, self.plan.events, batch,
+                                 self.registry)
 
     def _drains(self, admin: psycopg.Connection[Any]) -> tuple[list[DrainRun], ...]:
         self.say(f"drain {self.plan.events:,} no-op events x {self.plan.reps}")
@@ -189,7 +207,8 @@ def _label(settings: tuple[int, int]) -> str:
 
 def _run_json(run: DrainRun) -> dict[str, Any]:
     return {"per_s": round(run.per_s, 1), "seconds": round(run.seconds, 4),
-            "wall_per_s": round(run.wall_per_s, 1), "rss_mb": round(run.rss_mb, 1)}
+            "wall_per_s": round(run.wall_per_s, 1), "rss_mb": round(run.rss_mb, 1),
+            "client_cpu_us": run.client_us, "db_cpu_us": run.db_us}
 
 
 def stderr_progress(message: str) -> None:
