@@ -420,11 +420,8 @@ def test_worker_waits_for_an_unreachable_database(tmp_path: Path) -> None:
         proc.wait(timeout=10)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: SIGTERM while the worker waits for the database at startup makes "
-    "ManagedConnection.get() raise CancelledError out of Worker.check_schema(); nothing "
-    "catches it, so the process prints a traceback and exits 1 instead of stopping cleanly"))
 def test_sigterm_while_waiting_for_the_database_exits_cleanly(tmp_path: Path) -> None:
+    """Regression: ManagedConnection.get() raised CancelledError out of check_schema()."""
     log = tmp_path / "worker.log"
     proc = _start_worker_on_unreachable_database(log)
     try:
