@@ -442,6 +442,8 @@ def million_finished_db(server_url: str, template_db: str) -> Any:
                 NewEvent(topic=t, tenant=tenant) for t, tenant in (
                     ("email.send", "acme"), ("sms.send", None), ("other", "globex"),
                     ("email.send", None))])
+            Producer().enqueue_many(conn, [NewEvent(topic="run.me") for _ in range(3)])
+            _claim(conn, _owner(), all_topics=False, topics=["run.me"])
             conn.execute("ANALYZE conveyor.events")
         yield url
     finally:
@@ -485,3 +487,43 @@ def test_claim_among_a_million_finished_rows_is_fast(
 def test_claim_with_tenants_takes_only_those_tenants(db: Conn) -> None:
     acme, _other, _none = _insert(db, tenant="acme"), _insert(db, tenant="globex"), _insert(db)
     assert [r[0] for r in _claim(db, _owner(), all_tenants=False, tenants=["acme"])] == [acme]
+
+
+def _seq_scanned(plan: Any) -> set[str]:
+    """Relations read by a sequential scan anywhere in the plan."""
+    if isinstance(plan, dict):
+        out = {plan.get("Relation Name", "?")} if plan.get("Node Type") == "Seq Scan" else set()
+        return out.union(*(_seq_scanned(v) for v in plan.values()))
+    if isinstance(plan, list):
+        return set().union(*(_seq_scanned(v) for v in plan))
+    return set()
+
+
+# The queries every worker runs on a timer or per batch: none may read the whole
+# table, however many finished rows it holds.
+HOT_QUERIES: dict[str, tuple[dict[str, Any], str | None]] = {
+    "event_rescue_expired": ({"limit": 1000}, "events_lease_idx"),
+    "event_extend_leases": ({"ids": [1, 2, 3], "owner": str(uuid.UUID(int=1)),
+                             "lease_ttl": 30}, None),
+    "event_succeed_many": ({"ids": [1, 2, 3], "attempts": [1, 1, 1],
+                            "owner": str(uuid.UUID(int=1))}, None),
+    "event_settle_many": ({"ids": [1], "attempts": [1], "states": ["failed"], "delays": [None],
+                           "refunds": [0], "errors": ["x"], "tracebacks": [None],
+                           "owner": str(uuid.UUID(int=1))}, None),
+    "status_oldest_pending": ({}, "events_claim_idx"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(HOT_QUERIES))
+def test_hot_query_plan_reads_no_whole_table_among_a_million_finished_rows(
+    million_finished_db: str, name: str,
+) -> None:
+    params, index = HOT_QUERIES[name]
+    with psycopg.connect(million_finished_db) as conn:
+        row = conn.execute("EXPLAIN (FORMAT JSON) " + Q[name], params or None).fetchone()
+        conn.rollback()
+    assert row is not None
+    assert "events" not in _seq_scanned(row[0]), row[0]
+    if index is not None:
+        assert index in _index_names(row[0]), row[0]
