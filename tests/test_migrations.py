@@ -127,6 +127,13 @@ def test_pending_is_empty_after_migrate(fresh_db: str) -> None:
         assert Migrator().applied_versions(conn) == list(range(1, latest_version() + 1))
 
 
+def test_migrate_with_no_transaction_open_commits_on_its_own(empty_db: str) -> None:
+    with psycopg.connect(empty_db) as conn:  # not autocommit, but idle
+        Migrator().apply(conn)
+        conn.rollback()
+    assert len(_applied(empty_db)) == latest_version()
+
+
 def test_migrate_joining_open_transaction_is_undone_by_rollback(empty_db: str) -> None:
     with psycopg.connect(empty_db) as conn:
         conn.execute("SELECT 1")  # the caller's transaction is open: apply() nests in it
