@@ -174,10 +174,9 @@ def _check_found(rows: Sequence[Sequence[Any]], f: _Filters, count: int | None,
     if (count is None and matched) or (count is not None and len(matched) == count):
         return [event_record(r) for r in matched]
     wanted = "at least one event" if count is None else f"exactly {count} event(s)"
-    scope = f"topic {f.topic!r}" if f.topic is not None else "the filters"
     raise AssertionError(
         f"expected {wanted} matching {f.describe()}; found {len(matched)}.\n"
-        f"Events of {scope} in the table:\n{_show(rows)}")
+        f"Events with that topic, tenant and state in the table:\n{_show(rows)}")
 
 
 def _check_absent(rows: Sequence[Sequence[Any]], f: _Filters) -> list[EventRecord]:
