@@ -10,6 +10,7 @@ engine applies to a job or task row, so "processed once" is observed, not assume
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -296,8 +297,12 @@ def test_two_workers_deliver_everything_exactly_once(chain: Chain) -> None:
     time.sleep(0.5)  # a late duplicate would show up now
     check_mails(chain.sink.received(), mails, duplicates_allowed=False)
     assert len(chain.sink.received()) == len(mails)
+    # The workers' own request logs agree: one PATCH per row, whoever sent it.
+    patches = [re.findall(r"PATCH http://\S+/api/(filejobs|tasks)/(\d+)", w.log()) for w in workers]
+    sent = [(res, int(i)) for per_worker in patches for res, i in per_worker]
+    assert sorted(sent) == sorted([("filejobs", j.id) for j in jobs] + [("tasks", t) for t in task_ids])
     print(f"\n{total} events through two workers in {elapsed:.2f}s; "
-          f"lease owners seen running: {len(owners)}")
+          f"PATCHes per worker: {[len(p) for p in patches]}; lease owners seen running: {len(owners)}")
 
 
 def test_redelivered_created_event_of_a_finished_job_is_skipped(chain: Chain) -> None:
