@@ -102,7 +102,7 @@ class TenantDatabase:
             TenantDatabase.parse("postgresql://app@db/globex").name         # "globex"
         """
         name, sep, url = spec.partition("=")
-        if sep and _TENANT_NAME_RE.fullmatch(name) and "://" in url:
+        if sep and _TENANT_NAME_RE.fullmatch(name) and _parses(url):
             return cls(name, url)
         try:
             dbname = conninfo_to_dict(spec).get("dbname")
@@ -113,6 +113,15 @@ class TenantDatabase:
             raise ConfigError(f"tenant database {describe(spec)!r} names no database; "
                               "write it as 'TENANT=URL'")
         return cls(str(dbname), spec)
+
+
+def _parses(conninfo: str) -> bool:
+    if "://" in conninfo:
+        return True
+    try:
+        return bool(conninfo.strip()) and bool(conninfo_to_dict(conninfo))
+    except Exception:  # noqa: BLE001 - psycopg raises several kinds for bad conninfo
+        return False
 
 
 def current_tenant() -> TenantDatabase | None:

@@ -17,6 +17,9 @@ Example::
 
 from __future__ import annotations
 
+# 100 years, as for enqueue delays (kept literal: this module imports nothing internal).
+MAX_SECONDS = 100 * 366 * 24 * 3600.0
+
 
 class HandlerSignal(Exception):
     """Base class of the outcome signals."""
@@ -26,6 +29,14 @@ class HandlerSignal(Exception):
         self.reason = reason
 
 
+def _seconds(seconds: float) -> float:
+    # The delay ends up as run_at in the database; refuse here what it could not store.
+    value = float(seconds)
+    if not 0 <= value <= MAX_SECONDS:
+        raise ValueError(f"expected seconds to be between 0 and {MAX_SECONDS:.0f}, got {seconds!r}")
+    return value
+
+
 class RetryAfter(HandlerSignal):
     """Fail this attempt and retry after ``seconds`` instead of the backoff delay.
 
@@ -33,20 +44,16 @@ class RetryAfter(HandlerSignal):
     """
 
     def __init__(self, seconds: float, reason: str = "") -> None:
-        if not seconds >= 0:
-            raise ValueError(f"expected seconds to be >= 0, got {seconds!r}")
+        self.seconds = _seconds(seconds)
         super().__init__(reason or f"retry requested after {seconds:g}s")
-        self.seconds = float(seconds)
 
 
 class Snooze(HandlerSignal):
     """Put the event back for ``seconds`` without spending an attempt."""
 
     def __init__(self, seconds: float, reason: str = "") -> None:
-        if not seconds >= 0:
-            raise ValueError(f"expected seconds to be >= 0, got {seconds!r}")
+        self.seconds = _seconds(seconds)
         super().__init__(reason or f"snoozed for {seconds:g}s")
-        self.seconds = float(seconds)
 
 
 class PermanentFailure(HandlerSignal):

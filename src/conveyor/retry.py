@@ -12,6 +12,7 @@ shortens a delay, so ``max_delay`` stays a true upper bound.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Protocol
@@ -45,6 +46,8 @@ class LinearBackoff:
     def __post_init__(self) -> None:
         if not self.step >= 0:
             raise ConfigError(f"expected step to be >= 0, got {self.step!r}")
+        if not (math.isfinite(self.step) and math.isfinite(self.max_delay)):
+            raise ConfigError(f"expected finite step and max_delay, got {self.step!r}, {self.max_delay!r}")
         if not self.max_delay >= 0:
             raise ConfigError(f"expected max_delay to be >= 0, got {self.max_delay!r}")
 
@@ -69,6 +72,9 @@ class BackoffPolicy:
     jitter: float = JITTER_DEFAULT
 
     def __post_init__(self) -> None:
+        for name in ("base_delay", "factor", "max_delay"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"expected {name} to be finite, got {getattr(self, name)!r}")
         if not self.base_delay >= 0:
             raise ConfigError(f"expected base_delay to be >= 0, got {self.base_delay!r}")
         if not self.factor >= 1:
@@ -83,8 +89,10 @@ class BackoffPolicy:
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
         exponent = max(attempt - 1, 0)
-        # Cap the exponent so huge attempt numbers cannot overflow a float.
-        raw = self.base_delay * self.factor ** min(exponent, 64)
+        try:
+            raw = self.base_delay * self.factor ** min(exponent, 1024)
+        except OverflowError:
+            raw = math.inf  # past any cap anyway
         capped = min(self.max_delay, raw)
         r = (rng or random).random()
         return capped * (1.0 - self.jitter * r)

@@ -167,10 +167,6 @@ async def test_timeout_error_raised_by_the_handler_is_an_ordinary_failure(db: st
     assert row["errors"][0]["traceback"].startswith("Traceback")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a CancelledError the handler raises itself (the worker never cancelled it) "
-    "escapes run_handler; _execute re-raises it, no outcome is recorded, the event stays "
-    "'running' with its lease renewed by every heartbeat and its slot taken, until shutdown"))
 async def test_cancelled_error_raised_inside_the_handler_is_a_failed_attempt(
         db: str) -> None:
     # The handler awaits something that someone else cancelled: the worker did
@@ -194,10 +190,6 @@ async def test_cancelled_error_raised_inside_the_handler_is_a_failed_attempt(
     assert in_flight == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a timed-out plain handler keeps its pool thread, but its slot is freed; the pool "
-    "has only `concurrency` threads, so the next plain handler queues behind the stuck one "
-    "and times out without ever starting, spending an innocent event's attempt"))
 async def test_a_timed_out_thread_does_not_steal_the_next_events_time(db: str) -> None:
     # A plain handler that timed out keeps its thread until it returns; the next
     # event must not spend its attempt (and its timeout) queued behind it.

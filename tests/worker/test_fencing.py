@@ -214,12 +214,6 @@ async def test_rescue_leaves_live_leases_alone(db: str) -> None:
     assert row["state"] == "running" and row["owner"] == owner and row["errors"] == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: _running is keyed by event id only; when a worker re-claims an event whose "
-    "earlier attempt it still runs, the stale attempt's fenced outcome pops the new "
-    "attempt's entry in _acked, and the new attempt's result is then dropped in _execute "
-    "(`event.id in self._running` is false): the event stays 'running' until its lease "
-    "expires and runs yet again"))
 async def test_reclaiming_an_event_still_running_here_keeps_the_new_attempt(
         db: str) -> None:
     # This worker's lease lapsed unnoticed (e.g. its upkeep connection was down

@@ -70,10 +70,6 @@ async def test_worker_survives_all_its_connections_being_terminated(db: str) -> 
     assert set(handled) == set(ids) and len(handled) == total
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: once stopping, ManagedConnection's backoff waits (_sleep/_wait_for_server wait on "
-    "the stopping event) return at once, so the completer's get(give_up_on_stop=False) and "
-    "pause_after_failure() retry logins in a tight loop for the whole shutdown_timeout"))
 async def test_stopping_while_the_database_refuses_connections_backs_off(
         fresh_db: str, server_url: str, caplog: pytest.LogCaptureFixture) -> None:
     # The database goes away just as the worker is asked to stop: results cannot

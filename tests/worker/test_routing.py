@@ -128,3 +128,23 @@ async def test_catch_all_route_claims_every_topic(db: str) -> None:
     finally:
         await worker.close()
     assert sorted(handled) == ["a.b", "q_r.s", "zz"]
+
+
+async def test_tenant_limited_worker_claims_only_its_tenants(db: str) -> None:
+    handled: list[str | None] = []
+
+    async def handle(event: Event) -> None:
+        handled.append(event.tenant)
+
+    router = Router()
+    router.add("t.*", handle)
+    ids = {tenant: await enqueue(db, "t.job", tenant=tenant)
+           for tenant in ("acme", "globex", "acme-eu", None)}
+    worker = Worker(db, router, fast_config(tenants=("acme", "initech")))
+    try:
+        await _drain(worker)
+    finally:
+        await worker.close()
+    assert handled == ["acme"]
+    for tenant in ("globex", "acme-eu", None):
+        await _untouched(db, ids[tenant])

@@ -129,10 +129,6 @@ async def test_worker_is_registered_while_running_and_removed_after_stop(db: str
     assert await registry() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: _upkeep_loop runs only `while not self._stopping.is_set()`, so heartbeats and "
-    "lease renewal stop the moment a graceful stop begins; a handler still draining past "
-    "lease_ttl is rescued and run again by another worker, and its own result is fenced out"))
 async def test_leases_stay_renewed_while_a_stopping_worker_drains(db: str) -> None:
     # A handler that needs longer than lease_ttl after the stop, but less than
     # shutdown_timeout, must finish and be acknowledged by its own worker; no
@@ -172,9 +168,6 @@ async def test_leases_stay_renewed_while_a_stopping_worker_drains(db: str) -> No
     assert draining.stats.succeeded == 1 and draining.completer.stale == 0
 
 
-@pytest.mark.xfail(strict=True, raises=asyncio.CancelledError, reason=(
-    "BUG: run() after request_stop() raises CancelledError out of check_schema(): "
-    "ManagedConnection.get() gives up on stop, and run() does not catch it"))
 async def test_stop_requested_before_run_returns_cleanly(db: str) -> None:
     router = Router()
     router.add("early.*", lambda event: None)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from conveyor import Event, Router, Worker
+import pytest
+
+from conveyor import ConfigError, Event, MigrationError, Router, Worker
 
 from .conftest import enqueue, event_row, fast_config, running, wait_all_in
 
@@ -107,3 +109,63 @@ async def test_running_worker_drains_all_three_handler_kinds(db: str) -> None:
     for event_id in ids:
         await _assert_succeeded(db, event_id)
     assert worker.stats.succeeded == 3
+
+
+async def test_handler_receives_the_event_as_enqueued(db: str) -> None:
+    seen: list[Event] = []
+
+    async def handle(event: Event) -> None:
+        seen.append(event)
+
+    router = Router()
+    router.add("order.created", handle)
+    event_id = await enqueue(db, "order.created", {"id": 7, "lines": [1, 2]}, tenant="acme",
+                             idempotency_key="order-7", priority=3, max_attempts=4)
+    worker = Worker(db, router, fast_config())
+    try:
+        assert await worker.run_once() == 1
+    finally:
+        await worker.close()
+    [event] = seen
+    row = await event_row(db, event_id)
+    assert (event.id, event.topic, event.tenant, event.idempotency_key) == \
+        (event_id, "order.created", "acme", "order-7")
+    assert event.payload == {"id": 7, "lines": [1, 2]}
+    assert (event.attempt, event.max_attempts, event.priority) == (1, 4, 3)
+    assert event.created_at == row["created_at"]
+    assert not event.is_last_attempt
+
+
+async def test_higher_priority_runs_first_then_oldest_first(db: str) -> None:
+    order: list[str] = []
+
+    async def handle(event: Event) -> None:
+        order.append(event.payload["name"])
+
+    router = Router()
+    router.add("prio.job", handle)
+    for name, priority in (("low-1", 0), ("high-1", 5), ("low-2", 0), ("mid", 2), ("high-2", 5)):
+        await enqueue(db, "prio.job", {"name": name}, priority=priority)
+    worker = Worker(db, router, fast_config(concurrency=1, batch_size=1))
+    try:
+        while await worker.run_once():
+            pass
+    finally:
+        await worker.close()
+    assert order == ["high-1", "high-2", "mid", "low-1", "low-2"]
+
+
+def test_a_worker_with_no_routes_is_refused(db: str) -> None:
+    with pytest.raises(ConfigError, match="no routes"):
+        Worker(db, Router(), fast_config())
+
+
+async def test_run_refuses_an_unmigrated_database(empty_db: str) -> None:
+    router = Router()
+    router.add("x", lambda event: None)
+    worker = Worker(empty_db, router, fast_config())
+    try:
+        with pytest.raises(MigrationError, match="not migrated"):
+            await asyncio.wait_for(worker.run(), 10)
+    finally:
+        await worker.close()

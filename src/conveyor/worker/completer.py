@@ -46,9 +46,10 @@ class Completer:
     def backlog(self) -> int:
         return len(self._buffer)
 
-    def unacknowledged_ids(self) -> set[int]:
-        """Ids with an outcome decided but not yet written (buffered or being written)."""
-        return {o.event_id for o in self._buffer} | {o.event_id for o in self._flushing}
+    def unacknowledged(self) -> set[tuple[int, int]]:
+        """(event id, attempt) of outcomes decided but not yet written (buffered or being written)."""
+        return ({(o.event_id, o.attempt) for o in self._buffer}
+                | {(o.event_id, o.attempt) for o in self._flushing})
 
     def add(self, outcome: Outcome) -> None:
         self._buffer.append(outcome)
@@ -85,7 +86,7 @@ class Completer:
         except CONNECTION_ERRORS as exc:
             self._buffer[:0] = batch
             await self._conn.discard(exc)
-            await self._conn.pause_after_failure()
+            await self._conn.pause_after_failure(interruptible=False)
             return
         except psycopg.Error as exc:
             # Not a connection problem, so retrying the same batch would fail the

@@ -25,6 +25,10 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 RECOVERABLE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, TimeoutError)
 
 
+class StopRequested(Exception):
+    """Raised by :meth:`ManagedConnection.get` when the worker is stopping and gave up waiting."""
+
+
 PROBE_INTERVAL = 1.0
 RECOVERY_WINDOW = 15.0
 
@@ -99,7 +103,7 @@ class ManagedConnection:
             if self._conn is not None and not self._conn.closed:
                 return self._conn
             if give_up_on_stop and self._stopping.is_set():
-                raise asyncio.CancelledError(f"{self.role} connection not needed: stopping")
+                raise StopRequested(f"{self.role} connection not needed: stopping")
             try:
                 self._conn = await connect_async(
                     self.conninfo, autocommit=True,
@@ -109,7 +113,7 @@ class ManagedConnection:
                 log.warning("database unreachable for %s connection, retrying in %.1fs: %s",
                             self.role, delay, exc,
                             extra={"action": "reconnect_wait", "role": self.role})
-                await self._wait_for_server(delay)
+                await self._wait_for_server(delay, interruptible=give_up_on_stop)
                 continue
             if self._ever_connected:
                 self.reconnects += 1
@@ -119,7 +123,7 @@ class ManagedConnection:
             self._backoff.reset()
             return self._conn
 
-    async def _wait_for_server(self, delay: float) -> None:
+    async def _wait_for_server(self, delay: float, *, interruptible: bool = True) -> None:
         """Sleep out a backoff step, cut short when the server comes back.
 
         Backoff keeps a long outage from being hammered with logins, but after a
@@ -131,11 +135,11 @@ class ManagedConnection:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + delay
-        while not self._stopping.is_set():
+        while not (interruptible and self._stopping.is_set()):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
-            await self._sleep(min(PROBE_INTERVAL, remaining))
+            await self._sleep(min(PROBE_INTERVAL, remaining), interruptible=interruptible)
             if loop.time() < self._recovering_until:
                 return
             reachable = await probe_server(self.conninfo)
@@ -148,7 +152,15 @@ class ManagedConnection:
                 self._recovering_until = loop.time() + RECOVERY_WINDOW
                 return
 
-    async def _sleep(self, delay: float) -> None:
+    async def _sleep(self, delay: float, *, interruptible: bool = True) -> None:
+        """Sleep ``delay``; an interruptible sleep ends early when the worker stops.
+
+        Work that must go on while stopping (acknowledgements) sleeps without
+        interruption, or it would retry in a tight loop once stopping is set.
+        """
+        if not interruptible:
+            await asyncio.sleep(delay)
+            return
         try:
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
         except TimeoutError:
@@ -165,9 +177,9 @@ class ManagedConnection:
             except Exception:  # noqa: BLE001 - it is already broken; closing is best effort
                 pass
 
-    async def pause_after_failure(self) -> None:
+    async def pause_after_failure(self, *, interruptible: bool = True) -> None:
         """Wait out one backoff step (used after an error on a connection that still looks up)."""
-        await self._sleep(self._backoff.next_delay())
+        await self._sleep(self._backoff.next_delay(), interruptible=interruptible)
 
     async def close(self) -> None:
         await self.discard()

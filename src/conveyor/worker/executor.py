@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import traceback
-from concurrent.futures import Executor
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from typing import Any
 
 from conveyor.outcomes import Cancel, PermanentFailure, RetryAfter, Snooze
 from conveyor.retry import RetryPolicy
 from conveyor.router import Route
 from conveyor.types import Event, EventState
+from conveyor.validation import DELAY_MAX_SECONDS
 
 ERROR_MAX_CHARS = 2000
 TRACEBACK_MAX_CHARS = 8000
@@ -53,8 +57,23 @@ def failure(event: Event, error: str, tb: str | None, backoff: RetryPolicy,
     if event.attempt >= event.max_attempts:
         return Outcome(event.id, event.attempt, EventState.FAILED, error=error, traceback=tb)
     wait = backoff.delay(event.attempt) if delay is None else delay
+    # Whatever a policy computes, the database must be able to store it.
+    wait = min(max(wait, 0.0), DELAY_MAX_SECONDS) if math.isfinite(wait) else DELAY_MAX_SECONDS
     return Outcome(event.id, event.attempt, EventState.PENDING, delay=wait, error=error,
                    traceback=tb)
+
+
+async def _in_thread(route: Route, event: Event, pool: Executor,
+                     on_abandoned: Callable[[Future[Any]], None] | None) -> None:
+    future = pool.submit(route.handler, event)
+    try:
+        await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        # A queued call is cancelled with its wrapper; a running one cannot be
+        # stopped, and whoever owns the pool must know its thread is still busy.
+        if not future.done() and on_abandoned is not None:
+            on_abandoned(future)
+        raise
 
 
 async def run_handler(
@@ -64,15 +83,23 @@ async def run_handler(
     timeout: float,
     backoff: RetryPolicy,
     thread_pool: Executor | None,
+    on_abandoned: Callable[[Future[Any]], None] | None = None,
 ) -> Outcome:
-    """Call the route's handler with a timeout and classify the result."""
+    """Call the route's handler with a timeout and classify the result.
+
+    ``on_abandoned`` is told about a plain handler's thread that is still running
+    when the call timed out or was cancelled.
+    """
     try:
         async with asyncio.timeout(timeout) as deadline:
             if route.is_async:
                 await route.handler(event)
             elif route.blocking:
-                loop = asyncio.get_running_loop()
-                await loop.run_in_executor(thread_pool, route.handler, event)
+                if thread_pool is None:
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(None, route.handler, event)
+                else:
+                    await _in_thread(route, event, thread_pool, on_abandoned)
             else:
                 route.handler(event)
     except RetryAfter as signal:
@@ -93,6 +120,13 @@ async def run_handler(
             return failure(event, f"handler timed out after {timeout:g}s", None, backoff)
         return failure(event, _describe(exc), _clip(traceback.format_exc(), TRACEBACK_MAX_CHARS),
                        backoff)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the worker cancelled this call (shutdown, lost lease)
+        # The handler raised CancelledError itself: a failed attempt like any other.
+        return failure(event, _describe(exc) if str(exc) else "handler raised CancelledError",
+                       _clip(traceback.format_exc(), TRACEBACK_MAX_CHARS), backoff)
     except Exception as exc:  # noqa: BLE001 - any handler error is a failed attempt
         return failure(event, _describe(exc), _clip(traceback.format_exc(), TRACEBACK_MAX_CHARS),
                        backoff)

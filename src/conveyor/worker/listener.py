@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from psycopg import sql
 
-from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection
+from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, StopRequested
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,8 @@ class Listener:
                             break
                     if not heard and not stopping.is_set():
                         await asyncio.wait_for(conn.execute("SELECT 1"), self._ping_timeout)
-            except asyncio.CancelledError:
-                raise
+            except StopRequested:
+                break
             except RECOVERABLE_ERRORS as exc:
                 self.connected.clear()
                 if stopping.is_set():

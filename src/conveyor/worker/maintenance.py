@@ -28,7 +28,7 @@ DEAD_WORKER_ROW_AGE = 3600.0
 
 class Maintenance:
     def __init__(self, queries: Queries, config: WorkerConfig, owner: str, name: str,
-                 topics: list[str], owned: Callable[[], list[int]]) -> None:
+                 topics: list[str], owned: Callable[[], list[tuple[int, int]]]) -> None:
         self._q = queries
         self._config = config
         self._owner = owner
@@ -38,17 +38,18 @@ class Maintenance:
             "topics": topics, "concurrency": config.concurrency,
         }
 
-    async def heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> set[int]:
-        """Refresh the registry row and this worker's leases; returns the ids it lost."""
+    async def heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> set[tuple[int, int]]:
+        """Refresh the registry row and this worker's leases; returns the (id, attempt) it lost."""
         await conn.execute(self._q["worker_heartbeat"], self.registration)
-        ids = self._owned()
-        if not ids:
+        owned = set(self._owned())
+        if not owned:
             return set()
         cur = await conn.execute(self._q["event_extend_leases"], {
-            "ids": ids, "owner": self._owner, "lease_ttl": self._config.lease_ttl})
-        kept = {r[0] for r in await cur.fetchall()}
-        # Ids acknowledged while the query ran are not lost; the caller re-checks.
-        return set(ids) - kept
+            "ids": sorted({event_id for event_id, _ in owned}), "owner": self._owner,
+            "lease_ttl": self._config.lease_ttl})
+        kept = {(r[0], r[1]) for r in await cur.fetchall()}
+        # Pairs acknowledged while the query ran are not lost; the caller re-checks.
+        return owned - kept
 
     async def unregister(self, conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute(self._q["worker_unregister"], {"id": self._owner})

@@ -21,7 +21,7 @@ import signal
 import socket
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from conveyor.worker.connection import (
     CONNECTION_ERRORS,
     RECOVERABLE_ERRORS,
     ManagedConnection,
+    StopRequested,
 )
 from conveyor.worker.executor import Outcome, run_handler
 from conveyor.worker.listener import Listener
@@ -96,7 +97,10 @@ class Worker:
         self._stopping = asyncio.Event()
         self._closing = asyncio.Event()   # set once nothing more will be acknowledged
         self._wake = asyncio.Event()
-        self._running: dict[int, _Running] = {}   # claimed and not yet acknowledged
+        # Claimed and not yet acknowledged, by (event id, attempt): the same event
+        # can be here twice when a lost attempt still runs and it was re-claimed.
+        self._running: dict[tuple[int, int], _Running] = {}
+        self._abandoned_threads = 0               # timed-out plain handlers still running
         self._active = 0                          # handlers still executing
         self._slot_freed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
@@ -120,6 +124,7 @@ class Worker:
                                  ping_interval=c.listener_ping_interval)
         self.maintenance = Maintenance(self._q, c, self.id, self.name, router.patterns,
                                        owned=lambda: list(self._running))
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.started = asyncio.Event()
 
     # ----------------------------------------------------------------- control
@@ -162,9 +167,13 @@ class Worker:
 
     async def run(self) -> None:
         """Work until :meth:`request_stop`, then shut down gracefully."""
-        await self.check_schema()
-        self._pool = ThreadPoolExecutor(max_workers=self.config.concurrency,
-                                        thread_name_prefix="conveyor-handler")
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self.check_schema()
+        except StopRequested:
+            log.info("stopped before the database could be reached", extra={"action": "stopped"})
+            return
+        self._pool = self._new_pool()
         await self._register()
         tasks = [
             asyncio.create_task(self.listener.run(self._stopping), name="conveyor-listener"),
@@ -180,10 +189,17 @@ class Worker:
         finally:
             await self._shutdown(tasks, completer)
 
+    def _new_pool(self) -> ThreadPoolExecutor:
+        # Threads start lazily; the second half is the reserve for abandoned ones.
+        return ThreadPoolExecutor(max_workers=2 * self.config.concurrency,
+                                  thread_name_prefix="conveyor-handler")
+
     async def _register(self) -> None:
         try:
             conn = await self._upkeep_conn.get()
             await conn.execute(self._q["worker_register"], self.maintenance.registration)
+        except StopRequested:
+            pass
         except CONNECTION_ERRORS as exc:
             # The first heartbeat registers the worker once the database is back.
             await self._upkeep_conn.discard(exc)
@@ -202,10 +218,10 @@ class Worker:
             if late:
                 await asyncio.wait(late, timeout=1.0)
         # Whatever has no outcome yet goes back without spending an attempt.
-        queued = self.completer.unacknowledged_ids()
-        for event_id, running in list(self._running.items()):
+        queued = self.completer.unacknowledged()
+        for key, running in list(self._running.items()):
             unfinished = running.task is None or running.task.cancelled()
-            if event_id not in queued and unfinished:
+            if key not in queued and unfinished:
                 self.completer.add(Outcome.handed_back(running.event))
                 self.stats.handed_back += 1
         self._closing.set()
@@ -270,7 +286,11 @@ class Worker:
     def _free_slots(self) -> int:
         # A slot stays taken until the result is acknowledged, so the table never
         # shows more of this worker's events running than its concurrency.
-        return self.config.concurrency - len(self._running)
+        # The pool has a spare thread per slot, so a timed-out plain handler whose
+        # thread runs on delays nobody; only past that reserve do stuck threads
+        # take slots (the work would otherwise queue behind them and time out).
+        overflow = max(0, self._abandoned_threads - self.config.concurrency)
+        return self.config.concurrency - len(self._running) - overflow
 
     async def _fetch_loop(self) -> None:
         c = self.config
@@ -305,10 +325,8 @@ class Worker:
                 **self._filter, "limit": want, "owner": self.id,
                 "lease_ttl": self.config.lease_ttl})
             rows = await cur.fetchall()
-        except asyncio.CancelledError:
-            if self._stopping.is_set():
-                return None
-            raise
+        except StopRequested:
+            return None
         except CONNECTION_ERRORS as exc:
             await self._fetch_conn.discard(exc)
             return None
@@ -328,35 +346,50 @@ class Worker:
         route = self.router.resolve(event.topic)
         if route is None:
             # The claim filter should make this impossible; give the event back untouched.
-            self._running[event.id] = _Running(event, None)
+            self._running[(event.id, event.attempt)] = _Running(event, None)
             self.completer.add(Outcome.handed_back(event))
             return
         self._active += 1
         running = _Running(event, None)
-        self._running[event.id] = running
+        self._running[(event.id, event.attempt)] = running
         running.task = asyncio.create_task(self._execute(route, event))
 
     async def _execute(self, route: Any, event: Event) -> None:
         try:
             outcome = await run_handler(
                 route, event, timeout=route.timeout or self.config.handler_timeout,
-                backoff=route.backoff or self.config.backoff, thread_pool=self._pool)
+                backoff=route.backoff or self.config.backoff, thread_pool=self._pool,
+                on_abandoned=self._thread_abandoned)
         except asyncio.CancelledError:
             # Shutdown timed out or the lease was lost; _shutdown decides what to write.
             self._release_slot()
             raise
         self._release_slot()
-        if event.id in self._running:
+        if (event.id, event.attempt) in self._running:
             self.completer.add(outcome)
 
     def _release_slot(self) -> None:
         self._active -= 1
 
+    def _thread_abandoned(self, future: Future[Any]) -> None:
+        """A plain handler timed out but its thread runs on: count it until it returns."""
+        self._abandoned_threads += 1
+        loop = asyncio.get_running_loop()
+
+        def returned(_: Future[Any]) -> None:
+            loop.call_soon_threadsafe(self._thread_returned)
+
+        future.add_done_callback(returned)
+
+    def _thread_returned(self) -> None:
+        self._abandoned_threads -= 1
+        self._slot_freed.set()
+
     def _acked(self, batch: list[Outcome], done: set[int]) -> None:
         s = self.stats
         now = time.time()
         for outcome in batch:
-            self._running.pop(outcome.event_id, None)
+            self._running.pop((outcome.event_id, outcome.attempt), None)
             if outcome.event_id not in done:
                 continue
             if outcome.state is EventState.PENDING and outcome.delay is not None:
@@ -380,10 +413,12 @@ class Worker:
         c = self.config
         next_beat = next_rescue = time.monotonic()
         next_prune = time.monotonic() + self._rng.uniform(0, 60)
-        while not self._stopping.is_set():
+        # Runs until nothing is left to acknowledge, not merely until stopping:
+        # handlers still draining after SIGTERM must keep their leases.
+        while not self._closing.is_set():
             now = time.monotonic()
             try:
-                conn = await self._upkeep_conn.get()
+                conn = await self._upkeep_conn.get(give_up_on_stop=False)
                 if now >= next_beat:
                     lost = await self.maintenance.heartbeat(conn)
                     self._drop_lost(lost)
@@ -395,34 +430,30 @@ class Worker:
                 if now >= next_prune:
                     await self.maintenance.prune(conn)
                     next_prune = now + PRUNE_INTERVAL
-            except asyncio.CancelledError:
-                if self._stopping.is_set():
-                    return
-                raise
             except CONNECTION_ERRORS as exc:
                 await self._upkeep_conn.discard(exc)
                 continue
             except psycopg.Error as exc:
                 log.error("maintenance failed: %s", exc, extra={"action": "upkeep_failed"})
-                await self._upkeep_conn.pause_after_failure()
+                await self._upkeep_conn.pause_after_failure(interruptible=False)
                 continue
             sleep_for = max(0.05, min(next_beat, next_rescue) - time.monotonic())
             try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=sleep_for)
+                await asyncio.wait_for(self._closing.wait(), timeout=sleep_for)
             except TimeoutError:
                 pass
 
-    def _drop_lost(self, lost: set[int]) -> None:
+    def _drop_lost(self, lost: set[tuple[int, int]]) -> None:
         """Stop work on events whose lease this worker no longer holds."""
-        queued = self.completer.unacknowledged_ids()
-        for event_id in lost:
-            running = self._running.get(event_id)
-            if running is None or event_id in queued:
+        queued = self.completer.unacknowledged()
+        for key in lost:
+            running = self._running.get(key)
+            if running is None or key in queued:
                 continue
             self.stats.lost += 1
-            log.warning("lost the lease of event %s; abandoning it", event_id,
-                        extra={"action": "lease_lost", "event_id": event_id})
-            del self._running[event_id]
+            log.warning("lost the lease of event %s; abandoning it", key[0],
+                        extra={"action": "lease_lost", "event_id": key[0], "attempt": key[1]})
+            del self._running[key]
             self._slot_freed.set()
             if running.task is not None and not running.task.done():
                 running.task.cancel()
@@ -435,7 +466,7 @@ class Worker:
         Deterministic single step for tests; needs no listener or upkeep task.
         """
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.config.concurrency)
+            self._pool = self._new_pool()
         claimed = await self._claim(min(self._free_slots(), self.config.batch_size))
         if not claimed:
             return 0

@@ -111,7 +111,7 @@ SET lease_expires_at = now() + %(lease_ttl)s * interval '1 second'
 WHERE id = ANY(%(ids)s::bigint[])
   AND state = 'running'
   AND lease_owner = %(owner)s
-RETURNING id
+RETURNING id, attempts
 
 -- name: event_rescue_expired
 -- Events whose worker stopped renewing its lease (killed, frozen, cut off) go
