@@ -16,6 +16,7 @@ Every process is killed at teardown and every wait is bounded.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import email
 import email.policy
@@ -306,11 +307,14 @@ class SmtpSink:
     port: int
     mails: list[Mail] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    delay: float = 0.0  # seconds between receiving the DATA and answering 250
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         with self.lock:
             self.mails.append(Mail(envelope.mail_from, list(envelope.rcpt_tos),
                                    bytes(envelope.original_content)))
+        if self.delay:
+            await asyncio.sleep(self.delay)
         return "250 Message accepted for delivery"
 
     def received(self) -> list[Mail]:

@@ -429,6 +429,33 @@ def test_engine_down_write_backs_are_retried_until_it_is_back(
 
 
 
+
+def test_worker_sigkilled_mid_smtp_redelivers_with_the_same_message_id(chain: Chain) -> None:
+    """The sink has the mail but the worker dies before the 250: the redelivery is a
+    duplicate a downstream can drop, because it carries the same Message-ID."""
+    chain.sink.delay = 30  # hold the 250 back: the worker dies waiting for it
+    first = chain.start_worker()
+    wait_for(lambda: chain.workers_registered(1), 20, "the worker to register", alive=[first])
+    _, _, mails = create_all(chain, [], tasks=0, emails=4)
+    in_flight = wait_for(lambda: len(got := chain.sink.received()) >= 2 and got, 20,
+                         "mails to reach the sink", alive=[first])
+    first.stop(signal.SIGKILL)
+    chain.sink.delay = 0
+    second = chain.start_worker()
+    wait_for(lambda: all_finished(chain.db, len(mails)), 30, "the mails after the kill",
+             alive=[second])
+    assert {e[2] for e in finished_events(chain.db)} == {"succeeded"}
+    seen = check_mails(chain.sink.received(), mails, duplicates_allowed=True)
+    duplicated = {m.message_id for m in in_flight}
+    assert {mid for mid, n in seen.items() if n > 1} == duplicated
+    assert all(seen[mid] == 2 for mid in duplicated)
+    for mid in duplicated:
+        copies = [m.message for m in chain.sink.received() if m.message_id == mid]
+        assert len({(c["Subject"], c["To"], c["From"]) for c in copies}) == 1
+        assert len({tuple(p.get_content() for p in c.iter_parts()) for c in copies}) == 1
+    print(f"\nSIGKILL mid-SMTP: {len(duplicated)} mails delivered twice, same Message-ID; "
+          f"{len(seen)} distinct of {len(mails)}")
+
 class SlowExit(Exception):
     """The worker process outlived its shutdown grace (the only failure the xfail below expects)."""
 
