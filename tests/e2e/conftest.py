@@ -83,8 +83,10 @@ def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float 
 
 
 def query(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Run one statement; its rows (none for a statement that returns none)."""
     with psycopg.connect(url, autocommit=True, application_name="e2e-test") as conn:
-        return conn.execute(sql.encode() if params is None else sql, params).fetchall()
+        cur = conn.execute(sql.encode() if params is None else sql, params)
+        return cur.fetchall() if cur.description is not None else []
 
 
 class _Process:
@@ -387,8 +389,12 @@ CREATE TABLE public.row_updates (
     old_status text   NOT NULL,
     new_status text   NOT NULL
 );
+CREATE TABLE public.update_delay (seconds float8 NOT NULL);
+INSERT INTO public.update_delay VALUES (0);
 CREATE FUNCTION public.log_row_update() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    -- A test may hold every update open for a while (to kill a worker meanwhile).
+    PERFORM pg_sleep((SELECT seconds FROM public.update_delay));
     INSERT INTO public.row_updates (resource, row_id, old_status, new_status)
     VALUES (TG_TABLE_NAME, NEW.id, OLD.status, NEW.status);
     RETURN NULL;

@@ -430,6 +430,38 @@ def test_engine_down_write_backs_are_retried_until_it_is_back(
 
 
 
+
+def test_worker_killed_after_its_write_back_committed_redelivery_skips(chain: Chain) -> None:
+    """The engine applied the job's result, the worker died before acknowledging the event:
+    the redelivery sees a finished job (XLSX) or replays the key (write-back); nothing twice."""
+    query(chain.db, "UPDATE public.update_delay SET seconds = 2")
+    first = chain.start_worker()
+    wait_for(lambda: chain.workers_registered(1), 20, "the worker to register", alive=[first])
+    jobs, task_ids, _ = create_all(chain, small_jobs(chain.files, 2), tasks=2, emails=0)
+
+    def sleeping_updates() -> bool:
+        (n,), = query(chain.db, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                "current_database() AND wait_event = 'PgSleep'")
+        return n == len(jobs) + len(task_ids)
+
+    wait_for(sleeping_updates, 20, "every write-back to be inside its UPDATE", alive=[first])
+    first.stop(signal.SIGKILL)
+    query(chain.db, "UPDATE public.update_delay SET seconds = 0")
+    wait_for(lambda: len(query(chain.db, "SELECT 1 FROM public.row_updates")) == 4, 10,
+             "the engine to commit the orphaned writes")
+    assert event_states(chain.db) == {"running": 4}, "acknowledged after all: nothing to prove"
+
+    second = chain.start_worker()
+    wait_for(lambda: all_finished(chain.db, 4), 30, "the redeliveries", alive=[second])
+    events = finished_events(chain.db)
+    assert [(e[2], e[3] >= 2) for e in events] == [("succeeded", True)] * 4, events
+    check_jobs(chain.db, jobs)
+    check_tasks(chain.db, task_ids)
+    check_processed_once(chain.db, jobs, task_ids)
+    log = second.log()
+    assert len(re.findall(r"GET http://\S+/api/filejobs/\d+", log)) == 2
+    assert not re.findall(r"PATCH http://\S+/api/filejobs/", log), "a finished job was re-read"
+
 def test_worker_sigkilled_mid_smtp_redelivers_with_the_same_message_id(chain: Chain) -> None:
     """The sink has the mail but the worker dies before the 250: the redelivery is a
     duplicate a downstream can drop, because it carries the same Message-ID."""
