@@ -367,6 +367,10 @@ ERRORS = {
                               ["has no attribute 'missing'"]),
     "app_not_a_router": (["worker", "--app", "tests.acceptance.apps:not_a_router"],
                          ["not a conveyor.Router"]),
+    "worker_invalid_retention": (["worker", "--app", "tests.acceptance.apps:router",
+                                  "--retention", "soon"], ["invalid duration 'soon'"]),
+    "worker_zero_poll_interval": (["worker", "--app", "tests.acceptance.apps:router",
+                                   "--poll-interval", "0"], ["expected poll_interval to be > 0"]),
 }
 
 
