@@ -234,7 +234,7 @@ def test_extend_leases_renews_only_the_owners_running_events(db: Conn) -> None:
     _claim(db, _owner(), lease_ttl=5)
     kept = db.execute(Q["event_extend_leases"], {
         "ids": [mine, theirs], "owner": owner, "lease_ttl": 60}).fetchall()
-    assert kept == [(mine,)]
+    assert kept == [(mine, 1)]
     assert _row(db, mine, "extract(epoch FROM lease_expires_at - now())::float8") == (60,)
     assert _row(db, theirs, "extract(epoch FROM lease_expires_at - now())::float8") == (5,)
 
