@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -118,7 +119,7 @@ class Demo:
 
         admin = Admin(SCHEMA)
         self.say(f"\n4. summary\n  $ conveyor --schema {SCHEMA} status")
-        self.say("  " + format_status(admin.status(conn)).replace("\n", "\n  "))
+        self.say(textwrap.indent(format_status(admin.status(conn)), "  "))
         if mix.poison_id:
             self._show_parked(admin.show(conn, mix.poison_id))
         p = self.explore_prefix
