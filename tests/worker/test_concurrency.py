@@ -7,11 +7,22 @@ import contextlib
 from collections import Counter
 from typing import Any
 
+import psycopg
 import pytest
 
 from conveyor import Event, NewEvent, Router, Worker
 
-from .conftest import enqueue_many, fast_config, query, running, states, wait_all_in
+from .conftest import (
+    enqueue,
+    enqueue_many,
+    event_row,
+    fast_config,
+    query,
+    running,
+    states,
+    wait_all_in,
+    wait_until,
+)
 
 
 async def _drain_sampling(url: str, **config: Any) -> tuple[int, list[int]]:
@@ -113,3 +124,50 @@ async def test_many_workers_drain_every_event_exactly_once(db: str) -> None:
     assert rows[0]["n"] == 0
     assert sum(w.stats.succeeded for w in workers) == total
     assert sum(1 for w in workers if w.stats.claimed) >= 2, "only one worker ever claimed"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: acknowledgements (and lease renewals) wait on row locks: one event row locked "
+    "by another transaction blocks the completer's batch UPDATE, and every later result "
+    "of the worker queues behind it; slots are held until acknowledged, so the whole "
+    "worker stalls"))
+async def test_a_row_locked_by_an_operator_does_not_stall_the_other_acknowledgements(
+        db: str) -> None:
+    # An operator left a transaction open holding a lock on one running event
+    # (psql: BEGIN; SELECT ... FOR UPDATE). That event cannot be acknowledged
+    # until the lock goes, but every other event must keep flowing.
+    gate = asyncio.Event()
+
+    async def handle(event: Event) -> None:
+        if event.topic == "lock.held":
+            await asyncio.wait_for(gate.wait(), 10)
+
+    router = Router()
+    router.add("lock.*", handle)
+    worker = Worker(db, router, fast_config(concurrency=5, lease_ttl=5, heartbeat_interval=1))
+    locker = await psycopg.AsyncConnection.connect(db)
+    try:
+        async with running(worker):
+            held = await enqueue(db, "lock.held")
+
+            async def claimed() -> bool:
+                return (await event_row(db, held))["state"] == "running"
+            await wait_until(claimed, timeout=3, what="the locked event to be claimed")
+            await locker.execute("SELECT id FROM conveyor.events WHERE id = %s FOR UPDATE",
+                                 (held,))
+            gate.set()                       # its result now waits on the lock
+            await asyncio.sleep(0.1)
+            others = await enqueue_many(db, [NewEvent(topic="lock.free") for _ in range(5)])
+
+            async def others_done() -> bool:
+                current = await states(db)
+                return all(current[i] == "succeeded" for i in others)
+            try:
+                await wait_until(others_done, timeout=3,
+                                 what="unrelated events to be acknowledged")
+            finally:
+                await locker.rollback()
+    finally:
+        gate.set()
+        await locker.close()
+    assert (await event_row(db, held))["state"] == "succeeded"
