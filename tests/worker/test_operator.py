@@ -1,0 +1,72 @@
+"""What a running worker does when an operator acts on its events through Admin."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+
+from conveyor import AsyncAdmin, Event, Router, Worker
+
+from .conftest import enqueue, event_row, fast_config, running, wait_until
+
+
+async def test_cancelling_a_running_event_stops_its_handler_and_it_stays_cancelled(
+        db: str) -> None:
+    started = asyncio.Event()
+    handler_cancelled = asyncio.Event()
+
+    async def handle(event: Event) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            handler_cancelled.set()
+            raise
+
+    router = Router()
+    router.add("op.*", handle)
+    worker = Worker(db, router, fast_config())
+    async with running(worker):
+        event_id = await enqueue(db, "op.long")
+        await asyncio.wait_for(started.wait(), 5)
+        async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+            await AsyncAdmin().cancel(conn, event_id)
+        # The next heartbeat finds the lease gone and abandons the handler.
+        await asyncio.wait_for(handler_cancelled.wait(), 3)
+        await asyncio.sleep(0.3)
+        assert worker.in_flight == 0
+    row = await event_row(db, event_id)
+    assert row["state"] == "cancelled" and row["attempts"] == 1
+    assert row["errors"] == [] and row["lease_owner"] is None
+    assert worker.stats.lost == 1
+
+
+async def test_retrying_a_failed_event_wakes_an_idle_worker(db: str) -> None:
+    attempts: list[int] = []
+
+    async def handle(event: Event) -> None:
+        attempts.append(event.attempt)
+        if event.attempt == 1:
+            raise RuntimeError("first attempt fails for good")
+
+    router = Router()
+    router.add("op.*", handle)
+    event_id = await enqueue(db, "op.flaky", max_attempts=1)
+    worker = Worker(db, router, fast_config(poll_interval=30))
+    async with running(worker):
+        async def parked() -> bool:
+            return (await event_row(db, event_id))["state"] == "failed"
+        await wait_until(parked, timeout=3, what="the event to fail")
+        await asyncio.sleep(0.2)
+        async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+            await AsyncAdmin().retry(conn, event_id)
+
+        async def succeeded() -> bool:
+            return (await event_row(db, event_id))["state"] == "succeeded"
+        took = await wait_until(succeeded, timeout=3, what="the retried event to succeed")
+    assert took < 1.0, f"the retry waited {took:.1f}s: no NOTIFY woke the worker"
+    assert attempts == [1, 2]
+    row = await event_row(db, event_id)
+    assert row["attempts"] == 2 and row["max_attempts"] == 2
+    assert [e["attempt"] for e in row["errors"]] == [1]
