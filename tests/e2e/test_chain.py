@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import zipfile
 from dataclasses import dataclass
@@ -30,9 +31,13 @@ from conveyor import Producer
 
 from .conftest import (
     DOMAIN,
+    FAST_WORKER,
+    REPO,
     Chain,
     EngineProcess,
     Mail,
+    WorkerProc,
+    child_env,
     query,
     wait_for,
 )
@@ -487,6 +492,66 @@ def test_worker_sigkilled_mid_smtp_redelivers_with_the_same_message_id(chain: Ch
         assert len({tuple(p.get_content() for p in c.iter_parts()) for c in copies}) == 1
     print(f"\nSIGKILL mid-SMTP: {len(duplicated)} mails delivered twice, same Message-ID; "
           f"{len(seen)} distinct of {len(mails)}")
+
+
+def test_refusals_are_parked_and_no_write_crosses_tenants(chain: Chain) -> None:
+    """A misconfigured worker (wrong secret) never marks anything done and loses nothing;
+    bad mails are parked at once with no SMTP dialogue; an event pointing at another
+    tenant's row cannot write it (the token is the event's tenant's)."""
+    jobs = small_jobs(chain.files, 2)
+    wrong_env = {**chain.worker_env(), "ENGINE_JWT_SECRET": "not-the-engine-secret-0123456789-abcdef"}
+    bad = WorkerProc(chain.db, chain.tmp / "wrong-secret.log", wrong_env, *FAST_WORKER)
+    chain.workers.append(bad)
+    jobs, task_ids, _ = create_all(chain, jobs, tasks=1, emails=0)
+    # 5 attempts 0.2, 0.4, 0.8, 1.6 s apart, each answered 401: parked, not done.
+    wait_for(lambda: event_states(chain.db) == {"failed": 3}, 30, "the refused write-backs to park",
+             alive=[bad])
+    bad.stop()
+    parked = query(chain.db, "SELECT attempts, last_error FROM conveyor.events")
+    assert all(a == 5 and "401" in e for a, e in parked), parked
+    assert {s for s, _, _ in rows_of(chain.db, "filejobs").values()} == {"pending"}
+    assert query(chain.db, "SELECT count(*) FROM public.row_updates") == [(0,)]
+
+    # The operator fixes the secret and retries the parked events: nothing was lost.
+    good = chain.start_worker()
+    retried = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli.main", "--database-url", chain.db, "retry", "--failed"],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=30)
+    assert retried.returncode == 0, retried.stderr
+    wait_for(lambda: event_states(chain.db) == {"succeeded": 3}, 30, "the retried events",
+             alive=[good])
+    check_jobs(chain.db, jobs)
+    check_tasks(chain.db, task_ids)
+
+    # Bad mails: parked on their first attempt, the sink never contacted.
+    bad_mails = [{"to": "a@example.com\r\nBcc: victim@example.com", "template": "welcome"},
+                 {"to": "a@example.com", "template": "no-such-template"},
+                 {"to": "", "template": "welcome"},
+                 {"to": "a@example.com", "template": "verification", "data": {}}]  # no link
+    ids = []
+    for body in bad_mails:
+        reply = chain.api.call("POST", "/api/emails", tenant="acme", json=body)
+        assert reply.status_code in (202, 422), reply.text
+        if reply.status_code == 202:
+            ids.append(reply.json()["event_id"])
+    # An event for acme naming a globex row: acme's token cannot reach it.
+    other = chain.api.create("globex", "tasks", "globex's own task")["id"]
+    wait_for(lambda: updates_per_row(chain.db, "tasks").get(other), 20, "globex's task",
+             alive=[good])
+    with psycopg.connect(chain.db) as conn:
+        forged = Producer().enqueue(conn, "tasks.created", {"id": other}, tenant="acme",
+                                    max_attempts=2)
+    wait_for(lambda: all(s == "failed" for s, in query(
+        chain.db, "SELECT state FROM conveyor.events WHERE id = ANY(%s)", ([*ids, forged],))),
+        20, "the bad mails and the forged event to park", alive=[good])
+    rows = query(chain.db, "SELECT id, attempts, last_error FROM conveyor.events "
+                           "WHERE id = ANY(%s) ORDER BY id", (ids,))
+    assert all(a == 1 for _, a, _ in rows), rows
+    assert chain.sink.received() == []
+    (attempts, last_error), = query(chain.db, "SELECT attempts, last_error FROM conveyor.events "
+                                              "WHERE id = %s", (forged,))
+    assert attempts == 2 and "404" in last_error, last_error
+    assert updates_per_row(chain.db, "tasks")[other] == [("pending", "done")]
 
 def test_worker_sigterm_with_large_books_in_flight_exits_within_its_grace(
         chain: Chain, large_book: tuple[Path, dict[str, Any]]) -> None:
