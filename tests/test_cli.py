@@ -456,18 +456,15 @@ USAGE_ERRORS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: values refused by an argparse type= function (parse_duration, positive_int) go "
-    "through argparse's own error path: a usage block plus 'conveyor enqueue: error: argument "
-    "--delay: invalid parse_duration value: ...' (3 lines, exit 2, the real message lost)"))
 @pytest.mark.parametrize("args,needles", USAGE_ERRORS.values(), ids=USAGE_ERRORS.keys())
 def test_invalid_option_value_is_one_line_on_stderr(error_db: str, args: list[str],
                                                     needles: list[str]) -> None:
+    """Regression: argparse printed a usage block and 'invalid parse_duration value'."""
     assert_one_line_error(conveyor("--database-url", error_db, *args), *needles)
 
 
-def test_invalid_option_value_exits_non_zero_without_traceback(error_db: str) -> None:
-    """What holds today for the cases above: refused, no traceback, nothing on stdout."""
+def test_invalid_option_value_exits_with_usage_status(error_db: str) -> None:
+    """Refused values keep argparse's exit status 2, apart from other errors' 1."""
     for args, _needles in USAGE_ERRORS.values():
         done = conveyor("--database-url", error_db, *args)
         assert done.returncode == 2
@@ -475,20 +472,14 @@ def test_invalid_option_value_exits_non_zero_without_traceback(error_db: str) ->
         assert done.stdout == ""
 
 
-ENV_INT_BUG = (
-    "BUG: build_parser converts CONVEYOR_CONCURRENCY / CONVEYOR_BATCH_SIZE with a bare int() "
-    "while building the parser, so a malformed value crashes every command with a traceback")
-
-
-@pytest.mark.xfail(strict=True, reason=ENV_INT_BUG)
 def test_malformed_worker_environment_variable_does_not_break_other_commands(
         error_db: str) -> None:
+    """Regression: build_parser ran int() on CONVEYOR_CONCURRENCY for every command."""
     done = conveyor("--database-url", error_db, "status", env=child_env(CONVEYOR_CONCURRENCY="lots"))
     assert "Traceback" not in done.stderr
     assert done.returncode == 0
 
 
-@pytest.mark.xfail(strict=True, reason=ENV_INT_BUG)
 def test_malformed_worker_environment_variable_is_refused_in_one_line(error_db: str) -> None:
     done = conveyor("--database-url", error_db, "worker", "--app", "tests.acceptance.apps:router",
                     env=child_env(CONVEYOR_BATCH_SIZE="lots"))
