@@ -8,7 +8,9 @@ The payload steers the handler:
 
 * ``sleep``: seconds to sleep before finishing;
 * ``sleep_attempts``: sleep only while ``attempt <= sleep_attempts`` (default: always);
-* ``fail``: raise ``RuntimeError`` (after recording) on every attempt: a poison event.
+* ``fail``: raise ``RuntimeError`` (after recording) on every attempt: a poison event;
+* ``crash``: SIGKILL the worker process itself (after recording): a poison event that
+  takes its worker down with it.
 
 The ledger URL comes from ``CONVEYOR_TEST_LEDGER_URL``; the ledger table is
 created by the test (:data:`LEDGER_DDL`).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -116,6 +119,8 @@ async def handle_async(event: Event) -> None:
         await asyncio.sleep(sleep)
     failed = _fails(event)
     await _async_ledger.record((event.id, event.attempt, os.getpid(), started, time.time(), failed))
+    if isinstance(event.payload, dict) and event.payload.get("crash"):
+        os.kill(os.getpid(), signal.SIGKILL)
     if failed:
         raise RuntimeError(f"poison event {event.id} failed on attempt {event.attempt}")
 

@@ -1,0 +1,50 @@
+"""A poison event that kills its worker every time still ends up parked ``failed``.
+
+Nothing in the dying process can record the failure, so it is the rescuer that
+must count the lost attempts and park the event after the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+
+import pytest
+
+from .helpers import WorkerProcess, query, run_cli, wait_for
+
+pytestmark = pytest.mark.slow
+
+ARGS = ("--lease-ttl", "2", "--rescue-interval", "1", "--poll-interval", "30")
+MAX_ATTEMPTS = 2
+
+
+def test_event_that_kills_its_worker_is_parked_after_max_attempts(
+        acc_db: str, spawn: Callable[..., WorkerProcess]) -> None:
+    done = run_cli("--database-url", acc_db, "enqueue", "acc.killer", '{"crash": true}',
+                   "--max-attempts", str(MAX_ATTEMPTS))
+    event_id = int(done.stdout.strip())
+    victims = []
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        victim = spawn(acc_db, *ARGS)
+        victims.append(victim)
+        assert victim.wait(timeout=30) == -signal.SIGKILL, victim.log()[-2000:]
+        assert query(acc_db, "SELECT attempts, state FROM conveyor.events WHERE id = %s",
+                     (event_id,)) == [(attempt, "running")]
+    rescuer = spawn(acc_db, *ARGS)
+    wait_for(lambda: query(acc_db, "SELECT state FROM conveyor.events WHERE id = %s",
+                           (event_id,)) == [("failed",)],
+             15, "the rescuer to park the event", alive=[rescuer])
+
+    assert query(acc_db, "SELECT attempt, pid FROM public.ledger ORDER BY attempt") == \
+        [(n, v.pid) for n, v in enumerate(victims, start=1)]
+    shown = run_cli("--database-url", acc_db, "show", str(event_id), "--json")
+    record = json.loads(shown.stdout)
+    assert (record["state"], record["attempts"]) == ("failed", MAX_ATTEMPTS)
+    assert [e["attempt"] for e in record["errors"]] == list(range(1, MAX_ATTEMPTS + 1))
+    assert all("lease expired" in e["error"] for e in record["errors"])
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait(timeout=30) == 0
+    assert query(acc_db, "SELECT count(*) FROM public.ledger") == [(MAX_ATTEMPTS,)], \
+        "the rescuer never ran the parked event"
