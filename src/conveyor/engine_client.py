@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import jwt
@@ -136,11 +136,23 @@ class EngineReply:
 
 def _check_path(path: str) -> str:
     parts = urlsplit(path)
+    decoded = unquote(parts.path)
+    lowered = path.lower()
     if (not path.startswith("/") or path.startswith("//") or parts.scheme or parts.netloc
-            or any(seg in ("..", ".") for seg in parts.path.split("/"))
+            or any(seg in ("..", ".") for seg in decoded.split("/"))
+            or "%2f" in lowered or "%5c" in lowered or "\\" in path
             or any(ord(ch) < 33 for ch in path)):
         raise InvalidInputError(f"engine path must be an absolute path on the engine, got {path!r:.80}")
     return path
+
+
+def _tenant(tenant: object) -> str:
+    # A tenant-less call would otherwise go to "None.<domain>" with tenant=None in the token.
+    if tenant is None:
+        raise InvalidInputError("engine calls need a tenant, got None")
+    checked = check_tenant(tenant)
+    assert checked is not None
+    return checked
 
 
 def _headers(config: EngineConfig, tenant: str, idempotency_key: str | None) -> dict[str, str]:
@@ -198,8 +210,7 @@ class AsyncEngineClient:
     async def request(self, tenant: str, method: str, path: str, *, json: Any = None,
                       idempotency_key: str | None = None) -> EngineReply:
         """Call the engine for ``tenant``; a non-2xx is returned, a transport failure raised."""
-        check_tenant(tenant)
-        headers = _headers(self.config, tenant, idempotency_key)
+        headers = _headers(self.config, _tenant(tenant), idempotency_key)
         try:
             response = await self._http.request(method, _check_path(path), json=json,
                                                 headers=headers)
@@ -229,8 +240,7 @@ class EngineClient:
     def request(self, tenant: str, method: str, path: str, *, json: Any = None,
                 idempotency_key: str | None = None) -> EngineReply:
         """Call the engine for ``tenant``; a non-2xx is returned, a transport failure raised."""
-        check_tenant(tenant)
-        headers = _headers(self.config, tenant, idempotency_key)
+        headers = _headers(self.config, _tenant(tenant), idempotency_key)
         try:
             response = self._http.request(method, _check_path(path), json=json, headers=headers)
         except httpx.HTTPError as exc:

@@ -282,6 +282,7 @@ class Workbook:
         With ``columns``, only those column indexes are kept (the rest are skipped cheaply).
         """
         reader = _SheetReader(columns)
+        yielded = 0
         parser = _new_parser()
         parser.StartElementHandler = reader.start
         parser.EndElementHandler = reader.end
@@ -297,7 +298,10 @@ class Workbook:
                     parser.Parse(chunk, not chunk)
                     while reader.done:
                         number, cells = reader.done.pop(0)
-                        if number > max_rows:
+                        yielded += 1
+                        # Both the declared numbers and the rows actually seen count:
+                        # a sheet repeating r="2" forever is capped all the same.
+                        if number > max_rows or yielded >= max_rows:
                             raise WorkbookError(f"sheet has more than {max_rows - 1} rows; refused")
                         yield number, cells
                         if header_only:
@@ -429,6 +433,10 @@ def aggregate_workbook(source: BinaryIO | str | Path, limits: WorkbookLimits | N
         rows = 0
         total = Decimal(0)
         by_key: dict[tuple[str, str], Decimal] = {}
+        # Amounts written as shared strings: (tipo key, sst index) -> count, resolved
+        # after the pass like the tipo labels, with the first row of each for errors.
+        sst_amounts: dict[tuple[tuple[str, str], int], int] = {}
+        sst_first_row: dict[int, int] = {}
         for number, cells in wb.rows(columns={tipo_col, monto_col}):
             if number <= header_number:
                 continue
@@ -436,14 +444,26 @@ def aggregate_workbook(source: BinaryIO | str | Path, limits: WorkbookLimits | N
             tipo = cells.get(tipo_col)
             if monto is None and tipo is None:
                 continue  # no data in the columns we read: an empty row for our purpose
-            amount = _amount(number, monto)
             key = ("s", tipo.value) if tipo is not None and tipo.kind == "s" else \
                   ("v", tipo.value if tipo is not None else "")
+            rows += 1
+            if monto is not None and monto.kind == "s" and monto.value.isdigit():
+                index = int(monto.value)
+                sst_amounts[(key, index)] = sst_amounts.get((key, index), 0) + 1
+                sst_first_row.setdefault(index, number)
+                continue
+            amount = _amount(number, monto)
             by_key[key] = by_key.get(key, Decimal(0)) + amount
             total += amount
-            rows += 1
         if rows == 0:
             raise WorkbookError("sheet has a header but no data rows")
+        if sst_amounts:
+            texts = wb.shared_strings(set(sst_first_row))
+            for (key, index), count in sst_amounts.items():
+                cell = Cell("str", texts.get(index, ""))
+                amount = _amount(sst_first_row[index], cell) * count
+                by_key[key] = by_key.get(key, Decimal(0)) + amount
+                total += amount
         needed = {int(v) for kind, v in by_key if kind == "s" and v.isdigit()}
         strings = wb.shared_strings(needed) if needed else {}
         by_type: dict[str, Decimal] = {}
@@ -459,8 +479,12 @@ def _amount(row: int, cell: Cell | None) -> Decimal:
     if cell.kind not in ("n", "str"):
         raise WorkbookError(f"row {row}: monto is not a number: {cell.value[:40]!r}")
     try:
-        value = Decimal(cell.value.strip())
-    except InvalidOperation:
+        # A number cell holds a double; its XML text may carry 17 digits of binary
+        # noise ('99.98999999999999'), so sum the shortest text of that double.
+        # Text cells are summed exactly as written.
+        value = (Decimal(repr(float(cell.value))) if cell.kind == "n"
+                 else Decimal(cell.value.strip()))
+    except (InvalidOperation, ValueError):
         raise WorkbookError(f"row {row}: monto is not a number: {cell.value[:40]!r}") from None
     if not value.is_finite():
         raise WorkbookError(f"row {row}: monto is not a finite number: {cell.value[:40]!r}")

@@ -125,8 +125,6 @@ async def test_delivers_multipart_over_starttls_with_auth(consumer: EmailConsume
     assert consumer.sent == 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: mails carry no Date header (RFC 5322 3.6 requires one); "
-                   "build_message should set msg['Date'] = email.utils.format_datetime(now UTC)")
 async def test_mail_has_a_date_header(consumer: EmailConsumer, smtp_server: SmtpServer) -> None:
     await send(consumer, make_event(verification()))
     assert parse(smtp_server.messages[0].raw)["Date"] is not None
@@ -210,11 +208,6 @@ async def test_app_templates_dir_overrides_and_adds(smtp_server: SmtpServer, tls
         assert_crlf_only(m.raw)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an app template overrides the built-in one file by file: "
-                   "an app 'welcome' with only subject+txt still gets the built-in welcome.html as an "
-                   "HTML alternative (which also needs data the app never passes). Fix: in "
-                   "TemplateSet.render pick the first folder that has '<name>.subject.txt' and load all "
-                   "three parts from that folder only (e.g. one Environment per folder)")
 def test_app_override_replaces_the_whole_builtin_template(templates_dir: Path) -> None:
     subject, text, html = TemplateSet(templates_dir).render("welcome", {"name": "Ana"})
     assert (subject, text, html) == ("App welcome for Ana", "Custom welcome, Ana.\n", None)
@@ -345,11 +338,6 @@ def test_config_refuses_header_injection_in_sender_settings() -> None:
         SmtpConfig(host="h", from_address=FROM, username="u")  # password missing
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: SmtpConfig accepts CR/LF in from_address (parseaddr "
-                   "truncates it) and "
-                   "in message_id_domain; every mail is then parked as 'invalid header value'. Fix: in "
-                   "SmtpConfig.__post_init__ refuse _CONTROL_RE.search(from_address) and validate "
-                   "message_id_domain as a domain name (ConfigError)")
 def test_config_refuses_control_characters_in_display_name_and_id_domain() -> None:
     with pytest.raises(ConfigError):  # parseaddr() silently cuts this down to the first line
         SmtpConfig(host="h", from_address="no-reply@shop.test\r\nBcc: victim@evil.test")
@@ -386,11 +374,13 @@ def _field_check(field: str, value: str) -> bool:
     raw = msg.as_bytes()
     assert_crlf_only(raw)
     parsed = parse(raw)
-    expected = MULTIPART_HEADERS | ({"reply-to"} if field == "reply_to" else set())
+    expected = MULTIPART_HEADERS | {"date"} | ({"reply-to"} if field == "reply_to" else set())
     names = header_names(parsed)
     assert sorted(names) == sorted(expected), (value, names)
     if field == "subject" and "=?" not in value:  # encoded-words are decoded by the parser
-        assert parsed["Subject"] == inside
+        # Folding (and encoded-words for non-ASCII) can move whitespace when the
+        # header is parsed back; the words themselves must come back unchanged.
+        assert parsed["Subject"].split() == inside.split()
     return True
 
 
@@ -485,11 +475,6 @@ async def test_wrong_password_is_refused_with_535(smtp_server: SmtpServer, tls: 
     assert "535" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a refused SMTP login (535, wrong or rotated relay password) "
-                   "is mapped to PermanentFailure, so every queued mail is parked until someone retries "
-                   "them by hand. Fix: in EmailConsumer, catch aiosmtplib.SMTPAuthenticationError (and "
-                   "any error raised by _connect) before the generic SMTPResponseException branch and "
-                   "re-raise it as retryable: it says nothing about the mail")
 async def test_wrong_password_is_retryable_not_parked(smtp_server: SmtpServer, tls: Tls) -> None:
     c = EmailConsumer(config_for(smtp_server, tls, password="wrong"))
     try:
@@ -500,11 +485,6 @@ async def test_wrong_password_is_retryable_not_parked(smtp_server: SmtpServer, t
     assert _is_retryable(info.value), repr(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: with a username set and a server that does not offer "
-                   "STARTTLS (or a man in the middle who strips it), the consumer sends AUTH PLAIN with the "
-                   "password in clear text. Fix: in EmailConsumer._connect pass start_tls=True (not None) "
-                   "when c.username is set and not implicit_tls, so aiosmtplib refuses a server without "
-                   "STARTTLS before any credentials are sent")
 @pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")
 async def test_credentials_never_sent_without_tls(smtp_server_plaintext: SmtpServer) -> None:
     c = EmailConsumer(config_for(smtp_server_plaintext, None))

@@ -308,12 +308,6 @@ async def test_request_refuses_bad_paths_before_any_request(engine: Engine, path
     assert engine.requests == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: percent-encoded dot segments and slashes pass _check_path; "
-                   "the engine (Starlette/uvicorn) decodes them, so '/api/filejobs/%2e%2e/%2e%2e/admin' "
-                   "arrives as path '/api/filejobs/../../admin' (and a proxy that normalises it reaches "
-                   "/admin). Fix: in engine_client._check_path also refuse when any segment of "
-                   "urllib.parse.unquote(parts.path).split('/') is '.' or '..', and when the path "
-                   "contains '%2f' or '%5c' (case-insensitive)")
 @pytest.mark.parametrize("path", ["/api/%2e%2e/admin", "/api/filejobs/%2E%2E/%2e%2e/admin",
                                   "/api/filejobs/1%2f..%2f..%2fadmin", "/api/.%2e/admin"])
 async def test_request_refuses_encoded_dot_segments(engine: Engine, path: str) -> None:
@@ -337,11 +331,6 @@ async def test_request_refuses_bad_tenants_before_any_request(engine: Engine, te
     assert engine.requests == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: request(None, ...) is not refused: check_tenant(None) returns "
-                   "None, so the client sends 'Host: None.app.test' and a token with tenant=None -- a "
-                   "tenant-less event would write to a tenant named 'none'. Fix: in AsyncEngineClient."
-                   "request and EngineClient.request, raise InvalidInputError when tenant is None (or "
-                   "call a check that requires a str) before minting the token")
 async def test_request_refuses_a_missing_tenant(engine: Engine) -> None:
     async with AsyncEngineClient(config(engine.url)) as client:
         with pytest.raises(InvalidInputError):

@@ -201,25 +201,12 @@ def test_numeric_strings_in_monto(tmp_path: Path, writer: str) -> None:
     assert_aggregate(aggregate_workbook(path), rows)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a numeric monto stored as a SHARED string (t=\"s\", what "
-                   "Excel and XlsxWriter's default mode write) is refused as 'monto is not a number: "
-                   "'<sst index>'', while the same text as an inline string is accepted; the message "
-                   "even shows the SST index, not the text. Fix: in aggregate_workbook, collect the SST "
-                   "indexes of 's' monto cells per tipo key (with the first row number of each) and "
-                   "resolve them with wb.shared_strings(needed) after the pass, parsing them as "
-                   "_amount does (error names that first row)")
 def test_numeric_strings_in_monto_shared_strings(tmp_path: Path) -> None:
     rows = dataset(numeric_strings=True)
     path = write_xlsxwriter(tmp_path / "n.xlsx", rows, constant_memory=False)
     assert_aggregate(aggregate_workbook(path), rows)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: numeric cells are summed from their literal XML text, not "
-                   "as the double they store: openpyxl and XlsxWriter write 99.99 as '99.98999999999999' "
-                   "(Excel writes 17 digits: '99.989999999999995'), so 1000 x 99.99 totals "
-                   "99989.99999999999000 and to_json() prints 99989.99999999999. Fix: in _amount, for "
-                   "kind 'n' use Decimal(repr(float(text))) (the shortest text of the stored double, "
-                   "as library-choices.md recommends); keep Decimal(text) for 'str' cells")
 @pytest.mark.parametrize("writer", WRITERS)
 def test_amounts_are_the_stored_doubles(tmp_path: Path, writer: str) -> None:
     rows: list[Row | None] = [{"tipo": t, "monto": Decimal(a), "id": 0, "descripcion": "", "extra": 0}
@@ -319,11 +306,6 @@ def test_row_cap_refuses_too_many_rows(tmp_path: Path) -> None:
         list(wb.rows(max_rows=11))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the row cap trusts the <row r=...> numbers: a sheet whose "
-                   "rows all say r=\"2\" is never capped, so a file with far more than 1,048,576 rows "
-                   "(ratio kept under 150x) is aggregated in full. Fix: in Workbook.rows count the rows "
-                   "actually yielded (and refuse r values that do not increase) and compare that count "
-                   "with max_rows")
 def test_row_cap_is_not_fooled_by_repeated_row_numbers(tmp_path: Path) -> None:
     base = _base_workbook(tmp_path / "base.xlsx")
     xml = _plain_sheet(b'<row r="2"><c t="inlineStr"><is><t>a</t></is></c><c><v>%d</v></c></row>' % i

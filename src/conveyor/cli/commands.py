@@ -11,12 +11,13 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from conveyor.admin import Admin
 from conveyor.cli import multi
-from conveyor.cli.context import Context, positive_int
+from conveyor.cli.context import Context, duration, positive_int
 from conveyor.cli.durations import parse_duration
 from conveyor.config import (
     BATCH_SIZE_DEFAULT,
@@ -88,7 +89,7 @@ def register_enqueue(sub: Sub, env: Env) -> None:
     p.add_argument("payload", nargs="?", default="{}", help="JSON payload (default: {})")
     p.add_argument("--tenant", help="owning tenant, a DNS label such as 'acme'")
     p.add_argument("--key", help="idempotency key")
-    p.add_argument("--delay", type=parse_duration, default=0.0,
+    p.add_argument("--delay", type=duration, default=0.0,
                    help="run no earlier than this from now, e.g. 30s or 5m")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default: 0)")
     p.add_argument("--max-attempts", type=positive_int, default=None,
@@ -233,7 +234,7 @@ def register_prune(sub: Sub, env: Env) -> None:
              "Delete succeeded, failed and cancelled events that finished longer ago than\n"
              "--older-than (e.g. 7d, 12h, 30m). Pending and running events are never touched.",
              run_prune)
-    p.add_argument("--older-than", required=True, type=parse_duration, metavar="DURATION",
+    p.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
                    help="e.g. 7d, 12h, 30m, 90s")
     p.add_argument("--state", action="append", choices=["succeeded", "failed", "cancelled"],
                    help="only this state (repeatable; default: all finished states)")
@@ -257,36 +258,36 @@ def register_worker(sub: Sub, env: Env) -> None:
     p.add_argument("--app", required=env("APP") is None, default=env("APP"), metavar="MODULE:ROUTER",
                    help="router to serve [env CONVEYOR_APP]")
     p.add_argument("--concurrency", type=positive_int,
-                   default=int(env("CONCURRENCY", str(CONCURRENCY_DEFAULT)) or 0),
+                   default=env("CONCURRENCY", str(CONCURRENCY_DEFAULT)),
                    help="handlers running at once [env CONVEYOR_CONCURRENCY] (default: %(default)s)")
     p.add_argument("--batch-size", type=positive_int,
-                   default=int(env("BATCH_SIZE", str(BATCH_SIZE_DEFAULT)) or 0),
+                   default=env("BATCH_SIZE", str(BATCH_SIZE_DEFAULT)),
                    help="events claimed per query [env CONVEYOR_BATCH_SIZE] (default: %(default)s)")
-    p.add_argument("--poll-interval", type=parse_duration,
+    p.add_argument("--poll-interval", type=duration,
                    default=env("POLL_INTERVAL", str(POLL_INTERVAL_DEFAULT)),
                    help="fallback poll when no NOTIFY arrives [env CONVEYOR_POLL_INTERVAL] "
                         "(default: %(default)ss)")
-    p.add_argument("--lease-ttl", type=parse_duration,
+    p.add_argument("--lease-ttl", type=duration,
                    default=env("LEASE_TTL", str(LEASE_TTL_DEFAULT)),
                    help="claim validity without heartbeat [env CONVEYOR_LEASE_TTL] "
                         "(default: %(default)ss)")
-    p.add_argument("--shutdown-timeout", type=parse_duration,
+    p.add_argument("--shutdown-timeout", type=duration,
                    default=env("SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_DEFAULT)),
                    help="grace for running handlers on SIGTERM [env CONVEYOR_SHUTDOWN_TIMEOUT] "
                         "(default: %(default)ss)")
-    p.add_argument("--handler-timeout", type=parse_duration,
+    p.add_argument("--handler-timeout", type=duration,
                    default=env("HANDLER_TIMEOUT", str(HANDLER_TIMEOUT_DEFAULT)),
                    help="default limit for one handler call [env CONVEYOR_HANDLER_TIMEOUT] "
                         "(default: %(default)ss)")
-    p.add_argument("--rescue-interval", type=parse_duration,
+    p.add_argument("--rescue-interval", type=duration,
                    default=env("RESCUE_INTERVAL", str(RESCUE_INTERVAL_DEFAULT)),
                    help="scan for expired leases this often [env CONVEYOR_RESCUE_INTERVAL] "
                         "(default: %(default)ss)")
-    p.add_argument("--backoff-base", type=parse_duration,
+    p.add_argument("--backoff-base", type=duration,
                    default=env("BACKOFF_BASE", str(BASE_DELAY_DEFAULT)),
                    help="retry delay after the first failed attempt, doubling per attempt "
                         "[env CONVEYOR_BACKOFF_BASE] (default: %(default)ss)")
-    p.add_argument("--backoff-max", type=parse_duration,
+    p.add_argument("--backoff-max", type=duration,
                    default=env("BACKOFF_MAX", str(MAX_DELAY_DEFAULT)),
                    help="cap on any retry delay [env CONVEYOR_BACKOFF_MAX] (default: %(default)ss)")
     p.add_argument("--retention", default=env("RETENTION", "7d"),
@@ -321,6 +322,28 @@ def load_router(spec: str) -> Router:
     return target
 
 
+def run_until_stopped(main: Coroutine[Any, Any, None]) -> None:
+    """Like asyncio.run, but never waits for threads a handler left running.
+
+    asyncio.run joins the loop's default executor on the way out, so one handler
+    still inside ``asyncio.to_thread`` would hold the process past its shutdown
+    timeout. Here the default executor's threads carry the handler-thread name
+    (so the exit path below sees them) and are not joined.
+    """
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="conveyor-handler-default"))
+    try:
+        loop.run_until_complete(main)
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()  # shuts the default executor down without waiting for its threads
+
+
 def run_worker(ctx: Context, args: argparse.Namespace) -> int:
     from conveyor.worker import Worker
 
@@ -345,7 +368,7 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
         worker.install_signal_handlers()
         await worker.run()
 
-    asyncio.run(serve())
+    run_until_stopped(serve())
     s = worker.stats
     log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
              s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})

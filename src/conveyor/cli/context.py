@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
 import psycopg
 
+from conveyor.cli.durations import parse_duration
 from conveyor.db.connect import connect
 from conveyor.embedded import EmbeddedPostgres
 from conveyor.errors import InvalidInputError, MigrationError
@@ -66,10 +68,19 @@ class Context:
 
 
 def positive_int(text: str) -> int:
+    """argparse type: a positive integer; the message names the value."""
     try:
         value = int(text)
     except ValueError:
-        raise InvalidInputError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
-        raise InvalidInputError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def duration(text: str) -> float:
+    """argparse type: a duration such as 90, 45s, 30m, 12h, 7d or 1h30m."""
+    try:
+        return parse_duration(text)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import psycopg
 
@@ -40,8 +41,15 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"CONVEYOR_{name}", default)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with Conveyor's error shape: one line on stderr, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"conveyor: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="conveyor", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -73,8 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure(args.log_level, args.log_format)
     handler: Callable[[Context, argparse.Namespace], int] = args.handler
-    ctx = Context(database_url=args.database_url, schema=args.schema, data_dir=args.data_dir)
+    ctx: Context | None = None
     try:
+        ctx = Context(database_url=args.database_url, schema=args.schema, data_dir=args.data_dir)
         return handler(ctx, args)
     except ConveyorError as exc:
         print(f"conveyor: error: {exc}", file=sys.stderr)
@@ -87,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("conveyor: interrupted", file=sys.stderr)
         return 130
     finally:
-        ctx.close()
+        if ctx is not None:
+            ctx.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

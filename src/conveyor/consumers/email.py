@@ -31,9 +31,10 @@ import logging
 import re
 import ssl
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.policy import SMTP as SMTP_POLICY
-from email.utils import parseaddr
+from email.utils import format_datetime, parseaddr
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 TIMEOUT_DEFAULT = 15.0
 _ADDRESS_RE = re.compile(r"[^@\s<>()\[\]\\,;:\"]+@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_DOMAIN_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*")
 BUILTIN_TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -97,10 +99,15 @@ class SmtpConfig:
             raise ConfigError(f"expected timeout to be > 0, got {self.timeout!r}")
         if self.max_connections < 1:
             raise ConfigError(f"expected max_connections to be >= 1, got {self.max_connections!r}")
+        if _CONTROL_RE.search(self.from_address):
+            raise ConfigError(f"from_address contains control characters: {self.from_address!r:.80}")
         try:
             _address(parseaddr(self.from_address)[1], "from_address")
         except PermanentFailure as exc:
             raise ConfigError(str(exc)) from None
+        if self.message_id_domain is not None and not _DOMAIN_RE.fullmatch(self.message_id_domain):
+            raise ConfigError(
+                f"expected message_id_domain to be a domain name, got {self.message_id_domain!r:.80}")
         if (self.username is None) != (self.password is None):
             raise ConfigError("username and password must be set together")
 
@@ -131,22 +138,25 @@ class TemplateSet:
     """Named mail templates from an application folder and the built-in ones."""
 
     def __init__(self, app_dir: str | Path | None = None) -> None:
-        loaders: list[jinja2.BaseLoader] = []
+        folders: list[Path] = []
         if app_dir is not None:
             if not Path(app_dir).is_dir():
                 raise ConfigError(f"templates_dir {str(app_dir)!r} is not a directory")
-            loaders.append(jinja2.FileSystemLoader(str(app_dir)))
-        loaders.append(jinja2.FileSystemLoader(str(BUILTIN_TEMPLATES)))
-        self._env = jinja2.Environment(
-            loader=jinja2.ChoiceLoader(loaders),
+            folders.append(Path(app_dir))
+        folders.append(BUILTIN_TEMPLATES)
+        # One environment per folder: a template is taken whole from the first
+        # folder that has its subject, never mixed part by part across folders.
+        self._envs = [jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(folder)),
             autoescape=jinja2.select_autoescape(["html"]),
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=True,
-        )
+        ) for folder in folders]
 
-    def _optional(self, name: str) -> jinja2.Template | None:
+    @staticmethod
+    def _optional(env: jinja2.Environment, name: str) -> jinja2.Template | None:
         try:
-            return self._env.get_template(name)
+            return env.get_template(name)
         except jinja2.TemplateNotFound:
             return None
 
@@ -154,10 +164,16 @@ class TemplateSet:
         """(subject, text body, html body) of template ``name``; bodies may be ``None``."""
         if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", name):
             raise PermanentFailure(f"invalid template name {name!r:.80}")
-        subject_t = self._optional(f"{name}.subject.txt")
-        text_t, html_t = self._optional(f"{name}.txt"), self._optional(f"{name}.html")
-        if subject_t is None or (text_t is None and html_t is None):
+        for env in self._envs:
+            subject_t = self._optional(env, f"{name}.subject.txt")
+            if subject_t is not None:
+                text_t = self._optional(env, f"{name}.txt")
+                html_t = self._optional(env, f"{name}.html")
+                break
+        else:
             raise PermanentFailure(f"unknown email template {name!r}")
+        if text_t is None and html_t is None:
+            raise PermanentFailure(f"email template {name!r} has neither a .txt nor an .html body")
         try:
             subject = subject_t.render(data).strip()
             text = text_t.render(data) if text_t else None
@@ -191,6 +207,7 @@ def build_message(event: Event, config: SmtpConfig, templates: TemplateSet) -> E
         if "reply_to" in payload:
             msg["Reply-To"] = _address(payload["reply_to"], "reply_to")
         msg["Message-ID"] = message_id(event, config)
+        msg["Date"] = format_datetime(datetime.now(UTC))
         if text is not None:
             msg.set_content(text)
             if html is not None:
@@ -217,6 +234,10 @@ def _tls_context(config: SmtpConfig) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=config.ca_file)
 
 
+class SmtpUnavailableError(ConnectionError):
+    """Connecting or logging in to the SMTP server failed; the mail will be retried."""
+
+
 class EmailConsumer:
     """Handler for ``email.send``; route it with ``router.add("email.send", consumer)``.
 
@@ -239,8 +260,13 @@ class EmailConsumer:
             try:
                 async with asyncio.timeout(self.config.timeout):
                     if client is None or not client.is_connected:
-                        client = await self._connect()
+                        client = await self._open()
                     await client.send_message(message)
+            except aiosmtplib.SMTPAuthenticationError:
+                # A refused login says nothing about this mail (a rotated password,
+                # a relay hiccup): retry, never park.
+                await self._discard(client)
+                raise
             except aiosmtplib.SMTPRecipientsRefused as exc:
                 await self._discard(client)
                 codes = [getattr(e, "code", 0) for e in exc.recipients]
@@ -259,17 +285,32 @@ class EmailConsumer:
             self._idle.append(client)
             self.sent += 1
 
+    async def _open(self) -> aiosmtplib.SMTP:
+        """Connect and log in; any failure here is about the server, so it is retryable."""
+        try:
+            return await self._connect()
+        except aiosmtplib.SMTPException as exc:
+            raise SmtpUnavailableError(f"SMTP server {self.config.host}:{self.config.port} "
+                                       f"unavailable: {exc}") from exc
+
     async def _connect(self) -> aiosmtplib.SMTP:
         c = self.config
         client = aiosmtplib.SMTP(
             hostname=c.host, port=c.port, timeout=c.timeout, use_tls=c.implicit_tls,
-            start_tls=None if c.starttls and not c.implicit_tls else False,
+            # With credentials, STARTTLS is required, never merely attempted: a server
+            # (or a man in the middle) not offering it must not get the password.
+            start_tls=(False if c.implicit_tls or not c.starttls
+                       else True if c.username is not None else None),
             tls_context=_tls_context(c),
             validate_certs=not c.insecure_skip_verify)
         await client.connect()
         self.connections_opened += 1
         if c.username is not None and c.password is not None:
-            await client.login(c.username, c.password)
+            try:
+                await client.login(c.username, c.password)
+            except BaseException:
+                client.close()
+                raise
         return client
 
     async def _discard(self, client: aiosmtplib.SMTP | None) -> None:
