@@ -6,8 +6,6 @@ import asyncio
 import threading
 import time
 
-import pytest
-
 from conveyor import Event, Router, Worker
 
 from .conftest import enqueue, event_row, fast_config, query, running, wait_until
