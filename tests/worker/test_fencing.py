@@ -256,3 +256,32 @@ async def test_reclaiming_an_event_still_running_here_keeps_the_new_attempt(
             gate.set()
     row = await event_row(db, event_id)
     assert row["attempts"] == 2 and calls == [1, 2]
+
+
+async def test_heartbeats_keep_a_long_handler_leased_past_lease_ttl(db: str) -> None:
+    calls: list[str] = []
+
+    async def slow(event: Event) -> None:
+        calls.append("owner")
+        await asyncio.sleep(2.5)              # 2.5 x lease_ttl
+
+    async def other(event: Event) -> None:
+        calls.append("rescuer")
+
+    router_a = Router()
+    router_a.add("long.job", slow)
+    router_b = Router()
+    router_b.add("long.job", other)
+    owner = Worker(db, router_a, fast_config(lease_ttl=1.0, heartbeat_interval=0.3))
+    rescuer = Worker(db, router_b, fast_config(rescue_interval=0.2))
+    async with running(owner):
+        event_id = await enqueue(db, "long.job", max_attempts=5)
+        await _claimed_by(db, event_id, owner)
+        async with running(rescuer):
+            async def done() -> bool:
+                return (await event_row(db, event_id))["state"] == "succeeded"
+            await wait_until(done, timeout=5, what="the long handler to succeed")
+    row = await event_row(db, event_id)
+    assert calls == ["owner"]
+    assert row["attempts"] == 1 and row["errors"] == []
+    assert rescuer.stats.rescued == 0 and owner.stats.lost == 0
