@@ -44,11 +44,16 @@ class EngineHandle:
         return self.server.url
 
     def config(self, **overrides: Any) -> EngineConfig:
-        options: dict[str, Any] = {"base_url": self.url, "tenant_domain": TENANT_DOMAIN,
-                                   "jwt_secret": JWT_SECRET, "role": "conveyor-workflow",
-                                   "audience": "workflow", "timeout": 2.0}
-        options.update(overrides)
-        return EngineConfig(**options)
+        return engine_config(self.url, **overrides)
+
+
+def engine_config(url: str, **overrides: Any) -> EngineConfig:
+    """How the tests' service authenticates to the example engine at ``url``."""
+    options: dict[str, Any] = {"base_url": url, "tenant_domain": TENANT_DOMAIN,
+                               "jwt_secret": JWT_SECRET, "role": "conveyor-workflow",
+                               "audience": "workflow", "timeout": 2.0}
+    options.update(overrides)
+    return EngineConfig(**options)
 
 
 @pytest.fixture

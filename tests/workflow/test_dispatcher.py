@@ -11,16 +11,6 @@ from typing import Any
 
 import psycopg
 from examples.mail_module import registry
-from tests.workflow.conftest import (
-    ROOT,
-    SMALL_BACKOFF,
-    EngineHandle,
-    new_worker,
-    running,
-    show,
-    state_of,
-    wait_for,
-)
 
 from conveyor import EventState, Router
 from conveyor.engine_client import AsyncEngineClient
@@ -32,6 +22,17 @@ from conveyor.workflow import (
     WorkflowDispatcher,
     WorkflowPublisher,
     workflow_idempotency_key,
+)
+
+from .conftest import (
+    ROOT,
+    SMALL_BACKOFF,
+    EngineHandle,
+    new_worker,
+    running,
+    show,
+    state_of,
+    wait_for,
 )
 
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from tests.conftest import database_url
-from tests.workflow.conftest import ROOT, running, show, wait_for
+from psycopg.conninfo import make_conninfo
 
 from conveyor import AsyncCommittingProducer, CommittingProducer, Router, WorkerConfig
 from conveyor.errors import ConfigError
@@ -33,12 +32,14 @@ from conveyor.multitenant import (
 from conveyor.schema.migrator import Migrator
 from conveyor.types import Event
 
+from .conftest import ROOT, running, show, wait_for
+
 BACKLOG = 100_000
 TENANTS = 10
 # Quick reconnects: a test database server shared with other suites may refuse a
 # connection for a moment (max_connections); the default 2-30 s backoff would
 # turn that into a timeout here.
-RECONNECT = {"reconnect_min": 0.05, "reconnect_max": 0.5}
+RECONNECT: dict[str, Any] = {"reconnect_min": 0.05, "reconnect_max": 0.5}
 
 MakeDb = Callable[[str, bool], str]
 
@@ -54,7 +55,7 @@ def make_db(server_url: str, template_db: str) -> Iterator[MakeDb]:
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"{template}'.encode())
         created.append(name)
-        return database_url(server_url, name)
+        return make_conninfo(server_url, dbname=name)
 
     yield make
 

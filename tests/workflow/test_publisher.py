@@ -10,11 +10,12 @@ from typing import Any
 import psycopg
 import pytest
 from examples.mail_module import registry
-from tests.workflow.conftest import EngineHandle
 
 from conveyor import EventState, Producer
 from conveyor.errors import InvalidInputError
 from conveyor.workflow import AsyncWorkflowPublisher, WorkflowPublisher
+
+from .conftest import EngineHandle
 
 FIELDS = {"message_id": "m-1", "thread_id": "t-1", "mailbox": "inbox"}
 

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 from examples.mail_module import registry as mail_registry
-from tests.workflow.conftest import JWT_SECRET, ROOT, EngineHandle
 
 from conveyor.engine_client import AsyncEngineClient
 from conveyor.errors import ConfigError, InvalidInputError
@@ -21,6 +20,8 @@ from conveyor.workflow import (
     WorkflowError,
     WorkflowRegistry,
 )
+
+from .conftest import JWT_SECRET, ROOT, EngineHandle
 
 MAIL_LABELS = ["object_type:message", "object_type:thread", "trigger:mail.received",
                "trigger:mail.delivery_failed", "trigger:mail.deadline_reached"]

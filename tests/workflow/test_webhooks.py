@@ -21,7 +21,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from tests.workflow.conftest import new_worker, running, show, state_of, wait_for
 
 from conveyor import CommittingProducer, LinearBackoff, Router
 from conveyor.errors import ConfigError
@@ -39,6 +38,8 @@ from conveyor.webhooks import (
     signature_headers,
     verify,
 )
+
+from .conftest import new_worker, running, show, state_of, wait_for
 
 # The test vector published with the Standard Webhooks specification.
 SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
