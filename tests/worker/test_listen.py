@@ -11,7 +11,7 @@ import pytest
 
 from conveyor import BackoffPolicy, Event, RetryAfter, Router, Snooze, Worker
 
-from .conftest import enqueue, event_row, fast_config, running
+from .conftest import enqueue, event_row, fast_config, query, running, wait_until
 
 SLOW_POLL = 30.0
 
@@ -137,3 +137,29 @@ async def test_delayed_event_runs_on_time_when_the_worker_clock_is_slightly_ahea
         await enqueue(db, "mail.later", delay=0.5)
         await _wait_calls(starts, "mail.later", 1, 2.5)
     assert starts["mail.later"][0] - sent < 1.2
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: _wake_at silently drops every due time once its heap holds 10,000, even one "
+    "earlier than all of them; after 10,000 far-future events every new short delay "
+    "waits for the next poll until the far ones fall due"))
+async def test_many_far_future_events_do_not_delay_a_near_one(db: str) -> None:
+    # A reminder system: ten thousand events scheduled for tomorrow, each
+    # announced by its own NOTIFY. A new event due in half a second must still
+    # run on time rather than at the next poll.
+    starts: dict[str, list[float]] = {}
+    worker = Worker(db, _timed_router("remind.*", starts), fast_config(poll_interval=SLOW_POLL))
+    async with running(worker):
+        await _idle(worker)
+        # One statement, 10,000 distinct topics: the trigger sends one NOTIFY per topic.
+        await query(db, "INSERT INTO conveyor.events (topic, payload, run_at) "
+                        "SELECT 'remind.user-' || g, '{}', now() + interval '1 day' "
+                        "FROM generate_series(1, 10000) AS g")
+
+        async def all_heard() -> bool:
+            return worker.listener.notifications >= 10_000
+        await wait_until(all_heard, timeout=10, what="the 10,000 notifications")
+        sent = time.time()
+        await enqueue(db, "remind.soon", delay=0.5)
+        await _wait_calls(starts, "remind.soon", 1, 2.5)
+    assert 0.45 <= starts["remind.soon"][0] - sent < 1.2
