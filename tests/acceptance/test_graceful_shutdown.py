@@ -40,7 +40,7 @@ def test_sigterm_finishes_short_events_and_hands_back_the_rest(
     sent = time.monotonic()
     code = worker.wait(timeout=SHUTDOWN_TIMEOUT + EXIT_MARGIN + 5)
     took = time.monotonic() - sent
-    print(f"[{kind} {signal.Signals(sig).name}] exited {code} {took:.2f}s after SIGTERM "
+    print(f"[{kind} {signal.Signals(sig).name}] exited {code} {took:.2f}s after the signal "
           f"(shutdown_timeout {SHUTDOWN_TIMEOUT:g}s)")
     assert code == 0, worker.log()[-3000:]
     assert took <= SHUTDOWN_TIMEOUT + EXIT_MARGIN
