@@ -273,6 +273,7 @@ class WebhookFanout:
         self._producer = AsyncProducer(producer_config)
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._idle_max = 4
+        self._closing: set[asyncio.Task[None]] = set()
 
     def attach(self, router: Router) -> list[Route]:
         """Route every subscribed pattern to this fan-out."""
@@ -313,12 +314,18 @@ class WebhookFanout:
     def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if len(self._idle) < self._idle_max and not conn.closed:
             self._idle.append(conn)
-        else:
-            asyncio.get_running_loop().create_task(conn.close())
+            return
+        # Keep a reference until the close finishes, or the task may be collected.
+        task = asyncio.get_running_loop().create_task(conn.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def aclose(self) -> None:
+        """Close the idle connections."""
         while self._idle:
             await self._idle.pop().close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 def _delivery_payload(event: Event, endpoint: str) -> dict[str, Any]:

@@ -154,3 +154,15 @@ async def test_an_answer_retrying_cannot_fix_parks_the_event_at_once(
     assert record.attempts == 1
     assert "answered 422" in (record.last_error or "")
     assert "not registered" in (record.last_error or "")
+
+
+async def test_an_authentication_failure_is_retried_not_parked(
+        running_engine: EngineHandle, engine_client: AsyncEngineClient, fresh_db: str) -> None:
+    await _register(engine_client)
+    running_engine.engine.fail_next(1, status=401)   # as while a rotated secret rolls out
+    [event_id] = _publish(fresh_db, 1)
+    async with running(new_worker(fresh_db, _router(engine_client))):
+        await wait_for(lambda: _all_in(fresh_db, [event_id], "succeeded"), what="delivery")
+    record = show(fresh_db, event_id)
+    assert record.attempts == 2
+    assert "answered 401" in record.errors[0].error

@@ -18,7 +18,7 @@ Conveyor keeps the seed's curve, :data:`BACKOFF_DEFAULT` =
 but gives events :data:`~conveyor.workflow.publisher.MAX_ATTEMPTS_DEFAULT` = 20
 attempts, so an outage of about 24 minutes (10+20+...+100 = 550 s, then ten
 more waits of 100 s) is ridden out without an operator. Answers that retrying
-cannot fix (4xx other than 408, 425, 429) park the event at once. For the
+cannot fix (4xx other than 401, 403, 408, 425, 429) park the event at once. For the
 seed's exact behaviour pass ``max_attempts=5`` to the publisher.
 
 Example::
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 BACKOFF_DEFAULT = LinearBackoff(step=10.0, max_delay=100.0)
 TIMEOUT_DEFAULT = 30.0
+RETRIED_AUTH_STATUSES = frozenset({401, 403})
 
 
 def workflow_idempotency_key(source: str, tenant: str, event_id: int) -> str:
@@ -119,7 +120,9 @@ class WorkflowDispatcher:
         try:
             await self.adapter.deliver(delivery)
         except EngineHTTPError as exc:
-            if not exc.retryable:
+            # 401/403 are retried too: a rotated secret or a fixed role makes them pass
+            # without anyone touching the events.
+            if not (exc.retryable or exc.status in RETRIED_AUTH_STATUSES):
                 raise PermanentFailure(str(exc)) from exc
             raise
         except Exception as exc:
