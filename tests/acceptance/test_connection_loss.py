@@ -81,3 +81,17 @@ def test_worker_survives_repeated_backend_termination(
     assert "re-established" in worker.log()
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: ManagedConnection.discard logs str(exc).strip().splitlines()[:1], a list, so the "
+    "line reads \"listen connection lost: ['terminating connection ...']\""))
+def test_connection_lost_log_line_is_plain_text(
+        acc_db: str, spawn: Callable[..., WorkerProcess]) -> None:
+    worker = spawn(acc_db, "--poll-interval", "60")
+    old = wait_for(lambda: listening(acc_db), 30, "the worker to LISTEN", alive=[worker])
+    terminate_worker_backends(acc_db)
+    wait_for(lambda: listening(acc_db, exclude={old}), 30, "a new LISTEN session", alive=[worker])
+    lost = [line for line in worker.log().splitlines() if "connection lost:" in line]
+    assert lost
+    assert not any("lost: ['" in line for line in lost), lost
