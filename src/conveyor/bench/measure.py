@@ -78,7 +78,7 @@ def _alternate(total: int, rounds: int, a: Callable[[int], None],
     return spent[0], spent[1]
 
 
-def enqueue_single(url: str, schemas: Schemas, count: int, rounds: int = 4) -> tuple[float, float]:
+def enqueue_single(url: str, schemas: Schemas, count: int, rounds: int = 10) -> tuple[float, float]:
     """One event per transaction: Conveyor ``enqueue`` + commit vs one raw INSERT + commit."""
     producer = Producer(ProducerConfig(schema=schemas.conveyor))
     insert = insert_sql(schemas.raw)
