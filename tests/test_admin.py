@@ -90,7 +90,8 @@ def _register_worker(conn: psycopg.Connection[Any], topics: list[str],
                      stale: bool = False) -> str:
     worker_id = str(uuid.uuid4())
     conn.execute(Q["worker_register"], {"id": worker_id, "name": "w", "host": "h", "pid": 1,
-                                        "topics": topics, "concurrency": 1})
+                                        "topics": topics, "tenants": None,
+                                        "concurrency": 1})
     if stale:
         conn.execute("UPDATE conveyor.workers SET heartbeat_at = now() - interval '1 hour'"
                      " WHERE id = %s", (worker_id,))
@@ -429,7 +430,6 @@ DICT_ROW_BUG = ("BUG: Admin indexes rows by position (row[0], _record(row)), so 
                 "queries on conn.cursor(row_factory=tuple_row)")
 
 
-@pytest.mark.xfail(strict=True, reason=DICT_ROW_BUG)
 def test_status_on_a_dict_row_connection(db: psycopg.Connection[Any]) -> None:
     from psycopg.rows import dict_row
 
@@ -438,7 +438,6 @@ def test_status_on_a_dict_row_connection(db: psycopg.Connection[Any]) -> None:
     assert Admin().status(db).counts["pending"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason=DICT_ROW_BUG)
 def test_show_on_a_dict_row_connection(db: psycopg.Connection[Any]) -> None:
     from psycopg.rows import dict_row
 
@@ -447,11 +446,6 @@ def test_show_on_a_dict_row_connection(db: psycopg.Connection[Any]) -> None:
     assert Admin().show(db, event_id).id == event_id
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a worker's tenant limit (WorkerConfig.tenants) is "
-                   "not stored in the workers registry, so status() reports a topic as handled "
-                   "although no alive worker may claim its pending events' tenant; fix: add a "
-                   "tenants text[] column (NULL = all) to workers, register it, and check it in "
-                   "_status")
 async def test_status_reports_topic_pending_only_for_tenants_no_worker_serves(
     fresh_db: str,
 ) -> None:

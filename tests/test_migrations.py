@@ -314,29 +314,21 @@ def test_schema_snapshot_matches_migrations(empty_db: str, fresh_db: str) -> Non
     assert len(expected["indexes"]) >= 6 and expected["triggers"]
 
 
-def test_reserved_pg_schema_name_fails_migrate_with_migration_error(empty_db: str) -> None:
-    # Today's behaviour (see the xfail in test_validation): refused by the server,
-    # wrapped as MigrationError, nothing left behind.
-    with psycopg.connect(empty_db, autocommit=True) as conn, \
-            pytest.raises(MigrationError, match="pg_queue"):
-        Migrator("pg_queue").apply(conn)
+def test_reserved_pg_schema_name_is_refused_before_any_sql(empty_db: str) -> None:
+    # PostgreSQL reserves pg_*; the name is refused by validation, so no
+    # statement ever reaches the server.
+    with pytest.raises(InvalidInputError, match="pg_queue"):
+        Migrator("pg_queue")
     with psycopg.connect(empty_db, autocommit=True) as conn:
-        assert Migrator("pg_queue").applied_versions(conn) == []
+        row = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'pg_queue'").fetchone()
+        assert row == (0,)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG/gap: migration_script() is not re-runnable: on a "
-                   "database already at the latest version it fails with 'relation events "
-                   "already exists' (its version INSERT has ON CONFLICT DO NOTHING, but the "
-                   "migration bodies are not guarded by the version table)")
 def test_migration_script_on_migrated_database_is_a_no_op(fresh_db: str) -> None:
     run_script(fresh_db, migration_script("conveyor"))
     assert _applied(fresh_db) == [(m.version, m.name) for m in load_migrations()]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG/gap: migration_script() wraps itself in BEGIN/COMMIT, "
-                   "so run inside a host tool's transaction (Alembic op.execute, Django RunSQL "
-                   "in an atomic migration) its COMMIT ends the host's transaction early; a "
-                   "rollback of the host transaction then leaves the schema behind")
 def test_migration_script_inside_a_host_transaction_is_undone_by_its_rollback(
     empty_db: str,
 ) -> None:
@@ -348,9 +340,6 @@ def test_migration_script_inside_a_host_transaction_is_undone_by_its_rollback(
         assert Migrator().applied_versions(conn) == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Migrator reads versions as r[0]; on a connection "
-                   "with row_factory=dict_row migrating an already migrated database raises a "
-                   "bare KeyError: 0 (not even MigrationError); fix: tuple_row cursors")
 def test_migrate_on_a_dict_row_connection_applies_nothing_twice(fresh_db: str) -> None:
     from psycopg.rows import dict_row
 

@@ -539,7 +539,6 @@ DICT_ROW_BUG = ("BUG: the producer indexes rows by position (found[0], r[0]), so
                 "KeyError: 0; fix: run its queries on conn.cursor(row_factory=tuple_row)")
 
 
-@pytest.mark.xfail(strict=True, reason=DICT_ROW_BUG)
 def test_enqueue_on_a_dict_row_connection_returns_the_id(conn: psycopg.Connection[Any]) -> None:
     from psycopg.rows import dict_row
 
@@ -548,7 +547,6 @@ def test_enqueue_on_a_dict_row_connection_returns_the_id(conn: psycopg.Connectio
     assert isinstance(event_id, int)
 
 
-@pytest.mark.xfail(strict=True, reason=DICT_ROW_BUG)
 def test_enqueue_many_on_a_dict_row_connection_returns_ids(conn: psycopg.Connection[Any]) -> None:
     from psycopg.rows import dict_row
 
@@ -556,7 +554,6 @@ def test_enqueue_many_on_a_dict_row_connection_returns_ids(conn: psycopg.Connect
     assert len(Producer().enqueue_many(conn, [NewEvent(topic="x")] * 3)) == 3
 
 
-@pytest.mark.xfail(strict=True, reason=DICT_ROW_BUG)
 async def test_async_enqueue_on_a_dict_row_connection_returns_the_id(
     aconn: psycopg.AsyncConnection[Any],
 ) -> None:

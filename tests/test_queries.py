@@ -331,7 +331,7 @@ def test_status_queries_count_and_age(db: Conn) -> None:
 
 def _worker(conn: Conn, query: str, worker_id: str, topics: list[str]) -> None:
     conn.execute(Q[query], {"id": worker_id, "name": "n", "host": "h", "pid": 7,
-                            "topics": topics, "concurrency": 4})
+                            "topics": topics, "tenants": None, "concurrency": 4})
 
 
 @exercises("worker_register", "worker_heartbeat", "worker_list_alive")
@@ -349,6 +349,24 @@ def test_worker_heartbeat_recreates_a_pruned_registration(db: Conn) -> None:
     worker_id = _owner()
     _worker(db, "worker_heartbeat", worker_id, ["x"])
     assert [w[0] for w in db.execute(Q["worker_list_alive"], {"within": 30})] == [worker_id]
+
+
+@exercises("clock_now")
+def test_clock_now_is_the_database_clock(db: Conn) -> None:
+    row = db.execute(Q["clock_now"]).fetchone()
+    assert row is not None
+    local = db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    assert local is not None and abs(row[0] - local[0]) < 5
+
+
+@exercises("status_pending_pairs")
+def test_status_pending_pairs_lists_each_pending_topic_and_tenant_once(db: Conn) -> None:
+    for topic, tenant in [("a", "acme"), ("a", "acme"), ("a", None), ("b", "globex")]:
+        _insert(db, topic, tenant=tenant)
+    done = _insert(db, "c", tenant="acme")
+    db.execute("UPDATE conveyor.events SET state = 'cancelled' WHERE id = %s", (done,))
+    pairs = sorted(db.execute(Q["status_pending_pairs"]).fetchall(), key=str)
+    assert pairs == sorted([("a", "acme"), ("a", None), ("b", "globex")], key=str)
 
 
 @exercises("worker_unregister", "worker_prune_dead")

@@ -194,8 +194,6 @@ def test_schema_name_refuses_anything_else_and_names_it(schema: object) -> None:
     _refused_naming(check_schema_name, schema)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the schema pattern accepts the 'pg_' prefix, which "
-                   "PostgreSQL reserves ('unacceptable schema name'), so it fails only at migrate")
 def test_schema_name_refuses_reserved_pg_prefix() -> None:
     with pytest.raises(InvalidInputError):
         check_schema_name("pg_queue")

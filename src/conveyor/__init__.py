@@ -8,11 +8,15 @@ from conveyor.errors import (
     DatabaseError,
     DatabaseUnavailableError,
     EmbeddedServerError,
+    EngineError,
+    EngineHTTPError,
+    EngineTransportError,
     EventNotFoundError,
     InvalidInputError,
     InvalidStateError,
     MigrationError,
     PayloadTooLargeError,
+    WorkbookError,
 )
 from conveyor.outcomes import Cancel, HandlerSignal, PermanentFailure, RetryAfter, Snooze
 from conveyor.producer import (
@@ -24,8 +28,16 @@ from conveyor.producer import (
 )
 from conveyor.retry import BackoffPolicy, LinearBackoff, RetryPolicy
 from conveyor.router import Route, Router
-from conveyor.schema.migrator import AsyncMigrator, Migrator
-from conveyor.types import Event, EventRecord, EventState, QueueStatus
+from conveyor.schema.migrator import AsyncMigrator, Migration, Migrator
+from conveyor.types import (
+    AttemptError,
+    Event,
+    EventRecord,
+    EventState,
+    QueueStatus,
+    TopicCount,
+    WorkerInfo,
+)
 from conveyor.worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
@@ -36,6 +48,7 @@ __all__ = [
     "AsyncCommittingProducer",
     "AsyncMigrator",
     "AsyncProducer",
+    "AttemptError",
     "BackoffPolicy",
     "Cancel",
     "CommittingProducer",
@@ -44,6 +57,9 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnavailableError",
     "EmbeddedServerError",
+    "EngineError",
+    "EngineHTTPError",
+    "EngineTransportError",
     "Event",
     "EventNotFoundError",
     "EventRecord",
@@ -52,6 +68,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidStateError",
     "LinearBackoff",
+    "Migration",
     "MigrationError",
     "Migrator",
     "NewEvent",
@@ -65,7 +82,10 @@ __all__ = [
     "Route",
     "Router",
     "Snooze",
+    "TopicCount",
+    "WorkbookError",
     "Worker",
     "WorkerConfig",
+    "WorkerInfo",
     "WorkerStats",
 ]

@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from conveyor.db.execute import run, run_async
 from conveyor.db.named_queries import Queries, queries_for
 from conveyor.errors import EventNotFoundError, InvalidInputError, InvalidStateError
 from conveyor.router import patterns_match
@@ -52,18 +53,24 @@ def _record(row: Sequence[Any]) -> EventRecord:
     )
 
 
-def _status(rows: list[Sequence[Any]], oldest: float | None,
-            workers: list[Sequence[Any]]) -> QueueStatus:
+def _status(rows: Sequence[Sequence[Any]], oldest: float | None,
+            workers: Sequence[Sequence[Any]], pending_pairs: Sequence[Sequence[Any]]) -> QueueStatus:
     counts = {s.value: 0 for s in EventState}
     by_topic = []
     for topic, state, count in rows:
         counts[state] += count
         by_topic.append(TopicCount(topic, EventState(state), count))
     infos = [WorkerInfo(id=w[0], name=w[1], host=w[2], pid=w[3], topics=list(w[4]),
-                        started_at=w[5], heartbeat_at=w[6]) for w in workers]
-    pending_topics = sorted({t.topic for t in by_topic if t.state is EventState.PENDING})
-    unhandled = [t for t in pending_topics
-                 if not any(patterns_match(w.topics, t) for w in infos)]
+                        started_at=w[5], heartbeat_at=w[6],
+                        tenants=None if w[7] is None else list(w[7])) for w in workers]
+
+    def claimable(topic: str, tenant: str | None) -> bool:
+        return any(patterns_match(w.topics, topic)
+                   and (w.tenants is None or tenant in w.tenants) for w in infos)
+
+    # A topic is unhandled when some tenant's pending events of it have no live
+    # worker allowed to claim them (a tenant-limited worker covers only its own).
+    unhandled = sorted({topic for topic, tenant in pending_pairs if not claimable(topic, tenant)})
     return QueueStatus(counts=counts, by_topic=by_topic, oldest_pending_age_s=oldest,
                        workers=infos, unhandled_topics=unhandled)
 
@@ -109,14 +116,15 @@ class Admin:
 
     def status(self, conn: psycopg.Connection[Any]) -> QueueStatus:
         q = self._q
-        rows = conn.execute(q["status_counts"]).fetchall()
-        oldest_row = conn.execute(q["status_oldest_pending"]).fetchone()
-        workers = conn.execute(q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN}).fetchall()
-        return _status(rows, oldest_row[0] if oldest_row else None, workers)
+        rows = run(conn, q["status_counts"]).fetchall()
+        oldest_row = run(conn, q["status_oldest_pending"]).fetchone()
+        workers = run(conn, q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN}).fetchall()
+        pairs = run(conn, q["status_pending_pairs"]).fetchall()
+        return _status(rows, oldest_row[0] if oldest_row else None, workers, pairs)
 
     def show(self, conn: psycopg.Connection[Any], event_id: int) -> EventRecord:
         event_id = check_event_id(event_id)
-        row = conn.execute(self._q["event_get"], {"id": event_id}).fetchone()
+        row = run(conn, self._q["event_get"], {"id": event_id}).fetchone()
         if row is None:
             raise EventNotFoundError(f"event {event_id} not found")
         return _record(row)
@@ -124,8 +132,8 @@ class Admin:
     def retry(self, conn: psycopg.Connection[Any], event_id: int) -> None:
         """Run a failed, cancelled or scheduled event again now."""
         event_id = check_event_id(event_id)
-        if conn.execute(self._q["event_retry"], {"id": event_id}).fetchone() is None:
-            state = conn.execute(self._q["event_state"], {"id": event_id}).fetchone()
+        if run(conn, self._q["event_retry"], {"id": event_id}).fetchone() is None:
+            state = run(conn, self._q["event_state"], {"id": event_id}).fetchone()
             raise _not_changed(self._q, event_id, state, "retried",
                                "failed, cancelled or pending")
         self._notify(conn)
@@ -134,7 +142,7 @@ class Admin:
         """Retry every failed event (of one topic); returns their ids."""
         if topic is not None:
             check_topic(topic)
-        ids = [r[0] for r in conn.execute(self._q["event_retry_failed"], {"topic": topic})]
+        ids = [r[0] for r in run(conn, self._q["event_retry_failed"], {"topic": topic})]
         if ids:
             self._notify(conn)
         return ids
@@ -142,8 +150,8 @@ class Admin:
     def cancel(self, conn: psycopg.Connection[Any], event_id: int) -> None:
         """Cancel a pending, running or failed event; a running one's result is discarded."""
         event_id = check_event_id(event_id)
-        if conn.execute(self._q["event_cancel"], {"id": event_id}).fetchone() is None:
-            state = conn.execute(self._q["event_state"], {"id": event_id}).fetchone()
+        if run(conn, self._q["event_cancel"], {"id": event_id}).fetchone() is None:
+            state = run(conn, self._q["event_state"], {"id": event_id}).fetchone()
             raise _not_changed(self._q, event_id, state, "cancelled",
                                "pending, running or failed")
 
@@ -154,13 +162,13 @@ class Admin:
                   "limit": PRUNE_BATCH}
         total = 0
         while True:
-            cur = conn.execute(self._q["event_prune"], params)
+            cur = run(conn, self._q["event_prune"], params)
             total += cur.rowcount
             if cur.rowcount < PRUNE_BATCH:
                 return total
 
     def _notify(self, conn: psycopg.Connection[Any]) -> None:
-        conn.execute(self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})
+        run(conn, self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})
 
 
 class AsyncAdmin:
@@ -171,23 +179,24 @@ class AsyncAdmin:
 
     async def status(self, conn: psycopg.AsyncConnection[Any]) -> QueueStatus:
         q = self._q
-        rows = await (await conn.execute(q["status_counts"])).fetchall()
-        oldest_row = await (await conn.execute(q["status_oldest_pending"])).fetchone()
-        workers = await (await conn.execute(
+        rows = await (await run_async(conn, q["status_counts"])).fetchall()
+        oldest_row = await (await run_async(conn, q["status_oldest_pending"])).fetchone()
+        workers = await (await run_async(conn,
             q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN})).fetchall()
-        return _status(rows, oldest_row[0] if oldest_row else None, workers)
+        pairs = await (await run_async(conn, q["status_pending_pairs"])).fetchall()
+        return _status(rows, oldest_row[0] if oldest_row else None, workers, pairs)
 
     async def show(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> EventRecord:
         event_id = check_event_id(event_id)
-        row = await (await conn.execute(self._q["event_get"], {"id": event_id})).fetchone()
+        row = await (await run_async(conn, self._q["event_get"], {"id": event_id})).fetchone()
         if row is None:
             raise EventNotFoundError(f"event {event_id} not found")
         return _record(row)
 
     async def retry(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:
         event_id = check_event_id(event_id)
-        if await (await conn.execute(self._q["event_retry"], {"id": event_id})).fetchone() is None:
-            state = await (await conn.execute(self._q["event_state"], {"id": event_id})).fetchone()
+        if await (await run_async(conn, self._q["event_retry"], {"id": event_id})).fetchone() is None:
+            state = await (await run_async(conn, self._q["event_state"], {"id": event_id})).fetchone()
             raise _not_changed(self._q, event_id, state, "retried",
                                "failed, cancelled or pending")
         await self._notify(conn)
@@ -196,7 +205,7 @@ class AsyncAdmin:
                            topic: str | None = None) -> list[int]:
         if topic is not None:
             check_topic(topic)
-        cur = await conn.execute(self._q["event_retry_failed"], {"topic": topic})
+        cur = await run_async(conn, self._q["event_retry_failed"], {"topic": topic})
         ids = [r[0] for r in await cur.fetchall()]
         if ids:
             await self._notify(conn)
@@ -204,8 +213,8 @@ class AsyncAdmin:
 
     async def cancel(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:
         event_id = check_event_id(event_id)
-        if await (await conn.execute(self._q["event_cancel"], {"id": event_id})).fetchone() is None:
-            state = await (await conn.execute(self._q["event_state"], {"id": event_id})).fetchone()
+        if await (await run_async(conn, self._q["event_cancel"], {"id": event_id})).fetchone() is None:
+            state = await (await run_async(conn, self._q["event_state"], {"id": event_id})).fetchone()
             raise _not_changed(self._q, event_id, state, "cancelled",
                                "pending, running or failed")
 
@@ -215,13 +224,13 @@ class AsyncAdmin:
                   "limit": PRUNE_BATCH}
         total = 0
         while True:
-            cur = await conn.execute(self._q["event_prune"], params)
+            cur = await run_async(conn, self._q["event_prune"], params)
             total += cur.rowcount
             if cur.rowcount < PRUNE_BATCH:
                 return total
 
     async def _notify(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        await conn.execute(self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})
+        await run_async(conn, self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})
 
 
 def age(dt: datetime | None, now: datetime) -> float | None:

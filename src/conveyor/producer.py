@@ -9,7 +9,7 @@ Example::
 
     producer = Producer()
     with psycopg.connect(dsn) as conn:
-        conn.execute("INSERT INTO orders ...")
+        run(conn, "INSERT INTO orders ...")
         producer.enqueue(conn, "order.created", {"order_id": 42}, tenant="acme")
     # leaving the block commits both, or neither
 
@@ -28,6 +28,7 @@ import psycopg
 
 from conveyor.config import ProducerConfig
 from conveyor.db.connect import connect, connect_async
+from conveyor.db.execute import run, run_async
 from conveyor.db.named_queries import Queries, queries_for
 from conveyor.errors import DatabaseError, InvalidInputError
 from conveyor.validation import (
@@ -199,9 +200,9 @@ class Producer:
             delay=delay, priority=priority, max_attempts=max_attempts))
         q = self._q
         try:
-            found = conn.execute(q["event_insert"], _single_params(row)).fetchone()
+            found = run(conn, q["event_insert"], _single_params(row)).fetchone()
             if found is None:
-                found = conn.execute(
+                found = run(conn,
                     q["event_id_by_key"], {"tenant": row.tenant, "idempotency_key": row.key}
                 ).fetchone()
         except psycopg.Error as exc:
@@ -223,14 +224,14 @@ class Producer:
             return []
         q = self._q
         try:
-            ids = [r[0] for r in conn.execute(
+            ids = [r[0] for r in run(conn,
                 q["event_reserve_ids"], {"table": q.events_table, "count": len(rows)})]
             if _use_copy(rows):
                 with conn.cursor().copy(_copy_statement(q)) as copy:
                     for record in _copy_rows(rows, ids):
                         copy.write_row(record)
                 return ids
-            cur = conn.execute(q["event_insert_many_ids"], _insert_many_params(rows, ids))
+            cur = run(conn, q["event_insert_many_ids"], _insert_many_params(rows, ids))
             inserted = {r[0] for r in cur.fetchall()}
             return [rid if rid in inserted else self._existing(conn, row)
                     for rid, row in zip(ids, rows, strict=True)]
@@ -238,7 +239,7 @@ class Producer:
             raise _wrap(exc, f"enqueue of {len(rows)} events") from exc
 
     def _existing(self, conn: psycopg.Connection[Any], row: _Row) -> int:
-        found = conn.execute(
+        found = run(conn,
             self._q["event_id_by_key"], {"tenant": row.tenant, "idempotency_key": row.key}
         ).fetchone()
         if found is None:
@@ -273,10 +274,10 @@ class AsyncProducer:
             delay=delay, priority=priority, max_attempts=max_attempts))
         q = self._q
         try:
-            cur = await conn.execute(q["event_insert"], _single_params(row))
+            cur = await run_async(conn, q["event_insert"], _single_params(row))
             found = await cur.fetchone()
             if found is None:
-                cur = await conn.execute(
+                cur = await run_async(conn,
                     q["event_id_by_key"], {"tenant": row.tenant, "idempotency_key": row.key})
                 found = await cur.fetchone()
         except psycopg.Error as exc:
@@ -298,7 +299,7 @@ class AsyncProducer:
             return []
         q = self._q
         try:
-            cur = await conn.execute(
+            cur = await run_async(conn,
                 q["event_reserve_ids"], {"table": q.events_table, "count": len(rows)})
             ids = [r[0] for r in await cur.fetchall()]
             if _use_copy(rows):
@@ -306,7 +307,7 @@ class AsyncProducer:
                     for record in _copy_rows(rows, ids):
                         await copy.write_row(record)
                 return ids
-            cur = await conn.execute(q["event_insert_many_ids"], _insert_many_params(rows, ids))
+            cur = await run_async(conn, q["event_insert_many_ids"], _insert_many_params(rows, ids))
             inserted = {r[0] for r in await cur.fetchall()}
             out = []
             for rid, row in zip(ids, rows, strict=True):
@@ -316,7 +317,7 @@ class AsyncProducer:
             raise _wrap(exc, f"enqueue of {len(rows)} events") from exc
 
     async def _existing(self, conn: psycopg.AsyncConnection[Any], row: _Row) -> int:
-        cur = await conn.execute(
+        cur = await run_async(conn,
             self._q["event_id_by_key"], {"tenant": row.tenant, "idempotency_key": row.key})
         found = await cur.fetchone()
         if found is None:

@@ -150,6 +150,7 @@ class WorkerInfo:
     topics: list[str]
     started_at: datetime
     heartbeat_at: datetime
+    tenants: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +174,8 @@ class QueueStatus:
             "workers_alive": len(self.workers),
             "workers": [
                 {"id": w.id, "name": w.name, "host": w.host, "pid": w.pid,
-                 "topics": w.topics, "started_at": w.started_at.isoformat(),
+                 "topics": w.topics, "tenants": w.tenants,
+                 "started_at": w.started_at.isoformat(),
                  "heartbeat_at": w.heartbeat_at.isoformat()}
                 for w in self.workers
             ],

@@ -24,7 +24,7 @@ _TOPIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*
 _TENANT_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 # Schema names enter SQL only through psycopg.sql.Identifier, and only after
 # matching this deliberately narrow pattern.
-_SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,39}")
+_SCHEMA_RE = re.compile(r"(?!pg_)[a-z_][a-z0-9_]{0,39}")  # PostgreSQL reserves pg_*
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -111,7 +111,7 @@ def check_schema_name(schema: object) -> str:
     if not isinstance(schema, str) or not _SCHEMA_RE.fullmatch(schema):
         raise InvalidInputError(
             f"invalid schema name {_show(schema)}: expected 1-40 characters of lowercase "
-            "letters, digits and '_', not starting with a digit"
+            "letters, digits and '_', not starting with a digit or 'pg_'"
         )
     return schema
 

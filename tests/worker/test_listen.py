@@ -114,11 +114,6 @@ async def test_zero_delay_retry_runs_again_at_once(db: str, signal: Any) -> None
     assert second - first < 0.5
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: delayed-event timers compare the database's due epoch with the worker's own "
-    "time.time() plus a 1 ms margin; a worker clock even tens of ms ahead fires the timer "
-    "early, the claim finds nothing due, the due time is dropped from the heap and the "
-    "event waits for the next poll"))
 async def test_delayed_event_runs_on_time_when_the_worker_clock_is_slightly_ahead(
         db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Worker and database on different hosts: NTP keeps clocks within tens of
@@ -139,10 +134,6 @@ async def test_delayed_event_runs_on_time_when_the_worker_clock_is_slightly_ahea
     assert starts["mail.later"][0] - sent < 1.2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: _wake_at silently drops every due time once its heap holds 10,000, even one "
-    "earlier than all of them; after 10,000 far-future events every new short delay "
-    "waits for the next poll until the far ones fall due"))
 async def test_many_far_future_events_do_not_delay_a_near_one(db: str) -> None:
     # A reminder system: ten thousand events scheduled for tomorrow, each
     # announced by its own NOTIFY. A new event due in half a second must still

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from conveyor.db.execute import run, run_async
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import MigrationError
 from conveyor.validation import check_schema_name
@@ -60,19 +61,28 @@ def migration_script(schema: str) -> str:
     lock = q["migration_lock"].replace("%(schema)s", sql.Literal(schema).as_string())
     parts = [
         f"-- Conveyor schema {schema!r}, migrations 1..{latest_version()}.",
-        "BEGIN;",
+        "-- Run it inside one transaction (migration tools do; with psql use --single-transaction).",
+        "-- The advisory lock below is released when that transaction ends.",
         lock + ";",
         q["migration_create_schema"] + ";",
         q["migration_create_table"] + ";",
     ]
     for m in load_migrations():
+        # Each migration runs only if its version is not recorded yet, so the
+        # script can be applied again (or to a partly migrated database) safely.
+        tag = f"$conveyor_{m.version:04d}$"
+        body = m.render(schema).rstrip()
+        if tag in body:
+            raise MigrationError(f"migration {m.version} contains its own quoting tag {tag}")
+        guard = sql.SQL(
+            "IF NOT EXISTS (SELECT 1 FROM {}.migrations WHERE version = {}) THEN"
+        ).format(sql.Identifier(schema), sql.Literal(m.version)).as_string()
         record = sql.SQL(
-            "INSERT INTO {}.migrations (version, name) VALUES ({}, {}) ON CONFLICT DO NOTHING;"
-        ).format(sql.Identifier(schema), sql.Literal(m.version), sql.Literal(m.name))
+            "INSERT INTO {}.migrations (version, name) VALUES ({}, {});"
+        ).format(sql.Identifier(schema), sql.Literal(m.version), sql.Literal(m.name)).as_string()
         parts.append(f"-- migration {m.version:04d}_{m.name}")
-        parts.append(m.render(schema).rstrip())
-        parts.append(record.as_string())
-    parts.append("COMMIT;")
+        parts.append(f"DO $conveyor_migrate$ BEGIN\n{guard}\nEXECUTE {tag}\n{body}\n{tag};\n"
+                     f"EXECUTE {sql.Literal(record).as_string()};\nEND IF;\nEND $conveyor_migrate$;")
     return "\n".join(parts) + "\n"
 
 
@@ -105,14 +115,14 @@ class Migrator:
         q = self._q
         try:
             with conn.transaction():
-                conn.execute(q["migration_lock"], {"schema": self.schema})
-                conn.execute(q["migration_create_schema"])
-                conn.execute(q["migration_create_table"])
-                applied = [r[0] for r in conn.execute(q["migration_applied"])]
+                run(conn, q["migration_lock"], {"schema": self.schema})
+                run(conn, q["migration_create_schema"])
+                run(conn, q["migration_create_table"])
+                applied = [r[0] for r in run(conn, q["migration_applied"])]
                 todo = _plan(applied)
                 for m in todo:
-                    conn.execute(m.render(self.schema).encode())
-                    conn.execute(q["migration_record"], {"version": m.version, "name": m.name})
+                    run(conn, m.render(self.schema).encode())
+                    run(conn, q["migration_record"], {"version": m.version, "name": m.name})
         except psycopg.Error as exc:
             raise MigrationError(f"migrating schema {self.schema!r} failed: {exc}") from exc
         return todo
@@ -123,10 +133,10 @@ class Migrator:
     def applied_versions(self, conn: psycopg.Connection[Any]) -> list[int]:
         q = self._q
         table = sql.Identifier(self.schema, "migrations").as_string()
-        exists = conn.execute(q["migration_table_exists"], {"table": table}).fetchone()
+        exists = run(conn, q["migration_table_exists"], {"table": table}).fetchone()
         if not exists or not exists[0]:
             return []
-        return [r[0] for r in conn.execute(q["migration_applied"])]
+        return [r[0] for r in run(conn, q["migration_applied"])]
 
 
 class AsyncMigrator:
@@ -140,14 +150,14 @@ class AsyncMigrator:
         q = self._q
         try:
             async with conn.transaction():
-                await conn.execute(q["migration_lock"], {"schema": self.schema})
-                await conn.execute(q["migration_create_schema"])
-                await conn.execute(q["migration_create_table"])
-                cur = await conn.execute(q["migration_applied"])
+                await run_async(conn, q["migration_lock"], {"schema": self.schema})
+                await run_async(conn, q["migration_create_schema"])
+                await run_async(conn, q["migration_create_table"])
+                cur = await run_async(conn, q["migration_applied"])
                 todo = _plan([r[0] for r in await cur.fetchall()])
                 for m in todo:
-                    await conn.execute(m.render(self.schema).encode())
-                    await conn.execute(
+                    await run_async(conn, m.render(self.schema).encode())
+                    await run_async(conn,
                         q["migration_record"], {"version": m.version, "name": m.name}
                     )
         except psycopg.Error as exc:
@@ -160,9 +170,9 @@ class AsyncMigrator:
     async def applied_versions(self, conn: psycopg.AsyncConnection[Any]) -> list[int]:
         q = self._q
         table = sql.Identifier(self.schema, "migrations").as_string()
-        cur = await conn.execute(q["migration_table_exists"], {"table": table})
+        cur = await run_async(conn, q["migration_table_exists"], {"table": table})
         exists = await cur.fetchone()
         if not exists or not exists[0]:
             return []
-        cur = await conn.execute(q["migration_applied"])
+        cur = await run_async(conn, q["migration_applied"])
         return [r[0] for r in await cur.fetchall()]

@@ -65,6 +65,7 @@ CREATE TABLE conveyor.workers (
     host         text        NOT NULL,
     pid          integer     NOT NULL,
     topics       text[]      NOT NULL,
+    tenants      text[],                 -- NULL: the worker claims every tenant's events
     concurrency  integer     NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now()

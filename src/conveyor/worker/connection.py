@@ -169,7 +169,8 @@ class ManagedConnection:
     async def discard(self, exc: BaseException | None = None) -> None:
         conn, self._conn = self._conn, None
         if exc is not None:
-            log.warning("%s connection lost: %s", self.role, str(exc).strip().splitlines()[:1],
+            log.warning("%s connection lost: %s", self.role,
+                        (str(exc).strip().splitlines() or [type(exc).__name__])[0],
                         extra={"action": "connection_lost", "role": self.role})
         if conn is not None:
             try:

@@ -36,6 +36,7 @@ class Maintenance:
         self.registration = {
             "id": owner, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
             "topics": topics, "concurrency": config.concurrency,
+            "tenants": list(config.tenants) if config.tenants is not None else None,
         }
 
     async def heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> set[tuple[int, int]]:

@@ -47,6 +47,8 @@ from conveyor.worker.maintenance import Maintenance
 log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL = 600.0
+MAX_DUE_TIMES = 10_000
+CLOCK_SKEW_WARNING = 60.0
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
 
 
@@ -106,6 +108,10 @@ class Worker:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._due: list[float] = []               # heap of epochs when delayed events fall due
+        self._due_set: set[float] = set()
+        # Database clock minus this machine's, measured with every heartbeat, so a
+        # due time announced by the database fires the local timer on time.
+        self.clock_offset = 0.0
         self._pool: ThreadPoolExecutor | None = None
         self._rng = random.Random()
         c = self.config
@@ -160,6 +166,10 @@ class Worker:
         if not applied:
             raise MigrationError(
                 f"schema {self.config.schema!r} is not migrated; run 'conveyor migrate' first")
+        if max(applied) > latest_version():
+            raise MigrationError(
+                f"schema {self.config.schema!r} is at migration {max(applied)}, newer than this "
+                f"Conveyor knows ({latest_version()}); upgrade Conveyor")
         if max(applied) < latest_version():
             raise MigrationError(
                 f"schema {self.config.schema!r} is at migration {max(applied)}, this Conveyor "
@@ -252,16 +262,27 @@ class Worker:
             return
         if due:
             try:
-                self._wake_at(float(due))
+                self._wake_at(float(due) - self.clock_offset)
             except ValueError:
                 self.wake()
         else:
             self.wake()
 
     def _wake_at(self, epoch: float) -> None:
-        """Wake the fetch loop when a delayed event falls due (one timer, a heap of due times)."""
-        if len(self._due) < 10_000:
-            heapq.heappush(self._due, epoch)
+        """Wake the fetch loop when a delayed event falls due (one timer, a heap of due times).
+
+        ``epoch`` is in this machine's clock; callers convert database times first.
+        """
+        epoch = round(epoch, 3)
+        if epoch in self._due_set:
+            return
+        heapq.heappush(self._due, epoch)
+        self._due_set.add(epoch)
+        if len(self._due) > MAX_DUE_TIMES:
+            # Keep the earliest: a dropped later time only means that event waits
+            # for a poll or for an earlier timer's claim.
+            self._due = heapq.nsmallest(MAX_DUE_TIMES // 2, self._due)
+            self._due_set = set(self._due)
         self._arm_timer()
 
     def _arm_timer(self) -> None:
@@ -279,7 +300,7 @@ class Worker:
         self._timer_at = float("inf")
         now = time.time()
         while self._due and self._due[0] <= now + 0.001:
-            heapq.heappop(self._due)
+            self._due_set.discard(heapq.heappop(self._due))
         self.wake()
         self._arm_timer()
 
@@ -422,6 +443,7 @@ class Worker:
                 if now >= next_beat:
                     lost = await self.maintenance.heartbeat(conn)
                     self._drop_lost(lost)
+                    await self._measure_clock(conn)
                     next_beat = now + c.heartbeat_interval
                 if now >= next_rescue:
                     requeued, parked = await self.maintenance.rescue(conn)
@@ -442,6 +464,19 @@ class Worker:
                 await asyncio.wait_for(self._closing.wait(), timeout=sleep_for)
             except TimeoutError:
                 pass
+
+    async def _measure_clock(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        before = time.time()
+        cur = await conn.execute(self._q["clock_now"])
+        row = await cur.fetchone()
+        after = time.time()
+        if row is None:
+            return
+        offset = float(row[0]) - (before + after) / 2
+        if abs(offset) > CLOCK_SKEW_WARNING and abs(self.clock_offset) <= CLOCK_SKEW_WARNING:
+            log.warning("this machine's clock is %.1fs off the database's; schedules follow the "
+                        "database", offset, extra={"action": "clock_skew", "offset_s": offset})
+        self.clock_offset = offset
 
     def _drop_lost(self, lost: set[tuple[int, int]]) -> None:
         """Stop work on events whose lease this worker no longer holds."""

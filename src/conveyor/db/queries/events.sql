@@ -205,6 +205,13 @@ FROM {schema}.events
 GROUP BY topic, state
 ORDER BY topic, state
 
+-- name: status_pending_pairs
+-- The (topic, tenant) pairs that have pending events, to tell which no live
+-- worker may claim. Reads only pending rows, through the claim index.
+SELECT DISTINCT topic, tenant
+FROM {schema}.events
+WHERE state = 'pending'
+
 -- name: status_oldest_pending
 SELECT extract(epoch FROM now() - min(run_at))::float8
 FROM {schema}.events
