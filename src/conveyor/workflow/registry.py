@@ -13,7 +13,7 @@ Example::
     registry.object_type("message", description="One e-mail message")
     registry.trigger("mail.received", object_type="message",
                      description="A message arrived in a mailbox",
-                     fields=["message_id", "thread_id", Field("mailbox", required=False)])
+                     fields=["message_id", "thread_id", Field(name="mailbox", required=False)])
 
     report = await registry.register_all(HttpWorkflowAdapter(engine))
     print(report.summary())      # "created 2, updated 0, unchanged 0"
