@@ -6,7 +6,7 @@ patch replaces one named query's text in the loaded catalogue (the files in
 
     python benchmarks/patched_worker.py ack-no-state+async-commit -- --schema s worker ...
 
-Patches: ack-no-state, async-commit, trace-wake (joined with "+").
+Patches: ack-no-state, async-commit, no-handler-timeout, trace-wake (joined with "+").
 """
 
 from __future__ import annotations
@@ -75,6 +75,31 @@ def async_commit() -> None:
     connection.connect_async = connect_async  # type: ignore[assignment]
 
 
+def no_handler_timeout() -> None:
+    """Measurement only: run handlers without the per-event ``asyncio.timeout`` (one
+    TimerHandle pushed on and cancelled from the loop's heap per event), to price it."""
+    import asyncio
+    import types
+
+    from conveyor.worker import executor
+
+    class _NoDeadline:
+        async def __aenter__(self) -> _NoDeadline:
+            return self
+
+        async def __aexit__(self, *exc: object) -> bool:
+            return False
+
+        def expired(self) -> bool:
+            return False
+
+    no_deadline = _NoDeadline()
+    shim = types.SimpleNamespace(**{k: getattr(asyncio, k) for k in dir(asyncio)
+                                    if not k.startswith("__")})
+    shim.timeout = lambda _seconds: no_deadline
+    executor.asyncio = shim  # type: ignore[attr-defined]
+
+
 def main() -> int:
     name, sep, *rest = sys.argv[1:]
     assert sep == "--", "usage: patched_worker.py PATCH -- CLI-ARGS..."
@@ -83,6 +108,8 @@ def main() -> int:
             trace_wake_path()
         elif part == "async-commit":
             async_commit()
+        elif part == "no-handler-timeout":
+            no_handler_timeout()
         else:
             named_queries.raw_queries().update(PATCHES[part])
     from conveyor.cli.main import main as cli_main
