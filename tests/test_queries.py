@@ -239,6 +239,23 @@ def test_extend_leases_renews_only_the_owners_running_events(db: Conn) -> None:
     assert _row(db, theirs, "extract(epoch FROM lease_expires_at - now())::float8") == (5,)
 
 
+@exercises("event_owned", "event_lock_owned")
+def test_lock_owned_skips_rows_held_elsewhere_while_owned_still_sees_them(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as a, psycopg.connect(fresh_db) as b:
+        held, free = _insert(a, "x"), _insert(a, "x")
+        owner = _owner()
+        _claim(a, owner, lease_ttl=60)
+        b.execute("SELECT id FROM conveyor.events WHERE id = %s FOR UPDATE", (held,))
+        with a.transaction():
+            locked = [r[0] for r in a.execute(Q["event_lock_owned"],
+                                              {"ids": [held, free], "owner": owner})]
+        assert locked == [free]
+        owned = sorted(a.execute(Q["event_owned"], {"ids": [held, free], "owner": owner}))
+        assert owned == [(held, 1), (free, 1)]
+        assert a.execute(Q["event_owned"], {"ids": [held], "owner": _owner()}).fetchall() == []
+        b.rollback()
+
+
 @exercises("event_rescue_expired")
 def test_rescue_requeues_expired_and_parks_last_attempts(db: Conn) -> None:
     retry, last, alive = _insert(db, max_attempts=2), _insert(db, max_attempts=1), _insert(db)

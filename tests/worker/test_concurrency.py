@@ -126,11 +126,6 @@ async def test_many_workers_drain_every_event_exactly_once(db: str) -> None:
     assert sum(1 for w in workers if w.stats.claimed) >= 2, "only one worker ever claimed"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: acknowledgements (and lease renewals) wait on row locks: one event row locked "
-    "by another transaction blocks the completer's batch UPDATE, and every later result "
-    "of the worker queues behind it; slots are held until acknowledged, so the whole "
-    "worker stalls"))
 async def test_a_row_locked_by_an_operator_does_not_stall_the_other_acknowledgements(
         db: str) -> None:
     # An operator left a transaction open holding a lock on one running event

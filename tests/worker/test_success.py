@@ -171,9 +171,6 @@ async def test_run_refuses_an_unmigrated_database(empty_db: str) -> None:
         await worker.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: run() raises out of check_schema() without closing the upkeep connection it "
-    "opened; a supervisor that retries run() leaks one connection per attempt"))
 async def test_run_that_fails_at_start_leaves_no_connection_open(empty_db: str) -> None:
     router = Router()
     router.add("x", lambda event: None)

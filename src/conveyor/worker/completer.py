@@ -23,6 +23,8 @@ from conveyor.worker.executor import Outcome
 
 log = logging.getLogger(__name__)
 
+HELD_RETRY_PAUSE = 0.5
+
 
 class Completer:
     def __init__(self, conn: ManagedConnection, queries: Queries, owner: str, *,
@@ -36,6 +38,9 @@ class Completer:
         self._on_acked = on_acked
         self._buffer: list[Outcome] = []
         self._flushing: list[Outcome] = []
+        # Events whose row another transaction held at the last try: batches with
+        # one of them go straight to the lock-skipping path instead of waiting again.
+        self._held: set[int] = set()
         self._signal = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -82,7 +87,27 @@ class Completer:
         self._flushing = batch
         try:
             conn = await self._conn.get(give_up_on_stop=False)
+            if self._held.intersection(o.event_id for o in batch):
+                raise psycopg.errors.LockNotAvailable("a row of this batch was held before")
             done = await self._write(conn, batch)
+        except psycopg.errors.LockNotAvailable:
+            # Some row is held by another transaction: write what can be written
+            # now and keep the held ones for a later flush, so one locked row
+            # never stalls every other result.
+            try:
+                done, held = await self._write_around_locks(conn, batch)
+            except CONNECTION_ERRORS as exc:
+                self._buffer[:0] = batch
+                await self._conn.discard(exc)
+                return
+            self._buffer[:0] = held
+            self._held = {o.event_id for o in held}
+            if held:
+                log.warning("%d results wait for rows locked by another transaction", len(held),
+                            extra={"action": "ack_row_locked"})
+                if not done:
+                    await asyncio.sleep(HELD_RETRY_PAUSE)  # only held rows left: do not spin
+            batch = [o for o in batch if o not in held]
         except CONNECTION_ERRORS as exc:
             self._buffer[:0] = batch
             await self._conn.discard(exc)
@@ -130,6 +155,22 @@ class Completer:
             })
             done.update(r[0] for r in await cur.fetchall())
         return done
+
+    async def _write_around_locks(self, conn: psycopg.AsyncConnection[Any], batch: list[Outcome]
+                                  ) -> tuple[set[int], list[Outcome]]:
+        """Write the outcomes whose rows can be locked now; return (written ids, held outcomes)."""
+        ids = sorted({o.event_id for o in batch})
+        async with conn.transaction():
+            cur = await conn.execute(self._q["event_lock_owned"], {"ids": ids, "owner": self._owner})
+            lockable = {r[0] for r in await cur.fetchall()}
+            done = await self._write(conn, [o for o in batch if o.event_id in lockable])
+        rest = [o for o in batch if o.event_id not in lockable]
+        if not rest:
+            return done, []
+        cur = await conn.execute(self._q["event_owned"], {
+            "ids": sorted({o.event_id for o in rest}), "owner": self._owner})
+        still_mine = {(r[0], r[1]) for r in await cur.fetchall()}
+        return done, [o for o in rest if (o.event_id, o.attempt) in still_mine]
 
     async def wait_idle(self) -> None:
         await self._idle.wait()

@@ -127,7 +127,9 @@ async def run_handler(
         # The handler raised CancelledError itself: a failed attempt like any other.
         return failure(event, _describe(exc) if str(exc) else "handler raised CancelledError",
                        _clip(traceback.format_exc(), TRACEBACK_MAX_CHARS), backoff)
-    except Exception as exc:  # noqa: BLE001 - any handler error is a failed attempt
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any other handler error is a failed attempt
         return failure(event, _describe(exc), _clip(traceback.format_exc(), TRACEBACK_MAX_CHARS),
                        backoff)
     return Outcome(event.id, event.attempt, EventState.SUCCEEDED)

@@ -49,8 +49,14 @@ class Maintenance:
             "ids": sorted({event_id for event_id, _ in owned}), "owner": self._owner,
             "lease_ttl": self._config.lease_ttl})
         kept = {(r[0], r[1]) for r in await cur.fetchall()}
-        # Pairs acknowledged while the query ran are not lost; the caller re-checks.
-        return owned - kept
+        missing = owned - kept
+        if missing:
+            # Skipped because locked elsewhere is not lost; look without locking.
+            cur = await conn.execute(self._q["event_owned"], {
+                "ids": sorted({event_id for event_id, _ in missing}), "owner": self._owner})
+            missing -= {(r[0], r[1]) for r in await cur.fetchall()}
+        # Pairs acknowledged while the queries ran are not lost; the caller re-checks.
+        return missing
 
     async def unregister(self, conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute(self._q["worker_unregister"], {"id": self._owner})

@@ -40,7 +40,7 @@ from conveyor.worker.connection import (
     ManagedConnection,
     StopRequested,
 )
-from conveyor.worker.executor import Outcome, run_handler
+from conveyor.worker.executor import Outcome, failure, run_handler
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 
@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL = 600.0
 MAX_DUE_TIMES = 10_000
+LOCK_TIMEOUT_MS = 1000
 CLOCK_SKEW_WARNING = 60.0
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
 
@@ -115,12 +116,15 @@ class Worker:
         self._pool: ThreadPoolExecutor | None = None
         self._rng = random.Random()
         c = self.config
-        def managed(role: str) -> ManagedConnection:
+        def managed(role: str, **kwargs: Any) -> ManagedConnection:
             return ManagedConnection(conninfo, role, reconnect_min=c.reconnect_min,
-                                     reconnect_max=c.reconnect_max, stopping=self._stopping)
+                                     reconnect_max=c.reconnect_max, stopping=self._stopping,
+                                     **kwargs)
         self._fetch_conn = managed("fetch")
-        self._ack_conn = managed("ack")
-        self._upkeep_conn = managed("upkeep")
+        # A row another transaction holds must not stall acknowledgements or
+        # heartbeats: they give up waiting and step around the lock.
+        self._ack_conn = managed("ack", options=f"-c lock_timeout={LOCK_TIMEOUT_MS}")
+        self._upkeep_conn = managed("upkeep", options=f"-c lock_timeout={LOCK_TIMEOUT_MS}")
         self._listen_conn = managed("listen")
         self.completer = Completer(self._ack_conn, self._q, self.id,
                                    flush_size=c.batch_size, interval=c.ack_interval,
@@ -182,7 +186,11 @@ class Worker:
             await self.check_schema()
         except StopRequested:
             log.info("stopped before the database could be reached", extra={"action": "stopped"})
+            await self._upkeep_conn.close()
             return
+        except BaseException:
+            await self._upkeep_conn.close()  # a supervisor retrying run() must not leak it
+            raise
         self._pool = self._new_pool()
         await self._register()
         tasks = [
@@ -384,6 +392,14 @@ class Worker:
         except asyncio.CancelledError:
             # Shutdown timed out or the lease was lost; _shutdown decides what to write.
             self._release_slot()
+            raise
+        except BaseException as exc:
+            # KeyboardInterrupt/SystemExit from a handler: record the failed attempt so
+            # the event does not stay 'running', then let the interruption through.
+            self._release_slot()
+            if (event.id, event.attempt) in self._running:
+                self.completer.add(failure(event, f"{type(exc).__name__} raised by handler", None,
+                                           route.backoff or self.config.backoff))
             raise
         self._release_slot()
         if (event.id, event.attempt) in self._running:

@@ -106,12 +106,37 @@ RETURNING e.id
 
 -- name: event_extend_leases
 -- Heartbeat: renew the leases of the events this worker is still running.
+-- Rows locked by someone else (an operator's open transaction) are skipped,
+-- not waited for: the heartbeat must never stall; see event_owned.
 UPDATE {schema}.events
 SET lease_expires_at = now() + %(lease_ttl)s * interval '1 second'
-WHERE id = ANY(%(ids)s::bigint[])
+WHERE id IN (SELECT id FROM {schema}.events
+             WHERE id = ANY(%(ids)s::bigint[])
+               AND state = 'running'
+               AND lease_owner = %(owner)s
+             FOR UPDATE SKIP LOCKED)
   AND state = 'running'
   AND lease_owner = %(owner)s
 RETURNING id, attempts
+
+-- name: event_owned
+-- Which of these events this worker still owns, read without taking locks
+-- (a row another transaction holds is still reported).
+SELECT id, attempts
+FROM {schema}.events
+WHERE id = ANY(%(ids)s::bigint[])
+  AND state = 'running'
+  AND lease_owner = %(owner)s
+
+-- name: event_lock_owned
+-- The acknowledgement fallback after a lock timeout: lock the rows this worker
+-- owns that nobody else holds, skipping the rest, inside a transaction.
+SELECT id
+FROM {schema}.events
+WHERE id = ANY(%(ids)s::bigint[])
+  AND state = 'running'
+  AND lease_owner = %(owner)s
+FOR UPDATE SKIP LOCKED
 
 -- name: event_rescue_expired
 -- Events whose worker stopped renewing its lease (killed, frozen, cut off) go
