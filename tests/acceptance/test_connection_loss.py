@@ -83,9 +83,6 @@ def test_worker_survives_repeated_backend_termination(
     assert worker.wait(timeout=30) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: ManagedConnection.discard logs str(exc).strip().splitlines()[:1], a list, so the "
-    "line reads \"listen connection lost: ['terminating connection ...']\""))
 def test_connection_lost_log_line_is_plain_text(
         acc_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     worker = spawn(acc_db, "--poll-interval", "60")
