@@ -18,7 +18,7 @@ MAX_PAYLOAD_BYTES_DEFAULT = 256 * 1024
 MAX_PAYLOAD_DEPTH_DEFAULT = 64
 MAX_ATTEMPTS_DEFAULT = 5
 
-CONCURRENCY_DEFAULT = 100
+CONCURRENCY_DEFAULT = 200
 BATCH_SIZE_DEFAULT = 100
 POLL_INTERVAL_DEFAULT = 5.0
 LEASE_TTL_DEFAULT = 15.0
@@ -79,7 +79,9 @@ class WorkerConfig:
         schema: PostgreSQL schema holding Conveyor's tables. Defaults to ``"conveyor"``.
         name: a label shown in ``conveyor status``. Defaults to ``"<host>:<pid>"``.
         concurrency: handlers running at once; the worker never claims more events
-            than it has free slots. Defaults to 100.
+            than it has free slots; a slot is held until the result is acknowledged,
+            so twice the batch size keeps claims and acknowledgements overlapping.
+            Defaults to 200.
         batch_size: most events claimed by one query. Defaults to 100.
         poll_interval: seconds between fallback polls when no NOTIFY arrives
             (jittered by up to 10 %). Defaults to 5.0.

@@ -82,13 +82,17 @@ class ManagedConnection:
     """
 
     def __init__(self, conninfo: str, role: str, *, reconnect_min: float, reconnect_max: float,
-                 stopping: asyncio.Event, **connect_kwargs: Any) -> None:
+                 stopping: asyncio.Event, settings: dict[str, str] | None = None,
+                 **connect_kwargs: Any) -> None:
         self.conninfo = conninfo
         self.role = role
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._backoff = Backoff(reconnect_min, reconnect_max)
         self._stopping = stopping
         self._kwargs = connect_kwargs
+        # Session settings applied after every (re)connect; set this way rather
+        # than through "options" so a user's own options in the URL still apply.
+        self._settings = dict(settings or {})
         self.reconnects = 0
         self._ever_connected = False
         self._saw_down = False
@@ -105,9 +109,12 @@ class ManagedConnection:
             if give_up_on_stop and self._stopping.is_set():
                 raise StopRequested(f"{self.role} connection not needed: stopping")
             try:
-                self._conn = await connect_async(
+                conn = await connect_async(
                     self.conninfo, autocommit=True,
                     application_name=f"conveyor-{self.role}", **self._kwargs)
+                for name, value in self._settings.items():
+                    await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+                self._conn = conn
             except CONNECTION_ERRORS as exc:
                 delay = self._backoff.next_delay()
                 log.warning("database unreachable for %s connection, retrying in %.1fs: %s",

@@ -76,32 +76,43 @@ async def _in_thread(route: Route, event: Event, pool: Executor,
         raise
 
 
+async def _call(route: Route, event: Event, thread_pool: Executor | None,
+                on_abandoned: Callable[[Future[Any]], None] | None) -> None:
+    if route.is_async:
+        await route.handler(event)
+    elif route.blocking:
+        if thread_pool is None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, route.handler, event)
+        else:
+            await _in_thread(route, event, thread_pool, on_abandoned)
+    else:
+        route.handler(event)
+
+
 async def run_handler(
     route: Route,
     event: Event,
     *,
-    timeout: float,
+    timeout: float | None,
     backoff: RetryPolicy,
     thread_pool: Executor | None,
     on_abandoned: Callable[[Future[Any]], None] | None = None,
 ) -> Outcome:
     """Call the route's handler with a timeout and classify the result.
 
-    ``on_abandoned`` is told about a plain handler's thread that is still running
-    when the call timed out or was cancelled.
+    With ``timeout=None`` the caller enforces the deadline itself by cancelling
+    the task (the worker does, with one sweeper for all its handlers instead of
+    a timer per call). ``on_abandoned`` is told about a plain handler's thread
+    that is still running when the call timed out or was cancelled.
     """
+    deadline: asyncio.Timeout | None = None
     try:
-        async with asyncio.timeout(timeout) as deadline:
-            if route.is_async:
-                await route.handler(event)
-            elif route.blocking:
-                if thread_pool is None:
-                    loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(None, route.handler, event)
-                else:
-                    await _in_thread(route, event, thread_pool, on_abandoned)
-            else:
-                route.handler(event)
+        if timeout is None:
+            await _call(route, event, thread_pool, on_abandoned)
+        else:
+            async with asyncio.timeout(timeout) as deadline:
+                await _call(route, event, thread_pool, on_abandoned)
     except RetryAfter as signal:
         return failure(event, _clip(signal.reason, ERROR_MAX_CHARS), None, backoff,
                        delay=signal.seconds)
@@ -116,7 +127,7 @@ async def run_handler(
                        error=_clip("cancelled by handler" + (f": {signal.reason}"
                                    if signal.reason else ""), ERROR_MAX_CHARS))
     except TimeoutError as exc:
-        if deadline.expired():
+        if deadline is not None and deadline.expired():
             return failure(event, f"handler timed out after {timeout:g}s", None, backoff)
         return failure(event, _describe(exc), _clip(traceback.format_exc(), TRACEBACK_MAX_CHARS),
                        backoff)

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL = 600.0
 MAX_DUE_TIMES = 10_000
+SWEEP_INTERVAL = 0.05
 LOCK_TIMEOUT_MS = 1000
 CLOCK_SKEW_WARNING = 60.0
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
@@ -71,6 +72,8 @@ class WorkerStats:
 class _Running:
     event: Event
     task: asyncio.Task[None] | None
+    deadline: float = float("inf")    # loop time after which the sweeper cancels it
+    timed_out: bool = False
 
 
 class Worker:
@@ -120,11 +123,16 @@ class Worker:
             return ManagedConnection(conninfo, role, reconnect_min=c.reconnect_min,
                                      reconnect_max=c.reconnect_max, stopping=self._stopping,
                                      **kwargs)
-        self._fetch_conn = managed("fetch")
+        # Claims and acknowledgements commit asynchronously: one lost in a server
+        # crash only makes its event run again, which at-least-once allows (the
+        # event is still pending, or its lease expires and it is rescued). It
+        # takes the WAL flush out of every claim's and every ack's round trip.
+        self._fetch_conn = managed("fetch", settings={"synchronous_commit": "off"})
         # A row another transaction holds must not stall acknowledgements or
         # heartbeats: they give up waiting and step around the lock.
-        self._ack_conn = managed("ack", options=f"-c lock_timeout={LOCK_TIMEOUT_MS}")
-        self._upkeep_conn = managed("upkeep", options=f"-c lock_timeout={LOCK_TIMEOUT_MS}")
+        self._ack_conn = managed("ack", settings={"synchronous_commit": "off",
+                                                  "lock_timeout": str(LOCK_TIMEOUT_MS)})
+        self._upkeep_conn = managed("upkeep", settings={"lock_timeout": str(LOCK_TIMEOUT_MS)})
         self._listen_conn = managed("listen")
         self.completer = Completer(self._ack_conn, self._q, self.id,
                                    flush_size=c.batch_size, interval=c.ack_interval,
@@ -135,6 +143,7 @@ class Worker:
         self.maintenance = Maintenance(self._q, c, self.id, self.name, router.patterns,
                                        owned=lambda: list(self._running))
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.started = asyncio.Event()
 
     # ----------------------------------------------------------------- control
@@ -243,6 +252,8 @@ class Worker:
                 self.completer.add(Outcome.handed_back(running.event))
                 self.stats.handed_back += 1
         self._closing.set()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         try:
             await asyncio.wait_for(completer, timeout=self.config.shutdown_timeout)
         except TimeoutError:
@@ -379,20 +390,42 @@ class Worker:
             self.completer.add(Outcome.handed_back(event))
             return
         self._active += 1
-        running = _Running(event, None)
+        loop = asyncio.get_running_loop()
+        timeout = route.timeout or self.config.handler_timeout
+        running = _Running(event, None, deadline=loop.time() + timeout)
         self._running[(event.id, event.attempt)] = running
-        running.task = asyncio.create_task(self._execute(route, event))
+        running.task = loop.create_task(self._execute(route, event, running, timeout))
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = loop.create_task(self._sweep_deadlines())
 
-    async def _execute(self, route: Any, event: Event) -> None:
+    async def _sweep_deadlines(self) -> None:
+        """Cancel handlers past their deadline: one periodic pass instead of a timer per call."""
+        loop = asyncio.get_running_loop()
+        while self._running:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            now = loop.time()
+            for running in list(self._running.values()):
+                task = running.task
+                if now >= running.deadline and task is not None and not task.done() \
+                        and not running.timed_out:
+                    running.timed_out = True
+                    task.cancel()
+
+    async def _execute(self, route: Any, event: Event, running: _Running, timeout: float) -> None:
+        backoff = route.backoff or self.config.backoff
         try:
             outcome = await run_handler(
-                route, event, timeout=route.timeout or self.config.handler_timeout,
-                backoff=route.backoff or self.config.backoff, thread_pool=self._pool,
+                route, event, timeout=None, backoff=backoff, thread_pool=self._pool,
                 on_abandoned=self._thread_abandoned)
         except asyncio.CancelledError:
-            # Shutdown timed out or the lease was lost; _shutdown decides what to write.
-            self._release_slot()
-            raise
+            task = asyncio.current_task()
+            if running.timed_out and task is not None and task.cancelling() == 1:
+                task.uncancel()
+                outcome = failure(event, f"handler timed out after {timeout:g}s", None, backoff)
+            else:
+                # Shutdown timed out or the lease was lost; _shutdown decides what to write.
+                self._release_slot()
+                raise
         except BaseException as exc:
             # KeyboardInterrupt/SystemExit from a handler: record the failed attempt so
             # the event does not stay 'running', then let the interruption through.
@@ -528,6 +561,8 @@ class Worker:
 
     async def close(self) -> None:
         """Release connections opened by :meth:`run_once`."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for managed in (self._fetch_conn, self._ack_conn, self._upkeep_conn, self._listen_conn):
             await managed.close()
         if self._pool is not None:
