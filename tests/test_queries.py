@@ -104,10 +104,12 @@ def test_event_insert_returns_new_id_and_nothing_on_key_conflict(db: Conn) -> No
     assert _row(db, first, "payload, state, attempts") == ({"k": 1}, "pending", 0)
 
 
-@exercises("event_reserve_ids", "event_insert_many_ids")
+@exercises("event_sequence", "event_reserve_ids", "event_insert_many_ids")
 def test_insert_many_uses_reserved_ids_and_skips_key_conflicts(db: Conn) -> None:
+    sequence = db.execute(Q["event_sequence"], {"table": Q.events_table}).fetchone()
+    assert sequence == ("conveyor.events_id_seq",)
     ids = [r[0] for r in db.execute(Q["event_reserve_ids"],
-                                    {"table": Q.events_table, "count": 3})]
+                                    {"sequence": sequence[0], "count": 3})]
     assert len(set(ids)) == 3 and ids == sorted(ids)
     _insert(db, key="taken")
     inserted = db.execute(Q["event_insert_many_ids"], {

@@ -177,6 +177,8 @@ class Producer:
     def __init__(self, config: ProducerConfig | None = None) -> None:
         self.config = config or ProducerConfig()
         self._q = queries_for(self.config.schema)
+        # The id sequence's name, the same in every database with this schema.
+        self._sequence: str | None = None
 
     def enqueue(
         self,
@@ -224,8 +226,11 @@ class Producer:
             return []
         q = self._q
         try:
-            ids = [r[0] for r in run(conn,
-                q["event_reserve_ids"], {"table": q.events_table, "count": len(rows)})]
+            if self._sequence is None:
+                self._sequence = run(conn, q["event_sequence"], {"table": q.events_table}
+                                     ).fetchone()[0]  # type: ignore[index]
+            ids = [r[0] for r in run(conn, q["event_reserve_ids"], {
+                "sequence": self._sequence, "count": len(rows)})]
             if _use_copy(rows):
                 with conn.cursor().copy(_copy_statement(q)) as copy:
                     for record in _copy_rows(rows, ids):
@@ -255,6 +260,8 @@ class AsyncProducer:
     def __init__(self, config: ProducerConfig | None = None) -> None:
         self.config = config or ProducerConfig()
         self._q = queries_for(self.config.schema)
+        # The id sequence's name, the same in every database with this schema.
+        self._sequence: str | None = None
 
     async def enqueue(
         self,
@@ -299,8 +306,11 @@ class AsyncProducer:
             return []
         q = self._q
         try:
-            cur = await run_async(conn,
-                q["event_reserve_ids"], {"table": q.events_table, "count": len(rows)})
+            if self._sequence is None:
+                cur = await run_async(conn, q["event_sequence"], {"table": q.events_table})
+                self._sequence = (await cur.fetchone())[0]  # type: ignore[index]
+            cur = await run_async(conn, q["event_reserve_ids"], {
+                "sequence": self._sequence, "count": len(rows)})
             ids = [r[0] for r in await cur.fetchall()]
             if _use_copy(rows):
                 async with conn.cursor().copy(_copy_statement(q)) as copy:

@@ -191,13 +191,21 @@ def _check_text(text: str) -> None:
         raise InvalidInputError(f"payload contains a lone surrogate, not valid Unicode: {_show(text)}")
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+# An escaped NUL in the JSON text: "\u0000" not itself preceded by an escaping backslash.
+_ESCAPED_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 def encode_payload(payload: object, *, max_bytes: int, max_depth: int) -> str:
-    """Serialise ``payload`` to JSON text, refusing what PostgreSQL or the limits would not take."""
-    # jsonb cannot store U+0000 and no lone surrogate encodes to UTF-8: refuse both
-    # here rather than fail inside the caller's transaction.
-    _scan(payload, max_depth)
+    """Serialise ``payload`` to JSON text, refusing what PostgreSQL or the limits would not take.
+
+    jsonb cannot store U+0000 and no lone surrogate encodes to UTF-8: both are
+    refused here rather than fail inside the caller's transaction. The walk
+    over the payload that names the offending value runs only when the JSON
+    text shows a reason for it, so the common case costs one encode.
+    """
     try:
-        text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _ENCODER.encode(payload)
     except ValueError as exc:
         if "Out of range float" in str(exc):
             raise InvalidInputError(
@@ -207,9 +215,20 @@ def encode_payload(payload: object, *, max_bytes: int, max_depth: int) -> str:
         raise InvalidInputError(f"payload is not JSON-serialisable: {exc}") from None
     except RecursionError:
         raise PayloadTooLargeError("payload nests too deeply to serialise") from None
-    size = len(text.encode("utf-8"))
-    if size > max_bytes:
+    # Each level of nesting needs a bracket, so few brackets prove a shallow payload.
+    suspicious = text.count("[") + text.count("{") > max_depth or (
+        "\\u0000" in text and _ESCAPED_NUL_RE.search(text) is not None)
+    try:
+        encoded = text.encode("utf-8")
+    except UnicodeEncodeError:
+        suspicious = True
+        encoded = b""
+    if suspicious:
+        _scan(payload, max_depth)  # raises, naming the value
+    if not encoded:
+        raise InvalidInputError("payload is not valid Unicode (lone surrogate)")
+    if len(encoded) > max_bytes:
         raise PayloadTooLargeError(
-            f"payload is {size} bytes of JSON, the limit is {max_bytes} bytes"
+            f"payload is {len(encoded)} bytes of JSON, the limit is {max_bytes} bytes"
         )
     return text

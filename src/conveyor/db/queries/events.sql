@@ -26,10 +26,15 @@ FROM unnest(%(ids)s::bigint[], %(tenants)s::text[], %(topics)s::text[], %(payloa
 ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
+-- name: event_sequence
+-- The identity sequence behind events.id; looked up once per producer.
+SELECT pg_get_serial_sequence(%(table)s, 'id')
+
 -- name: event_reserve_ids
--- Ids for a COPY batch, taken from the identity sequence up front because COPY
--- returns nothing.
-SELECT nextval(pg_get_serial_sequence(%(table)s, 'id')) FROM generate_series(1, %(count)s)
+-- Ids for a batch, taken from the identity sequence up front because COPY
+-- returns nothing. The sequence comes in resolved: looking it up per row
+-- would cost more than the nextval calls themselves.
+SELECT nextval(%(sequence)s::regclass) FROM generate_series(1, %(count)s)
 
 -- name: event_id_by_key
 SELECT id FROM {schema}.events
