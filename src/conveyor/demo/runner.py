@@ -18,6 +18,7 @@ import psycopg
 
 from conveyor.admin import Admin
 from conveyor.db.connect import connect, describe
+from conveyor.demo.chain import DEFAULT_DATABASE, run_chain
 from conveyor.demo.progress import Progress, Snapshot, take_snapshot
 from conveyor.demo.shop import SCHEMA, Mix, enqueue_mix, reset_schema
 from conveyor.demo.worker_process import APP, WORKER_FLAGS, WorkerProcess
@@ -31,6 +32,10 @@ WATCH_TIMEOUT = 90.0
 DELAYED_TOPIC = "order.review_request"
 TRACEBACK_LINES = 6
 MISBEHAVING_SHOWN = 8
+# CONVEYOR_DEMO_CHAIN=0 skips part two (the example engine chain);
+# CONVEYOR_DEMO_CHAIN_DATABASE names its database (default conveyor_demo_chain).
+CHAIN_SWITCH = "CONVEYOR_DEMO_CHAIN"
+CHAIN_DATABASE = "CONVEYOR_DEMO_CHAIN_DATABASE"
 
 
 class Demo:
@@ -128,7 +133,6 @@ class Demo:
         self.say(f"    {p} show {mix.poison_id}          the parked event, with tracebacks")
         self.say(f"    {p} retry {mix.poison_id}         run it again (one more attempt)")
         self.say(f"    {p} status --json")
-        self.say(f"  finished in {time.monotonic() - self.started:.1f}s")
 
     def _show_parked(self, record: EventRecord) -> None:
         self.say(f"\n  the parked event: {record.id} {record.topic} (tenant {record.tenant}) is "
@@ -192,5 +196,12 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _run(ctx: Context, args: argparse.Namespace) -> int:
-    demo = Demo(ctx.url(), sys.stdout, explore_prefix=_explore_prefix(ctx, args))
-    return demo.run(args.events)
+    url = ctx.url()
+    demo = Demo(url, sys.stdout, explore_prefix=_explore_prefix(ctx, args))
+    code = demo.run(args.events)
+    if code == 0 and os.environ.get(CHAIN_SWITCH, "1") != "0":
+        code = run_chain(url, sys.stdout,
+                         database=os.environ.get(CHAIN_DATABASE) or DEFAULT_DATABASE)
+    if code == 0:
+        demo.say(f"\nfinished in {time.monotonic() - demo.started:.1f}s")
+    return code

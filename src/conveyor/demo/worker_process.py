@@ -27,30 +27,36 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 
 class WorkerProcess:
-    """``python -m conveyor.cli.main ... worker --app conveyor.demo.app:router``.
+    """``python -m conveyor.cli.main ... worker --app conveyor.demo.app:router`` (or ``app``).
 
     The database URL goes through ``CONVEYOR_DATABASE_URL`` rather than the
     command line, so a password in it never shows in ``ps``.
     """
 
-    def __init__(self, url: str, schema: str, log_path: Path) -> None:
+    def __init__(self, url: str, schema: str, log_path: Path, *, app: str = APP,
+                 flags: list[str] | None = None, name: str = "demo-worker",
+                 env: dict[str, str] | None = None) -> None:
         self.url = url
         self.schema = schema
         self.log_path = log_path
+        self.app = app
+        self.flags = WORKER_FLAGS if flags is None else flags
+        self.name = name
+        self.env = env or {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[Any] | None = None
 
     @property
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "conveyor.cli.main", "--schema", self.schema,
-                "worker", "--app", APP, "--name", "demo-worker", *WORKER_FLAGS]
+                "worker", "--app", self.app, "--name", self.name, *self.flags]
 
     @property
     def pid(self) -> int:
         return self._proc.pid if self._proc else 0
 
     def start(self) -> None:
-        env = dict(os.environ, CONVEYOR_DATABASE_URL=self.url)
+        env = dict(os.environ, **self.env, CONVEYOR_DATABASE_URL=self.url)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self._proc = subprocess.Popen(
             self.argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
