@@ -14,6 +14,10 @@ What is measured, each next to plain psycopg doing the same work:
 Everything happens in scratch schemas that are dropped at the end; see
 :mod:`conveyor.bench.measure` for the timing method. Progress goes to stderr;
 stdout gets the table, or with ``--json`` exactly one JSON object.
+
+``conveyor bench --consumers`` measures the consumers instead (the XLSX reader
+against openpyxl, hostile files, SMTP with and without connection reuse); see
+:mod:`conveyor.bench.consumers`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ __all__ = ["run"]
 
 
 def run(ctx: Any, args: argparse.Namespace) -> int:
-    """Entry point of ``conveyor bench [--json] [--events N] [--quick]``."""
+    """Entry point of ``conveyor bench [--json] [--events N] [--quick] [--consumers]``."""
+    if getattr(args, "consumers", False):  # no database: never touch ctx.url()
+        from conveyor.bench.consumers import run as run_consumers
+
+        return run_consumers(args)
     # Imported here so a worker importing conveyor.bench.app stays lean (its RSS is measured).
     from conveyor.bench.report import complete, format_table, rounded
     from conveyor.bench.suite import Plan, Suite, stderr_progress

@@ -400,6 +400,10 @@ def register_bench(sub: Sub, env: Env) -> None:
     p.add_argument("--events", type=positive_int, default=20_000,
                    help="events per drain measurement (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="smaller sizes for a fast smoke run")
+    p.add_argument("--consumers", action="store_true",
+                   help="benchmark the consumers instead (needs no database): XLSX aggregation "
+                        "vs openpyxl, hostile files, SMTP mails/s with and without connection "
+                        "reuse; needs the test extras (openpyxl, XlsxWriter, aiosmtpd, trustme)")
 
 
 def run_bench(ctx: Context, args: argparse.Namespace) -> int:
