@@ -8,7 +8,6 @@ from collections import Counter
 from typing import Any
 
 import psycopg
-import pytest
 
 from conveyor import Event, NewEvent, Router, Worker
 

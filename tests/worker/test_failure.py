@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import pytest
-
 from conveyor import BackoffPolicy, Event, Router, Worker
 
 from .conftest import enqueue, event_row, fast_config, query, running, wait_until

@@ -27,7 +27,6 @@ from conveyor.config import (
     SHUTDOWN_TIMEOUT_DEFAULT,
     WorkerConfig,
 )
-from conveyor.engine_client import AsyncEngineClient, EngineConfig
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.multitenant import (
     RESCAN_INTERVAL_DEFAULT,
@@ -39,9 +38,12 @@ from conveyor.multitenant import (
     TenantSource,
     load_app,
 )
-from conveyor.workflow.adapters import REGISTRATION_TENANT_DEFAULT, HttpWorkflowAdapter
-from conveyor.workflow.publisher import TOPIC_PREFIX_DEFAULT, status_of
-from conveyor.workflow.registry import WorkflowRegistry
+
+# The workflow modules pull in httpx and PyJWT (about 15 MB); every worker
+# imports this module through the CLI, so they are imported only when a
+# workflow command runs. These mirror the modules' own defaults (a test checks).
+REGISTRATION_TENANT_DEFAULT = "system"
+TOPIC_PREFIX_DEFAULT = "workflow"
 
 Env = Any
 Sub = Any
@@ -202,6 +204,10 @@ def register_workflow(sub: Sub, env: Env) -> None:
 
 
 def run_workflow_register(ctx: Context, args: argparse.Namespace) -> int:
+    from conveyor.engine_client import AsyncEngineClient, EngineConfig
+    from conveyor.workflow.adapters import HttpWorkflowAdapter
+    from conveyor.workflow.registry import WorkflowRegistry
+
     registry = import_target(args.app)
     if not isinstance(registry, WorkflowRegistry):
         raise InvalidInputError(
@@ -237,6 +243,8 @@ def run_workflow_register(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def run_workflow_status(ctx: Context, args: argparse.Namespace) -> int:
+    from conveyor.workflow.publisher import status_of
+
     record = Admin(ctx.schema).show(ctx.connect(), args.id)
     data = status_of(record, args.topic_prefix).to_json()
     if args.json:
