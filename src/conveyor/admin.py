@@ -39,7 +39,8 @@ from conveyor.validation import check_event_id, check_schema_name, check_topic
 WORKER_ALIVE_WITHIN = 30.0
 
 
-def _record(row: Sequence[Any]) -> EventRecord:
+def record_from_row(row: Sequence[Any]) -> EventRecord:
+    """An :class:`EventRecord` from a row with the columns of the ``event_get`` query."""
     errors_raw = row[12] if isinstance(row[12], list) else json.loads(row[12] or "[]")
     return EventRecord(
         id=row[0], tenant=row[1], topic=row[2], payload=row[3], state=EventState(row[4]),
@@ -127,7 +128,7 @@ class Admin:
         row = run(conn, self._q["event_get"], {"id": event_id}).fetchone()
         if row is None:
             raise EventNotFoundError(f"event {event_id} not found")
-        return _record(row)
+        return record_from_row(row)
 
     def retry(self, conn: psycopg.Connection[Any], event_id: int) -> None:
         """Run a failed, cancelled or scheduled event again now."""
@@ -191,7 +192,7 @@ class AsyncAdmin:
         row = await (await run_async(conn, self._q["event_get"], {"id": event_id})).fetchone()
         if row is None:
             raise EventNotFoundError(f"event {event_id} not found")
-        return _record(row)
+        return record_from_row(row)
 
     async def retry(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:
         event_id = check_event_id(event_id)

@@ -372,22 +372,28 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
     s = worker.stats
     log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
              s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})
+    leave_stuck_handler_threads(ctx)
+    return 0
+
+
+def leave_stuck_handler_threads(ctx: Context) -> None:
+    """Exit at once if plain handlers still run in threads; their events were handed back.
+
+    Such threads cannot be interrupted, and waiting for them would hold the
+    process past its shutdown timeout. Idle pool threads exit as soon as they
+    see the shutdown; one shared deadline bounds the wait however many are stuck.
+    """
     handler_threads = [t for t in threading.enumerate() if t.name.startswith("conveyor-handler")]
     deadline = time.monotonic() + 0.5
     for thread in handler_threads:
-        # Idle pool threads exit as soon as they see the shutdown; one shared
-        # deadline bounds the wait however many threads are stuck.
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
     stuck = [t for t in handler_threads if t.is_alive()]
     if stuck:
-        # Plain handlers still running in threads cannot be interrupted; their events
-        # were handed back, so leave without waiting for them.
         log.warning("%d handler threads still running at exit; leaving them", len(stuck),
                     extra={"action": "exit_abandon_threads"})
         ctx.close()
         logging.shutdown()
         os._exit(0)
-    return 0
 
 
 # ----------------------------------------------------------- bench and demo

@@ -13,8 +13,6 @@ import json
 import logging
 import os
 import sys
-import threading
-import time
 from typing import Any
 
 from conveyor.admin import Admin
@@ -140,27 +138,10 @@ def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
 
     run_until_stopped(serve())
     log.info("multi-tenant worker exiting", extra={"action": "exit"})
-    _leave_stuck_handler_threads(ctx)
+    from conveyor.cli.commands import leave_stuck_handler_threads
+
+    leave_stuck_handler_threads(ctx)
     return 0
-
-
-def _leave_stuck_handler_threads(ctx: Context) -> None:
-    """Exit now if plain handlers are still running in threads (as ``conveyor worker`` does).
-
-    Their events were handed back at shutdown; waiting for the threads would hold
-    the process past its shutdown timeout.
-    """
-    threads = [t for t in threading.enumerate() if t.name.startswith("conveyor-handler")]
-    deadline = time.monotonic() + 0.5
-    for thread in threads:
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in threads if t.is_alive()]
-    if stuck:
-        log.warning("%d handler threads still running at exit; leaving them", len(stuck),
-                    extra={"action": "exit_abandon_threads"})
-        ctx.close()
-        logging.shutdown()
-        os._exit(0)
 
 
 # ------------------------------------------------------------------ workflow

@@ -18,7 +18,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from conveyor.types import AttemptError, EventRecord, EventState
+from conveyor.admin import record_from_row
+from conveyor.types import EventRecord, EventState
 from conveyor.validation import check_schema_name
 
 
@@ -135,16 +136,7 @@ async def _rows_async(conn: psycopg.AsyncConnection[Any], query: sql.Composed,
 
 def event_record(row: Sequence[Any]) -> EventRecord:
     """An :class:`EventRecord` from a row selected with :func:`record_query`'s columns."""
-    return EventRecord(
-        id=row[0], tenant=row[1], topic=row[2], payload=row[3], state=EventState(row[4]),
-        attempts=row[5], max_attempts=row[6], priority=row[7], run_at=row[8],
-        lease_owner=row[9], lease_expires_at=row[10], last_error=row[11],
-        errors=[AttemptError(attempt=e.get("attempt", 0), at=str(e.get("at", "")),
-                             error=e.get("error", ""), traceback=e.get("traceback"),
-                             worker=e.get("worker")) for e in row[12]],
-        idempotency_key=row[13], created_at=row[14], updated_at=row[15],
-        attempted_at=row[16], finished_at=row[17],
-    )
+    return record_from_row(row)
 
 
 def _row_matches(row: Sequence[Any], f: _Filters) -> bool:
