@@ -454,11 +454,10 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
                 dead_max = max(dead_max, int(rows[0][0]) if rows else 0)
                 rows = query(url, "SELECT coalesce(max(age(backend_xmin)), 0) FROM pg_stat_activity")
                 xmin_age_max = max(xmin_age_max, int(rows[0][0]))
-                if phase == "drain" or args.upfront:
+                if phase == "drain":
                     left = query(url, "SELECT count(*) FROM conveyor.events "
                                       "WHERE state IN ('pending', 'running')")[0][0]
-                    if left == 0 and (feeder is None or not feeder.is_alive()) \
-                            and (args.upfront or phase == "drain") and not respawn_at:
+                    if left == 0 and (feeder is None or not feeder.is_alive()) and not respawn_at:
                         drained_at = now
                         break
             except psycopg.Error:
@@ -502,15 +501,22 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
                             "WHERE relname = 'events' AND schemaname = 'conveyor'").fetchone()
         counts = dict(conn.execute("SELECT state, count(*) FROM conveyor.events GROUP BY 1"
                                    ).fetchall())
+        rescues = conn.execute(
+            "SELECT w.pid, extract(epoch FROM (x->>'at')::timestamptz) "
+            "FROM conveyor.events e CROSS JOIN LATERAL jsonb_array_elements(e.errors) AS x "
+            "JOIN conveyor.workers w ON w.id::text = x->>'worker' "
+            "WHERE x->>'error' LIKE 'lease expired%%'").fetchall()
         buckets = conn.execute(
             "SELECT floor((extract(epoch FROM finished_at) - %s) / 5)::int * 5, count(*) "
             "FROM public.conveyor_ledger WHERE outcome = 'succeeded' GROUP BY 1 ORDER BY 1",
             (t0,)).fetchall()
+    rescued = [float(at) - fleet.deaths[pid] for pid, at in rescues if pid in fleet.deaths]
     probes = [starts[i] - sent for i, sent in (prober.sent.items() if prober else []) if i in starts]
     for r in result["restarts"]:
         after = [starts[i] - s for i, s in (prober.sent.items() if prober else [])
                  if i in starts and r.get("workers_back_at") and s >= r["workers_back_at"]]
         r["first_probe_after_reconnect_s"] = round(after[0], 3) if after else None
+        r["probe_max_after_reconnect_s"] = round(max(after), 3) if after else None
         r.pop("workers_back_at", None)
     total_events = sum(counts.values())
     fault_rate_end = min(fault_end, end)
@@ -532,6 +538,9 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
         "check": report.to_dict(),
         "orphan_rerun_s": {"max": _r(report.rerun_max), "p95": _r(report.rerun_p95),
                            "count": len(report.rerun_delays)},
+        # kill -> the rescuer puts the event back to pending (the events' error history)
+        "orphan_rescued_s": {"max": _r(max(rescued) if rescued else None),
+                             "p95": _r(percentile(rescued, 95)), "count": len(rescued)},
         "dead_tuples": {"end": dead[0] if dead else None, "live_end": dead[1] if dead else None,
                         "max_sampled": dead_max},
         "xmin_age_max": xmin_age_max,
@@ -670,7 +679,8 @@ def print_report(r: dict[str, Any]) -> None:
         f"({c['duplicates_after_kill']} after a kill, {c['unexplained_duplicates']} unexplained), "
         f"overlapping {c['overlapping']} (+{c['zombie_overlaps']} zombie), "
         f"started without lease {c['started_without_lease']}, not terminal {c['not_terminal']}",
-        f"orphans re-run: {r['orphan_rerun_s']}",
+        f"orphans back to pending (kill -> rescue): {r['orphan_rescued_s']}; "
+        f"running again (kill -> next start): {r['orphan_rerun_s']}",
         f"dead tuples end {r['dead_tuples']['end']} (max sampled {r['dead_tuples']['max_sampled']}), "
         f"xmin age max {r['xmin_age_max']}",
         f"queue wait s {r['queue_wait_s']}; probe pickup s {r['probe_pickup_s']}",

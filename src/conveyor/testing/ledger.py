@@ -326,9 +326,14 @@ def recorded(handler: Handler, writer: LedgerWriter | None = None) -> Handler:
 
 
 async def _chaos_handler(event: Event) -> None:
-    """Sleeps ``payload["ms"]`` milliseconds (or a random ``ms_min``..``ms_max``); raises on ``fail``."""
+    """Sleeps ``payload["ms"]`` ms (or a random ``ms_min``..``ms_max``; ``first_ms`` on attempt 1).
+
+    Raises ``RuntimeError`` when the payload has ``fail``.
+    """
     payload = event.payload if isinstance(event.payload, dict) else {}
-    if "ms" in payload:
+    if "first_ms" in payload and event.attempt == 1:
+        ms = float(payload["first_ms"])
+    elif "ms" in payload:
         ms = float(payload["ms"])
     else:
         ms = random.uniform(float(payload.get("ms_min", 0)), float(payload.get("ms_max", 0)))
@@ -343,7 +348,7 @@ def ledger_router(pattern: str = "chaos.*", handler: Handler | None = None,
     """A router whose one route records every call of ``handler`` in the ledger.
 
     ``handler`` defaults to a sleeper steered by the payload (``ms``, or
-    ``ms_min``/``ms_max``, and ``fail``).
+    ``ms_min``/``ms_max``; ``first_ms`` for the first attempt; ``fail``).
     """
     router = Router()
     router.add(pattern, recorded(handler or _chaos_handler, writer))

@@ -1,0 +1,75 @@
+"""R1, R3, R6 and R7 of the reliability plan, short enough for CI (about 2 minutes together).
+
+Each test runs ``benchmarks/chaos.py`` (real ``conveyor worker`` processes, a
+private embedded PostgreSQL in a temp dir, the ledger router) and checks its
+report. The full-size runs and their figures are in ``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from .conftest import assert_exactly_once_where_it_counts
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+Chaos = Callable[..., dict[str, Any]]
+
+
+def test_r1_short_exactly_once_without_faults(chaos: Chaos) -> None:
+    report = chaos("--workers", "4", "--events", "2000", "--upfront", "--handler-ms", "0-20",
+                   "--drain-timeout", "60")
+    assert_exactly_once_where_it_counts(report)
+    c = report["check"]
+    assert c["duplicated"] == 0 and c["retries"] == 0 and c["unfinished"] == 0
+    assert report["states"] == {"succeeded": report["events"]}
+    assert report["events"] >= 2000
+
+
+LEASE_TTL, RESCUE = 3.0, 1.0
+
+
+def test_r3_short_sigkill_a_worker_every_two_seconds(chaos: Chaos) -> None:
+    report = chaos("--workers", "4", "--events", "50000", "--duration", "20", "--faults", "kill:2s",
+                   "--handler-ms", "50-500", "--lease-ttl", f"{LEASE_TTL:g}",
+                   "--rescue-interval", f"{RESCUE:g}", "--backlog", "300",
+                   "--drain-timeout", "60", "--seed", "3")
+    assert_exactly_once_where_it_counts(report)
+    c = report["check"]
+    assert report["kills"] >= 8
+    # Every duplicate is a re-run of an event whose previous execution was on a killed pid.
+    assert c["duplicated"] == c["duplicates_after_kill"]
+    assert c["duplicated"] <= report["kills"] * 16
+    assert c["orphans_not_rerun"] == 0
+    bound = LEASE_TTL + RESCUE
+    # Back to pending within the documented bound (a 2 s margin for a loaded 2-core box)...
+    assert report["orphan_rescued_s"]["count"] > 0
+    assert report["orphan_rescued_s"]["max"] <= bound + 2.0
+    # ...and running again after at most the queue ahead of it (backlog ~300-900 events).
+    assert report["orphan_rerun_s"]["max"] <= bound + 10.0
+
+
+def test_r7_short_backend_kill_storm(chaos: Chaos) -> None:
+    report = chaos("--workers", "2", "--events", "50000", "--duration", "15",
+                   "--faults", "terminate:1s", "--after", "5", "--handler-ms", "0-20",
+                   "--backlog", "500", "--drain-timeout", "60")
+    assert_exactly_once_where_it_counts(report)
+    assert report["terminations"] >= 12
+    assert report["terminated_sessions"] >= 12 * 2
+    assert report["throughput"]["after_faults_first_60s"] > 0
+
+
+def test_r6_short_server_restart_mid_drain(chaos: Chaos) -> None:
+    report = chaos("--workers", "2", "--events", "3000", "--upfront", "--duration", "3",
+                   "--faults", "restart:1s", "--restart-down", "3", "--after", "12",
+                   "--handler-ms", "0-20", "--poll-interval", "60", "--drain-timeout", "60")
+    assert_exactly_once_where_it_counts(report)
+    [restart] = report["restarts"]
+    assert restart["workers_alive_while_down"] == 2 and restart["workers_alive"] == 2
+    assert restart["reconnect_s"] is not None and restart["reconnect_s"] <= 10.0
+    # With a 60 s poll, only a re-established LISTEN starts a new event this fast.
+    assert restart["first_probe_after_reconnect_s"] is not None
+    assert restart["probe_max_after_reconnect_s"] < 1.0
