@@ -62,7 +62,7 @@ def _refused_naming(check: Any, value: Any, shown: str | None = None) -> Invalid
 
 # ------------------------------------------------------------------- topics
 
-@pytest.mark.parametrize("topic", ["email", "email.send", "a.b-c.d_e", "X1.y2", "a" * 200])
+@pytest.mark.parametrize("topic", ["email", "email.send", "a.b-c.d_e", "X1.y2", "a" * 100])
 def test_topic_accepts_dotted_segments(topic: str) -> None:
     assert check_topic(topic) == topic
 

@@ -31,6 +31,7 @@ RECONNECT_MAX_DEFAULT = 30.0
 ACK_INTERVAL_DEFAULT = 0.005
 LISTENER_PING_INTERVAL_DEFAULT = 10.0
 RETENTION_DEFAULT = 7 * 24 * 3600.0
+QUERY_TIMEOUT_DEFAULT = 30.0
 
 
 def _positive(name: str, value: float) -> None:
@@ -106,6 +107,10 @@ class WorkerConfig:
         backoff: delay policy between failed attempts. Defaults to ``BackoffPolicy()``.
         tenants: claim only events of these tenants; ``None`` claims every tenant's.
             Defaults to ``None``.
+        query_timeout: seconds the worker waits for any one of its statements; past
+            that the connection is presumed half-open, dropped and replaced (TCP
+            keepalives cannot see a peer whose kernel still acknowledges).
+            Defaults to 30.0.
     """
 
     schema: str = SCHEMA_DEFAULT
@@ -125,6 +130,7 @@ class WorkerConfig:
     retention: float | None = RETENTION_DEFAULT
     backoff: RetryPolicy = field(default_factory=BackoffPolicy)
     tenants: tuple[str, ...] | None = None
+    query_timeout: float = QUERY_TIMEOUT_DEFAULT
 
     def __post_init__(self) -> None:
         _schema(self.schema)
@@ -142,7 +148,7 @@ class WorkerConfig:
                 raise ConfigError(f"expected {name} to be an integer >= 1, got {value!r}")
         for name in ("poll_interval", "lease_ttl", "heartbeat_interval", "rescue_interval",
                      "shutdown_timeout", "handler_timeout", "reconnect_min", "reconnect_max",
-                     "ack_interval", "listener_ping_interval"):
+                     "ack_interval", "listener_ping_interval", "query_timeout"):
             _positive(name, getattr(self, name))
         if self.retention is not None:
             _positive("retention", self.retention)

@@ -13,7 +13,9 @@ from typing import Any
 
 from conveyor.errors import InvalidInputError, PayloadTooLargeError
 
-TOPIC_MAX_LENGTH = 200
+# Kept short so a NOTIFY payload (the topic, plus "|<epoch>" for a delayed
+# event) stays under 128 bytes: a hint, never a message.
+TOPIC_MAX_LENGTH = 100
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
 
 # Dot-separated segments of letters, digits, '_' and '-'. No '*': a wildcard is

@@ -32,7 +32,7 @@ CREATE TABLE conveyor.events (
     CONSTRAINT events_state_check
         CHECK (state IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
     CONSTRAINT events_attempts_check CHECK (attempts >= 0 AND max_attempts >= 1),
-    CONSTRAINT events_topic_check CHECK (length(topic) BETWEEN 1 AND 200),
+    CONSTRAINT events_topic_check CHECK (length(topic) BETWEEN 1 AND 100),
     -- A running event always has an owner and a lease; nothing else does.
     CONSTRAINT events_lease_check
         CHECK ((state = 'running') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL))

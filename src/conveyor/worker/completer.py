@@ -18,7 +18,7 @@ import psycopg
 
 from conveyor.db.named_queries import Queries
 from conveyor.types import EventState
-from conveyor.worker.connection import CONNECTION_ERRORS, ManagedConnection
+from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, bounded
 from conveyor.worker.executor import Outcome
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def _int_array(values: Iterable[int]) -> str:
 
 class Completer:
     def __init__(self, conn: ManagedConnection, queries: Queries, owner: str, *,
-                 flush_size: int, interval: float,
+                 flush_size: int, interval: float, query_timeout: float = 30.0,
                  on_acked: Callable[[list[Outcome], set[int]], None]) -> None:
         self._conn = conn
         self._q = queries
@@ -40,6 +40,7 @@ class Completer:
         self._flush_size = flush_size
         self._interval = interval
         self._on_acked = on_acked
+        self._query_timeout = query_timeout
         self._buffer: list[Outcome] = []
         self._flushing: list[Outcome] = []
         # Events whose row another transaction held at the last try: batches with
@@ -100,7 +101,7 @@ class Completer:
             # never stalls every other result.
             try:
                 done, held = await self._write_around_locks(conn, batch)
-            except CONNECTION_ERRORS as exc:
+            except RECOVERABLE_ERRORS as exc:
                 self._buffer[:0] = batch
                 await self._conn.discard(exc)
                 return
@@ -112,7 +113,7 @@ class Completer:
                 if not done:
                     await asyncio.sleep(HELD_RETRY_PAUSE)  # only held rows left: do not spin
             batch = [o for o in batch if o not in held]
-        except CONNECTION_ERRORS as exc:
+        except RECOVERABLE_ERRORS as exc:
             self._buffer[:0] = batch
             await self._conn.discard(exc)
             await self._conn.pause_after_failure(interruptible=False)
@@ -140,16 +141,16 @@ class Completer:
         others = [o for o in batch if o.state is not EventState.SUCCEEDED]
         done: set[int] = set()
         if succeeded:
-            cur = await conn.execute(self._q["event_succeed_many"], {
+            cur = await bounded(conn, conn.execute(self._q["event_succeed_many"], {
                 "owner": self._owner,
                 # Integer arrays as array literals: psycopg's per-element list
                 # adaptation cost more than the statement itself on large batches.
                 "ids": _int_array(o.event_id for o in succeeded),
                 "attempts": _int_array(o.attempt for o in succeeded),
-            })
+            }), self._query_timeout)
             done.update(r[0] for r in await cur.fetchall())
         if others:
-            cur = await conn.execute(self._q["event_settle_many"], {
+            cur = await bounded(conn, conn.execute(self._q["event_settle_many"], {
                 "owner": self._owner,
                 "ids": [o.event_id for o in others],
                 "attempts": [o.attempt for o in others],
@@ -158,7 +159,7 @@ class Completer:
                 "refunds": [o.refund for o in others],
                 "errors": [o.error for o in others],
                 "tracebacks": [o.traceback for o in others],
-            })
+            }), self._query_timeout)
             done.update(r[0] for r in await cur.fetchall())
         return done
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -13,6 +14,7 @@ from conveyor.db.connect import connect_async
 from conveyor.errors import DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Errors after which the connection is presumed dead and replaced.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -53,6 +55,42 @@ async def probe_server(conninfo: str, timeout: float = 1.0) -> bool | None:
         return False
     writer.close()
     return True
+
+
+async def bounded(conn: psycopg.AsyncConnection[Any], statement: Awaitable[T], timeout: float, *,
+                  stopping: asyncio.Event | None = None, grace: float = 1.0) -> T:
+    """Await a statement on ``conn`` for at most ``timeout`` seconds.
+
+    A half-open connection (the peer's kernel still ACKs, nothing answers)
+    would otherwise hang the statement forever: TCP keepalives cannot see it.
+    On expiry the socket is closed outright, which fails the statement at once
+    (a polite cancel would first wait on the same dead connection), and
+    TimeoutError is raised for the caller to treat as a lost connection. With
+    ``stopping``, a stop request shortens the wait to ``grace`` seconds, so a
+    worker can always shut down.
+    """
+    task = asyncio.ensure_future(statement)
+    stop_task = None
+    waiters: set[asyncio.Future[Any]] = {task}
+    if stopping is not None and not stopping.is_set():
+        stop_task = asyncio.ensure_future(stopping.wait())
+        waiters.add(stop_task)
+    try:
+        done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done and stopping is not None and stopping.is_set():
+            done, _ = await asyncio.wait({task}, timeout=grace)
+    finally:
+        if stop_task is not None:
+            stop_task.cancel()
+    if task in done:
+        return task.result()
+    conn.pgconn.finish()
+    task.cancel()
+    try:
+        await task
+    except BaseException:  # noqa: BLE001 - it failed because we closed its socket
+        pass
+    raise TimeoutError(f"no answer from the database within {timeout:g}s; connection dropped")
 
 
 class Backoff:

@@ -17,7 +17,7 @@ from conveyor.types import Event, EventState
 from conveyor.validation import DELAY_MAX_SECONDS
 
 ERROR_MAX_CHARS = 2000
-TRACEBACK_MAX_CHARS = 8000
+TRACEBACK_MAX_CHARS = 4000
 
 
 @dataclass(frozen=True, slots=True)

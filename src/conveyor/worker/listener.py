@@ -15,7 +15,12 @@ from collections.abc import Callable
 
 from psycopg import sql
 
-from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, StopRequested
+from conveyor.worker.connection import (
+    RECOVERABLE_ERRORS,
+    ManagedConnection,
+    StopRequested,
+    bounded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +54,7 @@ class Listener:
                         if stopping.is_set():
                             break
                     if not heard and not stopping.is_set():
-                        await asyncio.wait_for(conn.execute("SELECT 1"), self._ping_timeout)
+                        await bounded(conn, conn.execute("SELECT 1"), self._ping_timeout)
             except StopRequested:
                 break
             except RECOVERABLE_ERRORS as exc:

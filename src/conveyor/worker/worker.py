@@ -39,6 +39,7 @@ from conveyor.worker.connection import (
     RECOVERABLE_ERRORS,
     ManagedConnection,
     StopRequested,
+    bounded,
 )
 from conveyor.worker.executor import Outcome, failure, run_handler
 from conveyor.worker.listener import Listener
@@ -136,6 +137,7 @@ class Worker:
         self._listen_conn = managed("listen")
         self.completer = Completer(self._ack_conn, self._q, self.id,
                                    flush_size=c.batch_size, interval=c.ack_interval,
+                                   query_timeout=c.query_timeout,
                                    on_acked=self._acked)
         self.listener = Listener(self._listen_conn, self._q.channel,
                                  on_notify=self._notified, on_connected=self.wake,
@@ -264,7 +266,7 @@ class Worker:
         await asyncio.gather(*tasks, return_exceptions=True)
         try:
             conn = await asyncio.wait_for(self._upkeep_conn.get(give_up_on_stop=False), 5)
-            await self.maintenance.unregister(conn)
+            await bounded(conn, self.maintenance.unregister(conn), 5)
         except _UNREGISTER_ERRORS:
             pass
         for managed in (self._fetch_conn, self._ack_conn, self._upkeep_conn, self._listen_conn):
@@ -361,13 +363,14 @@ class Worker:
         """Claim up to ``want`` events and start them; ``None`` after a database error."""
         try:
             conn = await self._fetch_conn.get()
-            cur = await conn.execute(self._q["event_claim"], {
+            cur = await bounded(conn, conn.execute(self._q["event_claim"], {
                 **self._filter, "limit": want, "owner": self.id,
-                "lease_ttl": self.config.lease_ttl})
+                "lease_ttl": self.config.lease_ttl}), self.config.query_timeout,
+                stopping=self._stopping)
             rows = await cur.fetchall()
         except StopRequested:
             return None
-        except CONNECTION_ERRORS as exc:
+        except RECOVERABLE_ERRORS as exc:
             await self._fetch_conn.discard(exc)
             return None
         except psycopg.Error as exc:
@@ -489,19 +492,21 @@ class Worker:
             now = time.monotonic()
             try:
                 conn = await self._upkeep_conn.get(give_up_on_stop=False)
+                bound = c.query_timeout
                 if now >= next_beat:
-                    lost = await self.maintenance.heartbeat(conn)
+                    lost = await bounded(conn, self.maintenance.heartbeat(conn), bound)
                     self._drop_lost(lost)
-                    await self._measure_clock(conn)
+                    await bounded(conn, self._measure_clock(conn), bound)
                     next_beat = now + c.heartbeat_interval
                 if now >= next_rescue:
-                    requeued, parked = await self.maintenance.rescue(conn)
+                    requeued, parked = await bounded(conn, self.maintenance.rescue(conn), bound)
                     self.stats.rescued += requeued + parked
                     next_rescue = now + c.rescue_interval * (1 - 0.2 * self._rng.random())
                 if now >= next_prune:
-                    await self.maintenance.prune(conn)
+                    # Pruning a large backlog of finished rows may take a while.
+                    await bounded(conn, self.maintenance.prune(conn), max(bound, 300.0))
                     next_prune = now + PRUNE_INTERVAL
-            except CONNECTION_ERRORS as exc:
+            except RECOVERABLE_ERRORS as exc:
                 await self._upkeep_conn.discard(exc)
                 continue
             except psycopg.Error as exc:

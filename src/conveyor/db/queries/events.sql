@@ -92,8 +92,11 @@ SET state = d.state,
     run_at = CASE WHEN d.delay IS NULL THEN e.run_at
                   ELSE now() + d.delay * interval '1 second' END,
     last_error = COALESCE(d.error, e.last_error),
+    -- The history keeps the last 10 attempts (with the caps on each entry in
+    -- executor.py, at most about 60 KB), however many attempts an event has.
     errors = CASE WHEN d.error IS NULL THEN e.errors
-                  ELSE e.errors || jsonb_build_array(jsonb_build_object(
+                  ELSE (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
+                             ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
                       'attempt', d.attempt, 'at', now(), 'error', d.error,
                       'traceback', d.traceback, 'worker', %(owner)s::text)) END,
     lease_owner = NULL,
@@ -157,9 +160,12 @@ WITH expired AS (
 )
 UPDATE {schema}.events AS e
 SET state = CASE WHEN e.attempts >= e.max_attempts THEN 'failed' ELSE 'pending' END,
-    run_at = now(),
+    -- Keep its place: an orphan goes back ahead of everything queued after it,
+    -- not behind the whole backlog.
+    run_at = LEAST(e.run_at, now()),
     last_error = 'lease expired: the worker running attempt ' || e.attempts || ' was lost',
-    errors = e.errors || jsonb_build_array(jsonb_build_object(
+    errors = (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
+                   ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
         'attempt', e.attempts, 'at', now(),
         'error', 'lease expired: the worker running this attempt was lost',
         'traceback', NULL, 'worker', e.lease_owner::text)),
