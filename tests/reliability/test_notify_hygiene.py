@@ -13,6 +13,8 @@ import pytest
 
 from conveyor import AsyncProducer, NewEvent
 from conveyor.admin import AsyncAdmin
+from conveyor.errors import InvalidInputError
+from conveyor.validation import TOPIC_MAX_LENGTH, check_topic
 
 CHANNEL = "conveyor.events"
 NOTIFY_MAX_BYTES = 128
@@ -87,15 +89,12 @@ async def test_payload_is_a_small_topic_hint_without_tenant_or_payload_data(
           f"({max(len(p.encode()) for p in heard)} bytes)")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the events_notify trigger sends the whole topic (validation allows 200 characters) "
-    "plus '|<epoch>' for delayed events, so a NOTIFY payload reaches 218 bytes, over the "
-    "128-byte hint budget (R15a). Fix (migration 0002): in events_notify send '*' instead of "
-    "the topic when octet_length(due.topic) > 100 (the worker already treats '*' as "
-    "'wake for any topic'), or cap TOPIC_MAX_LENGTH at 100."))
 async def test_longest_allowed_topic_still_fits_the_notify_budget(fresh_db: str, ear: Ear) -> None:
     producer = AsyncProducer()
-    long_topic = ".".join(["a" * 49] * 4)    # 199 characters, a valid topic
+    # The longest valid topic (fixed in 07101b8: 200 characters gave 218-byte payloads).
+    long_topic = ("a" * 49 + ".") * (TOPIC_MAX_LENGTH // 50 - 1) + "a" * 49
+    long_topic += "b" * (TOPIC_MAX_LENGTH - len(long_topic))
+    assert len(long_topic) == TOPIC_MAX_LENGTH
 
     async def work(conn: psycopg.AsyncConnection[Any]) -> None:
         await producer.enqueue(conn, long_topic, {})
@@ -104,7 +103,11 @@ async def test_longest_allowed_topic_still_fits_the_notify_budget(fresh_db: str,
     await _in_tx(fresh_db, commit=True, work=work)
     heard = await ear.drain()
     assert len(heard) == 2
-    assert max(len(p.encode()) for p in heard) <= NOTIFY_MAX_BYTES
+    longest = max(len(p.encode()) for p in heard)
+    print(f"\nR15a: a {TOPIC_MAX_LENGTH}-character topic, delayed a day: {longest}-byte payload")
+    assert longest <= NOTIFY_MAX_BYTES
+    with pytest.raises(InvalidInputError):
+        check_topic(long_topic + "c")
 
 
 @pytest.mark.parametrize("how", ["enqueue_many", "enqueue_loop"])

@@ -164,18 +164,19 @@ async def test_stored_errors_and_tracebacks_stay_under_the_caps(fresh_db: str) -
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "BUG: events.errors grows by one entry per attempt with no cap on the array: each entry "
-    "holds up to 2,000 chars of error and 8,000 of traceback, so an event with max_attempts "
-    "1000 can store ~10 MB of history (S3: no recorded output > 64 KiB). Fix: in "
-    "event_settle_many keep only the last N entries, e.g. errors = (e.errors || new) "
-    "trimmed with jsonb_path_query_array(..., '$[last-9 to last]'), or drop tracebacks "
-    "of all but the latest entry."))
+    "BUG: the caps on stored errors count characters, not bytes: since 07101b8 the history "
+    "keeps 10 entries of <= 2,000 + 4,000 characters, but 3-byte characters (CJK) make that "
+    "~165 KB of jsonb (S3: no recorded output > 64 KiB). Fix: executor._clip should cut the "
+    "UTF-8 encoding at the limit in bytes (text.encode()[:limit].decode('utf-8', 'ignore')), "
+    "e.g. 2,000 bytes of error and 4,000 of traceback."))
 async def test_error_history_of_one_event_stays_under_64_kib(fresh_db: str) -> None:
     import secrets
 
     def handle(event: Event) -> None:
-        # Incompressible text, so TOAST compression cannot hide the size.
-        raise RuntimeError(secrets.token_urlsafe(3000))
+        # Incompressible 3-byte characters, so neither TOAST compression nor a
+        # character count can hide the size.
+        rng = secrets.SystemRandom()
+        raise RuntimeError("".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(5000)))
 
     router = Router()
     router.add("cap.history", handle)
@@ -190,7 +191,7 @@ async def test_error_history_of_one_event_stays_under_64_kib(fresh_db: str) -> N
             await worker.run_once()
             async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
                 row = await (await conn.execute(
-                    "SELECT state, pg_column_size(errors), octet_length(errors::text) "
+                    "SELECT state, pg_column_size(errors), octet_length(errors::text), jsonb_array_length(errors), attempts "
                     "FROM conveyor.events WHERE id = %s", (event_id,))).fetchone()
             assert row is not None
             if row[0] == "failed":
@@ -198,7 +199,8 @@ async def test_error_history_of_one_event_stays_under_64_kib(fresh_db: str) -> N
             await asyncio.sleep(0.01)
     finally:
         await worker.close()
-    print(f"\nS3: 40 failed attempts stored {row[2]} bytes of error history "
+    print(f"\nS3: {row[4]} attempts, {row[3]} entries: {row[2]} bytes of error history "
           f"({row[1]} bytes on disk)")
     assert row[0] == "failed"
-    assert row[1] <= 64 * KIB
+    assert row[3] <= 10
+    assert row[2] <= 64 * KIB and row[1] <= 64 * KIB
