@@ -191,7 +191,8 @@ async def test_error_history_of_one_event_stays_under_64_kib(fresh_db: str) -> N
             await worker.run_once()
             async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
                 row = await (await conn.execute(
-                    "SELECT state, pg_column_size(errors), octet_length(errors::text), jsonb_array_length(errors), attempts "
+                    "SELECT state, pg_column_size(errors), octet_length(errors::text), "
+                    "jsonb_array_length(errors), attempts "
                     "FROM conveyor.events WHERE id = %s", (event_id,))).fetchone()
             assert row is not None
             if row[0] == "failed":
