@@ -581,6 +581,18 @@ def restart(url: str, server: PrivateServer | None, fleet: Fleet, args: argparse
     return info
 
 
+def source_version() -> str:
+    """The commit the workers ran, marked dirty when src/ had uncommitted changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=4)
@@ -645,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         fleet = Fleet(url, args, logdir)
         result = measure(url, args, fleet, server)
         result["logs"] = str(logdir) if args.keep else None
+        result["source"] = source_version()
     finally:
         if fleet is not None:
             fleet.kill_all()
