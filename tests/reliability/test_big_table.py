@@ -120,11 +120,26 @@ def test_claim_on_a_million_finished_rows(fresh_db: str) -> None:
     assert min(timings) < 10_000
 
 
-HOLD_SECONDS = 60
+HOLD_SECONDS = 45
 RATE = 300          # events per second
 
 
-async def test_claim_latency_with_the_vacuum_horizon_pinned(fresh_db: str) -> None:
+async def _rr_reader(url: str, offset: float, stop: asyncio.Event) -> None:
+    """Overlapping REPEATABLE READ snapshots: one is always open (plan R13(b))."""
+    await asyncio.sleep(offset)
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        while not stop.is_set():
+            await conn.execute("SELECT count(*) FROM conveyor.events")
+            try:
+                await asyncio.wait_for(stop.wait(), 20)
+            except TimeoutError:
+                pass
+            await conn.rollback()
+
+
+@pytest.mark.parametrize("pin", ["idle_in_transaction_xid", "rr_readers"])
+async def test_claim_latency_with_the_vacuum_horizon_pinned(fresh_db: str, pin: str) -> None:
     latencies: list[float] = []
     handled = 0
 
@@ -145,11 +160,17 @@ async def test_claim_latency_with_the_vacuum_horizon_pinned(fresh_db: str) -> No
 
     worker._claim = timed_claim  # type: ignore[method-assign]
     holder = await psycopg.AsyncConnection.connect(fresh_db)
+    stop_readers = asyncio.Event()
+    readers: list[asyncio.Task[None]] = []
     task = asyncio.create_task(worker.run())
     sent = 0
     try:
         await asyncio.wait_for(worker.started.wait(), 10)
-        await holder.execute("SELECT txid_current()")     # idle in transaction, with an xid
+        if pin == "idle_in_transaction_xid":
+            await holder.execute("SELECT txid_current()")     # idle in transaction, with an xid
+        else:
+            readers = [asyncio.create_task(_rr_reader(fresh_db, 5.0 * i, stop_readers))
+                       for i in range(4)]
         async with AsyncCommittingProducer(fresh_db) as producer:
             start = time.monotonic()
             tick = 0.1
@@ -172,6 +193,8 @@ async def test_claim_latency_with_the_vacuum_horizon_pinned(fresh_db: str) -> No
                 "SELECT max(age(backend_xmin)) FROM pg_stat_activity "
                 "WHERE datname = current_database()")).fetchone()
     finally:
+        stop_readers.set()
+        await asyncio.wait_for(asyncio.gather(*readers, return_exceptions=True), 10)
         await holder.rollback()
         await holder.close()
         worker.request_stop()
@@ -181,7 +204,7 @@ async def test_claim_latency_with_the_vacuum_horizon_pinned(fresh_db: str) -> No
     p50 = statistics.median(busy)
     p95 = busy[int(0.95 * (len(busy) - 1))]
     p99 = busy[int(0.99 * (len(busy) - 1))]
-    print(f"\nR13: horizon pinned {HOLD_SECONDS}s at {RATE} events/s: {sent} sent, {handled} handled; "
+    print(f"\nR13 {pin}: horizon pinned {HOLD_SECONDS}s at {RATE} events/s: {sent} sent, {handled} handled; "
           f"{len(busy)} claims p50 {p50:.1f} ms p95 {p95:.1f} ms p99 {p99:.1f} ms max {busy[-1]:.1f} ms; "
           f"dead tuples {dead}, oldest xmin age {xmin_age}")
     assert handled >= sent
