@@ -240,3 +240,52 @@ async def test_stop_while_half_open_leaves_no_orphaned_statement(
 
 async def _noop(event: Event) -> None:
     return None
+
+
+ROLE_PORT = ("SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
+             "AND application_name = %s")
+
+
+@pytest.mark.parametrize("role", [
+    "fetch", pytest.param("ack", marks=pytest.mark.slow), pytest.param("upkeep", marks=pytest.mark.slow)])
+async def test_one_half_open_worker_connection_is_replaced_within_query_timeout(
+        fresh_db: str, proxy: BlackHoleProxy, role: str) -> None:
+    # Plan R8(b): one of the worker's connections goes half-open mid-drain (the
+    # others stay healthy). Its statement times out after query_timeout, the
+    # connection is replaced, and every event still succeeds once (leases outlive the gap).
+    handled: dict[int, int] = {}
+
+    async def handle(event: Event) -> None:
+        await asyncio.sleep(0.02)
+        handled[event.id] = handled.get(event.id, 0) + 1
+
+    total = 400
+    query_timeout = 5.0
+    ids = await _enqueue(fresh_db, "r8.one", total)
+    worker = Worker(via(fresh_db, proxy), router_for("r8.*", handle),
+                    fast_config(concurrency=5, batch_size=5, lease_ttl=20.0, heartbeat_interval=1.0,
+                                rescue_interval=1.0, query_timeout=query_timeout))
+    managed = {"fetch": worker._fetch_conn, "ack": worker._ack_conn, "upkeep": worker._upkeep_conn}[role]
+    async with running(worker, stop_timeout=20):
+        async def going() -> bool:
+            return len(handled) >= 40
+        await wait_until(going, timeout=10, what="the drain to get going")
+        rows = await query(fresh_db, ROLE_PORT, (f"conveyor-{role}",))
+        assert len(rows) == 1
+        proxy.hole(int(rows[0]["client_port"]))
+        holed_at = time.monotonic()
+
+        async def replaced() -> bool:
+            return managed.reconnects >= 1
+        await wait_until(replaced, timeout=query_timeout + 10, what=f"the {role} connection to be replaced")
+        took = time.monotonic() - holed_at
+
+        async def drained() -> bool:
+            return (await state_counts(fresh_db)) == {"succeeded": total}
+        await wait_until(drained, timeout=60, interval=0.2, what="every event to succeed")
+    twice = sum(1 for n in handled.values() if n > 1)
+    print(f"\nR8b one {role} connection half-open: replaced after {took:.1f}s "
+          f"(query_timeout {query_timeout:g}s); {total} succeeded, {twice} ran twice")
+    assert took <= query_timeout + 3
+    assert set(handled) == set(ids)
+    assert twice == 0
