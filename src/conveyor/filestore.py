@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -78,7 +79,17 @@ class LocalDirectoryStore:
             raise FileStoreError(f"file not found in store: {name!r:.80}") from None
         except OSError as exc:
             raise FileStoreError(f"cannot open {name!r:.80}: {exc.strerror}") from None
-        if not os.path.isfile(path):
+        # O_NOFOLLOW guards only the last component: a directory swapped for a
+        # symlink between the check and the open would be followed. So check
+        # where the opened file really is.
+        try:
+            opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            opened = Path(os.path.realpath(path))
+        if opened != self.root and self.root not in opened.parents:
+            os.close(fd)
+            raise FileStoreError(f"file name leads outside the store: {name!r:.80}")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise FileStoreError(f"not a regular file: {name!r:.80}")
         return os.fdopen(fd, "rb")

@@ -79,6 +79,12 @@ async def bounded(conn: psycopg.AsyncConnection[Any], statement: Awaitable[T], t
         done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if task not in done and stopping is not None and stopping.is_set():
             done, _ = await asyncio.wait({task}, timeout=grace)
+    except asyncio.CancelledError:
+        # The caller was cancelled: take the statement down with it, and retrieve
+        # its outcome so asyncio does not report it as never retrieved.
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise
     finally:
         if stop_task is not None:
             stop_task.cancel()
@@ -91,6 +97,11 @@ async def bounded(conn: psycopg.AsyncConnection[Any], statement: Awaitable[T], t
     except BaseException:  # noqa: BLE001 - it failed because we closed its socket
         pass
     raise TimeoutError(f"no answer from the database within {timeout:g}s; connection dropped")
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class Backoff:

@@ -39,10 +39,15 @@ class Outcome:
 
 
 def _clip(text: str, limit: int) -> str:
-    # PostgreSQL text cannot hold NUL, and lone surrogates cannot be encoded:
-    # an error message must never be what makes its acknowledgement fail.
-    text = text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
-    return text if len(text) <= limit else text[: limit - 15] + "...[truncated]"
+    """``text`` cut to ``limit`` bytes of UTF-8 (stored sizes are bytes, not characters).
+
+    PostgreSQL text cannot hold NUL, and lone surrogates cannot be encoded: an
+    error message must never be what makes its acknowledgement fail.
+    """
+    data = text.replace("\x00", "\\0").encode("utf-8", "replace")
+    if len(data) <= limit:
+        return data.decode("utf-8")
+    return data[: limit - 15].decode("utf-8", "ignore") + "...[truncated]"
 
 
 def _describe(exc: BaseException) -> str:

@@ -266,7 +266,8 @@ class Worker:
         await asyncio.gather(*tasks, return_exceptions=True)
         try:
             conn = await asyncio.wait_for(self._upkeep_conn.get(give_up_on_stop=False), 5)
-            await bounded(conn, self.maintenance.unregister(conn), 5)
+            # Short: the registry row expires on its own, the exit must not wait.
+            await bounded(conn, self.maintenance.unregister(conn), 2)
         except _UNREGISTER_ERRORS:
             pass
         for managed in (self._fetch_conn, self._ack_conn, self._upkeep_conn, self._listen_conn):
