@@ -73,6 +73,12 @@ LANGUAGE plpgsql AS $$
 DECLARE
     due record;
 BEGIN
+    -- A producer enqueuing at a very high rate can opt out per transaction
+    -- (SET LOCAL conveyor.notify = 'off'): committing transactions that queued a
+    -- notification are serialised by PostgreSQL, and workers still poll.
+    IF current_setting('conveyor.notify', true) = 'off' THEN
+        RETURN NULL;
+    END IF;
     FOR due IN
         SELECT topic, min(run_at) AS run_at
         FROM new_rows
