@@ -191,23 +191,15 @@ async def _stop_while_black_holed(fresh_db: str, proxy: BlackHoleProxy, mode: st
         await asyncio.wait_for(worker.close(), 10)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (after 07101b8): stop with every connection half-open takes 1 s (claim grace) + "
-    "shutdown_timeout (acks) + 5 s (bounded unregister) = shutdown_timeout + 6 s, over the "
-    "plan's shutdown_timeout + 5 s (8.0 s measured with shutdown_timeout 2). Fix: in "
-    "Worker._shutdown bound the unregister by what is left of a shutdown_timeout + 4 s budget "
-    "counted from request_stop (or by 2 s: the registry row expires on its own)."))
+# Found here and fixed in dfd7a49: the stop took shutdown_timeout + 6 s (the
+# unregister was bounded by 5 s), and before 07101b8 it never returned at all.
 async def test_stop_while_every_connection_is_half_open_exits_in_bound(
         fresh_db: str, proxy: BlackHoleProxy) -> None:
     await _stop_while_black_holed(fresh_db, proxy, "drop")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (after 07101b8): connection.bounded() wraps the statement in its own task; when the "
-    "caller is cancelled (the upkeep task at shutdown) that inner task is left running, fails "
-    "once the connection is closed, and asyncio logs 'Task exception was never retrieved' at "
-    "ERROR. Fix: in bounded(), on CancelledError cancel the inner task and mark it retrieved "
-    "(task.add_done_callback(lambda t: t.cancelled() or t.exception())) before re-raising."))
+# Found here and fixed in dfd7a49: bounded() left its statement task running
+# when its caller was cancelled ("Task exception was never retrieved").
 async def test_stop_while_half_open_leaves_no_orphaned_statement(
         fresh_db: str, proxy: BlackHoleProxy, caplog: pytest.LogCaptureFixture) -> None:
     import gc

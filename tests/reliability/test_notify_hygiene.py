@@ -191,7 +191,8 @@ async def test_rolled_back_transaction_sends_no_notification(fresh_db: str, ear:
     assert await asyncio.wait_for(ear.drain(), 5)
 
 
-async def _commits_per_second(url: str, producers: int, seconds: float) -> float:
+async def _commits_per_second(url: str, producers: int, seconds: float, *,
+                              notify: bool = True) -> float:
     producer = AsyncProducer()
     done = 0
     stop_at = asyncio.get_running_loop().time() + seconds
@@ -200,6 +201,8 @@ async def _commits_per_second(url: str, producers: int, seconds: float) -> float
         nonlocal done
         async with await psycopg.AsyncConnection.connect(url) as conn:
             while asyncio.get_running_loop().time() < stop_at:
+                if not notify:
+                    await conn.execute("SELECT set_config('conveyor.notify', 'off', true)")
                 await producer.enqueue(conn, "rate.evt", {"n": 1})
                 await conn.commit()
                 done += 1
@@ -210,16 +213,14 @@ async def _commits_per_second(url: str, producers: int, seconds: float) -> float
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "FINDING vs plan R15(c) (>= 80 %): the NOTIFY trigger costs ~40 % of commit throughput "
-    "with 16 concurrent producers (1.73-1.84k vs 2.96-2.98k commits/s, 4 runs): PostgreSQL "
-    "serialises committing transactions that queued a notification (a global lock held through "
-    "the commit record's flush). Fix options: let high-rate producers opt out per transaction "
-    "(trigger checks current_setting('conveyor.notify', true) <> 'off'; ProducerConfig(notify=False) "
-    "sets it LOCAL) and rely on the poll, or move wake-ups out of the producer's commit."))
-async def test_commit_rate_with_notify_on_and_off(fresh_db: str) -> None:
-    # R15(c): NOTIFY takes a global lock at commit; how much does the hint cost
-    # concurrent producers? 16 producers (2-core machine), 5 s each way.
+    "FINDING vs plan R15(c) (NOTIFY on >= 80 % of off): the trigger's NOTIFY costs 30-40 % of "
+    "commit throughput with 16 concurrent producers (quiet machine: 1.73-1.84k vs 2.96-2.98k "
+    "commits/s; loaded: 1.45-1.62k vs 2.09-2.29k): PostgreSQL serialises committing "
+    "transactions that queued a notification. 390220d added the per-transaction opt-out "
+    "(conveyor.notify = 'off', measured here too); the default path stays under 80 %."))
+async def test_commit_rate_with_notify_on_opted_out_and_off(fresh_db: str) -> None:
     with_notify = await _commits_per_second(fresh_db, 16, 5.0)
+    opted_out = await _commits_per_second(fresh_db, 16, 5.0, notify=False)
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         await conn.execute("ALTER TABLE conveyor.events DISABLE TRIGGER events_notify_insert")
     try:
@@ -227,7 +228,45 @@ async def test_commit_rate_with_notify_on_and_off(fresh_db: str) -> None:
     finally:
         async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
             await conn.execute("ALTER TABLE conveyor.events ENABLE TRIGGER events_notify_insert")
-    ratio = with_notify / without
     print(f"\nR15c: 16 producers, one event per transaction: {with_notify:.0f} commits/s with "
-          f"NOTIFY, {without:.0f} without ({ratio:.0%})")
-    assert ratio >= 0.8
+          f"NOTIFY, {opted_out:.0f} opted out (one extra set_config round trip), {without:.0f} "
+          f"with no trigger; on/off {with_notify / without:.0%}")
+    assert with_notify / without >= 0.8
+
+
+async def test_notify_opt_out_is_per_transaction_and_events_still_run_by_poll(
+        fresh_db: str, ear: Ear) -> None:
+    from conveyor import Event, Worker
+
+    from .conftest import fast_config, router_for, wait_until
+
+    producer = AsyncProducer()
+
+    async def quiet(conn: psycopg.AsyncConnection[Any]) -> int:
+        await conn.execute("SELECT set_config('conveyor.notify', 'off', true)")
+        return await producer.enqueue(conn, "quiet.evt", {})
+
+    quiet_id = await _in_tx(fresh_db, commit=True, work=quiet)
+    assert await ear.drain() == []
+    # The setting was LOCAL: the next transaction on a new or reused connection notifies.
+    async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+        await quiet(conn)
+        await conn.commit()
+        await producer.enqueue(conn, "loud.evt", {})
+        await conn.commit()
+    assert await ear.drain() == ["loud.evt"]
+    started: list[int] = []
+
+    async def handle(event: Event) -> None:
+        started.append(event.id)
+
+    worker = Worker(fresh_db, router_for("quiet.*", handle), fast_config(poll_interval=1.0))
+    task = asyncio.create_task(worker.run())
+    try:
+        async def ran() -> bool:
+            return quiet_id in started
+        await wait_until(ran, timeout=5, what="the quiet event to run by polling")
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 10)
+        await worker.close()

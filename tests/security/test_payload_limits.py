@@ -163,12 +163,8 @@ async def test_stored_errors_and_tracebacks_stay_under_the_caps(fresh_db: str) -
     assert max(size for _, _, size in report.values()) < 64 * KIB
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the caps on stored errors count characters, not bytes: since 07101b8 the history "
-    "keeps 10 entries of <= 2,000 + 4,000 characters, but 3-byte characters (CJK) make that "
-    "~165 KB of jsonb (S3: no recorded output > 64 KiB). Fix: executor._clip should cut the "
-    "UTF-8 encoding at the limit in bytes (text.encode()[:limit].decode('utf-8', 'ignore')), "
-    "e.g. 2,000 bytes of error and 4,000 of traceback."))
+# Found here: unbounded history (fixed in 07101b8, 10 entries), then caps in
+# characters rather than bytes (~165 KB with CJK text; fixed in dfd7a49).
 async def test_error_history_of_one_event_stays_under_64_kib(fresh_db: str) -> None:
     import secrets
 
