@@ -164,7 +164,7 @@ class Fleet:
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),
                                                                 env.get("PYTHONPATH")]))})
         cmd = [sys.executable, "-m", "conveyor.cli.main", "--database-url", self.url, "worker",
-               "--app", APP, "--concurrency", str(a.concurrency),
+               "--app", a.app, "--concurrency", str(a.concurrency),
                "--lease-ttl", str(a.lease_ttl), "--rescue-interval", str(a.rescue_interval),
                "--poll-interval", str(a.poll_interval), "--shutdown-timeout", "10",
                "--name", f"chaos-{self.spawned}"]
@@ -614,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-interval", type=parse_seconds, default=5.0)
     p.add_argument("--probe-interval", type=parse_seconds, default=1.0,
                    help="a high-priority probe event this often; 0: none")
+    p.add_argument("--app", default=APP, help="the workers' router; it must record to the ledger "
+                                              f"(default {APP})")
     p.add_argument("--database-url", help="use this server (a fresh database is created on it) "
                                           "instead of a private embedded one")
     p.add_argument("--seed", type=int, default=None)
