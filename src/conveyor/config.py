@@ -100,7 +100,8 @@ class WorkerConfig:
         ack_interval: seconds finished events may wait to be acknowledged together.
             Defaults to 0.005.
         listener_ping_interval: seconds of silence after which the LISTEN connection is
-            checked, so a half-open connection is replaced. Defaults to 10.0.
+            checked, so a half-open connection is replaced
+            (within interval + 4 s ping timeout + reconnect: about 15 s by default). Defaults to 10.0.
         retention: seconds succeeded and cancelled events are kept before the worker
             prunes them; ``None`` keeps them forever. Failed events are never pruned
             automatically. Defaults to 604800 (7 days).

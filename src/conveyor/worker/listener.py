@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class Listener:
     def __init__(self, conn: ManagedConnection, channel: str, *,
                  on_notify: Callable[[str], None], on_connected: Callable[[], None],
-                 ping_interval: float, ping_timeout: float = 5.0) -> None:
+                 ping_interval: float, ping_timeout: float = 4.0) -> None:
         self._conn = conn
         self._channel = channel
         self._on_notify = on_notify
