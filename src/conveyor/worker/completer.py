@@ -24,6 +24,7 @@ from conveyor.worker.executor import Outcome
 log = logging.getLogger(__name__)
 
 HELD_RETRY_PAUSE = 0.5
+RECONNECT_PAUSE = 0.05
 
 
 def _int_array(values: Iterable[int]) -> str:
@@ -116,7 +117,10 @@ class Completer:
         except RECOVERABLE_ERRORS as exc:
             self._buffer[:0] = batch
             await self._conn.discard(exc)
-            await self._conn.pause_after_failure(interruptible=False)
+            # Reconnecting backs off by itself when the server is away; a cut
+            # connection to a healthy server should cost milliseconds, not a
+            # backoff step (slots stay taken until results are acknowledged).
+            await asyncio.sleep(RECONNECT_PAUSE)
             return
         except psycopg.Error as exc:
             # Not a connection problem, so retrying the same batch would fail the
