@@ -71,11 +71,12 @@ REFRESH_INTERVAL = 0.2
 MAIL_LINES = 3
 
 # Runs ``python -m examples.engine`` with the database URL and the secret taken
-# from the environment, so neither shows in ``ps``.
+# from the environment, so neither shows in ``ps``. The "--flag=value" form,
+# because a random secret may begin with "-", which argparse would take for a flag.
 _ENGINE_LAUNCHER = (
     "import os, runpy, sys; "
-    "sys.argv[1:1] = ['--database-url', os.environ.pop('DEMO_ENGINE_DATABASE_URL'), "
-    "'--jwt-secret', os.environ.pop('DEMO_ENGINE_JWT_SECRET')]; "
+    "sys.argv[1:1] = ['--database-url=' + os.environ.pop('DEMO_ENGINE_DATABASE_URL'), "
+    "'--jwt-secret=' + os.environ.pop('DEMO_ENGINE_JWT_SECRET')]; "
     "runpy.run_module('examples.engine', run_name='__main__', alter_sys=True)"
 )
 
