@@ -212,7 +212,7 @@ async def _commits_per_second(url: str, producers: int, seconds: float, *,
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=False, reason=(  # a measured ratio: on a loaded machine it can pass
     "FINDING vs plan R15(c) (NOTIFY on >= 80 % of off): the trigger's NOTIFY costs 30-40 % of "
     "commit throughput with 16 concurrent producers (quiet machine: 1.73-1.84k vs 2.96-2.98k "
     "commits/s; loaded: 1.45-1.62k vs 2.09-2.29k): PostgreSQL serialises committing "
