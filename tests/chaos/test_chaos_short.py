@@ -73,6 +73,6 @@ def test_r6_short_server_restart_mid_drain(chaos: Chaos) -> None:
     # With a 60 s poll, only a re-established LISTEN starts a new event this fast.
     # The prober's probes are timed only when one lands after the reconnect inside
     # this short window (not always, on a loaded machine); LISTEN after a restart
-    # is proven deterministically by tests/acceptance/test_restart.py.
+    # is proven deterministically by tests/acceptance/test_server_restart.py.
     if restart["first_probe_after_reconnect_s"] is not None:
         assert restart["probe_max_after_reconnect_s"] < 1.0
