@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0001 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0002 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -53,6 +53,12 @@ CREATE INDEX events_lease_idx
 CREATE INDEX events_finished_idx
     ON conveyor.events (finished_at)
     WHERE finished_at IS NOT NULL;
+
+-- Exact failed counts per topic (status) and retry-failed, without reading
+-- finished rows; only failed rows are in it (0002).
+CREATE INDEX events_failed_idx
+    ON conveyor.events (topic)
+    WHERE state = 'failed';
 
 -- One event per (tenant, key); a NULL tenant counts as one tenant.
 CREATE UNIQUE INDEX events_idempotency_idx
