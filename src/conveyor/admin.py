@@ -54,13 +54,63 @@ def record_from_row(row: Sequence[Any]) -> EventRecord:
     )
 
 
-def _status(rows: Sequence[Sequence[Any]], oldest: float | None,
-            workers: Sequence[Sequence[Any]], pending_pairs: Sequence[Sequence[Any]]) -> QueueStatus:
+# Up to this many finished rows, succeeded and cancelled are counted exactly (by
+# reading them through events_finished_idx); beyond it they are estimated from
+# the planner's statistics, so a status call never reads the bulk of the table.
+EXACT_FINISHED_LIMIT = 10_000
+
+# The states whose counts may be estimates; pending, running and failed are
+# always exact (each has a partial index holding only its rows).
+ESTIMABLE_STATES = (EventState.SUCCEEDED.value, EventState.CANCELLED.value)
+
+
+def _estimate_finished(estimate: Sequence[Any] | None, open_total: int,
+                       floor: dict[str, int]) -> dict[str, int]:
+    """Succeeded and cancelled counts from the planner's statistics.
+
+    Finished-but-not-failed rows = estimated live rows - the exact open and
+    failed counts, split by the states' shares in pg_stats (all succeeded when
+    neither share is known), and never below what the sample already saw.
+    """
+    live_rows, states, shares = estimate if estimate is not None else (None, None, None)
+    finished = max(0.0, float(live_rows or 0) - open_total)
+    share = dict(zip(states or [], shares or [], strict=False))
+    succeeded_share = share.get(EventState.SUCCEEDED.value, 0.0)
+    cancelled_share = share.get(EventState.CANCELLED.value, 0.0)
+    if succeeded_share + cancelled_share <= 0:
+        succeeded_share = 1.0
+    succeeded = round(finished * succeeded_share / (succeeded_share + cancelled_share))
+    cancelled = round(finished) - succeeded
+    return {EventState.SUCCEEDED.value: max(succeeded, floor[EventState.SUCCEEDED.value]),
+            EventState.CANCELLED.value: max(cancelled, floor[EventState.CANCELLED.value])}
+
+
+def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
+            estimate: Sequence[Any] | None, oldest: float | None,
+            workers: Sequence[Sequence[Any]]) -> QueueStatus:
     counts = {s.value: 0 for s in EventState}
-    by_topic = []
-    for topic, state, count in rows:
-        counts[state] += count
-        by_topic.append(TopicCount(topic, EventState(state), count))
+    per_topic: dict[tuple[str, str], int] = {}
+    pending_pairs = set()
+    for topic, tenant, state, n in open_rows:
+        counts[state] += n
+        per_topic[topic, state] = per_topic.get((topic, state), 0) + n
+        if state == EventState.PENDING.value:
+            pending_pairs.add((topic, tenant))
+    seen = dict.fromkeys(ESTIMABLE_STATES, 0)
+    seen_per_topic: dict[tuple[str, str], int] = {}
+    for state, topic, n in sample:
+        if state in seen:      # failed rows are in the sample too; counted above
+            seen[state] += n
+            seen_per_topic[topic, state] = n
+    estimated: list[str] = []
+    if not _needs_estimate(sample):
+        counts.update(seen)               # the sample held every finished row
+        per_topic.update(seen_per_topic)
+    else:
+        counts.update(_estimate_finished(estimate, sum(counts.values()), seen))
+        estimated = list(ESTIMABLE_STATES)
+    by_topic = [TopicCount(topic, EventState(state), n)
+                for (topic, state), n in sorted(per_topic.items())]
     infos = [WorkerInfo(id=w[0], name=w[1], host=w[2], pid=w[3], topics=list(w[4]),
                         started_at=w[5], heartbeat_at=w[6],
                         tenants=None if w[7] is None else list(w[7])) for w in workers]
@@ -73,7 +123,15 @@ def _status(rows: Sequence[Sequence[Any]], oldest: float | None,
     # worker allowed to claim them (a tenant-limited worker covers only its own).
     unhandled = sorted({topic for topic, tenant in pending_pairs if not claimable(topic, tenant)})
     return QueueStatus(counts=counts, by_topic=by_topic, oldest_pending_age_s=oldest,
-                       workers=infos, unhandled_topics=unhandled)
+                       workers=infos, unhandled_topics=unhandled, estimated_states=estimated)
+
+
+def _needs_estimate(sample: Sequence[Sequence[Any]]) -> bool:
+    return sum(int(row[2]) for row in sample) > EXACT_FINISHED_LIMIT
+
+
+def _estimate_params(q: Queries) -> dict[str, Any]:
+    return {"schema": q.schema, "table": q.events_table}
 
 
 def _prune_states(states: Sequence[str] | None) -> list[str]:
@@ -116,12 +174,23 @@ class Admin:
         self._q = queries_for(check_schema_name(schema))
 
     def status(self, conn: psycopg.Connection[Any]) -> QueueStatus:
+        """Counts by state and topic, oldest due pending age, live workers.
+
+        Pending, running and failed counts are exact; succeeded and cancelled
+        are exact up to ``EXACT_FINISHED_LIMIT`` finished rows and estimated
+        beyond (listed in ``QueueStatus.estimated_states``, left out of
+        ``by_topic``). No call reads the bulk of the finished rows.
+        """
         q = self._q
-        rows = run(conn, q["status_counts"]).fetchall()
-        oldest_row = run(conn, q["status_oldest_pending"]).fetchone()
+        open_rows = run(conn, q["status_open_counts"]).fetchall()
+        sample = run(conn, q["status_finished_sample"],
+                     {"limit": EXACT_FINISHED_LIMIT + 1}).fetchall()
+        estimate = (run(conn, q["status_table_estimate"], _estimate_params(q)).fetchone()
+                    if _needs_estimate(sample) else None)
+        oldest_row = run(conn, q["status_oldest_due_age"]).fetchone()
         workers = run(conn, q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN}).fetchall()
-        pairs = run(conn, q["status_pending_pairs"]).fetchall()
-        return _status(rows, oldest_row[0] if oldest_row else None, workers, pairs)
+        return _status(open_rows, sample, estimate, oldest_row[0] if oldest_row else None,
+                       workers)
 
     def show(self, conn: psycopg.Connection[Any], event_id: int) -> EventRecord:
         event_id = check_event_id(event_id)
@@ -180,12 +249,17 @@ class AsyncAdmin:
 
     async def status(self, conn: psycopg.AsyncConnection[Any]) -> QueueStatus:
         q = self._q
-        rows = await (await run_async(conn, q["status_counts"])).fetchall()
-        oldest_row = await (await run_async(conn, q["status_oldest_pending"])).fetchone()
+        open_rows = await (await run_async(conn, q["status_open_counts"])).fetchall()
+        sample = await (await run_async(conn, q["status_finished_sample"],
+                                        {"limit": EXACT_FINISHED_LIMIT + 1})).fetchall()
+        estimate = (await (await run_async(conn, q["status_table_estimate"],
+                                           _estimate_params(q))).fetchone()
+                    if _needs_estimate(sample) else None)
+        oldest_row = await (await run_async(conn, q["status_oldest_due_age"])).fetchone()
         workers = await (await run_async(conn,
             q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN})).fetchall()
-        pairs = await (await run_async(conn, q["status_pending_pairs"])).fetchall()
-        return _status(rows, oldest_row[0] if oldest_row else None, workers, pairs)
+        return _status(open_rows, sample, estimate, oldest_row[0] if oldest_row else None,
+                       workers)
 
     async def show(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> EventRecord:
         event_id = check_event_id(event_id)

@@ -155,13 +155,20 @@ class WorkerInfo:
 
 @dataclass(frozen=True, slots=True)
 class QueueStatus:
-    """What ``conveyor status`` shows."""
+    """What ``conveyor status`` shows.
+
+    ``estimated_states`` names the states whose number in ``counts`` is an
+    estimate from the planner's statistics rather than a count (succeeded and
+    cancelled once there are many finished rows); ``by_topic`` leaves those
+    states out. Defaults to empty: every count exact.
+    """
 
     counts: dict[str, int]
     by_topic: list[TopicCount]
     oldest_pending_age_s: float | None
     workers: list[WorkerInfo]
     unhandled_topics: list[str] = field(default_factory=list)
+    estimated_states: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -180,4 +187,5 @@ class QueueStatus:
                 for w in self.workers
             ],
             "unhandled_topics": list(self.unhandled_topics),
+            "estimated_states": list(self.estimated_states),
         }

@@ -123,8 +123,10 @@ def register_status(sub: Sub, env: Env) -> None:
 
 def format_status(status: QueueStatus) -> str:
     c = status.counts
+    # "~": an estimate from the planner's statistics (see Admin.status).
+    approx = {s: "~" if s in status.estimated_states else "" for s in c}
     lines = [
-        "events: " + "  ".join(f"{state} {c[state]}" for state in c),
+        "events: " + "  ".join(f"{state} {approx[state]}{c[state]}" for state in c),
         "oldest pending: " + ("-" if status.oldest_pending_age_s is None
                               else f"{status.oldest_pending_age_s:.1f}s"),
         f"workers alive: {len(status.workers)}",
@@ -136,7 +138,7 @@ def format_status(status: QueueStatus) -> str:
         topics.setdefault(t.topic, {})[t.state.value] = t.count
     if topics:
         width = max(len("topic"), *(len(t) for t in topics))
-        states = list(c)
+        states = [s for s in c if not approx[s]]     # estimates have no per-topic split
         lines.append("")
         lines.append(f"{'topic':<{width}}  " + "  ".join(f"{s:>9}" for s in states))
         for topic in sorted(topics):

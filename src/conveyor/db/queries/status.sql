@@ -1,0 +1,69 @@
+-- Named queries behind Admin.status / `conveyor status`. `{schema}` is replaced
+-- by the quoted schema identifier; parameters are always bound.
+--
+-- None of them may read the whole events table (reliability plan R14): a queue
+-- keeps millions of finished rows, and a count(*) over them costs seconds. The
+-- states that stay small are counted exactly through their partial indexes;
+-- succeeded and cancelled are counted exactly only while there are few finished
+-- rows, and estimated from the planner's statistics beyond that.
+
+-- name: status_open_counts
+-- Exact counts of pending (per topic and tenant, for the unhandled-topics
+-- check), running and failed events (per topic). Each branch reads one partial
+-- index (events_claim_idx, events_lease_idx, events_failed_idx) and the rows it
+-- points to, so the cost follows those states, never the succeeded rows.
+SELECT topic, tenant, 'pending' AS state, count(*) AS n
+FROM {schema}.events
+WHERE state = 'pending'
+GROUP BY topic, tenant
+UNION ALL
+SELECT topic, NULL, 'running', count(*)
+FROM {schema}.events
+WHERE state = 'running'
+GROUP BY topic
+UNION ALL
+SELECT topic, NULL, 'failed', count(*)
+FROM {schema}.events
+WHERE state = 'failed'
+GROUP BY topic
+
+-- name: status_finished_sample
+-- At most `limit` finished rows, oldest first, counted by state and topic. The
+-- ORDER BY makes the planner walk events_finished_idx and stop after `limit`
+-- entries instead of scanning the table. When fewer than `limit` rows come
+-- back they are all the finished rows and the counts are exact; otherwise they
+-- are lower bounds and Admin falls back to status_table_estimate.
+SELECT state, topic, count(*) AS n
+FROM (SELECT state, topic
+      FROM {schema}.events
+      WHERE finished_at IS NOT NULL
+      ORDER BY finished_at
+      LIMIT %(limit)s) AS oldest
+GROUP BY state, topic
+
+-- name: status_table_estimate
+-- The planner's own row estimate for the events table and how its rows split by
+-- state, read from the catalog without touching the table: the live-row
+-- density of the last ANALYZE/VACUUM (reltuples / relpages) times the table's
+-- current size in pages, as the planner scales it; before any ANALYZE
+-- (reltuples < 0) the cumulative statistics' n_live_tup. The state shares are
+-- the most-common-values list of pg_stats (NULL before any ANALYZE).
+SELECT CASE WHEN c.reltuples >= 0 AND c.relpages > 0
+            THEN c.reltuples / c.relpages
+                 * (pg_relation_size(c.oid) / current_setting('block_size')::float8)
+            ELSE (SELECT t.n_live_tup FROM pg_stat_all_tables AS t WHERE t.relid = c.oid)
+       END::float8 AS live_rows,
+       s.most_common_vals::text::text[] AS states,
+       s.most_common_freqs AS shares
+FROM pg_class AS c
+LEFT JOIN pg_stats AS s
+       ON s.schemaname = %(schema)s AND s.tablename = 'events' AND s.attname = 'state'
+      AND NOT s.inherited
+WHERE c.oid = %(table)s::regclass
+
+-- name: status_oldest_due_age
+-- Seconds since the oldest due pending event became due; read through
+-- events_claim_idx (pending rows only).
+SELECT extract(epoch FROM now() - min(run_at))::float8
+FROM {schema}.events
+WHERE state = 'pending' AND run_at <= now()

@@ -1,0 +1,349 @@
+"""Admin.status / AsyncAdmin.status on a big table: exact where it matters, bounded always.
+
+R14 ("admin counts must not count(*) the whole table"): pending, running and
+failed are counted exactly through their partial indexes; succeeded and
+cancelled are exact up to ``EXACT_FINISHED_LIMIT`` finished rows and estimated
+beyond, flagged in ``QueueStatus.estimated_states``. The module database holds
+200,000 succeeded rows, so a status call that read them would show up in the
+plans and in the per-transaction table statistics checked below.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conveyor import Admin, AsyncAdmin, EventState, Producer, QueueStatus
+from conveyor import admin as admin_module
+from conveyor.admin import EXACT_FINISHED_LIMIT, _estimate_finished
+from conveyor.cli.commands import format_status
+from conveyor.db.named_queries import queries_for
+from conveyor.types import TopicCount
+
+Q = queries_for("conveyor")
+Conn = psycopg.Connection[Any]
+
+SUCCEEDED = 200_000
+CANCELLED = 4_000
+FAILED = {"big.a": 30, "big.b": 12}
+PENDING = {("big.a", "t1"): 50, ("big.a", None): 20, ("big.c", "t2"): 30}
+FUTURE = 40                  # pending on big.b, due tomorrow
+RUNNING = 7                  # on big.c
+OPEN_ROWS = sum(FAILED.values()) + sum(PENDING.values()) + FUTURE + RUNNING
+
+
+def _fill(conn: Conn) -> None:
+    conn.execute("SET conveyor.notify = 'off'")  # no NOTIFY for the bulk rows
+    conn.execute("""
+        INSERT INTO conveyor.events (topic, payload, state, attempts, run_at, finished_at)
+        SELECT 'big.' || (ARRAY['a', 'b', 'c', 'd'])[1 + g %% 4], '{}',
+               CASE WHEN g <= %(cancelled)s THEN 'cancelled' ELSE 'succeeded' END, 1,
+               now() - interval '3 days', now() - interval '2 days' + g * interval '1 ms'
+        FROM generate_series(1, %(finished)s) AS g""",
+                 {"cancelled": CANCELLED, "finished": SUCCEEDED + CANCELLED})
+    for topic, n in FAILED.items():
+        conn.execute("""
+            INSERT INTO conveyor.events (topic, payload, state, attempts, max_attempts,
+                                         finished_at, last_error)
+            SELECT %s, '{}', 'failed', 1, 1, now(), 'boom' FROM generate_series(1, %s)""",
+                     (topic, n))
+    for (topic, tenant), n in PENDING.items():
+        conn.execute("""
+            INSERT INTO conveyor.events (topic, tenant, payload, run_at)
+            SELECT %s, %s, '{}', now() - interval '1 minute' FROM generate_series(1, %s)""",
+                     (topic, tenant, n))
+    conn.execute("""
+        INSERT INTO conveyor.events (topic, payload, run_at)
+        SELECT 'big.b', '{}', now() + interval '1 day' FROM generate_series(1, %s)""", (FUTURE,))
+    conn.execute("""
+        INSERT INTO conveyor.events (topic, payload, state, attempts, lease_owner,
+                                     lease_expires_at)
+        SELECT 'big.c', '{}', 'running', 1, gen_random_uuid(), now() + interval '1 hour'
+        FROM generate_series(1, %s)""", (RUNNING,))
+
+
+@pytest.fixture(scope="module")
+def big_db(server_url: str, template_db: str) -> Iterator[str]:
+    """A migrated database: 200 k succeeded, 4 k cancelled, a few open and failed rows."""
+    name = f"conveyor_status_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template_db)))
+    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _fill(conn)
+            conn.execute("VACUUM ANALYZE conveyor.events")
+        yield url
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+@pytest.fixture
+def big(big_db: str) -> Iterator[Conn]:
+    """A connection to the big database inside a transaction rolled back afterwards."""
+    with psycopg.connect(big_db) as conn:
+        # Parallel workers keep their own table statistics, out of this
+        # transaction's sight; one process keeps every read countable.
+        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+        yield conn
+        conn.rollback()
+
+
+def _table_reads(conn: Conn) -> tuple[int, int, int]:
+    """(sequential scans, rows they read, rows fetched by index) in this transaction."""
+    row = conn.execute(
+        "SELECT seq_scan, seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables"
+        " WHERE relid = 'conveyor.events'::regclass").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2] or 0)
+
+
+# ------------------------------------------------------------------ exactness
+
+def test_open_states_are_exact_among_200k_finished_rows(big: Conn) -> None:
+    status = Admin().status(big)
+    assert status.counts["pending"] == sum(PENDING.values()) + FUTURE
+    assert status.counts["running"] == RUNNING
+    assert status.counts["failed"] == sum(FAILED.values())
+    by_topic = {(t.topic, t.state.value): t.count for t in status.by_topic}
+    assert by_topic == {("big.a", "pending"): 70, ("big.a", "failed"): 30,
+                        ("big.b", "pending"): FUTURE, ("big.b", "failed"): 12,
+                        ("big.c", "pending"): 30, ("big.c", "running"): RUNNING}
+
+
+def test_finished_counts_past_the_limit_are_flagged_estimates(big: Conn) -> None:
+    status = Admin().status(big)
+    assert status.estimated_states == ["succeeded", "cancelled"]
+    assert status.to_json()["estimated_states"] == ["succeeded", "cancelled"]
+    assert status.counts["succeeded"] == pytest.approx(SUCCEEDED, rel=0.05)
+    # Cancelled is 2% of the rows: ANALYZE's sample of 30,000 sees it, roughly.
+    assert status.counts["cancelled"] == pytest.approx(CANCELLED, rel=0.3)
+    assert not {t.state for t in status.by_topic} & {EventState.SUCCEEDED, EventState.CANCELLED}
+
+
+def test_open_counts_see_the_callers_uncommitted_changes(big: Conn) -> None:
+    """The exact counts read the table in the caller's transaction; estimates do not move."""
+    before = Admin().status(big)
+    Producer().enqueue(big, "big.new")
+    big.execute("UPDATE conveyor.events SET state = 'failed', finished_at = now(),"
+                " lease_owner = NULL, lease_expires_at = NULL WHERE state = 'running'")
+    after = Admin().status(big)
+    assert after.counts["pending"] == before.counts["pending"] + 1
+    assert (after.counts["running"], after.counts["failed"]) == (0, before.counts["failed"]
+                                                                 + RUNNING)
+    # The statistics have not seen the new row: only the exact counts moved.
+    assert after.counts["succeeded"] == pytest.approx(before.counts["succeeded"], abs=1)
+
+
+async def test_async_status_equals_sync_status(big_db: str) -> None:
+    with psycopg.connect(big_db) as conn:
+        expected = Admin().status(conn)
+    async with await psycopg.AsyncConnection.connect(big_db) as aconn:
+        got = await AsyncAdmin().status(aconn)
+    assert got.counts == expected.counts
+    assert got.by_topic == expected.by_topic
+    assert got.estimated_states == expected.estimated_states == ["succeeded", "cancelled"]
+
+
+def test_small_queue_counts_finished_states_exactly_per_topic(conn: Conn) -> None:
+    conn.execute("DELETE FROM conveyor.events")
+    conn.execute("""
+        INSERT INTO conveyor.events (topic, payload, state, attempts, finished_at)
+        SELECT t, '{}', s, 1, now()
+        FROM (VALUES ('a', 'succeeded'), ('a', 'succeeded'), ('b', 'cancelled'),
+                     ('b', 'failed')) AS v(t, s)""")
+    status = Admin().status(conn)
+    assert status.estimated_states == []
+    assert status.counts == {"pending": 0, "running": 0, "succeeded": 2, "failed": 1,
+                             "cancelled": 1}
+    assert [(t.topic, t.state.value, t.count) for t in status.by_topic] == [
+        ("a", "succeeded", 2), ("b", "cancelled", 1), ("b", "failed", 1)]
+
+
+def test_one_finished_row_past_the_limit_switches_to_estimates(
+    conn: Conn, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(admin_module, "EXACT_FINISHED_LIMIT", 3)
+    conn.execute("DELETE FROM conveyor.events")
+    insert = ("INSERT INTO conveyor.events (topic, payload, state, attempts, finished_at)"
+              " SELECT 'a', '{}', 'succeeded', 1, now() FROM generate_series(1, %s)")
+    conn.execute(insert, (3,))
+    assert Admin().status(conn).estimated_states == []
+    conn.execute(insert, (1,))
+    conn.execute("ANALYZE conveyor.events")     # in the transaction: sees its own rows
+    status = Admin().status(conn)
+    assert status.estimated_states == ["succeeded", "cancelled"]
+    assert status.counts["succeeded"] == 4 and status.counts["cancelled"] == 0
+
+
+# ------------------------------------------------------------ the estimate
+
+def test_estimate_takes_open_rows_off_and_splits_by_the_state_shares() -> None:
+    estimate = (10_000.0, ["succeeded", "pending", "cancelled"], [0.6, 0.2, 0.2])
+    floor = {"succeeded": 0, "cancelled": 0}
+    assert _estimate_finished(estimate, 2_000, floor) == {"succeeded": 6_000, "cancelled": 2_000}
+
+
+def test_estimate_never_goes_below_what_the_sample_saw() -> None:
+    estimate = (1_000.0, ["succeeded"], [1.0])
+    floor = {"succeeded": 10, "cancelled": 400}      # cancelled rare: not in the MCV list
+    assert _estimate_finished(estimate, 0, floor) == {"succeeded": 1_000, "cancelled": 400}
+    assert _estimate_finished(estimate, 5_000, floor) == {"succeeded": 10, "cancelled": 400}
+
+
+def test_estimate_without_statistics_calls_every_finished_row_succeeded() -> None:
+    floor = {"succeeded": 0, "cancelled": 0}
+    assert _estimate_finished((500.0, None, None), 100, floor) == {
+        "succeeded": 400, "cancelled": 0}
+    assert _estimate_finished(None, 100, floor) == {"succeeded": 0, "cancelled": 0}
+
+
+def test_table_estimate_before_any_analyze_uses_the_live_row_counter(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO conveyor.events (topic, payload, state, finished_at)"
+                     " SELECT 'a', '{}', 'succeeded', now() FROM generate_series(1, 500)")
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        row = conn.execute(Q["status_table_estimate"],
+                           {"schema": "conveyor", "table": Q.events_table}).fetchone()
+        assert row == (500.0, None, None)
+        conn.execute("ANALYZE conveyor.events")
+        row = conn.execute(Q["status_table_estimate"],
+                           {"schema": "conveyor", "table": Q.events_table}).fetchone()
+        assert row is not None
+        assert (round(row[0]), row[1], row[2]) == (500, ["succeeded"], [1.0])
+
+
+# ------------------------------------------------- bounded: rows and plans
+
+def test_status_reads_no_finished_rows_beyond_the_sample(big: Conn) -> None:
+    assert _table_reads(big) == (0, 0, 0)
+    Admin().status(big)
+    seq_scans, seq_rows, fetched = _table_reads(big)
+    assert (seq_scans, seq_rows) == (0, 0)
+    assert fetched <= OPEN_ROWS + EXACT_FINISHED_LIMIT + 1
+    # The instrument is live: the count the old status ran reads every row.
+    big.execute("SELECT topic, state, count(*) FROM conveyor.events GROUP BY topic, state")
+    assert _table_reads(big)[1] >= SUCCEEDED
+
+
+async def test_async_status_reads_no_finished_rows_beyond_the_sample(big_db: str) -> None:
+    async with await psycopg.AsyncConnection.connect(big_db) as aconn:
+        await aconn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+        await AsyncAdmin().status(aconn)
+        cur = await aconn.execute(
+            "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables"
+            " WHERE relid = 'conveyor.events'::regclass")
+        assert (row := await cur.fetchone()) is not None
+        assert row[0] == 0 and row[1] <= OPEN_ROWS + EXACT_FINISHED_LIMIT + 1
+        await aconn.rollback()
+
+
+STATUS_QUERIES: dict[str, dict[str, Any]] = {
+    "status_open_counts": {},
+    "status_finished_sample": {"limit": EXACT_FINISHED_LIMIT + 1},
+    "status_table_estimate": {"schema": "conveyor", "table": Q.events_table},
+    "status_oldest_due_age": {},
+}
+
+
+def _scans(plan: Any) -> list[dict[str, Any]]:
+    """Every node of a JSON plan that reads the events table or one of its indexes."""
+    if isinstance(plan, list):
+        return [n for p in plan for n in _scans(p)]
+    if not isinstance(plan, dict):
+        return []
+    reads = plan.get("Node Type") != "ModifyTable" and (
+        plan.get("Relation Name") == "events"
+        or str(plan.get("Index Name", "")).startswith("events_"))
+    return ([plan] if reads else []) + _scans(plan.get("Plans", [])) + _scans(
+        plan.get("Plan", []))
+
+
+def _indexes(plan: Any) -> set[str]:
+    return {n["Index Name"] for n in _scans(plan) if "Index Name" in n}
+
+
+@pytest.mark.parametrize("name", list(STATUS_QUERIES))
+def test_status_query_plan_reads_only_its_index_among_200k_finished_rows(
+    big: Conn, name: str,
+) -> None:
+    row = big.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + Q[name],
+                      STATUS_QUERIES[name] or None).fetchone()
+    assert row is not None
+    top = row[0][0]["Plan"]
+    scans = _scans(top)
+    assert all(n["Node Type"] != "Seq Scan" for n in scans), scans
+    # Rows each table access produced (a bitmap's index half is not counted twice).
+    rows_read = sum(n["Actual Rows"] * n["Actual Loops"] for n in scans
+                    if n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan"))
+    limit = EXACT_FINISHED_LIMIT + 1 if name == "status_finished_sample" else OPEN_ROWS
+    assert rows_read <= limit, scans
+    pages = big.execute("SELECT relpages FROM pg_class WHERE oid = 'conveyor.events'::regclass"
+                        ).fetchone()
+    assert pages is not None
+    buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    assert buffers < pages[0] // 10, (buffers, pages[0])
+
+
+def test_status_query_plans_scan_no_events_without_an_index(big: Conn) -> None:
+    """Plain EXPLAIN (the planner's choice without running): an index for every branch."""
+    expected = {"status_open_counts": {"events_claim_idx", "events_lease_idx",
+                                       "events_failed_idx"},
+                "status_finished_sample": {"events_finished_idx"},
+                "status_oldest_due_age": {"events_claim_idx"}}
+    for name, indexes in expected.items():
+        row = big.execute("EXPLAIN (FORMAT JSON) " + Q[name],
+                          STATUS_QUERIES[name] or None).fetchone()
+        assert row is not None
+        plan = row[0][0]["Plan"]
+        assert all(n["Node Type"] != "Seq Scan" for n in _scans(plan)), (name, plan)
+        assert _indexes(plan) == indexes, (name, plan)
+
+
+def test_retry_failed_reads_failed_rows_through_their_index(big: Conn) -> None:
+    row = big.execute("EXPLAIN (FORMAT JSON) " + Q["event_retry_failed"],
+                      {"topic": None}).fetchone()
+    assert row is not None
+    assert _indexes(row[0][0]["Plan"]) == {"events_failed_idx"}
+    assert all(n["Node Type"] != "Seq Scan" for n in _scans(row[0][0]["Plan"]))
+
+
+# --------------------------------------------------------------------- CLI
+
+def _queue_status(estimated: list[str]) -> QueueStatus:
+    return QueueStatus(
+        counts={"pending": 3, "running": 0, "succeeded": 1_234_000, "failed": 2,
+                "cancelled": 500},
+        by_topic=[TopicCount("a.x", EventState.PENDING, 3),
+                  TopicCount("a.x", EventState.FAILED, 2)],
+        oldest_pending_age_s=1.5, workers=[], estimated_states=estimated)
+
+
+def test_cli_marks_estimates_and_drops_their_topic_columns() -> None:
+    lines = format_status(_queue_status(["succeeded", "cancelled"])).splitlines()
+    assert lines[0] == ("events: pending 3  running 0  succeeded ~1234000  failed 2  "
+                        "cancelled ~500")
+    header = next(line for line in lines if line.startswith("topic"))
+    assert header.split() == ["topic", "pending", "running", "failed"]
+    assert next(line for line in lines if line.startswith("a.x")).split() == ["a.x", "3", "0", "2"]
+
+
+def test_cli_prints_exact_counts_plainly() -> None:
+    lines = format_status(_queue_status([])).splitlines()
+    assert "~" not in lines[0] and "succeeded 1234000" in lines[0]
+    header = next(line for line in lines if line.startswith("topic"))
+    assert header.split() == ["topic", "pending", "running", "succeeded", "failed", "cancelled"]
+
+
+def test_queue_status_built_without_the_new_field_is_all_exact() -> None:
+    status = QueueStatus(counts={}, by_topic=[], oldest_pending_age_s=None, workers=[])
+    assert status.estimated_states == [] and status.to_json()["estimated_states"] == []
