@@ -28,7 +28,11 @@ def _timed_router(pattern: str, starts: dict[str, list[float]], signal: Any = No
 
 
 async def _idle(worker: Worker) -> None:
-    """Let the first claim come back empty so the fetch loop is parked in its poll wait."""
+    """Let the first claim come back empty so the fetch loop is parked in its poll wait.
+
+    The listener must be connected too: a NOTIFY sent before its LISTEN is gone.
+    """
+    await asyncio.wait_for(worker.listener.connected.wait(), 10)
     await asyncio.sleep(0.3)
     assert worker.stats.claimed == 0
 
