@@ -187,9 +187,9 @@ async def test_claim_latency_with_the_vacuum_horizon_pinned(fresh_db: str, pin: 
                                 lease_ttl=10.0, heartbeat_interval=2.0, rescue_interval=2.0))
     original = worker._claim
 
-    async def timed_claim(want: int) -> Any:
+    async def timed_claim(want: int, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        result = await original(want)
+        result = await original(want, *args, **kwargs)
         latencies.append((time.perf_counter() - start) * 1000)
         return result
 
