@@ -32,6 +32,7 @@ ACK_INTERVAL_DEFAULT = 0.005
 LISTENER_PING_INTERVAL_DEFAULT = 10.0
 RETENTION_DEFAULT = 7 * 24 * 3600.0
 QUERY_TIMEOUT_DEFAULT = 30.0
+HORIZON_ALERT_DEFAULT = 120.0
 
 
 def _positive(name: str, value: float) -> None:
@@ -112,6 +113,18 @@ class WorkerConfig:
             that the connection is presumed half-open, dropped and replaced (TCP
             keepalives cannot see a peer whose kernel still acknowledges).
             Defaults to 30.0.
+        listen: keep a LISTEN connection so a committed event wakes the worker at
+            once; ``False`` polls only (every ``poll_interval``). Defaults to ``True``.
+        transaction_pooler: the database URL goes through a transaction-pooling proxy
+            (PgBouncer with ``pool_mode = transaction``): the worker then keeps no
+            session state there (no session settings, no prepared statements) and
+            does not LISTEN through it; give the worker a direct ``listen_conninfo``
+            to keep instant wake-ups. Defaults to ``False``.
+        horizon_alert_after: seconds a transaction may hold back PostgreSQL's vacuum
+            horizon before the worker logs an alert (checked every quarter of that, at
+            most every 30 s); dead rows of finished events pile up behind such a
+            transaction and claims slow down. ``None`` turns the check off.
+            Defaults to 120.0.
     """
 
     schema: str = SCHEMA_DEFAULT
@@ -132,9 +145,17 @@ class WorkerConfig:
     backoff: RetryPolicy = field(default_factory=BackoffPolicy)
     tenants: tuple[str, ...] | None = None
     query_timeout: float = QUERY_TIMEOUT_DEFAULT
+    listen: bool = True
+    transaction_pooler: bool = False
+    horizon_alert_after: float | None = HORIZON_ALERT_DEFAULT
 
     def __post_init__(self) -> None:
         _schema(self.schema)
+        for name in ("listen", "transaction_pooler"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"expected {name} to be True or False, got {getattr(self, name)!r}")
+        if self.horizon_alert_after is not None:
+            _positive("horizon_alert_after", self.horizon_alert_after)
         if self.tenants is not None:
             if isinstance(self.tenants, str) or not self.tenants:
                 raise ConfigError(f"expected tenants to be a non-empty tuple, got {self.tenants!r}")

@@ -138,7 +138,8 @@ async def running(worker: Worker, *, stop_timeout: float = 10.0) -> AsyncIterato
         if task in done:
             task.result()  # raises the startup error
         assert waiter in done, "worker did not start within 10s"
-        await asyncio.wait_for(worker.listener.connected.wait(), 10)
+        if worker.listens:
+            await asyncio.wait_for(worker.listener.connected.wait(), 10)
         yield task
     finally:
         worker.request_stop()

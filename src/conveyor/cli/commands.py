@@ -25,6 +25,7 @@ from conveyor.config import (
     HANDLER_TIMEOUT_DEFAULT,
     HEARTBEAT_INTERVAL_DEFAULT,
     LEASE_TTL_DEFAULT,
+    HORIZON_ALERT_DEFAULT,
     POLL_INTERVAL_DEFAULT,
     RESCUE_INTERVAL_DEFAULT,
     SHUTDOWN_TIMEOUT_DEFAULT,
@@ -299,6 +300,36 @@ def register_worker(sub: Sub, env: Env) -> None:
                    help="claim only this tenant's events (repeatable; default: every tenant)")
     p.add_argument("--name", default=env("WORKER_NAME"),
                    help="label shown by status [env CONVEYOR_WORKER_NAME] (default: host:pid)")
+    p.add_argument("--no-listen", dest="listen", action="store_const", const="false",
+                   default=env("LISTEN"),
+                   help="do not LISTEN for notifications, find new events by polling only "
+                        "[env CONVEYOR_LISTEN=false]")
+    p.add_argument("--transaction-pooler", action="store_const", const="true",
+                   default=env("TRANSACTION_POOLER"),
+                   help="the database URL goes through PgBouncer in transaction mode (or a "
+                        "similar pooler): keep no session state there and do not LISTEN through "
+                        "it [env CONVEYOR_TRANSACTION_POOLER=true]")
+    p.add_argument("--listen-url", default=env("LISTEN_URL"), metavar="URL",
+                   help="direct PostgreSQL URL for the LISTEN connection, bypassing the pooler "
+                        "[env CONVEYOR_LISTEN_URL] (default: the database URL)")
+    p.add_argument("--horizon-alert", default=env("HORIZON_ALERT", f"{HORIZON_ALERT_DEFAULT:g}"),
+                   metavar="DURATION",
+                   help="log an alert when a transaction holds back vacuum this long; 'off' "
+                        "disables the check [env CONVEYOR_HORIZON_ALERT] (default: %(default)ss)")
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def env_flag(raw: str | None, name: str, default: bool) -> bool:
+    """A boolean flag or CONVEYOR_<name>; anything but the usual spellings is refused by name."""
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise InvalidInputError(f"invalid CONVEYOR_{name} {raw!r}: expected true or false")
 
 
 def load_router(spec: str) -> Router:
@@ -361,10 +392,14 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
             retention=retention,
             tenants=tuple(args.tenants) if args.tenants else None,
             backoff=BackoffPolicy(base_delay=args.backoff_base,
-                                  max_delay=max(args.backoff_max, args.backoff_base)))
+                                  max_delay=max(args.backoff_max, args.backoff_base)),
+            listen=env_flag(args.listen, "LISTEN", True),
+            transaction_pooler=env_flag(args.transaction_pooler, "TRANSACTION_POOLER", False),
+            horizon_alert_after=(None if args.horizon_alert.strip().lower() == "off"
+                                 else parse_duration(args.horizon_alert)))
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
-    worker = Worker(ctx.url(), router, config)
+    worker = Worker(ctx.url(), router, config, listen_conninfo=args.listen_url)
 
     async def serve() -> None:
         worker.install_signal_handlers()

@@ -5,13 +5,20 @@ LISTEN when it is handed to someone else. After every (re)connect it asks for
 a fetch, because notifications sent while it was away are gone. A connection
 silent for ``ping_interval`` is pinged; one that does not answer within
 ``ping_timeout`` is treated as half-open and replaced.
+
+After each LISTEN the worker sends a probe notification from another session.
+A listener that does not hear it within ``PROBE_TIMEOUT`` sits behind
+something that does not deliver notifications (typically PgBouncer in
+transaction mode, where the LISTEN stays on a server connection that goes back
+to the pool): that is logged once per connection, and polling carries on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 
 from psycopg import sql
 
@@ -24,42 +31,97 @@ from conveyor.worker.connection import (
 
 log = logging.getLogger(__name__)
 
+# Topics cannot contain "!" or spaces, so no event notification looks like this.
+PROBE_PREFIX = "!probe "
+PROBE_TIMEOUT = 5.0
+
 
 class Listener:
     def __init__(self, conn: ManagedConnection, channel: str, *,
                  on_notify: Callable[[str], None], on_connected: Callable[[], None],
-                 ping_interval: float, ping_timeout: float = 4.0) -> None:
+                 ping_interval: float, ping_timeout: float = 4.0,
+                 send_probe: Callable[[str], Awaitable[None]] | None = None) -> None:
         self._conn = conn
         self._channel = channel
         self._on_notify = on_notify
         self._on_connected = on_connected
         self._ping_interval = ping_interval
         self._ping_timeout = ping_timeout
+        self._send_probe = send_probe
+        self._probe: str | None = None          # payload awaited since the last LISTEN
+        self._probe_due = float("inf")          # loop time by which it should have come
+        self._probe_task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self.notifications = 0
+        # None until a probe was sent; then whether this connection heard it.
+        self.hears: bool | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
-        while not stopping.is_set():
-            try:
-                conn = await self._conn.get()
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-                self.connected.set()
-                self._on_connected()
-                while not stopping.is_set():
-                    heard = False
-                    async for notify in conn.notifies(timeout=self._ping_interval):
-                        heard = True
-                        self.notifications += 1
-                        self._on_notify(notify.payload)
-                        if stopping.is_set():
-                            break
-                    if not heard and not stopping.is_set():
-                        await bounded(conn, conn.execute("SELECT 1"), self._ping_timeout)
-            except StopRequested:
-                break
-            except RECOVERABLE_ERRORS as exc:
-                self.connected.clear()
-                if stopping.is_set():
-                    return
-                await self._conn.discard(exc)
-        self.connected.clear()
+        loop = asyncio.get_running_loop()
+        try:
+            while not stopping.is_set():
+                try:
+                    conn = await self._conn.get()
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    self.connected.set()
+                    self._start_probe()
+                    self._on_connected()
+                    while not stopping.is_set():
+                        heard = False
+                        wait = min(self._ping_interval, max(0.05, self._probe_due - loop.time()))
+                        async for notify in conn.notifies(timeout=wait):
+                            heard = True
+                            payload = notify.payload
+                            if payload.startswith(PROBE_PREFIX):
+                                if payload == self._probe:
+                                    self._probe, self._probe_due, self.hears = None, float("inf"), True
+                                continue   # probes (ours or other workers') wake nobody
+                            self.notifications += 1
+                            self._on_notify(payload)
+                            if stopping.is_set():
+                                break
+                        self._check_probe(loop.time())
+                        if not heard and not stopping.is_set():
+                            await bounded(conn, conn.execute("SELECT 1"), self._ping_timeout)
+                except StopRequested:
+                    break
+                except RECOVERABLE_ERRORS as exc:
+                    self.connected.clear()
+                    if stopping.is_set():
+                        return
+                    await self._conn.discard(exc)
+        finally:
+            self.connected.clear()
+            if self._probe_task is not None:
+                self._probe_task.cancel()
+
+    def _start_probe(self) -> None:
+        if self._send_probe is None:
+            return
+        payload = PROBE_PREFIX + uuid.uuid4().hex
+        self._probe, self._probe_due = payload, float("inf")
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+        self._probe_task = asyncio.get_running_loop().create_task(self._probe_once(payload))
+
+    async def _probe_once(self, payload: str) -> None:
+        assert self._send_probe is not None
+        try:
+            await self._send_probe(payload)
+        except Exception as exc:  # noqa: BLE001 - a probe that could not be sent proves nothing
+            log.debug("listener probe not sent: %s", exc)
+            if self._probe == payload:
+                self._probe = None
+            return
+        if self._probe == payload:   # not heard yet (it may already have been)
+            self._probe_due = asyncio.get_running_loop().time() + PROBE_TIMEOUT
+
+    def _check_probe(self, now: float) -> None:
+        if self._probe is None or now < self._probe_due:
+            return
+        self._probe, self._probe_due, self.hears = None, float("inf"), False
+        log.warning(
+            "the LISTEN connection does not receive notifications (is a transaction pooler such "
+            "as PgBouncer between the worker and PostgreSQL?); new events are found by polling "
+            "only; give the worker a direct connection for LISTEN (--listen-url) or run it with "
+            "--transaction-pooler", extra={"action": "listen_deaf"})

@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -24,6 +26,19 @@ log = logging.getLogger(__name__)
 RESCUE_BATCH = 1000
 PRUNE_BATCH = 5000
 DEAD_WORKER_ROW_AGE = 3600.0
+HORIZON_CHECK_INTERVAL = 30.0
+HORIZON_REPEAT = 300.0     # a pin that lasts is reported again this often
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonHolder:
+    """The transaction holding back vacuum the longest, as last seen by the worker."""
+
+    kind: str              # "session" or "prepared transaction"
+    who: str               # "pid 123 (app, idle in transaction)" or the prepared gid
+    seconds: float         # how long its transaction has been open
+    xid_age: int | None    # transactions since its snapshot
+    dead_rows: int | None  # dead rows in the events table at the time
 
 
 class Maintenance:
@@ -33,6 +48,8 @@ class Maintenance:
         self._config = config
         self._owner = owner
         self._owned = owned
+        self.horizon: HorizonHolder | None = None   # set while the alert stands
+        self._horizon_reported = 0.0
         self.registration = {
             "id": owner, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
             "topics": topics, "concurrency": config.concurrency,
@@ -93,3 +110,40 @@ class Maintenance:
             total += cur.rowcount
             if cur.rowcount < PRUNE_BATCH:
                 return total
+
+    async def check_horizon(self, conn: psycopg.AsyncConnection[Any]) -> HorizonHolder | None:
+        """Alert when a transaction has pinned the vacuum horizon past the threshold.
+
+        A pinned horizon is the slow death of any table queue: every finished or
+        claimed event leaves a dead row no vacuum may remove, and each claim
+        walks more of them. The worker cannot end someone else's transaction;
+        it says who holds it, for how long, and what it costs.
+        """
+        limit = self._config.horizon_alert_after
+        if limit is None:
+            return None
+        cur = await conn.execute(self._q["horizon_oldest"])
+        row = await cur.fetchone()
+        if row is None or row[2] is None or row[2] < limit:
+            if self.horizon is not None:
+                log.info("vacuum horizon released (was held by %s for %.0fs)",
+                         self.horizon.who, self.horizon.seconds,
+                         extra={"action": "horizon_released"})
+            self.horizon = None
+            return None
+        cur = await conn.execute(self._q["events_dead_rows"], {"table": self._q.events_table})
+        dead = await cur.fetchone()
+        holder = HorizonHolder(kind=row[0], who=row[1], seconds=float(row[2]),
+                               xid_age=row[3], dead_rows=dead[0] if dead else None)
+        now = time.monotonic()
+        if self.horizon is None or now - self._horizon_reported >= HORIZON_REPEAT:
+            self._horizon_reported = now
+            log.warning(
+                "vacuum horizon pinned for %.0fs by %s %s: dead rows cannot be removed "
+                "(%s in the events table) and claims slow down; end that transaction",
+                holder.seconds, holder.kind, holder.who,
+                "unknown" if holder.dead_rows is None else f"{holder.dead_rows:,}",
+                extra={"action": "horizon_pinned", "holder": holder.who,
+                       "seconds": round(holder.seconds), "dead_rows": holder.dead_rows})
+        self.horizon = holder
+        return holder

@@ -50,12 +50,15 @@ from conveyor.worker.executor import (
     success,
 )
 from conveyor.worker.listener import Listener
-from conveyor.worker.maintenance import Maintenance
+from conveyor.worker.maintenance import HORIZON_CHECK_INTERVAL, Maintenance
 
 log = logging.getLogger(__name__)
 
 EAGER_TASKS = sys.version_info >= (3, 12)
 GENERIC = {"plan_cache_mode": "force_generic_plan"}
+# A worker never leaves a transaction open; a session that does is cut off.
+IDLE_IN_TX_TIMEOUT = "60s"
+PRUNE_TIMEOUT = 300.0
 
 PRUNE_INTERVAL = 600.0
 MAX_DUE_TIMES = 10_000
@@ -95,9 +98,12 @@ class Worker:
             dedicated connections from it (never pooled ones).
         router: which topics this worker claims and who handles them.
         config: tuning. Defaults to ``WorkerConfig()``.
+        listen_conninfo: where the LISTEN connection goes when it must bypass a
+            transaction pooler (``config.transaction_pooler``); defaults to ``conninfo``.
     """
 
-    def __init__(self, conninfo: str, router: Router, config: WorkerConfig | None = None) -> None:
+    def __init__(self, conninfo: str, router: Router, config: WorkerConfig | None = None, *,
+                 listen_conninfo: str | None = None) -> None:
         if not router.routes:
             raise ConfigError("router has no routes: the worker would claim nothing")
         self.conninfo = conninfo
@@ -130,10 +136,22 @@ class Worker:
         self._pool: ThreadPoolExecutor | None = None
         self._rng = random.Random()
         c = self.config
-        def managed(role: str, **kwargs: Any) -> ManagedConnection:
-            return ManagedConnection(conninfo, role, reconnect_min=c.reconnect_min,
+        statement_ms = str(int(c.query_timeout * 1000))
+
+        def managed(role: str, settings: dict[str, str] | None = None,
+                    target: str = conninfo, **kwargs: Any) -> ManagedConnection:
+            if c.transaction_pooler and target == conninfo:
+                # Through a transaction pooler a session setting or a prepared
+                # statement stays on whichever server connection ran it, and
+                # would leak into other clients' sessions: keep none.
+                settings, kwargs["prepare_threshold"] = None, None
+            else:
+                settings = {"statement_timeout": statement_ms,
+                            "idle_in_transaction_session_timeout": IDLE_IN_TX_TIMEOUT,
+                            **(settings or {})}
+            return ManagedConnection(target, role, reconnect_min=c.reconnect_min,
                                      reconnect_max=c.reconnect_max, stopping=self._stopping,
-                                     **kwargs)
+                                     settings=settings, **kwargs)
         # Claims and acknowledgements commit asynchronously: one lost in a server
         # crash only makes its event run again, which at-least-once allows (the
         # event is still pending, or its lease expires and it is rescued). It
@@ -147,15 +165,21 @@ class Worker:
         self._ack_conn = managed("ack", settings={"synchronous_commit": "off", **GENERIC,
                                                   "lock_timeout": str(LOCK_TIMEOUT_MS)},
                                  prepare_threshold=0)
-        self._upkeep_conn = managed("upkeep", settings={"lock_timeout": str(LOCK_TIMEOUT_MS)})
-        self._listen_conn = managed("listen")
+        # Pruning a long backlog of finished rows may take minutes.
+        self._upkeep_conn = managed("upkeep", settings={
+            "lock_timeout": str(LOCK_TIMEOUT_MS),
+            "statement_timeout": str(int(max(c.query_timeout, PRUNE_TIMEOUT) * 1000))})
+        listen_target = listen_conninfo or conninfo
+        self.listens = c.listen and not (c.transaction_pooler and listen_target == conninfo)
+        self._listen_conn = managed("listen", target=listen_target)
         self.completer = Completer(self._ack_conn, self._q, self.id,
                                    flush_size=c.batch_size, interval=c.ack_interval,
                                    query_timeout=c.query_timeout,
                                    on_acked=self._acked)
         self.listener = Listener(self._listen_conn, self._q.channel,
                                  on_notify=self._notified, on_connected=self.wake,
-                                 ping_interval=c.listener_ping_interval)
+                                 ping_interval=c.listener_ping_interval,
+                                 send_probe=self._send_listen_probe)
         self.maintenance = Maintenance(self._q, c, self.id, self.name, router.patterns,
                                        owned=lambda: list(self._running))
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -218,10 +242,13 @@ class Worker:
             raise
         self._pool = self._new_pool()
         await self._register()
-        tasks = [
-            asyncio.create_task(self.listener.run(self._stopping), name="conveyor-listener"),
-            asyncio.create_task(self._upkeep_loop(), name="conveyor-upkeep"),
-        ]
+        tasks = [asyncio.create_task(self._upkeep_loop(), name="conveyor-upkeep")]
+        if self.listens:
+            tasks.append(asyncio.create_task(self.listener.run(self._stopping),
+                                             name="conveyor-listener"))
+        else:
+            log.info("not listening for notifications: polling every %.1fs",
+                     self.config.poll_interval, extra={"action": "poll_only"})
         completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
         log.info("worker %s started: topics %s, concurrency %d", self.name,
                  ", ".join(self.router.patterns), self.config.concurrency,
@@ -533,6 +560,9 @@ class Worker:
         c = self.config
         next_beat = next_rescue = time.monotonic()
         next_prune = time.monotonic() + self._rng.uniform(0, 60)
+        # Checked often enough that a pin is reported within 1.25 x the threshold.
+        horizon_every = min(HORIZON_CHECK_INTERVAL, (c.horizon_alert_after or 0) / 4) or None
+        next_horizon = time.monotonic() + (horizon_every or 0) * self._rng.random()
         # Runs until nothing is left to acknowledge, not merely until stopping:
         # handlers still draining after SIGTERM must keep their leases.
         while not self._closing.is_set():
@@ -549,9 +579,12 @@ class Worker:
                     requeued, parked = await bounded(conn, self.maintenance.rescue(conn), bound)
                     self.stats.rescued += requeued + parked
                     next_rescue = now + c.rescue_interval * (1 - 0.2 * self._rng.random())
+                if horizon_every is not None and now >= next_horizon:
+                    await bounded(conn, self.maintenance.check_horizon(conn), bound)
+                    next_horizon = now + horizon_every
                 if now >= next_prune:
                     # Pruning a large backlog of finished rows may take a while.
-                    await bounded(conn, self.maintenance.prune(conn), max(bound, 300.0))
+                    await bounded(conn, self.maintenance.prune(conn), max(bound, PRUNE_TIMEOUT))
                     next_prune = now + PRUNE_INTERVAL
             except RECOVERABLE_ERRORS as exc:
                 await self._upkeep_conn.discard(exc)
@@ -560,11 +593,20 @@ class Worker:
                 log.error("maintenance failed: %s", exc, extra={"action": "upkeep_failed"})
                 await self._upkeep_conn.pause_after_failure(interruptible=False)
                 continue
-            sleep_for = max(0.05, min(next_beat, next_rescue) - time.monotonic())
+            sleep_for = max(0.05, min(next_beat, next_rescue,
+                                      next_horizon if horizon_every else next_beat)
+                            - time.monotonic())
             try:
                 await asyncio.wait_for(self._closing.wait(), timeout=sleep_for)
             except TimeoutError:
                 pass
+
+    async def _send_listen_probe(self, payload: str) -> None:
+        """NOTIFY ``payload`` from another session, so the listener can tell it hears."""
+        conn = await self._upkeep_conn.get()
+        await bounded(conn, conn.execute(self._q["event_notify"],
+                                         {"channel": self._q.channel, "payload": payload}),
+                      self.config.query_timeout)
 
     async def _measure_clock(self, conn: psycopg.AsyncConnection[Any]) -> None:
         before = time.time()
