@@ -329,6 +329,94 @@ async def test_async_enqueue_many_unnest_path_stores_delays(
     assert await cur.fetchone() == (pytest.approx(30, abs=1e-3),)
 
 
+# ------------------------------------------------------------ enqueue_bulk
+
+def test_enqueue_bulk_writes_a_plain_batch_with_one_copy_and_returns_the_count(
+    conn: psycopg.Connection[Any], statements: list[str],
+) -> None:
+    events = [NewEvent(topic=f"bulk.t{i % 3}", payload={"i": i}, tenant="acme", priority=i % 5)
+              for i in range(150)]
+    assert Producer().enqueue_bulk(conn, events) == 150
+    assert len(statements) == 1 and statements[0].lstrip().upper().startswith("COPY")
+    rows = conn.execute("SELECT tenant, topic, payload, priority, max_attempts, state"
+                        " FROM conveyor.events ORDER BY id").fetchall()
+    assert rows == [("acme", f"bulk.t{i % 3}", {"i": i}, i % 5, 5, "pending")
+                    for i in range(150)]
+
+
+def test_enqueue_bulk_skips_and_does_not_count_existing_keys(
+    conn: psycopg.Connection[Any],
+) -> None:
+    producer = Producer()
+    producer.enqueue(conn, "k", idempotency_key="k0")
+    events = [NewEvent(topic="k", idempotency_key=f"k{i % 80}") for i in range(100)]
+    assert producer.enqueue_bulk(conn, events) == 79      # k0 existed, k0..k19 repeat
+    assert _count(conn) == 80
+
+
+def test_enqueue_bulk_with_delays_stores_each_delay(conn: psycopg.Connection[Any]) -> None:
+    assert Producer().enqueue_bulk(conn, [NewEvent(topic="d", delay=float(i))
+                                          for i in range(100)]) == 100
+    delays = conn.execute("SELECT extract(epoch FROM run_at - now())::float8"
+                          " FROM conveyor.events ORDER BY id LIMIT 3").fetchall()
+    assert [round(d[0], 3) for d in delays] == [0, 1, 2]
+
+
+def test_enqueue_bulk_rolled_back_leaves_nothing_and_committed_leaves_all(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:
+        Producer().enqueue_bulk(conn, [NewEvent(topic="r") for _ in range(100)])
+        conn.rollback()
+        assert _count(conn) == 0
+    with CommittingProducer(fresh_db) as producer:
+        assert producer.enqueue_bulk([NewEvent(topic="c") for _ in range(100)]) == 100
+    with psycopg.connect(fresh_db) as conn:
+        assert _count(conn) == 100
+
+
+async def test_async_enqueue_bulk_mirrors_the_sync_one(fresh_db: str) -> None:
+    async with AsyncCommittingProducer(fresh_db) as producer:
+        assert await producer.enqueue_bulk(
+            [NewEvent(topic="a", payload=i) for i in range(120)]) == 120
+        assert await producer.enqueue_bulk([]) == 0
+    async with await psycopg.AsyncConnection.connect(fresh_db) as aconn:
+        assert await AsyncProducer().enqueue_bulk(
+            aconn, [NewEvent(topic="a", idempotency_key="x")] * 2) == 1
+        cur = await aconn.execute("SELECT payload FROM conveyor.events WHERE topic = 'a'"
+                                  " AND idempotency_key IS NULL ORDER BY id")
+        assert [r[0] for r in await cur.fetchall()] == list(range(120))
+
+
+# A topic already seen valid takes the batch fast path; every other field must
+# still be checked there, exactly as a single enqueue checks it.
+FAST_PATH_BAD = [
+    ("bool priority", {"priority": True}),
+    ("priority range", {"priority": 40000}),
+    ("bool delay", {"delay": True}),
+    ("negative delay", {"delay": -1}),
+    ("tenant", {"tenant": "ACME"}),
+    ("max_attempts", {"max_attempts": 0}),
+    ("payload", {"payload": {"s": {1}}}),
+    ("nul", {"payload": "\x00"}),
+    ("nan", {"payload": float("nan")}),
+]
+
+
+@pytest.mark.parametrize(("label", "kwargs"), FAST_PATH_BAD, ids=[c[0] for c in FAST_PATH_BAD])
+def test_batch_with_a_known_topic_still_checks_every_field(
+    conn: psycopg.Connection[Any], label: str, kwargs: dict[str, Any],
+) -> None:
+    producer = Producer()
+    with pytest.raises(InvalidInputError) as single:
+        producer.enqueue(conn, "known.topic", **kwargs)
+    events = [NewEvent(topic="known.topic") for _ in range(70)]
+    events.append(NewEvent(topic="known.topic", **kwargs))
+    for write in (producer.enqueue_many, producer.enqueue_bulk):
+        with pytest.raises(InvalidInputError) as batch:
+            write(conn, events)
+        assert str(batch.value) == f"event #70: {single.value}"
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
 # ---------------------------------------------------- refused before any SQL
 
 BAD_CALLS: list[tuple[str, dict[str, Any]]] = [

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
+from json import encoder as _json_encoder
 from typing import Any
 
 from conveyor.errors import InvalidInputError, PayloadTooLargeError
@@ -35,7 +37,14 @@ def _show(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# Topics seen valid before; a producer uses a handful, so the regex runs once each.
+KNOWN_TOPICS: set[str] = set()
+KNOWN_TOPICS_MAX = 10_000
+
+
 def check_topic(topic: object) -> str:
+    if type(topic) is str and topic in KNOWN_TOPICS:
+        return topic
     if not isinstance(topic, str):
         raise InvalidInputError(f"topic must be a string, got {_show(topic)}")
     if not topic:
@@ -49,6 +58,8 @@ def check_topic(topic: object) -> str:
             f"malformed topic {_show(topic)}: expected dot-separated segments of "
             "letters, digits, '_' and '-' (e.g. 'email.send')"
         )
+    if type(topic) is str and len(KNOWN_TOPICS) < KNOWN_TOPICS_MAX:
+        KNOWN_TOPICS.add(topic)
     return topic
 
 
@@ -194,6 +205,29 @@ def _check_text(text: str) -> None:
 
 
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+_c_make_encoder = getattr(_json_encoder, "c_make_encoder", None)
+_encoders = threading.local()
+
+
+def _to_json(payload: object) -> str:
+    """``_ENCODER.encode(payload)`` without rebuilding the C encoder on every call.
+
+    Each thread keeps its own encoder, because the encoder's dict of objects
+    being encoded (its circular-reference check) must not be shared; after any
+    error it is rebuilt, since that dict may hold leftovers.
+    """
+    if _c_make_encoder is None or isinstance(payload, str):
+        return _ENCODER.encode(payload)
+    encode = getattr(_encoders, "encode", None)
+    if encode is None:
+        encode = _c_make_encoder({}, _ENCODER.default, _json_encoder.encode_basestring, None,
+                                 ":", ",", False, False, False)
+        _encoders.encode = encode
+    try:
+        return "".join(encode(payload, 0))
+    except BaseException:
+        _encoders.encode = None
+        raise
 # An escaped NUL in the JSON text: "\u0000" not itself preceded by an escaping backslash.
 _ESCAPED_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -207,7 +241,7 @@ def encode_payload(payload: object, *, max_bytes: int, max_depth: int) -> str:
     text shows a reason for it, so the common case costs one encode.
     """
     try:
-        text = _ENCODER.encode(payload)
+        text = _to_json(payload)
     except ValueError as exc:
         if "Out of range float" in str(exc):
             raise InvalidInputError(

@@ -65,19 +65,6 @@ def _split(total: int, parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(parts) if base or i < extra]
 
 
-def _alternate(total: int, rounds: int, a: Callable[[int], None],
-               b: Callable[[int], None]) -> tuple[float, float]:
-    """Run ``a(k)`` and ``b(k)`` over ``total`` units in alternating order; their seconds."""
-    spent = [0.0, 0.0]
-    for r, k in enumerate(_split(total, rounds)):
-        order = [(0, a), (1, b)] if r % 2 == 0 else [(1, b), (0, a)]
-        for slot, fn in order:
-            t0 = time.perf_counter()
-            fn(k)
-            spent[slot] += time.perf_counter() - t0
-    return spent[0], spent[1]
-
-
 def enqueue_single(url: str, schemas: Schemas, count: int, rounds: int = 10) -> tuple[float, float]:
     """One event per transaction: Conveyor ``enqueue`` + commit vs one raw INSERT + commit."""
     producer = Producer(ProducerConfig(schema=schemas.conveyor))
@@ -95,17 +82,27 @@ def enqueue_single(url: str, schemas: Schemas, count: int, rounds: int = 10) -> 
 
         conveyor(WARMUP)
         raw(WARMUP)
-        c_s, r_s = _alternate(count, rounds, conveyor, raw)
+        c_s, r_s = _rotate(count, rounds, [conveyor, raw])
     return count / c_s, count / r_s
 
 
 def enqueue_batch(url: str, schemas: Schemas, count: int, batch: int = 1000,
-                  rounds: int = 4) -> tuple[float, float]:
-    """``batch`` events per transaction: Conveyor ``enqueue_many`` vs raw COPY."""
+                  rounds: int = 4) -> tuple[float, float, float]:
+    """``batch`` events per transaction: ``enqueue_bulk``, ``enqueue_many`` (ids), raw COPY.
+
+    ``enqueue_bulk`` returns a count, as a raw COPY does; ``enqueue_many`` also
+    hands back every id, which costs a round trip to reserve them first.
+    """
     producer = Producer(ProducerConfig(schema=schemas.conveyor))
     batches = max(1, count // batch)
     with psycopg.connect(url) as c_conn, psycopg.connect(url) as r_conn:
-        def conveyor(k: int) -> None:
+        def bulk(k: int) -> None:
+            for _ in range(k):
+                producer.enqueue_bulk(c_conn, [NewEvent(topic=NOOP_TOPIC, payload={"i": i})
+                                               for i in range(batch)])
+                c_conn.commit()
+
+        def many(k: int) -> None:
             for _ in range(k):
                 producer.enqueue_many(c_conn, [NewEvent(topic=NOOP_TOPIC, payload={"i": i})
                                                for i in range(batch)])
@@ -117,10 +114,22 @@ def enqueue_batch(url: str, schemas: Schemas, count: int, batch: int = 1000,
                           ((NOOP_TOPIC, json.dumps({"i": i})) for i in range(batch)))
                 r_conn.commit()
 
-        conveyor(1)
-        raw(1)
-        c_s, r_s = _alternate(batches, rounds, conveyor, raw)
-    return batches * batch / c_s, batches * batch / r_s
+        for fn in (bulk, many, raw):
+            fn(1)
+        spent = _rotate(batches, rounds, [bulk, many, raw])
+    return tuple(batches * batch / s for s in spent)  # type: ignore[return-value]
+
+
+def _rotate(total: int, rounds: int, fns: list[Callable[[int], None]]) -> list[float]:
+    """Run each of ``fns`` over ``total`` units, in an order rotated every round; their seconds."""
+    spent = [0.0] * len(fns)
+    for r, k in enumerate(_split(total, rounds)):
+        for j in range(len(fns)):
+            slot = (j + r) % len(fns)
+            t0 = time.perf_counter()
+            fns[slot](k)
+            spent[slot] += time.perf_counter() - t0
+    return spent
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,7 +120,7 @@ class Suite:
         self.say(f"enqueue, 1 event per transaction ({p.single_events:,} each)")
         single, raw_single = measure.enqueue_single(self.url, s, p.single_events)
         self.say(f"enqueue, 1000 events per transaction ({p.batch_events:,} each)")
-        batch, raw_copy = measure.enqueue_batch(self.url, s, p.batch_events)
+        batch, batch_ids, raw_copy = measure.enqueue_batch(self.url, s, p.batch_events)
         for schema in s.all:
             scratch.reset(admin, schema)
         default, raw_same, raw_best = self._drains(admin)
@@ -130,7 +130,8 @@ class Suite:
                                     warmup=p.wake_warmup, gap=p.wake_gap)
         return {
             "enqueue_single_per_s": single, "raw_single_per_s": raw_single,
-            "enqueue_batch_per_s": batch, "raw_copy_per_s": raw_copy,
+            "enqueue_batch_per_s": batch, "enqueue_batch_ids_per_s": batch_ids,
+            "raw_copy_per_s": raw_copy,
             "drain_default_per_s": _median(default),
             "raw_drain_same_batch_per_s": _median(raw_same),
             "drain_best_per_s": _median(best),
