@@ -344,6 +344,26 @@ def test_enqueue_bulk_writes_a_plain_batch_with_one_copy_and_returns_the_count(
                     for i in range(150)]
 
 
+def test_enqueue_bulk_sends_a_non_default_max_attempts(conn: psycopg.Connection[Any]) -> None:
+    Producer(ProducerConfig(max_attempts=7)).enqueue_bulk(conn, [NewEvent(topic="m")] * 70)
+    Producer().enqueue_bulk(conn, [NewEvent(topic="n")] * 70)
+    rows = conn.execute("SELECT topic, max_attempts, priority, tenant, count(*)"
+                        " FROM conveyor.events GROUP BY 1, 2, 3, 4 ORDER BY 1").fetchall()
+    assert rows == [("m", 7, 0, None, 70), ("n", 5, 0, None, 70)]
+
+
+def test_columns_left_out_of_a_bulk_copy_have_the_defaults_the_producer_assumes(
+    conn: psycopg.Connection[Any],
+) -> None:
+    from conveyor.producer import _TABLE_DEFAULTS
+    rows = conn.execute(
+        "SELECT column_name, column_default FROM information_schema.columns"
+        " WHERE table_schema = 'conveyor' AND table_name = 'events'"
+        " AND column_name = ANY(%s)", (list(_TABLE_DEFAULTS),)).fetchall()
+    assert dict(rows) == {"tenant": None, "priority": "0", "max_attempts": "5"}
+    assert _TABLE_DEFAULTS == {"tenant": None, "priority": 0, "max_attempts": 5}
+
+
 def test_enqueue_bulk_skips_and_does_not_count_existing_keys(
     conn: psycopg.Connection[Any],
 ) -> None:

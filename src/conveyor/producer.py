@@ -19,7 +19,8 @@ Every input is checked before any SQL runs; a refusal raises
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -178,8 +179,21 @@ def _copy_statement(q: Queries) -> str:
             "FROM STDIN")
 
 
-def _bulk_copy_statement(q: Queries) -> str:
-    return f"COPY {q.events_table} (tenant, topic, payload, priority, max_attempts) FROM STDIN"
+# The table's own defaults: a column every row leaves at its default is not sent.
+_TABLE_DEFAULTS = {"tenant": None, "priority": 0, "max_attempts": 5}
+
+
+def _bulk_copy(q: Queries, rows: Sequence[_Row]) -> tuple[str, Callable[[_Row], Any]]:
+    """The COPY statement for ``rows`` and how to turn a row into its values.
+
+    Only the columns some row sets away from the table default are sent:
+    fewer columns are measurably cheaper to format and to parse.
+    """
+    extra = [name for name, default in _TABLE_DEFAULTS.items()
+             if any(getattr(r, name) != default for r in rows)]
+    columns = ["topic", "payload", *extra]
+    return (f"COPY {q.events_table} ({', '.join(columns)}) FROM STDIN",
+            operator.attrgetter(*columns))
 
 
 def _copy_rows(rows: Sequence[_Row], ids: Sequence[int]) -> Iterable[tuple[Any, ...]]:
@@ -290,10 +304,11 @@ class Producer:
             return 0
         if not _use_copy(rows):
             return self._write_many(conn, rows)[1]
+        statement, values = _bulk_copy(self._q, rows)
         try:
-            with conn.cursor().copy(_bulk_copy_statement(self._q)) as copy:
+            with conn.cursor().copy(statement) as copy:
                 for r in rows:
-                    copy.write_row((r.tenant, r.topic, r.payload, r.priority, r.max_attempts))
+                    copy.write_row(values(r))
         except psycopg.Error as exc:
             raise _wrap(exc, f"enqueue of {len(rows)} events") from exc
         return len(rows)
@@ -397,11 +412,11 @@ class AsyncProducer:
             return 0
         if not _use_copy(rows):
             return (await self._write_many(conn, rows))[1]
+        statement, values = _bulk_copy(self._q, rows)
         try:
-            async with conn.cursor().copy(_bulk_copy_statement(self._q)) as copy:
+            async with conn.cursor().copy(statement) as copy:
                 for r in rows:
-                    await copy.write_row((r.tenant, r.topic, r.payload, r.priority,
-                                          r.max_attempts))
+                    await copy.write_row(values(r))
         except psycopg.Error as exc:
             raise _wrap(exc, f"enqueue of {len(rows)} events") from exc
         return len(rows)
