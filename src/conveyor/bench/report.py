@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from conveyor.config import BATCH_SIZE_DEFAULT, CONCURRENCY_DEFAULT
+
 # (key, description, comparison, threshold)
 TARGETS: tuple[tuple[str, str, str, float], ...] = (
     ("drain_default_ratio", "drain at defaults / raw same batch", ">=", 0.8),
@@ -92,7 +94,7 @@ def format_table(result: dict[str, Any]) -> str:
         ("enqueue, 1000 events/tx (ids)", _rate(r["enqueue_batch_ids_per_s"]),
          _rate(r["raw_copy_per_s"]), "raw COPY",
          r["enqueue_batch_ids_ratio"], ""),
-        ("drain, defaults (b100 c100)", _rate(r["drain_default_per_s"]),
+        (f"drain, defaults (b{BATCH_SIZE_DEFAULT} c{CONCURRENCY_DEFAULT})", _rate(r["drain_default_per_s"]),
          _rate(r["raw_drain_same_batch_per_s"]), "raw batch 100", r["drain_default_ratio"],
          _verdict(r, "drain_default_ratio")),
         (f"drain, best ({best_label})", _rate(r["drain_best_per_s"]),
