@@ -20,13 +20,27 @@ Faults (``--faults``, comma separated, ``kind:period``):
 * ``restart:20s``   ``pg_ctl restart -m fast`` of the private server every 20 s
   (down ``--restart-down`` s; refused with --database-url);
 * ``idle_tx:30s``   hold a transaction with an xid open (vacuum horizon pinned) for 30 s
-  from the start of the fault window (``idle_tx`` alone: the whole window).
+  from the start of the fault window (``idle_tx`` alone: the whole window);
+* ``rr_readers``    ``--rr-readers`` (4) REPEATABLE READ transactions, started ``--rr-stagger``
+  apart, each holding its snapshot (and re-running ``--rr-query`` every ``--rr-interval``)
+  to the end of the window (``rr_readers:60s``: each snapshot is renewed every 60 s instead).
+
+Feeding: by default the feeder keeps a backlog (saturation). ``--rate 500`` feeds a
+steady 500 events/s instead, in small batches every ``--feed-interval``, until the
+drain; the report then has the backlog over time (pending count, age of the oldest
+pending event, pending / rate = seconds of work), the claim statement's latency by
+phase (a rolled-back ``event_claim`` every ``--claim-probe-interval``), dead tuples
+and xmin age over time, the workers' ``horizon_pinned`` / ``horizon_released`` log
+lines (workers run with ``--log-format json``; ``--horizon-alert`` is passed on),
+and when the backlog was back to its baseline level after the fault window.
 
 Example::
 
     python benchmarks/chaos.py --workers 8 --events 100000 --upfront --handler-ms 0-20
     python benchmarks/chaos.py --workers 8 --events 400000 --baseline 30 --duration 600 \\
         --after 60 --faults kill:2s --handler-ms 50-500 --json
+    python benchmarks/chaos.py --rate 500 --baseline 180 --duration 30m --after 10m \\
+        --faults idle_tx --json                      # R13(a)
 """
 
 from __future__ import annotations
@@ -79,9 +93,10 @@ def parse_faults(spec: str) -> list[tuple[str, float | None]]:
     faults: list[tuple[str, float | None]] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         kind, _, period = part.partition(":")
-        if kind not in ("kill", "terminate", "restart", "idle_tx"):
-            raise SystemExit(f"unknown fault {kind!r} (kill, terminate, restart, idle_tx)")
-        if kind != "idle_tx" and not period:
+        if kind not in ("kill", "terminate", "restart", "idle_tx", "rr_readers"):
+            raise SystemExit(f"unknown fault {kind!r} (kill, terminate, restart, idle_tx, "
+                             "rr_readers)")
+        if kind not in ("idle_tx", "rr_readers") and not period:
             raise SystemExit(f"fault {kind!r} needs a period, e.g. {kind}:2s")
         faults.append((kind, parse_seconds(period) if period else None))
     return faults
@@ -163,11 +178,14 @@ class Fleet:
         env.update({LEDGER_URL_ENV: self.url, "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),
                                                                 env.get("PYTHONPATH")]))})
-        cmd = [sys.executable, "-m", "conveyor.cli.main", "--database-url", self.url, "worker",
+        cmd = [sys.executable, "-m", "conveyor.cli.main", "--database-url", self.url,
+               "--log-format", "json", "worker",
                "--app", a.app, "--concurrency", str(a.concurrency),
                "--lease-ttl", str(a.lease_ttl), "--rescue-interval", str(a.rescue_interval),
                "--poll-interval", str(a.poll_interval), "--shutdown-timeout", "10",
                "--name", f"chaos-{self.spawned}"]
+        if a.horizon_alert:
+            cmd += ["--horizon-alert", a.horizon_alert]
         with open(log_path, "wb") as out:
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL)
@@ -227,6 +245,34 @@ class Fleet:
                     w.proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
+
+
+def worker_log_actions(fleet: Fleet, actions: set[str]) -> list[dict[str, Any]]:
+    """The workers' JSON log lines whose ``action`` is one of ``actions``, oldest first.
+
+    ``ts`` is the worker's local time to the second; ``at`` is it as an epoch.
+    """
+    found: list[dict[str, Any]] = []
+    for n, w in enumerate(fleet.workers, 1):
+        try:
+            text = w.log_path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("action") in actions:
+                try:
+                    at = time.mktime(time.strptime(rec["ts"], "%Y-%m-%dT%H:%M:%S"))
+                except (KeyError, ValueError):
+                    at = None
+                found.append({"worker": f"chaos-{n}", "pid": w.proc.pid, "at": at, **rec})
+    found.sort(key=lambda r: r["at"] or 0)
+    return found
 
 
 # ---------------------------------------------------------------- background
@@ -293,6 +339,58 @@ class Prober(threading.Thread):
                 pass
 
 
+class RateFeeder(threading.Thread):
+    """Enqueues ``rate`` events/s on a fixed schedule, in a batch every ``interval`` s.
+
+    The schedule is absolute (event n is due at start + n / rate): a slow insert is
+    caught up by the next batches, at most one second's worth at a time, and how far
+    the feeder fell behind is recorded (``max_lag_s``).
+    """
+
+    def __init__(self, url: str, rate: float, interval: float, payload: dict[str, Any],
+                 total: int | None = None) -> None:
+        super().__init__(daemon=True, name="chaos-rate-feeder")
+        self.url, self.rate, self.interval, self.payload = url, rate, interval, payload
+        self.total = total
+        self.enqueued = 0
+        self.errors = 0
+        self.max_lag_s = 0.0
+        self.started_at: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        producer = Producer()
+        conn: psycopg.Connection[Any] | None = None
+        start = time.monotonic()
+        self.started_at = time.time()
+        max_batch = max(1, int(self.rate))
+        while not self.stop.is_set() and (self.total is None or self.enqueued < self.total):
+            due = int((time.monotonic() - start) * self.rate)
+            n = min(due - self.enqueued, max_batch)
+            if self.total is not None:
+                n = min(n, self.total - self.enqueued)
+            if n > 0:
+                try:
+                    if conn is None or conn.closed:
+                        conn = psycopg.connect(self.url, application_name=RUNNER_APP,
+                                               connect_timeout=5)
+                    producer.enqueue_many(conn, [NewEvent(topic="chaos.work", payload=self.payload)
+                                                 for _ in range(n)])
+                    conn.commit()   # never left idle in a transaction between batches
+                    self.enqueued += n
+                except psycopg.Error:
+                    self.errors += 1
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+            lag = (time.monotonic() - start) - self.enqueued / self.rate
+            self.max_lag_s = max(self.max_lag_s, lag)
+            next_at = start + (self.enqueued + max(1.0, self.rate * self.interval)) / self.rate
+            self.stop.wait(max(0.0, min(self.interval, next_at - time.monotonic())))
+        if conn is not None:
+            conn.close()
+
+
 class IdleTx(threading.Thread):
     """A session idle in a transaction that holds an xid: the vacuum horizon stays put."""
 
@@ -301,20 +399,192 @@ class IdleTx(threading.Thread):
         self.url, self.hold = url, hold
         self.stop = threading.Event()
         self.held = 0.0
+        self.started_at: float | None = None    # epoch when the xid was taken
+        self.released_at: float | None = None
 
     def run(self) -> None:
         try:
             with psycopg.connect(self.url, application_name="chaos-idle-tx") as conn:
                 conn.execute("SELECT txid_current()")
                 started = time.monotonic()
+                self.started_at = time.time()
                 self.stop.wait(self.hold)
                 self.held = time.monotonic() - started
                 conn.rollback()
+                self.released_at = time.time()
         except psycopg.Error as exc:
             log(f"idle-in-transaction holder ended: {exc}")
 
 
+class RRReaders:
+    """Overlapping REPEATABLE READ readers: each holds a snapshot (the vacuum horizon).
+
+    Reader i opens its transaction ``i * stagger`` s after the start and re-runs
+    ``sql`` in it every ``interval`` s (the snapshot is the first query's) until
+    stopped; with ``renew`` it commits and takes a new snapshot every ``renew`` s.
+    """
+
+    def __init__(self, url: str, n: int, stagger: float, interval: float, sql: str,
+                 renew: float | None = None) -> None:
+        self.url, self.n, self.stagger, self.interval = url, n, stagger, interval
+        self.sql, self.renew = sql, renew
+        self.stop = threading.Event()
+        self.started_at: float | None = None    # the first snapshot
+        self.released_at: float | None = None   # the last one let go
+        self.snapshots = 0
+        self.queries: list[float] = []           # seconds per reader query
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True,
+                                          name=f"chaos-rr-{i}") for i in range(n)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(timeout=max(0.1, deadline - time.monotonic()))
+        self.released_at = time.time()
+
+    def _run(self, i: int) -> None:
+        if self.stop.wait(i * self.stagger):
+            return
+        try:
+            with psycopg.connect(self.url, application_name=f"chaos-rr-reader-{i}") as conn:
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                while not self.stop.is_set():
+                    opened = time.monotonic()
+                    first = True
+                    while not self.stop.is_set():
+                        t = time.monotonic()
+                        conn.execute(self.sql.encode()).fetchall()
+                        with self._lock:
+                            self.queries.append(time.monotonic() - t)
+                            if first:
+                                self.snapshots += 1
+                                if self.started_at is None:
+                                    self.started_at = time.time()
+                        first = False
+                        if self.renew and time.monotonic() - opened >= self.renew:
+                            break
+                        self.stop.wait(self.interval)
+                    conn.rollback()
+        except psycopg.Error as exc:
+            with self._lock:
+                self.errors.append(f"reader {i}: {exc}")
+            log(f"REPEATABLE READ reader {i} ended: {exc}")
+
+
+class Sampler(threading.Thread):
+    """Every ``interval`` s: the backlog, running events, dead tuples, xmin age."""
+
+    def __init__(self, url: str, interval: float, t0: float,
+                 fed: Any = None) -> None:
+        super().__init__(daemon=True, name="chaos-sampler")
+        self.url, self.interval, self.t0, self.fed = url, interval, t0, fed
+        self.samples: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+
+    SQL = (
+        "SELECT (SELECT count(*) FROM conveyor.events WHERE state = 'pending' AND run_at <= now()),"
+        " (SELECT extract(epoch FROM now() - min(run_at)) FROM conveyor.events"
+        "   WHERE state = 'pending' AND run_at <= now()),"
+        " (SELECT count(*) FROM conveyor.events WHERE state = 'running'),"
+        " (SELECT coalesce(max(greatest(age(backend_xmin), age(backend_xid))), 0)"
+        "   FROM pg_stat_activity WHERE datname = current_database()),"
+        " (SELECT extract(epoch FROM now() - min(xact_start)) FROM pg_stat_activity"
+        "   WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        "   AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)),"
+        " n_dead_tup, n_live_tup, autovacuum_count"
+        " FROM pg_stat_user_tables WHERE relname = 'events' AND schemaname = 'conveyor'")
+
+    def run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        while True:
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5,
+                                           application_name=RUNNER_APP)
+                t = time.time()
+                row = conn.execute(self.SQL.encode()).fetchone()
+                if row is not None:
+                    self.samples.append({
+                        "t": round(t - self.t0, 1), "pending": int(row[0]),
+                        "oldest_pending_s": _r(float(row[1]), 2) if row[1] is not None else 0.0,
+                        "running": int(row[2]), "xmin_age": int(row[3]),
+                        "oldest_xact_s": _r(float(row[4]), 1) if row[4] is not None else None,
+                        "dead_tuples": int(row[5]), "live_tuples": int(row[6]),
+                        "autovacuums": int(row[7]),
+                        "fed": self.fed() if self.fed else None,
+                        "query_ms": round((time.time() - t) * 1000, 1)})
+            except psycopg.Error:
+                if conn is not None:
+                    conn.close()
+                conn = None
+            if self.stop.wait(self.interval):
+                break
+        if conn is not None:
+            conn.close()
+
+
+class ClaimProber(threading.Thread):
+    """Times the worker's own claim statement (``event_claim``), rolled back every time.
+
+    Same query text and parameters the worker builds from the router; the claimed
+    rows are locked for the few milliseconds it takes and then released.
+    """
+
+    def __init__(self, url: str, interval: float, limit: int, claim_filter: dict[str, Any]
+                 ) -> None:
+        super().__init__(daemon=True, name="chaos-claim-prober")
+        from conveyor.db.named_queries import Queries
+
+        self.url, self.interval = url, interval
+        self.sql = Queries("conveyor")["event_claim"]
+        self.params = {**claim_filter, "all_tenants": True, "tenants": [], "limit": limit,
+                       "owner": str(uuid.uuid4()), "lease_ttl": 30.0}
+        self.samples: list[tuple[float, float, int]] = []   # (epoch, ms, rows)
+        self.errors = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        while not self.stop.wait(self.interval):
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.url, connect_timeout=5,
+                                           application_name=RUNNER_APP)
+                    conn.execute("SET statement_timeout = '30s'")
+                    conn.commit()
+                t = time.time()
+                p0 = time.perf_counter()
+                rows = conn.execute(self.sql, self.params).fetchall()
+                ms = (time.perf_counter() - p0) * 1000
+                conn.rollback()
+                self.samples.append((t, ms, len(rows)))
+            except psycopg.Error:
+                self.errors += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
+
 # ------------------------------------------------------------------------ run
+
+def claim_filter_for(app: str) -> dict[str, Any]:
+    """The topic filter the workers' router puts in their claim (every topic if unknown)."""
+    try:
+        from conveyor.cli.commands import load_router
+
+        return load_router(app).claim_filter()
+    except Exception as exc:  # noqa: BLE001 - only the probe's filter is at stake
+        log(f"claim probe: cannot load {app} ({exc}); probing every topic")
+        return {"all_topics": True, "topics": [], "prefixes": []}
+
 
 def terminate_worker_backends(url: str) -> int:
     rows = query(url, "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -379,14 +649,25 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
         raise RuntimeError("the workers did not all connect within 60 s")
     log(f"{args.workers} workers listening after {up:.1f}s")
     t0 = time.time()
-    feeder = None
-    if not args.upfront:
+    feeder: Feeder | RateFeeder | None = None
+    if args.rate:
+        feeder = RateFeeder(url, args.rate, args.feed_interval, payload, total=args.events)
+        feeder.start()
+    elif not args.upfront:
         low = args.backlog or max(1000, 4 * slots)
         feeder = Feeder(url, args.events, low, 2 * low, payload)
         feeder.start()
     prober = Prober(url, args.probe_interval) if args.probe_interval > 0 else None
     if prober:
         prober.start()
+    sampler = Sampler(url, args.sample_interval, t0,
+                      fed=(lambda: feeder.enqueued) if feeder is not None else None)
+    sampler.start()
+    claimer = None
+    if args.claim_probe_interval > 0:
+        claimer = ClaimProber(url, args.claim_probe_interval, args.claim_probe_limit,
+                              claim_filter_for(args.app))
+        claimer.start()
 
     fault_start = t0 + args.baseline
     fault_end = fault_start + args.duration
@@ -394,6 +675,7 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
     drain_deadline = after_end + args.drain_timeout
     next_at = {i: fault_start + (p or 0) for i, (_, p) in enumerate(faults)}
     idle: IdleTx | None = None
+    readers: RRReaders | None = None
     respawn_at: list[float] = []
     dead_max = 0
     xmin_age_max = 0
@@ -411,6 +693,9 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
             log("phase after")
             if idle is not None:
                 idle.stop.set()
+            if readers is not None:
+                readers.stop.set()
+                readers.join(timeout=30)   # the snapshots are let go when this returns
         if phase == "after" and now >= after_end:
             phase = "drain"
             log("phase drain (no more enqueuing)")
@@ -423,7 +708,14 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
                     idle.start()
                     log("idle-in-transaction holder started")
                     continue
-                if kind == "idle_tx" or now < next_at[i]:
+                if kind == "rr_readers" and readers is None:
+                    readers = RRReaders(url, args.rr_readers, args.rr_stagger, args.rr_interval,
+                                        args.rr_query, renew=period)
+                    readers.start()
+                    log(f"{args.rr_readers} REPEATABLE READ readers starting, "
+                        f"{args.rr_stagger:g}s apart")
+                    continue
+                if kind in ("idle_tx", "rr_readers") or now < next_at[i]:
                     continue
                 next_at[i] = now + (period or 0)
                 if kind == "kill":
@@ -476,6 +768,14 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
         idle.stop.set()
         idle.join(timeout=5)
         result["idle_tx_held_s"] = round(idle.held, 1)
+    if readers is not None and readers.released_at is None:
+        readers.stop.set()
+        readers.join(timeout=60)
+    sampler.stop.set()
+    sampler.join(timeout=60)
+    if claimer is not None:
+        claimer.stop.set()
+        claimer.join(timeout=60)
     if prober and prober.sent:
         # the last probes may still be on their way
         time.sleep(1.0)
@@ -510,6 +810,15 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
             "SELECT floor((extract(epoch FROM finished_at) - %s) / 5)::int * 5, count(*) "
             "FROM public.conveyor_ledger WHERE outcome = 'succeeded' GROUP BY 1 ORDER BY 1",
             (t0,)).fetchall()
+        # queue wait (committed -> first start) of the work events, by minute of enqueueing
+        wait_minutes = conn.execute(
+            "SELECT floor((extract(epoch FROM created_at) - %s) / 60)::int * 60, count(*), "
+            "percentile_cont(0.5) WITHIN GROUP (ORDER BY w), "
+            "percentile_cont(0.95) WITHIN GROUP (ORDER BY w), max(w) FROM ("
+            " SELECT e.created_at, extract(epoch FROM min(l.started_at) - e.created_at) AS w"
+            " FROM conveyor.events e JOIN public.conveyor_ledger l ON l.event_id = e.id"
+            " WHERE e.topic = 'chaos.work' GROUP BY e.id, e.created_at) AS x "
+            "GROUP BY 1 ORDER BY 1", (t0,)).fetchall()
     rescued = [float(at) - fleet.deaths[pid] for pid, at in rescues if pid in fleet.deaths]
     probes = [starts[i] - sent for i, sent in (prober.sent.items() if prober else []) if i in starts]
     for r in result["restarts"]:
@@ -551,8 +860,163 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
         "unexpected_worker_exits": fleet.exits,
         "timeline_5s": [[int(b), int(n)] for b, n in buckets],
         "feeder_errors": feeder.errors if feeder else 0,
+        "queue_wait_by_minute": {
+            "columns": ["t", "n", "p50_s", "p95_s", "max_s"],
+            "rows": [[int(b), int(n), _r(float(p50)), _r(float(p95)), _r(float(mx))]
+                     for b, n, p50, p95, mx in wait_minutes]},
     })
+    pin_start = (idle.started_at if idle else None) or (readers.started_at if readers else None)
+    pin_end = (idle.released_at if idle else None) or (readers.released_at if readers else None)
+    if (idle or readers) and pin_start is None:
+        log("the pin never started (see above)")
+    windows = {"baseline": (t0, fault_start),
+               "pinned" if pin_start else "faults": (pin_start or fault_start,
+                                                     pin_end or min(fault_end, end)),
+               "after": (pin_end or fault_end, min(after_end, end)),
+               "drain": (after_end, end)}
+    result.update(timeseries_report(args, t0, windows, sampler, claimer, prober, starts, feeder))
+    if idle or readers:
+        result["pin"] = pin_report(args, t0, windows, pin_start, pin_end, fleet, result,
+                                   readers)
     return result
+
+
+def _stats(values: list[float], digits: int = 1) -> dict[str, Any]:
+    return {"n": len(values), "p50": _r(percentile(values, 50), digits),
+            "p95": _r(percentile(values, 95), digits), "p99": _r(percentile(values, 99), digits),
+            "max": _r(max(values), digits) if values else None}
+
+
+def timeseries_report(args: argparse.Namespace, t0: float,
+                      windows: dict[str, tuple[float, float]], sampler: Sampler,
+                      claimer: ClaimProber | None, prober: Prober | None,
+                      starts: dict[int, float], feeder: Any) -> dict[str, Any]:
+    """Claim latency, probe pickup, backlog, dead tuples and xmin age, per phase."""
+    rate = args.rate or None
+    claims = claimer.samples if claimer else []
+    probes = [(sent, starts[i] - sent) for i, sent in (prober.sent.items() if prober else [])
+              if i in starts]
+    out: dict[str, Any] = {"phases": {}, "claim_ms_by_minute": {
+        "columns": ["t", "n", "p50", "p95", "max"], "rows": []}}
+    for name, (a, b) in windows.items():
+        if b <= a:
+            continue
+        ss = [x for x in sampler.samples if a - t0 <= x["t"] < b - t0]
+        ph: dict[str, Any] = {
+            "from_s": round(a - t0, 1), "to_s": round(b - t0, 1),
+            "claim_ms": _stats([ms for t, ms, _ in claims if a <= t < b]),
+            "probe_pickup_ms": _stats([d * 1000 for t, d in probes if a <= t < b]),
+        }
+        if ss:
+            ph.update({
+                "pending_max": max(x["pending"] for x in ss),
+                "pending_mean": round(sum(x["pending"] for x in ss) / len(ss), 1),
+                "oldest_pending_max_s": max(x["oldest_pending_s"] for x in ss),
+                "dead_tuples_max": max(x["dead_tuples"] for x in ss),
+                "xmin_age_max": max(x["xmin_age"] for x in ss),
+            })
+            if rate:
+                ph["backlog_work_max_s"] = round(ph["pending_max"] / rate, 1)
+            fed = [x["fed"] for x in ss if x["fed"] is not None]
+            if len(ss) > 1 and len(fed) == len(ss) and ss[-1]["t"] > ss[0]["t"]:
+                ph["fed_per_s"] = round((fed[-1] - fed[0]) / (ss[-1]["t"] - ss[0]["t"]), 1)
+        out["phases"][name] = ph
+    if claims:
+        by_min: dict[int, list[float]] = {}
+        for t, ms, _ in claims:
+            by_min.setdefault(int((t - t0) // 60) * 60, []).append(ms)
+        out["claim_ms_by_minute"]["rows"] = [
+            [m, len(v), _r(percentile(v, 50), 1), _r(percentile(v, 95), 1), _r(max(v), 1)]
+            for m, v in sorted(by_min.items())]
+    cols = ["t", "pending", "oldest_pending_s", "running", "dead_tuples", "live_tuples",
+            "xmin_age", "oldest_xact_s", "autovacuums", "fed", "query_ms"]
+    out["samples"] = {"interval_s": args.sample_interval, "columns": cols,
+                      "rows": [[x[c] for c in cols] for x in sampler.samples]}
+    if isinstance(feeder, RateFeeder):
+        out["feed"] = {"rate": args.rate, "enqueued": feeder.enqueued,
+                       "max_lag_s": round(feeder.max_lag_s, 2), "errors": feeder.errors}
+    out["claim_probe_errors"] = claimer.errors if claimer else None
+    return out
+
+
+def pin_report(args: argparse.Namespace, t0: float, windows: dict[str, tuple[float, float]],
+               pin_start: float | None, pin_end: float | None, fleet: Fleet,
+               result: dict[str, Any], readers: RRReaders | None) -> dict[str, Any]:
+    """The vacuum-horizon pin: the workers' alert, the backlog's recovery, the verdicts."""
+    rate = args.rate or None
+    out: dict[str, Any] = {
+        "kind": "rr_readers" if readers else "idle_tx",
+        "started_s": _r(pin_start - t0, 1) if pin_start else None,
+        "released_s": _r(pin_end - t0, 1) if pin_end else None,
+        "held_s": _r(pin_end - pin_start, 1) if pin_start and pin_end else None,
+        "horizon_alert_after": args.horizon_alert or "worker default (120s)",
+    }
+    if readers:
+        out["rr"] = {"readers": readers.n, "stagger_s": readers.stagger,
+                     "snapshots": readers.snapshots, "query": readers.sql,
+                     "query_s": _stats(readers.queries, 3), "errors": readers.errors}
+    # The workers' own alert, from their JSON logs (ts to the second).
+    lines = worker_log_actions(fleet, {"horizon_pinned", "horizon_released"})
+    pinned = [x for x in lines if x["action"] == "horizon_pinned"]
+    released = [x for x in lines if x["action"] == "horizon_released"]
+    during = [x for x in pinned if pin_start and x["at"] is not None
+              and pin_start - 1 <= x["at"] <= (pin_end or 1e18) + 1]
+    after_release = [x["at"] for x in released
+                     if pin_end and x["at"] is not None and x["at"] >= pin_end - 1]
+    out["alert"] = {
+        "first_after_pin_s": _r(during[0]["at"] - pin_start, 0) if during else None,
+        "first_reported_age_s": during[0].get("seconds") if during else None,
+        "first_holder": during[0].get("holder") if during else None,
+        "first_dead_rows": during[0].get("dead_rows") if during else None,
+        "workers_alerted": sorted({x["worker"] for x in during}),
+        "workers": len(fleet.workers),
+        "alerts_during_pin": len(during),
+        "alerts_outside_pin": [{k: x.get(k) for k in ("worker", "ts", "holder", "seconds")}
+                               for x in pinned if x not in during],
+        "released_logged_after_s": (
+            _r(min(after_release) - pin_end, 0) if pin_end and after_release else None),
+        "released_lines": len(released),
+        "messages": [{k: x.get(k) for k in ("worker", "ts", "level", "action", "holder", "seconds",
+                                             "dead_rows", "message")} for x in lines[:40]],
+    }
+    # Backlog back to its baseline level after the release: pending <= the
+    # baseline's maximum (at least 1 s of work) and the oldest pending event no
+    # older than the baseline's oldest (at least 2 s).
+    samples = result["samples"]["rows"]
+    base = result["phases"].get("baseline", {})
+    limit_pending = max(base.get("pending_max", 0), rate or 0)
+    limit_age = max(base.get("oldest_pending_max_s", 0.0), 2.0)
+    cleared = None
+    pinned_phase = result["phases"].get("pinned", {})
+    built_up = (pinned_phase.get("pending_max", 0) > limit_pending
+                or pinned_phase.get("oldest_pending_max_s", 0.0) > limit_age)
+    if pin_end:
+        rel = pin_end - t0
+        for row in samples:
+            t, pending, oldest = row[0], row[1], row[2]
+            if t >= rel and pending <= limit_pending and oldest <= limit_age:
+                cleared = round(t - rel, 1)
+                break
+    out["backlog"] = {"built_up_during_pin": built_up,
+                      "clear_when": {"pending_at_most": limit_pending,
+                                     "oldest_pending_at_most_s": limit_age},
+                      "cleared_after_release_s": cleared}
+    # Verdicts against the plan's R13 row.
+    claim_p95 = pinned_phase.get("claim_ms", {}).get("p95")
+    work_max = pinned_phase.get("backlog_work_max_s")
+    held = (claim_p95 is not None and claim_p95 < 50.0 and work_max is not None
+            and work_max < 60.0)
+    alert = out["alert"]["first_after_pin_s"]
+    out["verdict"] = {
+        "claim_p95_below_50ms_and_backlog_below_60s_of_work": held,
+        "alert_within_5_min": alert is not None and alert <= 300,
+        "stress_criterion_met": held or (alert is not None and alert <= 300),
+        "backlog_cleared_within_10_min": cleared is not None and cleared <= 600,
+        "worker_session_timeouts": "not checked by this runner (another session's settings "
+                                   "are not visible from outside); see "
+                                   "tests/worker/test_pooler_horizon.py",
+    }
+    return out
 
 
 def _r(value: float | None, digits: int = 3) -> float | None:
@@ -597,7 +1061,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=16, help="slots per worker (default 16)")
-    p.add_argument("--events", type=int, default=10_000, help="events to enqueue at most")
+    p.add_argument("--events", type=int, default=None,
+                   help="events to enqueue at most (default 10000; with --rate: no limit)")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="feed this many events/s on a fixed schedule instead of a backlog")
+    p.add_argument("--feed-interval", type=parse_seconds, default=0.1,
+                   help="with --rate: one batch this often (default 0.1s)")
     p.add_argument("--upfront", action="store_true", help="enqueue everything before starting")
     p.add_argument("--backlog", type=int, default=0, help="pending events the feeder keeps")
     p.add_argument("--handler-ms", default="0-20", help="handler sleep range, ms (default 0-20)")
@@ -614,6 +1083,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-interval", type=parse_seconds, default=5.0)
     p.add_argument("--probe-interval", type=parse_seconds, default=1.0,
                    help="a high-priority probe event this often; 0: none")
+    p.add_argument("--horizon-alert", metavar="DURATION|off",
+                   help="passed to the workers (default: the worker's own, 120s)")
+    p.add_argument("--rr-readers", type=int, default=4, help="readers of the rr_readers fault")
+    p.add_argument("--rr-stagger", type=parse_seconds, default=15.0,
+                   help="rr_readers: seconds between the readers' starts (default 15s)")
+    p.add_argument("--rr-interval", type=parse_seconds, default=10.0,
+                   help="rr_readers: each reader re-runs its query this often (default 10s)")
+    p.add_argument("--rr-query", default="SELECT count(*) FROM conveyor.events",
+                   help="rr_readers: the readers' query")
+    p.add_argument("--sample-interval", type=parse_seconds, default=5.0,
+                   help="backlog / dead tuples / xmin age sampled this often (default 5s)")
+    p.add_argument("--claim-probe-interval", type=parse_seconds, default=1.0,
+                   help="time a rolled-back claim statement this often; 0: never (default 1s)")
+    p.add_argument("--claim-probe-limit", type=int, default=16,
+                   help="the timed claim's batch size (default 16, one worker's slots)")
     p.add_argument("--app", default=APP, help="the workers' router; it must record to the ledger "
                                               f"(default {APP})")
     p.add_argument("--database-url", help="use this server (a fresh database is created on it) "
@@ -627,6 +1111,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("restart faults need the private embedded server (no --database-url)")
     if faults and not args.duration:
         p.error("faults need --duration")
+    if args.rate and args.upfront:
+        p.error("--rate and --upfront exclude each other")
+    if args.events is None and not args.rate:
+        args.events = 10_000
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -703,6 +1191,28 @@ def print_report(r: dict[str, Any]) -> None:
         f"SIGTERM exit codes {r['sigterm_exit_codes']}",
         f"verdict: {'OK' if c['ok'] and not r['unexpected_worker_exits'] else 'FAIL'}",
     ]
+    if r.get("feed"):
+        f = r["feed"]
+        lines.append(f"feed: {f['rate']:g}/s target, {f['enqueued']} enqueued, "
+                     f"max lag {f['max_lag_s']}s, {f['errors']} errors")
+    for name, ph in r.get("phases", {}).items():
+        lines.append(
+            f"{name:>8} [{ph['from_s']}s-{ph['to_s']}s]: claim ms {ph['claim_ms']}; probe pickup ms "
+            f"p50 {ph['probe_pickup_ms']['p50']} p95 {ph['probe_pickup_ms']['p95']}; pending max "
+            f"{ph.get('pending_max')} ({ph.get('backlog_work_max_s')}s of work), oldest "
+            f"{ph.get('oldest_pending_max_s')}s; dead tuples max {ph.get('dead_tuples_max')}, "
+            f"xmin age max {ph.get('xmin_age_max')}; fed/s {ph.get('fed_per_s')}")
+    if r.get("pin"):
+        pin, al = r["pin"], r["pin"]["alert"]
+        lines.append(
+            f"pin {pin['kind']}: {pin['started_s']}s -> {pin['released_s']}s (held {pin['held_s']}s);"
+            f" worker alert {al['first_after_pin_s']}s after the pin (reported age "
+            f"{al['first_reported_age_s']}s, {len(al['workers_alerted'])}/{al['workers']} workers, "
+            f"{al['alerts_during_pin']} lines, {len(al['alerts_outside_pin'])} outside the pin); "
+            f"released logged {al['released_logged_after_s']}s after the release")
+        lines.append(f"backlog cleared {pin['backlog']['cleared_after_release_s']}s after the "
+                     f"release (built up: {pin['backlog']['built_up_during_pin']}); "
+                     f"verdict {pin['verdict']}")
     print("\n".join(lines))
     for key in ("lost_examples", "unexplained_examples", "overlap_examples"):
         if c.get(key):
