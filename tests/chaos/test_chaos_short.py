@@ -1,4 +1,4 @@
-"""R1, R3, R6 and R7 of the reliability plan, short enough for CI (about 2 minutes together).
+"""R1, R3, R6, R7 and R13 of the reliability plan, short enough for CI (about 4 minutes together).
 
 Each test runs ``benchmarks/chaos.py`` (real ``conveyor worker`` processes, a
 private embedded PostgreSQL in a temp dir, the ledger router) and checks its
@@ -76,3 +76,57 @@ def test_r6_short_server_restart_mid_drain(chaos: Chaos) -> None:
     # is proven deterministically by tests/acceptance/test_server_restart.py.
     if restart["first_probe_after_reconnect_s"] is not None:
         assert restart["probe_max_after_reconnect_s"] < 1.0
+
+
+# R13: the vacuum horizon pinned while events arrive at a steady rate. The worker
+# checks every min(30 s, threshold / 4), so its alert lands at most threshold +
+# interval after the pin; the margin covers a loaded 2-core box and the log's
+# one-second timestamps.
+HORIZON_ALERT = 10.0
+HORIZON_CHECK = min(30.0, HORIZON_ALERT / 4)
+ALERT_MARGIN = 5.0
+R13_RATE = 200
+
+
+def assert_pin_reported(report: dict[str, Any], holder: str) -> None:
+    assert_exactly_once_where_it_counts(report)
+    c = report["check"]
+    assert c["duplicated"] == 0 and c["retries"] == 0
+    feed = report["feed"]
+    assert feed["errors"] == 0 and feed["max_lag_s"] < 2.0
+    pin = report["pin"]
+    alert = pin["alert"]
+    assert alert["first_after_pin_s"] is not None, alert["messages"]
+    assert alert["first_after_pin_s"] <= HORIZON_ALERT + HORIZON_CHECK + ALERT_MARGIN
+    # the worker measures the holder's age itself: never before the threshold
+    assert alert["first_reported_age_s"] >= HORIZON_ALERT
+    assert holder in alert["first_holder"]
+    assert len(alert["workers_alerted"]) == alert["workers"]      # every worker checks
+    assert alert["alerts_outside_pin"] == []                       # no false alarm
+    assert alert["released_logged_after_s"] is not None
+    assert alert["released_logged_after_s"] <= HORIZON_CHECK + ALERT_MARGIN
+    pinned = report["phases"]["pinned"]
+    assert pinned["xmin_age_max"] > 0
+    assert pinned["dead_tuples_max"] > report["phases"]["baseline"]["dead_tuples_max"]
+    assert pin["backlog"]["cleared_after_release_s"] is not None
+
+
+def test_r13a_short_idle_in_transaction_pin_raises_the_worker_alert(chaos: Chaos) -> None:
+    report = chaos("--workers", "2", "--rate", str(R13_RATE), "--baseline", "10",
+                   "--duration", "40", "--faults", "idle_tx", "--after", "15",
+                   "--horizon-alert", f"{HORIZON_ALERT:g}s", "--handler-ms", "0-20",
+                   "--drain-timeout", "60", timeout=200)
+    assert_pin_reported(report, "chaos-idle-tx, idle in transaction")
+    assert report["pin"]["held_s"] >= 38
+    assert report["feed"]["enqueued"] >= R13_RATE * (10 + 40 + 15) * 0.95
+
+
+def test_r13b_short_repeatable_read_readers_raise_the_worker_alert(chaos: Chaos) -> None:
+    report = chaos("--workers", "2", "--rate", str(R13_RATE), "--baseline", "5",
+                   "--duration", "30", "--faults", "rr_readers", "--rr-readers", "4",
+                   "--rr-stagger", "3", "--rr-interval", "2", "--after", "10",
+                   "--horizon-alert", f"{HORIZON_ALERT:g}s", "--handler-ms", "0-20",
+                   "--drain-timeout", "60", timeout=200)
+    assert_pin_reported(report, "chaos-rr-reader-0")     # the oldest snapshot is named
+    rr = report["pin"]["rr"]
+    assert rr["snapshots"] == 4 and rr["errors"] == []
