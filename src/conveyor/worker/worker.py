@@ -405,9 +405,11 @@ class Worker:
         """Claim up to ``want`` events and start them; ``None`` after a database error."""
         try:
             conn = await self._fetch_conn.get()
+            # Binary results: the server skips formatting ids and timestamps as
+            # text and the client skips parsing them (5 % of a 1000-row claim).
             cur = await bounded(conn, conn.execute(self._q["event_claim"], {
                 **self._filter, "limit": want, "owner": self.id,
-                "lease_ttl": self.config.lease_ttl}), self.config.query_timeout,
+                "lease_ttl": self.config.lease_ttl}, binary=True), self.config.query_timeout,
                 stopping=self._stopping)
             rows = await cur.fetchall()
         except StopRequested:
