@@ -25,6 +25,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from conveyor.cli.main import main
+from conveyor.schema.migrator import load_migrations
 
 REPO = Path(__file__).resolve().parents[1]
 UNREACHABLE = "postgresql://root@127.0.0.1:1/x"
@@ -105,7 +106,9 @@ def enqueue(run: Run, *args: str) -> int:
 def test_migrate_applies_then_reports_up_to_date(empty_db: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _invoke(capsys, ["--database-url", empty_db, "migrate"])
-    assert (code, out) == (0, "applied 0001_initial\n")
+    assert (code, out) == (0, "".join(f"applied {m.version:04d}_{m.name}\n"
+                                      for m in load_migrations()))
+    assert [m.name for m in load_migrations()][:2] == ["initial", "failed_index"]
     code, out, _ = _invoke(capsys, ["--database-url", empty_db, "migrate"])
     assert (code, out) == (0, "schema 'conveyor' is up to date\n")
     assert row(empty_db, "SELECT count(*) FROM conveyor.events") == (0,)

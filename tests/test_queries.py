@@ -108,8 +108,9 @@ def test_event_insert_returns_new_id_and_nothing_on_key_conflict(db: Conn) -> No
 def test_insert_many_uses_reserved_ids_and_skips_key_conflicts(db: Conn) -> None:
     sequence = db.execute(Q["event_sequence"], {"table": Q.events_table}).fetchone()
     assert sequence == ("conveyor.events_id_seq",)
-    ids = [r[0] for r in db.execute(Q["event_reserve_ids"],
-                                    {"sequence": sequence[0], "count": 3})]
+    reserved = db.execute(Q["event_reserve_ids"], {"sequence": sequence[0], "count": 3}).fetchall()
+    assert len(reserved) == 1            # one array, not a row per id
+    ids = reserved[0][0]
     assert len(set(ids)) == 3 and ids == sorted(ids)
     _insert(db, key="taken")
     inserted = db.execute(Q["event_insert_many_ids"], {
@@ -334,16 +335,41 @@ def test_prune_deletes_old_finished_rows_in_bounded_batches(db: Conn) -> None:
     assert len(ids) - 2 == db.execute("SELECT count(*) FROM conveyor.events").fetchone()[0]  # type: ignore[index]
 
 
-@exercises("status_counts", "status_oldest_pending")
-def test_status_queries_count_and_age(db: Conn) -> None:
-    assert db.execute(Q["status_oldest_pending"]).fetchone() == (None,)
-    old = _insert(db, "a")
-    _insert(db, "a")
+@exercises("status_open_counts", "status_oldest_due_age")
+def test_status_open_counts_and_age(db: Conn) -> None:
+    assert db.execute(Q["status_oldest_due_age"]).fetchone() == (None,)
+    old = _insert(db, "a", tenant="acme")
+    _insert(db, "a", tenant="acme")
     _insert(db, "b", delay=999)
+    running, failed, done = _insert(db, "c"), _insert(db, "d"), _insert(db, "e")
     db.execute("UPDATE conveyor.events SET run_at = now() - interval '30 s' WHERE id = %s",
                (old,))
-    assert db.execute(Q["status_counts"]).fetchall() == [("a", "pending", 2), ("b", "pending", 1)]
-    assert db.execute(Q["status_oldest_pending"]).fetchone() == (30,)
+    _claim(db, _owner(), topics=["c"], all_topics=False)
+    db.execute("UPDATE conveyor.events SET state = 'failed', finished_at = now() WHERE id = %s",
+               (failed,))
+    db.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = now()"
+               " WHERE id = %s", (done,))
+    assert running is not None
+    counts = sorted(db.execute(Q["status_open_counts"]).fetchall(), key=str)
+    assert counts == sorted([("a", "acme", "pending", 2), ("b", None, "pending", 1),
+                             ("c", None, "running", 1), ("d", None, "failed", 1)], key=str)
+    assert db.execute(Q["status_oldest_due_age"]).fetchone() == (30,)
+
+
+@exercises("status_finished_sample", "status_table_estimate")
+def test_status_finished_sample_and_table_estimate(db: Conn) -> None:
+    for topic in ("a", "a", "b"):
+        event_id = _insert(db, topic)
+        db.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = now()"
+                   " WHERE id = %s", (event_id,))
+    _insert(db, "p")
+    sample = db.execute(Q["status_finished_sample"], {"limit": 2}).fetchall()
+    assert sum(n for _, _, n in sample) == 2          # stops at the limit
+    sample = sorted(db.execute(Q["status_finished_sample"], {"limit": 10}).fetchall())
+    assert sample == [("succeeded", "a", 2), ("succeeded", "b", 1)]
+    row = db.execute(Q["status_table_estimate"],
+                     {"schema": "conveyor", "table": Q.events_table}).fetchone()
+    assert row is not None and row[0] is not None and row[0] >= 0
 
 
 # ------------------------------------------------------------------ workers
@@ -378,14 +404,19 @@ def test_clock_now_is_the_database_clock(db: Conn) -> None:
     assert local is not None and abs(row[0] - local[0]) < 5
 
 
-@exercises("status_pending_pairs")
-def test_status_pending_pairs_lists_each_pending_topic_and_tenant_once(db: Conn) -> None:
-    for topic, tenant in [("a", "acme"), ("a", "acme"), ("a", None), ("b", "globex")]:
-        _insert(db, topic, tenant=tenant)
-    done = _insert(db, "c", tenant="acme")
-    db.execute("UPDATE conveyor.events SET state = 'cancelled' WHERE id = %s", (done,))
-    pairs = sorted(db.execute(Q["status_pending_pairs"]).fetchall(), key=str)
-    assert pairs == sorted([("a", "acme"), ("a", None), ("b", "globex")], key=str)
+@exercises("horizon_oldest", "events_dead_rows")
+def test_horizon_oldest_names_the_oldest_open_transaction(db: Conn, server_url: str) -> None:
+    dbname = db.info.dbname
+    with psycopg.connect(server_url, dbname=dbname, application_name="pinner") as pinner:
+        pinner.execute("SELECT txid_current()")
+        time.sleep(0.3)
+        row = db.execute(Q["horizon_oldest"]).fetchone()
+        assert row is not None
+        kind, who, seconds, xid_age = row
+        assert kind == "session" and "pinner" in who and "idle in transaction" in who
+        assert seconds >= 0.3 and xid_age >= 1
+    dead = db.execute(Q["events_dead_rows"], {"table": Q.events_table}).fetchone()
+    assert dead is not None and dead[0] >= 0
 
 
 @exercises("worker_unregister", "worker_prune_dead")
@@ -547,7 +578,7 @@ HOT_QUERIES: dict[str, tuple[dict[str, Any], str | None]] = {
     "event_settle_many": ({"ids": [1], "attempts": [1], "states": ["failed"], "delays": [None],
                            "refunds": [0], "errors": ["x"], "tracebacks": [None],
                            "owner": str(uuid.UUID(int=1))}, None),
-    "status_oldest_pending": ({}, "events_claim_idx"),
+    "status_oldest_due_age": ({}, "events_claim_idx"),
 }
 
 

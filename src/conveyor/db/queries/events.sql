@@ -235,21 +235,3 @@ WITH doomed AS (
 DELETE FROM {schema}.events AS e
 USING doomed
 WHERE e.id = doomed.id
-
--- name: status_counts
-SELECT topic, state, count(*)
-FROM {schema}.events
-GROUP BY topic, state
-ORDER BY topic, state
-
--- name: status_pending_pairs
--- The (topic, tenant) pairs that have pending events, to tell which no live
--- worker may claim. Reads only pending rows, through the claim index.
-SELECT DISTINCT topic, tenant
-FROM {schema}.events
-WHERE state = 'pending'
-
--- name: status_oldest_pending
-SELECT extract(epoch FROM now() - min(run_at))::float8
-FROM {schema}.events
-WHERE state = 'pending' AND run_at <= now()

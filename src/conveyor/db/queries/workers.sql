@@ -32,13 +32,14 @@ SELECT extract(epoch FROM clock_timestamp())::float8
 -- name: horizon_oldest
 -- Who holds back the vacuum horizon of this database the longest: a session
 -- with an open snapshot or transaction id, or a prepared transaction. Rows
--- that died after its snapshot cannot be removed while it lasts.
+-- that died after its snapshot cannot be removed while it lasts. Ages are
+-- taken at this statement, not at the start of the caller's transaction.
 SELECT kind, who, seconds, xid_age
 FROM (
     SELECT 'session' AS kind,
            format('pid %s (%s, %s)', pid,
                   COALESCE(NULLIF(application_name, ''), usename::text), state) AS who,
-           extract(epoch FROM now() - xact_start)::float8 AS seconds,
+           extract(epoch FROM statement_timestamp() - xact_start)::float8 AS seconds,
            COALESCE(age(backend_xmin), age(backend_xid)) AS xid_age
     FROM pg_stat_activity
     WHERE datname = current_database()
@@ -47,7 +48,7 @@ FROM (
       AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
     UNION ALL
     SELECT 'prepared transaction', gid,
-           extract(epoch FROM now() - prepared)::float8, age(transaction)
+           extract(epoch FROM statement_timestamp() - prepared)::float8, age(transaction)
     FROM pg_prepared_xacts
     WHERE database = current_database()
 ) AS holders
