@@ -36,7 +36,9 @@ class HorizonHolder:
 
     kind: str              # "session" or "prepared transaction"
     who: str               # "pid 123 (app, idle in transaction)" or the prepared gid
-    seconds: float         # how long its transaction has been open
+    # How long its transaction has been open; where this role cannot read the
+    # start time, how long the worker has seen it (a lower bound).
+    seconds: float
     xid_age: int | None    # transactions since its snapshot
     dead_rows: int | None  # dead rows in the events table at the time
 
@@ -49,6 +51,7 @@ class Maintenance:
         self._owner = owner
         self._owned = owned
         self.horizon: HorizonHolder | None = None   # set while the alert stands
+        self._first_seen: dict[str, float] = {}    # holders whose start time is hidden
         self._horizon_reported = 0.0
         self.registration = {
             "id": owner, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
@@ -122,20 +125,31 @@ class Maintenance:
         limit = self._config.horizon_alert_after
         if limit is None:
             return None
-        cur = await conn.execute(self._q["horizon_oldest"])
-        row = await cur.fetchone()
-        if row is None or row[2] is None or row[2] < limit:
+        cur = await conn.execute(self._q["horizon_holders"])
+        rows = await cur.fetchall()
+        now = time.monotonic()
+        seen: dict[str, float] = {}
+        oldest: tuple[float, Any] | None = None
+        for row in rows:
+            seconds = row[2]
+            if seconds is None:
+                seen[row[4]] = self._first_seen.get(row[4], now)
+                seconds = now - seen[row[4]]
+            if oldest is None or seconds > oldest[0]:
+                oldest = (seconds, row)
+        self._first_seen = seen
+        if oldest is None or oldest[0] < limit:
             if self.horizon is not None:
                 log.info("vacuum horizon released (was held by %s for %.0fs)",
                          self.horizon.who, self.horizon.seconds,
                          extra={"action": "horizon_released"})
             self.horizon = None
             return None
+        seconds, row = oldest
         cur = await conn.execute(self._q["events_dead_rows"], {"table": self._q.events_table})
         dead = await cur.fetchone()
-        holder = HorizonHolder(kind=row[0], who=row[1], seconds=float(row[2]),
+        holder = HorizonHolder(kind=row[0], who=row[1], seconds=float(seconds),
                                xid_age=row[3], dead_rows=dead[0] if dead else None)
-        now = time.monotonic()
         if self.horizon is None or now - self._horizon_reported >= HORIZON_REPEAT:
             self._horizon_reported = now
             log.warning(

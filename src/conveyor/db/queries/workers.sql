@@ -29,31 +29,39 @@ ORDER BY started_at
 -- The database's clock, for workers to line their local timers up with run_at.
 SELECT extract(epoch FROM clock_timestamp())::float8
 
--- name: horizon_oldest
--- Who holds back the vacuum horizon of this database the longest: a session
--- with an open snapshot or transaction id, or a prepared transaction. Rows
--- that died after its snapshot cannot be removed while it lasts. Ages are
--- taken at this statement, not at the start of the caller's transaction.
-SELECT kind, who, seconds, xid_age
+-- name: horizon_holders
+-- Who may be holding back the vacuum horizon of this database, oldest first:
+-- sessions here with an open snapshot or transaction id, sessions anywhere in
+-- the cluster holding a transaction id (every snapshot taken here counts it as
+-- running, so it pins this database too), and prepared transactions. Vacuum's
+-- own snapshots hold nothing back. `seconds` is NULL where this role may not
+-- read the start time (another role's session without pg_read_all_stats);
+-- `key` then lets the worker time the holder from when it first saw it. Ages
+-- are taken at this statement, not at the start of the caller's transaction.
+SELECT kind, who, seconds, xid_age, key
 FROM (
     SELECT 'session' AS kind,
-           format('pid %s (%s, %s)', pid,
-                  COALESCE(NULLIF(application_name, ''), usename::text), state) AS who,
+           format('pid %s (%s%s%s)', pid,
+                  COALESCE(NULLIF(application_name, ''), usename::text, 'unknown'),
+                  COALESCE(', ' || state, ''),
+                  CASE WHEN datname IS DISTINCT FROM current_database()
+                       THEN ', database ' || datname ELSE '' END) AS who,
            extract(epoch FROM statement_timestamp() - xact_start)::float8 AS seconds,
-           COALESCE(age(backend_xmin), age(backend_xid)) AS xid_age
+           GREATEST(age(backend_xid), age(backend_xmin)) AS xid_age,
+           format('%s:%s', pid, COALESCE(backend_xid, backend_xmin)) AS key
     FROM pg_stat_activity
-    WHERE datname = current_database()
-      AND pid <> pg_backend_pid()
-      AND xact_start IS NOT NULL
-      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+    WHERE pid <> pg_backend_pid()
+      AND backend_type IS DISTINCT FROM 'autovacuum worker'
+      AND (backend_xid IS NOT NULL
+           OR (backend_xmin IS NOT NULL AND datname = current_database()))
     UNION ALL
-    SELECT 'prepared transaction', gid,
-           extract(epoch FROM statement_timestamp() - prepared)::float8, age(transaction)
+    SELECT 'prepared transaction', format('%s (database %s)', gid, database),
+           extract(epoch FROM statement_timestamp() - prepared)::float8, age(transaction),
+           'prepared:' || gid
     FROM pg_prepared_xacts
-    WHERE database = current_database()
 ) AS holders
-ORDER BY seconds DESC
-LIMIT 1
+ORDER BY seconds DESC NULLS FIRST, xid_age DESC
+LIMIT 20
 
 -- name: events_dead_rows
 SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relid = to_regclass(%(table)s)
