@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -14,12 +15,67 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from conveyor import BackoffPolicy, Router, Worker, WorkerConfig
 
 FAST_BACKOFF = BackoffPolicy(base_delay=0.01, max_delay=0.05, jitter=0.0)
+
+
+class _BackendKeySniffer:
+    """Reads the backend pid from the start of a server->client byte stream.
+
+    The proxy sees every byte, so it can tell which backend serves a proxied
+    connection without relying on the upstream socket (a Unix socket has no
+    client port). Before the startup packet the server may answer an
+    SSLRequest or GSSENCRequest with one unframed byte: ``N`` (go on in
+    clear), ``S`` or ``G`` (encrypted from here: nothing more to read). Then
+    come framed messages (type, int32 length counting itself, payload) up to
+    ReadyForQuery; BackendKeyData (``K``) carries the pid in its first four
+    bytes, in protocol 3.0 and 3.2 alike.
+    """
+
+    MAX_STARTUP_MESSAGE = 1 << 20
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.encrypted = False
+        self.done = False
+        self._negotiating = True
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        if self.done:
+            return
+        self._buffer += data
+        while not self.done and self._next():
+            pass
+
+    def _next(self) -> bool:
+        """Consume one answer or message if the buffer holds it whole; say whether it did."""
+        buffer = self._buffer
+        if not buffer:
+            return False
+        if self._negotiating and buffer[:1] in (b"N", b"S", b"G"):
+            self.encrypted = buffer[:1] != b"N"
+            self.done = self.encrypted
+            del buffer[:1]
+            return True
+        self._negotiating = False
+        if len(buffer) < 5:
+            return False
+        kind, length = buffer[:1], int.from_bytes(buffer[1:5], "big")
+        if length < 4 or length > self.MAX_STARTUP_MESSAGE:
+            self.done = True            # not a startup exchange we understand
+            return False
+        if len(buffer) < 1 + length:
+            return False
+        if kind == b"K" and length >= 8:
+            self.pid = int.from_bytes(buffer[5:9], "big")
+        self.done = kind in (b"K", b"Z", b"E")
+        del buffer[:1 + length]
+        return True
 
 
 class _Pipe:
@@ -30,20 +86,23 @@ class _Pipe:
         self.client = client
         self.upstream = upstream
         self.holed = False          # drop every byte both ways, close nothing
+        self.sniffer = _BackendKeySniffer()
         self.tasks: list[asyncio.Task[None]] = []
 
     @property
-    def upstream_port(self) -> int:
-        """The local port of the proxy's connection to the server (= the backend's client_port)."""
-        return int(self.upstream[1].get_extra_info("sockname")[1])
+    def backend_pid(self) -> int | None:
+        """The pid of the server backend behind this connection (``pg_stat_activity.pid``)."""
+        return self.sniffer.pid
 
     async def pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                   proxy: BlackHoleProxy) -> None:
+                   proxy: BlackHoleProxy, sniffer: _BackendKeySniffer | None = None) -> None:
         try:
             while True:
                 data = await reader.read(65536)
                 if not data:
                     break
+                if sniffer is not None:
+                    sniffer.feed(data)
                 if self.holed or proxy.all_holed:
                     if proxy.mode == "drop":
                         proxy.dropped_bytes += len(data)
@@ -66,10 +125,28 @@ class _Pipe:
             t.cancel()
 
 
+def _socket_path(host: str, port: int) -> str | None:
+    """The Unix socket libpq would use for ``host``/``port``, or None for TCP.
+
+    As in libpq, a host starting with ``/`` is a socket directory and one
+    starting with ``@`` a directory in Linux's abstract namespace.
+    """
+    if host.startswith("/"):
+        return os.path.join(host, f".s.PGSQL.{port}")
+    if host.startswith("@"):
+        return "\0" + os.path.join(host[1:], f".s.PGSQL.{port}")
+    return None
+
+
 class BlackHoleProxy:
     """A loopback TCP proxy in front of PostgreSQL (pg-boss ``halfOpenProxy`` shape).
 
-    ``hole(port)`` makes one connection half-open: bytes both ways are read and
+    The proxy listens on 127.0.0.1 TCP and dials the server over TCP, or over
+    its Unix socket when ``target_host`` is a socket directory (the embedded
+    server listens on a socket only). Connections are named by their backend
+    pid, read from the server's BackendKeyData as it passes through.
+
+    ``hole(pid)`` makes one connection half-open: bytes both ways are read and
     discarded, nothing is closed, so the peer's kernel keeps ACKing and
     keepalives succeed: only an application-level timeout can notice.
     ``all_holed`` does it to every connection, new ones included (they hang in
@@ -80,6 +157,7 @@ class BlackHoleProxy:
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
+        self.unix_path = _socket_path(target_host, target_port)
         self.mode = "drop"          # or "stall": hold the bytes and deliver them on heal()
         self.healed = asyncio.Event()
         self.pipes: list[_Pipe] = []
@@ -92,23 +170,32 @@ class BlackHoleProxy:
         self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         self.port = int(self.server.sockets[0].getsockname()[1])
 
+    async def _dial(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.unix_path is not None:
+            return await asyncio.open_unix_connection(self.unix_path)
+        return await asyncio.open_connection(*self.target)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up = await asyncio.wait_for(asyncio.open_connection(*self.target), 5)
+            up = await asyncio.wait_for(self._dial(), 5)
         except (OSError, TimeoutError):
             writer.close()
             return
         pipe = _Pipe((reader, writer), up)
         self.pipes.append(pipe)
         pipe.tasks = [asyncio.create_task(pipe.pump(reader, up[1], self)),
-                      asyncio.create_task(pipe.pump(up[0], writer, self))]
+                      asyncio.create_task(pipe.pump(up[0], writer, self, pipe.sniffer))]
 
-    def hole(self, upstream_port: int) -> _Pipe:
+    def hole(self, backend_pid: int) -> _Pipe:
+        """Black-hole the connection served by backend ``backend_pid`` (``pg_stat_activity.pid``)."""
         for pipe in self.pipes:
-            if pipe.upstream_port == upstream_port:
+            if pipe.backend_pid == backend_pid:
                 pipe.holed = True
                 return pipe
-        raise AssertionError(f"no proxied connection with upstream port {upstream_port}")
+        known = [pipe.backend_pid for pipe in self.pipes]
+        encrypted = sum(pipe.sniffer.encrypted for pipe in self.pipes)
+        raise AssertionError(f"no proxied connection to backend {backend_pid}; "
+                             f"proxied backends: {known} ({encrypted} encrypted, unreadable)")
 
     def black_hole_all(self, mode: str = "drop") -> None:
         self.mode = mode
@@ -133,11 +220,13 @@ class BlackHoleProxy:
 
 @pytest.fixture
 async def proxy(fresh_db: str) -> AsyncIterator[BlackHoleProxy]:
-    params = conninfo_to_dict(fresh_db)
-    host = str(params.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        pytest.skip("the proxy needs a TCP server URL")
-    p = BlackHoleProxy(host, int(params.get("port") or 5432))
+    # Ask libpq where the server is rather than parse the URL: it resolves the
+    # defaults (PGHOST, PGPORT, the compiled-in port a socket-only URL relies on).
+    async with await psycopg.AsyncConnection.connect(fresh_db, connect_timeout=10) as conn:
+        info = conn.info
+        host = info.host if _socket_path(info.host, info.port) else (info.hostaddr or info.host)
+        port = info.port
+    p = BlackHoleProxy(host, port)
     await p.start()
     try:
         yield p
@@ -146,7 +235,10 @@ async def proxy(fresh_db: str) -> AsyncIterator[BlackHoleProxy]:
 
 
 def via(url: str, proxy: BlackHoleProxy) -> str:
-    return make_conninfo(url, host="127.0.0.1", port=str(proxy.port))
+    # In clear: the proxy reads each connection's backend pid from the stream.
+    # hostaddr too, or a hostaddr in the URL would bypass the proxy.
+    return make_conninfo(url, host="127.0.0.1", hostaddr="127.0.0.1", port=str(proxy.port),
+                         sslmode="disable", gssencmode="disable")
 
 
 def fast_config(**overrides: Any) -> WorkerConfig:

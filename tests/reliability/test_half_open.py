@@ -16,15 +16,15 @@ from conveyor import AsyncCommittingProducer, Event, NewEvent, Worker
 
 from .conftest import BlackHoleProxy, fast_config, query, router_for, running, state_counts, via, wait_until
 
-LISTEN_PORT = ("SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
-               "AND application_name = 'conveyor-listen' AND query ILIKE 'LISTEN%%'")
+LISTEN_PID = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+              "AND application_name = 'conveyor-listen' AND query ILIKE 'LISTEN%%'")
 
 
-async def _listen_port(url: str) -> int:
+async def _listen_pid(url: str) -> int:
     async def found() -> bool:
-        return bool(await query(url, LISTEN_PORT))
+        return bool(await query(url, LISTEN_PID))
     await wait_until(found, timeout=5, what="the LISTEN session")
-    return int((await query(url, LISTEN_PORT))[0]["client_port"])
+    return int((await query(url, LISTEN_PID))[0]["pid"])
 
 
 async def _enqueue(url: str, topic: str, n: int = 1) -> list[int]:
@@ -43,9 +43,9 @@ async def _half_open_listener(fresh_db: str, proxy: BlackHoleProxy, ping: float,
                     fast_config(listener_ping_interval=ping, poll_interval=poll))
     figures: dict[str, float] = {}
     async with running(worker):
-        port = await _listen_port(fresh_db)
+        pid = await _listen_pid(fresh_db)
         await asyncio.sleep(0.3)
-        proxy.hole(port)
+        proxy.hole(pid)
         holed_at = time.monotonic()
         # Events keep arriving while the listener is deaf: the poll must start them.
         latencies = []
@@ -234,8 +234,8 @@ async def _noop(event: Event) -> None:
     return None
 
 
-ROLE_PORT = ("SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
-             "AND application_name = %s")
+ROLE_PID = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s")
 
 
 @pytest.mark.parametrize("role", [
@@ -262,9 +262,9 @@ async def test_one_half_open_worker_connection_is_replaced_within_query_timeout(
         async def going() -> bool:
             return len(handled) >= 40
         await wait_until(going, timeout=10, what="the drain to get going")
-        rows = await query(fresh_db, ROLE_PORT, (f"conveyor-{role}",))
+        rows = await query(fresh_db, ROLE_PID, (f"conveyor-{role}",))
         assert len(rows) == 1
-        proxy.hole(int(rows[0]["client_port"]))
+        proxy.hole(int(rows[0]["pid"]))
         holed_at = time.monotonic()
 
         async def replaced() -> bool:
