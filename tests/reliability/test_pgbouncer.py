@@ -19,7 +19,9 @@ under test.
   describes that product bug). With ``--listen-url`` pointing straight at
   PostgreSQL a worker hears NOTIFY and wakes at once.
 * Migrations, producers (single INSERT, INSERT batch, COPY batch) and the
-  admin API work through the pooler.
+  admin API work through the pooler on connections without prepared
+  statements; ``CommittingProducer``, which opens its own connection with
+  psycopg's defaults, does not (a second strict xfail).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from conveyor import Admin, NewEvent, Producer
+from conveyor import Admin, CommittingProducer, NewEvent, Producer
 from conveyor.schema.migrator import Migrator, latest_version
 from conveyor.testing.ledger import LEDGER_URL_ENV, CheckReport, check, create_ledger
 from conveyor.worker.listener import PROBE_TIMEOUT
@@ -549,3 +551,41 @@ def test_migrations_producers_and_admin_work_through_the_pooler(
         b.rollback()
     config = {r["key"]: r["value"] for r in bouncer.admin("SHOW CONFIG")}
     assert config["pool_mode"] == "transaction"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "product bug: CommittingProducer (and AsyncCommittingProducer) open their own connection "
+    "with psycopg's default prepare_threshold=5 and offer no way to change it (the constructor "
+    "takes only conninfo and config), so behind PgBouncer in transaction mode (< 1.21, or "
+    "max_prepared_statements = 0) the 6th and later enqueues run a prepared statement on "
+    "whichever server connection the transaction got: 'prepared statement \"_pg3_0\" does "
+    "not exist' (measured: 16-21 of 200 enqueues failed with 3 other clients on a 4-connection "
+    "pool). Fix in src/conveyor/producer.py: accept connection options (e.g. "
+    "CommittingProducer(conninfo, config, *, prepare_threshold=5) or **connect_kwargs passed "
+    "to connect()/connect_async()), or a ProducerConfig(transaction_pooler=True) that connects "
+    "with prepare_threshold=None"))
+def test_a_committing_producer_enqueues_through_the_pooler(bouncer: PgBouncer, fresh_db: str) -> None:
+    pooled = bouncer.url(fresh_db)
+    stop = threading.Event()
+
+    def other_client() -> None:        # other clients' transactions move ours between servers
+        with pooled_connect(pooled, autocommit=True) as conn:
+            while not stop.is_set():
+                conn.execute("SELECT pg_sleep(0.003)")
+
+    others = [threading.Thread(target=other_client) for _ in range(3)]
+    for t in others:
+        t.start()
+    failures: list[str] = []
+    try:
+        with CommittingProducer(pooled) as producer:
+            for n in range(200):
+                try:
+                    producer.enqueue("r19.committing", {"n": n})
+                except Exception as exc:  # noqa: BLE001 - counted below
+                    failures.append(str(exc))
+    finally:
+        stop.set()
+        for t in others:
+            t.join(timeout=10)
+    assert not failures, f"{len(failures)} of 200 enqueues failed, the first: {failures[0]}"
