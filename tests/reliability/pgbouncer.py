@@ -91,9 +91,11 @@ class PgBouncer:
             are used; every database name is passed through).
         pool_size: server connections per (database, user). Defaults to 4.
         max_client_conn: client connections accepted at most. Defaults to 200.
+        pool_mode: ``transaction`` or ``session``. Defaults to ``transaction``.
     """
 
-    def __init__(self, server_url: str, *, pool_size: int = 4, max_client_conn: int = 200) -> None:
+    def __init__(self, server_url: str, *, pool_size: int = 4, max_client_conn: int = 200,
+                 pool_mode: str = "transaction") -> None:
         binary = find_pgbouncer()
         if binary is None:
             raise RuntimeError(
@@ -105,6 +107,7 @@ class PgBouncer:
         self.target = server_target(server_url)
         self.pool_size = pool_size
         self.max_client_conn = max_client_conn
+        self.pool_mode = pool_mode
         self.dir = Path(tempfile.mkdtemp(prefix="conveyor-pgbouncer-"))
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -127,7 +130,7 @@ class PgBouncer:
             f"auth_file = {d / 'users.txt'}",
             f"admin_users = {t.user}",
             f"stats_users = {t.user}",
-            "pool_mode = transaction",
+            f"pool_mode = {self.pool_mode}",
             f"default_pool_size = {self.pool_size}",
             "min_pool_size = 0",
             "reserve_pool_size = 0",
