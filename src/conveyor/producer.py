@@ -28,7 +28,7 @@ from typing import Any, Self
 import psycopg
 
 from conveyor.config import ProducerConfig
-from conveyor.db.connect import connect, connect_async
+from conveyor.db.connect import connect_for_statements, connect_for_statements_async
 from conveyor.db.execute import run, run_async
 from conveyor.db.named_queries import Queries, queries_for
 from conveyor.errors import DatabaseError, InvalidInputError
@@ -469,7 +469,7 @@ class CommittingProducer:
         self._conn: psycopg.Connection[Any] | None = None
 
     def __enter__(self) -> Self:
-        self._conn = connect(self._conninfo, autocommit=True)
+        self._conn = connect_for_statements(self._conninfo, autocommit=True)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -483,7 +483,7 @@ class CommittingProducer:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self._conninfo, autocommit=True)
+            self._conn = connect_for_statements(self._conninfo, autocommit=True)
         return self._conn
 
     def enqueue(self, topic: str, payload: Any = None, **options: Any) -> int:
@@ -514,7 +514,7 @@ class AsyncCommittingProducer:
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     async def __aenter__(self) -> Self:
-        self._conn = await connect_async(self._conninfo, autocommit=True)
+        self._conn = await connect_for_statements_async(self._conninfo, autocommit=True)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -528,7 +528,7 @@ class AsyncCommittingProducer:
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = await connect_async(self._conninfo, autocommit=True)
+            self._conn = await connect_for_statements_async(self._conninfo, autocommit=True)
         return self._conn
 
     async def enqueue(self, topic: str, payload: Any = None, **options: Any) -> int:

@@ -13,15 +13,15 @@ under test.
 * R3 through the pooler: a random worker is SIGKILLed every 2 s and replaced;
   nothing is lost and orphans run again within the lease bound.
 * A worker started through the pooler *without* ``--transaction-pooler``
-  logs the ``listen_deaf`` warning. It should still drain by polling, but its
-  prepared statements collide on the shared server sessions, so claims and
-  acknowledgements fail and events run again and again (a strict xfail
-  describes that product bug). With ``--listen-url`` pointing straight at
-  PostgreSQL a worker hears NOTIFY and wakes at once.
+  finds the pooler on its first connection (``pooler_detected``: the backend
+  pid PgBouncer announces is not the server's), keeps no session state there,
+  logs the ``listen_deaf`` warning and drains every event once by polling.
+  With ``--listen-url`` pointing straight at PostgreSQL a worker hears NOTIFY
+  and wakes at once.
 * Migrations, producers (single INSERT, INSERT batch, COPY batch) and the
   admin API work through the pooler on connections without prepared
-  statements; ``CommittingProducer``, which opens its own connection with
-  psycopg's defaults, does not (a second strict xfail).
+  statements; ``CommittingProducer``, which opens its own connection, finds
+  the pooler the same way and prepares nothing.
 """
 
 from __future__ import annotations
@@ -422,23 +422,6 @@ def test_listen_through_the_pooler_is_reported_deaf(
     report("deaf listener", {"warned_after_start_s": round(warned_after, 1)})
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "product bug: without --transaction-pooler a worker behind PgBouncer in transaction mode "
-    "keeps psycopg prepared statements (ack connection prepare_threshold=0, fetch and upkeep "
-    "psycopg's default 5). Their per-connection names (_pg3_0, _pg3_1, ...) collide on the "
-    "shared server sessions: 'prepared statement \"_pg3_0\" already exists' (or 'does not "
-    "exist', or another client's statement run under that name): claims and maintenance fail "
-    "('claiming events failed', 'maintenance failed'), and the completer logs ack_failed and "
-    "leaves the batch to lease expiry, so events run again and again. Measured with a "
-    "4-connection pool and 300 events: 368-536 executions and 5-143 failed ack batches when it "
-    "drained, and in 1 run of 4 no drain at all (300 events still open after 60 s, 175 failed "
-    "ack batches, 1093 lease-expiry rescues). The listen probe notices the pooler about 10 s "
-    "after start but only warns, and its message says polling carries on as if nothing else "
-    "were wrong. Fix in src/conveyor/worker: on SQLSTATE 42P05 or 26000 from a worker "
-    "connection, or once the probe finds the listener deaf, switch every worker connection to "
-    "prepare_threshold=None (settable on a live psycopg connection) and stop applying session "
-    "settings, retry the failed acknowledgement batch instead of abandoning it, and log one "
-    "error naming --transaction-pooler (or refuse to run without it)"))
 def test_a_worker_not_told_of_the_pooler_still_drains_each_event_once_by_polling(
         server_url: str, ledger_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     # One server connection for every client: any two clients preparing a statement of
@@ -457,6 +440,8 @@ def test_a_worker_not_told_of_the_pooler_still_drains_each_event_once_by_polling
                 time.sleep(0.1)
         errors = [r for r in worker.records() if r.get("level") == "error"]
         assert not errors, f"{len(errors)} errors, the first: {errors[0]['message']}"
+        # It found the pooler on its first connection and kept no session state there.
+        assert worker.actions("pooler_detected"), worker.text()[-3000:]
         assert worker.terminate() == 0, worker.text()[-3000:]
         result = ledger_check(ledger_db)
         assert result.lost == 0 and result.duplicated == 0, result.summary()
@@ -557,17 +542,6 @@ def test_migrations_producers_and_admin_work_through_the_pooler(
     assert config["pool_mode"] == "transaction"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "product bug: CommittingProducer (and AsyncCommittingProducer) open their own connection "
-    "with psycopg's default prepare_threshold=5 and offer no way to change it (the constructor "
-    "takes only conninfo and config), so behind PgBouncer in transaction mode (< 1.21, or "
-    "max_prepared_statements = 0) the 6th and later enqueues run a prepared statement on "
-    "whichever server connection the transaction got: 'prepared statement \"_pg3_0\" does "
-    "not exist' (measured: 16-21 of 200 enqueues failed with 3 other clients on a 4-connection "
-    "pool). Fix in src/conveyor/producer.py: accept connection options (e.g. "
-    "CommittingProducer(conninfo, config, *, prepare_threshold=5) or **connect_kwargs passed "
-    "to connect()/connect_async()), or a ProducerConfig(transaction_pooler=True) that connects "
-    "with prepare_threshold=None"))
 def test_a_committing_producer_enqueues_through_the_pooler(bouncer: PgBouncer, fresh_db: str) -> None:
     pooled = bouncer.url(fresh_db)
     stop = threading.Event()

@@ -57,3 +57,43 @@ async def connect_async(conninfo: str, **extra: Any) -> psycopg.AsyncConnection[
         raise _unavailable(conninfo, exc) from exc
     except psycopg.ProgrammingError as exc:
         raise DatabaseUnavailableError(f"invalid database url: {exc}") from exc
+
+
+_BACKEND_PID = "SELECT pg_backend_pid()"
+
+
+def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
+    """Whether a pooler (PgBouncer and the like) stands between ``conn`` and PostgreSQL.
+
+    A pooler makes up the backend pid it announces to its clients (it has to
+    route their cancel requests), so it differs from the server's own.
+    """
+    row = conn.execute(_BACKEND_PID).fetchone()
+    return row is not None and row[0] != conn.info.backend_pid
+
+
+async def behind_pooler_async(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """The async mirror of :func:`behind_pooler`."""
+    cur = await conn.execute(_BACKEND_PID)
+    row = await cur.fetchone()
+    return row is not None and row[0] != conn.info.backend_pid
+
+
+def connect_for_statements(conninfo: str, **extra: Any) -> psycopg.Connection[Any]:
+    """A connection for Conveyor's own statements: no prepared statements behind a pooler.
+
+    In transaction pooling a prepared statement stays on whichever server
+    connection ran it, and the next transaction may land elsewhere.
+    """
+    conn = connect(conninfo, **extra)
+    if behind_pooler(conn):
+        conn.prepare_threshold = None
+    return conn
+
+
+async def connect_for_statements_async(conninfo: str, **extra: Any) -> psycopg.AsyncConnection[Any]:
+    """The async mirror of :func:`connect_for_statements`."""
+    conn = await connect_async(conninfo, **extra)
+    if await behind_pooler_async(conn):
+        conn.prepare_threshold = None
+    return conn

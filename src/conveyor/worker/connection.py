@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from conveyor.db.connect import connect_async
+from conveyor.db.connect import behind_pooler_async, connect_async
 from conveyor.errors import DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,35 @@ class Backoff:
         self.failures = 0
 
 
+class SessionMode:
+    """Whether session state (settings, prepared statements) may be kept on a URL.
+
+    Shared by a worker's connections to one URL. ``pooled`` is ``True`` when a
+    pooler stands between the worker and PostgreSQL, ``False`` when it does
+    not, and ``None`` until the first connection finds out: it compares the
+    backend pid the server reports with the one announced at connect time,
+    which a pooler (PgBouncer, and others) makes up for its own clients. In
+    transaction pooling a session setting or a prepared statement would stay
+    on whichever server connection ran it: settings would leak into other
+    clients' sessions, and statement names would collide.
+    """
+
+    def __init__(self, pooled: bool | None = None) -> None:
+        self.pooled = pooled
+
+    async def settle(self, conn: psycopg.AsyncConnection[Any], role: str) -> None:
+        if self.pooled is not None:
+            return
+        self.pooled = await behind_pooler_async(conn)
+        if self.pooled:
+            log.warning(
+                "the %s connection goes through a connection pooler (the server's backend pid "
+                "differs from the one announced at connect): the worker keeps no session "
+                "settings or prepared statements there, as with --transaction-pooler; pass that "
+                "flag to say so, and --listen-url for a direct LISTEN connection", role,
+                extra={"action": "pooler_detected", "role": role})
+
+
 class ManagedConnection:
     """A lazily (re)opened autocommit connection owned by one worker component.
 
@@ -132,7 +161,7 @@ class ManagedConnection:
 
     def __init__(self, conninfo: str, role: str, *, reconnect_min: float, reconnect_max: float,
                  stopping: asyncio.Event, settings: dict[str, str] | None = None,
-                 **connect_kwargs: Any) -> None:
+                 mode: SessionMode | None = None, **connect_kwargs: Any) -> None:
         self.conninfo = conninfo
         self.role = role
         self._conn: psycopg.AsyncConnection[Any] | None = None
@@ -142,6 +171,7 @@ class ManagedConnection:
         # Session settings applied after every (re)connect; set this way rather
         # than through "options" so a user's own options in the URL still apply.
         self._settings = dict(settings or {})
+        self._mode = mode or SessionMode(pooled=False)
         self.reconnects = 0
         self._ever_connected = False
         self._saw_down = False
@@ -161,8 +191,12 @@ class ManagedConnection:
                 conn = await connect_async(
                     self.conninfo, autocommit=True,
                     application_name=f"conveyor-{self.role}", **self._kwargs)
-                for name, value in self._settings.items():
-                    await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+                await self._mode.settle(conn, self.role)
+                if self._mode.pooled:
+                    conn.prepare_threshold = None
+                else:
+                    for name, value in self._settings.items():
+                        await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
                 self._conn = conn
             except CONNECTION_ERRORS as exc:
                 delay = self._backoff.next_delay()

@@ -66,11 +66,16 @@ class Listener:
                     self.connected.set()
                     self._start_probe()
                     self._on_connected()
+                    # Pinged once ping_interval has passed since the last traffic,
+                    # so a connection that goes half-open right after a
+                    # notification is noticed within ping_interval + ping_timeout.
+                    last_heard = loop.time()
                     while not stopping.is_set():
-                        heard = False
-                        wait = min(self._ping_interval, max(0.05, self._probe_due - loop.time()))
+                        now = loop.time()
+                        wait = max(0.05, min(last_heard + self._ping_interval,
+                                             self._probe_due) - now)
                         async for notify in conn.notifies(timeout=wait):
-                            heard = True
+                            last_heard = loop.time()
                             payload = notify.payload
                             if payload.startswith(PROBE_PREFIX):
                                 if payload == self._probe:
@@ -81,8 +86,10 @@ class Listener:
                             if stopping.is_set():
                                 break
                         self._check_probe(loop.time())
-                        if not heard and not stopping.is_set():
+                        if loop.time() - last_heard >= self._ping_interval \
+                                and not stopping.is_set():
                             await bounded(conn, conn.execute("SELECT 1"), self._ping_timeout)
+                            last_heard = loop.time()
                 except StopRequested:
                     break
                 except RECOVERABLE_ERRORS as exc:

@@ -39,6 +39,7 @@ from conveyor.worker.connection import (
     CONNECTION_ERRORS,
     RECOVERABLE_ERRORS,
     ManagedConnection,
+    SessionMode,
     StopRequested,
     bounded,
 )
@@ -138,20 +139,19 @@ class Worker:
         c = self.config
         statement_ms = str(int(c.query_timeout * 1000))
 
+        # Told of a transaction pooler, or finding one on the first connect, the
+        # worker keeps no session state on that URL (see SessionMode).
+        modes = {conninfo: SessionMode(pooled=True if c.transaction_pooler else None)}
+
         def managed(role: str, settings: dict[str, str] | None = None,
                     target: str = conninfo, **kwargs: Any) -> ManagedConnection:
-            if c.transaction_pooler and target == conninfo:
-                # Through a transaction pooler a session setting or a prepared
-                # statement stays on whichever server connection ran it, and
-                # would leak into other clients' sessions: keep none.
-                settings, kwargs["prepare_threshold"] = None, None
-            else:
-                settings = {"statement_timeout": statement_ms,
-                            "idle_in_transaction_session_timeout": IDLE_IN_TX_TIMEOUT,
-                            **(settings or {})}
+            settings = {"statement_timeout": statement_ms,
+                        "idle_in_transaction_session_timeout": IDLE_IN_TX_TIMEOUT,
+                        **(settings or {})}
             return ManagedConnection(target, role, reconnect_min=c.reconnect_min,
                                      reconnect_max=c.reconnect_max, stopping=self._stopping,
-                                     settings=settings, **kwargs)
+                                     settings=settings,
+                                     mode=modes.setdefault(target, SessionMode()), **kwargs)
         # Claims and acknowledgements commit asynchronously: one lost in a server
         # crash only makes its event run again, which at-least-once allows (the
         # event is still pending, or its lease expires and it is rescued). It
