@@ -115,11 +115,15 @@ class WorkerConfig:
             Defaults to 30.0.
         listen: keep a LISTEN connection so a committed event wakes the worker at
             once; ``False`` polls only (every ``poll_interval``). Defaults to ``True``.
-        transaction_pooler: the database URL goes through a transaction-pooling proxy
-            (PgBouncer with ``pool_mode = transaction``): the worker then keeps no
-            session state there (no session settings, no prepared statements) and
-            does not LISTEN through it; give the worker a direct ``listen_conninfo``
-            to keep instant wake-ups. Defaults to ``False``.
+        transaction_pooler: whether the database URL goes through a transaction-pooling
+            proxy (PgBouncer with ``pool_mode = transaction``). ``True``: the worker
+            keeps no session state there (no session settings, no prepared
+            statements) and does not LISTEN through it; give it a direct
+            ``listen_conninfo`` to keep instant wake-ups. ``False``: the URL reaches
+            PostgreSQL directly or through a session pooler, and the worker keeps
+            its session state. ``None``: the first connection finds out; a pooler
+            found there is treated as a transaction pooler (safe in either mode,
+            but slower in session mode) and named in a warning. Defaults to ``None``.
         horizon_alert_after: seconds a transaction may hold back PostgreSQL's vacuum
             horizon before the worker logs an alert (checked every quarter of that, at
             most every 30 s); dead rows of finished events pile up behind such a
@@ -146,14 +150,16 @@ class WorkerConfig:
     tenants: tuple[str, ...] | None = None
     query_timeout: float = QUERY_TIMEOUT_DEFAULT
     listen: bool = True
-    transaction_pooler: bool = False
+    transaction_pooler: bool | None = None
     horizon_alert_after: float | None = HORIZON_ALERT_DEFAULT
 
     def __post_init__(self) -> None:
         _schema(self.schema)
-        for name in ("listen", "transaction_pooler"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"expected {name} to be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.listen, bool):
+            raise ConfigError(f"expected listen to be True or False, got {self.listen!r}")
+        if self.transaction_pooler is not None and not isinstance(self.transaction_pooler, bool):
+            raise ConfigError("expected transaction_pooler to be True, False or None, "
+                              f"got {self.transaction_pooler!r}")
         if self.horizon_alert_after is not None:
             _positive("horizon_alert_after", self.horizon_alert_after)
         if self.tenants is not None:

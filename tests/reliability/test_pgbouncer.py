@@ -23,9 +23,9 @@ under test.
   statements; ``CommittingProducer``, which opens its own connection, finds
   the pooler the same way and prepares nothing.
 * In session mode a plain worker LISTENs through PgBouncer and runs each
-  event once; that it also keeps its session state there (no
-  ``pooler_detected`` warning) is a strict xfail: the detection cannot tell
-  session from transaction pooling yet.
+  event once. The detection cannot tell session from transaction pooling, so
+  a worker not told assumes transactions (``pooler_detected``);
+  ``--no-transaction-pooler`` keeps the session state without a warning.
 """
 
 from __future__ import annotations
@@ -526,31 +526,24 @@ def test_in_session_mode_a_plain_worker_listens_through_the_pooler_and_runs_each
     report("session mode", {"pickup_s": [round(p, 3) for p in pickups]})
 
 
-class SessionStateDropped(AssertionError):
-    """The worker gave up its session state where it could have kept it."""
-
-
-@pytest.mark.xfail(strict=True, raises=SessionStateDropped, reason=(
-    "product limitation: the pooler detection of e072e66 (SessionMode.settle: the backend pid "
-    "PgBouncer announces differs from pg_backend_pid()) fires in session mode too, where "
-    "session state is safe: the worker logs a pooler_detected WARNING telling the user to pass "
-    "--transaction-pooler (which would also turn off a LISTEN that works in session mode) and "
-    "drops synchronous_commit=off, the statement/idle/lock timeouts and prepared statements "
-    "(measured: about 30 % lower drain throughput with them dropped). Fix: tell the modes apart "
-    "before deciding, e.g. run pg_backend_pid() in two transactions while a second connection "
-    "holds a transaction (same pid: session pooling), or wait for the LISTEN probe (heard "
-    "through the pooler: session pooling), or give WorkerConfig a tri-state pooler setting "
-    "(auto / none / session / transaction) with a --session-pooler flag to opt out"))
-def test_in_session_mode_a_plain_worker_keeps_its_session_state_without_a_warning(
+def test_in_session_mode_detection_is_conservative_and_no_transaction_pooler_keeps_state(
         server_url: str, ledger_db: str, spawn: Callable[..., WorkerProcess]) -> None:
+    # The backend pid check cannot tell session from transaction pooling, so a
+    # worker not told assumes the unsafe one and says so; told
+    # --no-transaction-pooler, it keeps its session state and warns nothing.
     with private_bouncer(server_url, pool_size=8, pool_mode="session") as session:
-        worker = spawn(session.url(ledger_db), ledger_db, *worker_args("r19-session-state"))
-        wait_for_action(worker, "started", 20)
+        plain = spawn(session.url(ledger_db), ledger_db, *worker_args("r19-session-auto"))
+        told = spawn(session.url(ledger_db), ledger_db,
+                     *worker_args("r19-session-told", "--no-transaction-pooler"))
+        for worker in (plain, told):
+            wait_for_action(worker, "started", 20)
         time.sleep(0.5)
-        detected = worker.actions("pooler_detected")
-        assert worker.terminate() == 0, worker.text()[-3000:]
-        if detected:
-            raise SessionStateDropped(detected[0]["message"])
+        detected = plain.actions("pooler_detected")
+        assert detected and "--no-transaction-pooler" in detected[0]["message"]
+        assert told.actions("pooler_detected") == []
+        for worker in (plain, told):
+            assert worker.terminate() == 0, worker.text()[-3000:]
+            assert_clean_logs(worker)
 
 
 def test_migrations_producers_and_admin_work_through_the_pooler(

@@ -308,7 +308,13 @@ def register_worker(sub: Sub, env: Env) -> None:
                    default=env("TRANSACTION_POOLER"),
                    help="the database URL goes through PgBouncer in transaction mode (or a "
                         "similar pooler): keep no session state there and do not LISTEN through "
-                        "it [env CONVEYOR_TRANSACTION_POOLER=true]")
+                        "it [env CONVEYOR_TRANSACTION_POOLER=true] (default: find out on the "
+                        "first connection)")
+    p.add_argument("--no-transaction-pooler", dest="transaction_pooler", action="store_const",
+                   const="false",
+                   help="the database URL reaches PostgreSQL directly or through a session "
+                        "pooler: keep the worker's session state, skip the check "
+                        "[env CONVEYOR_TRANSACTION_POOLER=false]")
     p.add_argument("--listen-url", default=env("LISTEN_URL"), metavar="URL",
                    help="direct PostgreSQL URL for the LISTEN connection, bypassing the pooler "
                         "[env CONVEYOR_LISTEN_URL] (default: the database URL)")
@@ -322,7 +328,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def env_flag(raw: str | None, name: str, default: bool) -> bool:
+def env_flag(raw: str | None, name: str, default: bool | None) -> bool | None:
     """A boolean flag or CONVEYOR_<name>; anything but the usual spellings is refused by name."""
     if raw is None:
         return default
@@ -394,7 +400,7 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
             backoff=BackoffPolicy(base_delay=args.backoff_base,
                                   max_delay=max(args.backoff_max, args.backoff_base)),
             listen=env_flag(args.listen, "LISTEN", True),
-            transaction_pooler=env_flag(args.transaction_pooler, "TRANSACTION_POOLER", False),
+            transaction_pooler=env_flag(args.transaction_pooler, "TRANSACTION_POOLER", None),
             horizon_alert_after=(None if args.horizon_alert.strip().lower() == "off"
                                  else parse_duration(args.horizon_alert)))
     except ConfigError as exc:

@@ -136,6 +136,7 @@ class SessionMode:
     """
 
     def __init__(self, pooled: bool | None = None) -> None:
+        # None: not known yet (checked on the first connect); False is trusted.
         self.pooled = pooled
 
     async def settle(self, conn: psycopg.AsyncConnection[Any], role: str) -> None:
@@ -145,9 +146,10 @@ class SessionMode:
         if self.pooled:
             log.warning(
                 "the %s connection goes through a connection pooler (the server's backend pid "
-                "differs from the one announced at connect): the worker keeps no session "
-                "settings or prepared statements there, as with --transaction-pooler; pass that "
-                "flag to say so, and --listen-url for a direct LISTEN connection", role,
+                "differs from the one announced at connect): in case it pools transactions, "
+                "the worker keeps no session settings or prepared statements there; say "
+                "--transaction-pooler to confirm (and --listen-url for a direct LISTEN), or "
+                "--no-transaction-pooler if it pools whole sessions", role,
                 extra={"action": "pooler_detected", "role": role})
 
 

@@ -141,7 +141,7 @@ class Worker:
 
         # Told of a transaction pooler, or finding one on the first connect, the
         # worker keeps no session state on that URL (see SessionMode).
-        modes = {conninfo: SessionMode(pooled=True if c.transaction_pooler else None)}
+        modes = {conninfo: SessionMode(pooled=c.transaction_pooler)}
 
         def managed(role: str, settings: dict[str, str] | None = None,
                     target: str = conninfo, **kwargs: Any) -> ManagedConnection:
@@ -170,7 +170,8 @@ class Worker:
             "lock_timeout": str(LOCK_TIMEOUT_MS),
             "statement_timeout": str(int(max(c.query_timeout, PRUNE_TIMEOUT) * 1000))})
         listen_target = listen_conninfo or conninfo
-        self.listens = c.listen and not (c.transaction_pooler and listen_target == conninfo)
+        self.listens = c.listen and not (c.transaction_pooler is True
+                                         and listen_target == conninfo)
         self._listen_conn = managed("listen", target=listen_target)
         self.completer = Completer(self._ack_conn, self._q, self.id,
                                    flush_size=c.batch_size, interval=c.ack_interval,
