@@ -1145,9 +1145,13 @@ def main(argv: list[str] | None = None) -> int:
         logdir = base / "logs"
         logdir.mkdir()
         fleet = Fleet(url, args, logdir)
+        # what the workers run is what src/ holds when they start, not at the end
+        source = source_version()
         result = measure(url, args, fleet, server)
         result["logs"] = str(logdir) if args.keep else None
-        result["source"] = source_version()
+        result["source"] = source
+        if source_version() != source:
+            result["source_changed_during_run_to"] = source_version()
     finally:
         if fleet is not None:
             fleet.kill_all()
