@@ -18,6 +18,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from conveyor import ConfigError, Event, Worker
+from conveyor.worker.listener import PROBE_TIMEOUT
 
 from .conftest import enqueue, fast_config, query, router_for, running, wait_all_in
 
@@ -67,13 +68,17 @@ async def test_a_listen_that_hears_nothing_is_reported_and_polling_carries_on(
                               or "postgres")
     assert conninfo_to_dict(elsewhere)["dbname"] != conninfo_to_dict(db)["dbname"]
     caplog.set_level(logging.WARNING, logger="conveyor.worker.listener")
-    worker = Worker(db, _noop_router(), fast_config(poll_interval=0.3),
+    # A 30 s ping: the verdict must come from the probe's own 5 s timeout.
+    worker = Worker(db, _noop_router(), fast_config(poll_interval=0.3,
+                                                    listener_ping_interval=30.0),
                     listen_conninfo=elsewhere)
     async with running(worker):
-        deadline = time.monotonic() + 15
+        listening = time.monotonic()
+        deadline = listening + 15
         while worker.listener.hears is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert worker.listener.hears is False
+        assert time.monotonic() - listening < PROBE_TIMEOUT + 2.5
         event_id = await enqueue(db, "job.b")
         assert await wait_all_in(db, {"succeeded"}, timeout=5) == {event_id: "succeeded"}
     deaf = [r for r in caplog.records if getattr(r, "action", None) == "listen_deaf"]

@@ -106,7 +106,9 @@ class Listener:
         if self._send_probe is None:
             return
         payload = PROBE_PREFIX + uuid.uuid4().hex
-        self._probe, self._probe_due = payload, float("inf")
+        # Due from now, so the listener's first wait already ends at the verdict.
+        self._probe = payload
+        self._probe_due = asyncio.get_running_loop().time() + PROBE_TIMEOUT
         if self._probe_task is not None:
             self._probe_task.cancel()
         self._probe_task = asyncio.get_running_loop().create_task(self._probe_once(payload))
@@ -118,10 +120,11 @@ class Listener:
         except Exception as exc:  # noqa: BLE001 - a probe that could not be sent proves nothing
             log.debug("listener probe not sent: %s", exc)
             if self._probe == payload:
-                self._probe = None
+                self._probe, self._probe_due = None, float("inf")
             return
-        if self._probe == payload:   # not heard yet (it may already have been)
-            self._probe_due = asyncio.get_running_loop().time() + PROBE_TIMEOUT
+        if self._probe == payload:   # not heard yet: a slow send gets the full timeout
+            self._probe_due = max(self._probe_due,
+                                  asyncio.get_running_loop().time() + PROBE_TIMEOUT)
 
     def _check_probe(self, now: float) -> None:
         if self._probe is None or now < self._probe_due:
