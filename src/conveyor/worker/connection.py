@@ -196,9 +196,12 @@ class ManagedConnection:
                 await self._mode.settle(conn, self.role)
                 if self._mode.pooled:
                     conn.prepare_threshold = None
-                else:
-                    for name, value in self._settings.items():
-                        await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+                elif self._settings:
+                    # One round trip for all of them: a fleet reconnecting after a
+                    # restart, or a worker replacing a killed one, starts sooner.
+                    await conn.execute(
+                        "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(self._settings)),
+                        [part for item in self._settings.items() for part in item])
                 self._conn = conn
             except CONNECTION_ERRORS as exc:
                 delay = self._backoff.next_delay()
