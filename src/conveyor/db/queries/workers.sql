@@ -33,7 +33,8 @@ SELECT extract(epoch FROM clock_timestamp())::float8
 -- Who may be holding back the vacuum horizon of this database, oldest first:
 -- sessions here with an open snapshot or transaction id, sessions anywhere in
 -- the cluster holding a transaction id (every snapshot taken here counts it as
--- running, so it pins this database too), and prepared transactions. Vacuum's
+-- running, so it pins this database too), a standby's feedback, replication
+-- slots holding an xmin, and prepared transactions. Vacuum's
 -- own snapshots hold nothing back. `seconds` is NULL where this role may not
 -- read the start time (another role's session without pg_read_all_stats);
 -- `key` then lets the worker time the holder from when it first saw it. Ages
@@ -53,7 +54,14 @@ FROM (
     WHERE pid <> pg_backend_pid()
       AND backend_type IS DISTINCT FROM 'autovacuum worker'
       AND (backend_xid IS NOT NULL
-           OR (backend_xmin IS NOT NULL AND datname = current_database()))
+           OR (backend_xmin IS NOT NULL AND datname = current_database())
+           -- a standby's hot_standby_feedback arrives as its walsender's xmin
+           OR (backend_xmin IS NOT NULL AND backend_type = 'walsender'))
+    UNION ALL
+    SELECT 'replication slot', format('%s (%s)', slot_name, slot_type), NULL::float8,
+           age(xmin), format('slot:%s:%s', slot_name, xmin)
+    FROM pg_replication_slots
+    WHERE xmin IS NOT NULL
     UNION ALL
     SELECT 'prepared transaction', format('%s (database %s)', gid, database),
            extract(epoch FROM statement_timestamp() - prepared)::float8, age(transaction),
