@@ -124,6 +124,7 @@ class Worker:
         # Claimed and not yet acknowledged, by (event id, attempt): the same event
         # can be here twice when a lost attempt still runs and it was re-claimed.
         self._running: dict[tuple[int, int], _Running] = {}
+        self._deferred: list[list[Event]] = []     # claimed batches whose handlers start next round
         self._abandoned_threads = 0               # timed-out plain handlers still running
         self._active = 0                          # handlers still executing
         self._slot_freed = asyncio.Event()
@@ -278,6 +279,7 @@ class Worker:
     async def _shutdown(self, tasks: list[asyncio.Task[Any]],
                         completer: asyncio.Task[None]) -> None:
         self._stopping.set()
+        self._start_deferred()
         pending = [r.task for r in self._running.values()
                    if r.task is not None and not r.task.done()]
         if pending:
@@ -432,14 +434,19 @@ class Worker:
         for event in events:
             self._running[(event.id, event.attempt)] = _Running(event, None)
         if defer:
-            asyncio.get_running_loop().call_soon(self._start_all, events)
+            self._deferred.append(events)
+            asyncio.get_running_loop().call_soon(self._start_deferred)
         else:
             self._start_all(events)
         return events
 
+    def _start_deferred(self) -> None:
+        # Also called by _shutdown: claimed events start even when a stop came
+        # in between, so they finish within the shutdown timeout like the rest.
+        while self._deferred:
+            self._start_all(self._deferred.pop(0))
+
     def _start_all(self, events: list[Event]) -> None:
-        if self._stopping.is_set():
-            return  # still without a task: _shutdown hands them back untouched
         for event in events:
             running = self._running.get((event.id, event.attempt))
             if running is not None and running.task is None:
