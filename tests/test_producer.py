@@ -406,6 +406,121 @@ async def test_async_enqueue_bulk_mirrors_the_sync_one(fresh_db: str) -> None:
         assert [r[0] for r in await cur.fetchall()] == list(range(120))
 
 
+def test_enqueue_bulk_takes_topic_payload_pairs(
+    conn: psycopg.Connection[Any], statements: list[str],
+) -> None:
+    pairs = [(f"pair.t{i % 2}", {"i": i} if i % 3 else None) for i in range(100)]
+    assert Producer().enqueue_bulk(conn, iter(pairs)) == 100   # any iterable
+    assert len(statements) == 1 and statements[0].lstrip().upper().startswith("COPY")
+    rows = conn.execute("SELECT tenant, topic, payload, priority, max_attempts, state"
+                        " FROM conveyor.events ORDER BY id").fetchall()
+    assert rows == [(None, f"pair.t{i % 2}", {"i": i} if i % 3 else {}, 0, 5, "pending")
+                    for i in range(100)]
+
+
+def test_pairs_mix_with_events_and_mappings_in_every_batch_write(
+    conn: psycopg.Connection[Any],
+) -> None:
+    producer = Producer()
+    mixed: list[Any] = [("mix.a", 1), NewEvent(topic="mix.b", payload=2, priority=3),
+                        {"topic": "mix.c", "payload": 3, "tenant": "acme"}] * 30
+    assert producer.enqueue_bulk(conn, mixed) == 90            # full path: priority, tenant
+    ids = producer.enqueue_many(conn, mixed[:3])
+    rows = conn.execute("SELECT topic, payload, priority, tenant FROM conveyor.events"
+                        " WHERE id = ANY(%s) ORDER BY id", (ids,)).fetchall()
+    assert rows == [("mix.a", 1, 0, None), ("mix.b", 2, 3, None), ("mix.c", 3, 0, "acme")]
+    assert _count(conn) == 93
+
+
+@pytest.mark.parametrize("bad", [("only.topic",), ("t", 1, 2), ["t", 1], "t.x", 7])
+def test_a_batch_item_that_is_no_event_is_named_before_any_sql(
+    conn: psycopg.Connection[Any], bad: Any,
+) -> None:
+    events: list[Any] = [("ok", {})] * 70 + [bad]
+    for write in (Producer().enqueue_many, Producer().enqueue_bulk):
+        with pytest.raises(InvalidInputError,
+                           match=r"^event #70: expected NewEvent, a mapping or a \(topic, payload\) pair"):
+            write(conn, events)
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+@pytest.mark.parametrize(("label", "kwargs"), [c for c in [
+    ("new topic", {"topic": "bad topic"}), ("topic type", {"topic": 5}),
+    ("payload", {"payload": {"s": {1}}}), ("nul", {"payload": "\x00"}),
+    ("escaped nul", {"payload": {"k": "a\x00b"}}), ("surrogate", {"payload": "\ud800"}),
+    ("nan", {"payload": float("nan")}), ("too big", {"payload": "x" * 2000}),
+    ("too big, not ascii", {"payload": "\u00e9" * 600}),   # 600 characters, 1,202 bytes
+    ("too deep", {"payload": [[[[[[[[[[]]]]]]]]]]}),
+]], ids=lambda c: c if isinstance(c, str) else "")
+def test_a_bad_pair_is_refused_as_a_single_enqueue_refuses_it(
+    conn: psycopg.Connection[Any], label: str, kwargs: dict[str, Any],
+) -> None:
+    producer = Producer(ProducerConfig(max_payload_bytes=1000, max_payload_depth=8))
+    topic, payload = kwargs.get("topic", "known.pair"), kwargs.get("payload")
+    with pytest.raises(InvalidInputError) as single:
+        producer.enqueue(conn, topic, payload)
+    with pytest.raises(InvalidInputError) as batch:
+        producer.enqueue_bulk(conn, [("known.pair", {})] * 70 + [(topic, payload)])
+    assert str(batch.value) == f"event #70: {single.value}"
+    assert type(batch.value) is type(single.value)
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def test_a_refused_bulk_batch_inside_an_open_transaction_leaves_it_as_it_was(
+    conn: psycopg.Connection[Any],
+) -> None:
+    producer = Producer()
+    first = producer.enqueue(conn, "business.write", {"kept": True})
+    bad = [("tx.bulk", {"i": i}) for i in range(200)] + [("tx.bulk", {"s": {1}})]
+    with pytest.raises(InvalidInputError, match=r"^event #200: payload is not JSON"):
+        producer.enqueue_bulk(conn, bad)
+    assert conn.info.transaction_status == TransactionStatus.INTRANS   # not aborted
+    assert producer.enqueue_bulk(conn, bad[:200]) == 200               # still usable
+    assert conn.execute("SELECT topic, count(*) FROM conveyor.events GROUP BY 1 ORDER BY 1"
+                        ).fetchall() == [("business.write", 1), ("tx.bulk", 200)]
+    assert _rows(conn, [first])[0][2:4] == ("business.write", {"kept": True})
+
+
+def test_a_bulk_batch_that_begins_the_transaction_streams_and_a_refusal_rolls_it_back(
+    fresh_db: str,
+) -> None:
+    producer = Producer()
+    bad = [("own.bulk", {"i": i}) for i in range(5000)] + [("own.bulk", float("inf"))]
+    with psycopg.connect(fresh_db) as conn:
+        with pytest.raises(InvalidInputError, match="^event #5000: payload is not JSON"):
+            producer.enqueue_bulk(conn, bad)
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        # A non-plain event after streaming began: the stream is dropped and the
+        # whole batch takes the full path, in the same (still uncommitted) call.
+        mixed: list[Any] = bad[:5000] + [NewEvent(topic="own.bulk", tenant="acme")]
+        assert producer.enqueue_bulk(conn, mixed) == 5001
+        conn.commit()
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        with pytest.raises(InvalidInputError, match="^event #5000"):
+            producer.enqueue_bulk(conn, bad)                       # one COPY, abandoned
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        assert producer.enqueue_bulk(conn, bad[:100]) == 100
+        assert conn.execute("SELECT count(*), count(tenant) FROM conveyor.events"
+                            ).fetchone() == (5101, 1)
+
+
+async def test_async_bulk_refusals_leave_the_transaction_as_it_was(fresh_db: str) -> None:
+    producer = AsyncProducer()
+    bad = [("a.bulk", {"i": i}) for i in range(300)] + [("a.bulk", "\x00")]
+    async with await psycopg.AsyncConnection.connect(fresh_db) as aconn:
+        with pytest.raises(InvalidInputError, match="^event #300: payload contains a NUL"):
+            await producer.enqueue_bulk(aconn, bad)                 # streamed, rolled back
+        assert aconn.info.transaction_status == TransactionStatus.IDLE
+        await producer.enqueue(aconn, "a.first")
+        with pytest.raises(InvalidInputError, match="^event #300"):
+            await producer.enqueue_bulk(aconn, bad)                 # checked first
+        assert aconn.info.transaction_status == TransactionStatus.INTRANS
+        assert await producer.enqueue_bulk(aconn, bad[:300]) == 300
+        await aconn.commit()
+        cur = await aconn.execute("SELECT topic, count(*) FROM conveyor.events GROUP BY 1 ORDER BY 1")
+        assert await cur.fetchall() == [("a.bulk", 300), ("a.first", 1)]
+
+
 # A topic already seen valid takes the batch fast path; every other field must
 # still be checked there, exactly as a single enqueue checks it.
 FAST_PATH_BAD = [

@@ -251,20 +251,24 @@ def encode_payload(payload: object, *, max_bytes: int, max_depth: int) -> str:
         raise InvalidInputError(f"payload is not JSON-serialisable: {exc}") from None
     except RecursionError:
         raise PayloadTooLargeError("payload nests too deeply to serialise") from None
-    # Each level of nesting needs a bracket, so few brackets prove a shallow payload.
-    suspicious = text.count("[") + text.count("{") > max_depth or (
+    # Each level of nesting needs a bracket, so few brackets prove a shallow
+    # payload (and a text shorter than the limit cannot hold too many).
+    suspicious = (len(text) > max_depth and text.count("[") + text.count("{") > max_depth) or (
         "\\u0000" in text and _ESCAPED_NUL_RE.search(text) is not None)
-    try:
-        encoded = text.encode("utf-8")
-    except UnicodeEncodeError:
-        suspicious = True
-        encoded = b""
+    if text.isascii():  # O(1) in CPython; ASCII text is its own UTF-8
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            suspicious = True
+            size = 0
     if suspicious:
         _scan(payload, max_depth)  # raises, naming the value
-    if not encoded:
+    if not size:
         raise InvalidInputError("payload is not valid Unicode (lone surrogate)")
-    if len(encoded) > max_bytes:
+    if size > max_bytes:
         raise PayloadTooLargeError(
-            f"payload is {len(encoded)} bytes of JSON, the limit is {max_bytes} bytes"
+            f"payload is {size} bytes of JSON, the limit is {max_bytes} bytes"
         )
     return text

@@ -29,6 +29,7 @@ TARGETS: tuple[tuple[str, str, str, float], ...] = (
 RATIOS = {
     "enqueue_single_ratio": ("enqueue_single_per_s", "raw_single_per_s"),
     "enqueue_batch_ratio": ("enqueue_batch_per_s", "raw_copy_per_s"),
+    "enqueue_batch_in_tx_ratio": ("enqueue_batch_in_tx_per_s", "raw_copy_per_s"),
     "enqueue_batch_ids_ratio": ("enqueue_batch_ids_per_s", "raw_copy_per_s"),
     "drain_default_ratio": ("drain_default_per_s", "raw_drain_same_batch_per_s"),
     "drain_best_ratio": ("drain_best_per_s", "raw_drain_best_per_s"),
@@ -91,6 +92,8 @@ def format_table(result: dict[str, Any]) -> str:
         ("enqueue, 1000 events/tx (bulk)", _rate(r["enqueue_batch_per_s"]),
          _rate(r["raw_copy_per_s"]), "raw COPY", r["enqueue_batch_ratio"],
          _verdict(r, "enqueue_batch_ratio")),
+        ("enqueue, 1000 events/tx (bulk, tx open)", _rate(r["enqueue_batch_in_tx_per_s"]),
+         _rate(r["raw_copy_per_s"]), "raw COPY", r["enqueue_batch_in_tx_ratio"], ""),
         ("enqueue, 1000 events/tx (ids)", _rate(r["enqueue_batch_ids_per_s"]),
          _rate(r["raw_copy_per_s"]), "raw COPY",
          r["enqueue_batch_ids_ratio"], ""),

@@ -1,9 +1,11 @@
 """The whole benchmark in one run: what is measured, in which order, how often.
 
-Drains repeat ``reps`` times, Conveyor and the baselines interleaved, and the
-median is reported. The best Conveyor setting is searched by one drain per
-candidate (the default included); the winner is then drained ``reps - 1``
-more times and its median reported, next to the raw baseline at batch 1000.
+Drains at defaults repeat ``reps`` times, alternating with the raw loop at
+the same batch size, and the medians are reported. The best Conveyor setting
+is searched by one drain per candidate (the defaults' median included); the
+winner is then drained ``reps`` more times, alternating with the raw loop at
+batch 1000, and the two medians of that phase are compared. Every pair is
+measured side by side because the load on a shared machine drifts.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class Plan:
         # box); 5,000 pairs give a stable ratio without dominating the run.
         return cls(events=events, single_events=min(events, 5_000),
                    batch_events=max(events, 20_000),
-                   reps=3, candidates=((250, 500), (500, 1000), (1000, 1000), (1000, 2000)),
+                   reps=5, candidates=((250, 500), (500, 1000), (1000, 1000), (1000, 2000)),
                    wake_samples=200)
 
 
@@ -120,17 +122,19 @@ class Suite:
         self.say(f"enqueue, 1 event per transaction ({p.single_events:,} each)")
         single, raw_single = measure.enqueue_single(self.url, s, p.single_events)
         self.say(f"enqueue, 1000 events per transaction ({p.batch_events:,} each)")
-        batch, batch_ids, raw_copy = measure.enqueue_batch(self.url, s, p.batch_events)
+        batch, batch_in_tx, batch_ids, raw_copy = measure.enqueue_batch(
+            self.url, s, p.batch_events)
         for schema in s.all:
             scratch.reset(admin, schema)
-        default, raw_same, raw_best = self._drains(admin)
-        best_settings, best = self._best(admin, default)
+        default, raw_same = self._drains(admin)
+        best_settings, best, raw_best = self._best(admin, default)
         self.say(f"wake-up latency ({p.wake_samples} samples, idle worker at defaults)")
         wake = measure.wake_latency(admin, self.url, s, self.registry, samples=p.wake_samples,
                                     warmup=p.wake_warmup, gap=p.wake_gap)
         return {
             "enqueue_single_per_s": single, "raw_single_per_s": raw_single,
-            "enqueue_batch_per_s": batch, "enqueue_batch_ids_per_s": batch_ids,
+            "enqueue_batch_per_s": batch, "enqueue_batch_in_tx_per_s": batch_in_tx,
+            "enqueue_batch_ids_per_s": batch_ids,
             "raw_copy_per_s": raw_copy,
             "drain_default_per_s": _median(default),
             "raw_drain_same_batch_per_s": _median(raw_same),
@@ -175,23 +179,28 @@ class Suite:
         return measure.raw_drain(admin, self.url, self.schemas, self.plan.events, batch,
                                  self.registry)
 
-    def _drains(self, admin: psycopg.Connection[Any]) -> tuple[list[DrainRun], ...]:
+    def _drains(self, admin: psycopg.Connection[Any]) -> tuple[list[DrainRun], list[DrainRun]]:
+        """Defaults against the raw loop at the same batch size, alternating, first mover rotated."""
         self.say(f"drain {self.plan.events:,} no-op events x {self.plan.reps}")
         default: list[DrainRun] = []
         raw_same: list[DrainRun] = []
-        raw_best: list[DrainRun] = []
-        steps: list[Callable[[], None]] = [
-            lambda: default.append(self._conveyor(admin, DEFAULT)),
-            lambda: raw_same.append(self._raw(admin, RAW_SAME_BATCH)),
-            lambda: raw_best.append(self._raw(admin, RAW_BEST_BATCH)),
-        ]
         for rep in range(self.plan.reps):
-            for step in steps[rep % 3:] + steps[:rep % 3]:  # rotate who goes first
+            steps: list[Callable[[], None]] = [
+                lambda: default.append(self._conveyor(admin, DEFAULT)),
+                lambda: raw_same.append(self._raw(admin, RAW_SAME_BATCH)),
+            ]
+            for step in steps[rep % 2:] + steps[:rep % 2]:
                 step()
-        return default, raw_same, raw_best
+        return default, raw_same
 
-    def _best(self, admin: psycopg.Connection[Any],
-              default: list[DrainRun]) -> tuple[tuple[int, int], list[DrainRun]]:
+    def _best(self, admin: psycopg.Connection[Any], default: list[DrainRun]
+              ) -> tuple[tuple[int, int], list[DrainRun], list[DrainRun]]:
+        """The fastest candidate settings, then that one against the raw best, alternating.
+
+        The raw best runs beside the winner's own runs, not in an earlier
+        phase: on a shared machine the load drifts within a minute, and a
+        ratio of runs minutes apart measures the drift as much as the queue.
+        """
         self.say("search the best worker settings")
         tried: dict[tuple[int, int], list[DrainRun]] = {DEFAULT: default}
         for settings in self.plan.candidates:
@@ -199,10 +208,16 @@ class Suite:
         self._candidate_log = [{**_settings(*k), "per_s": [r.per_s for r in v]}
                                for k, v in tried.items()]
         winner = max(tried, key=lambda k: _median(tried[k]))
-        runs = tried[winner]
-        while len(runs) < self.plan.reps:
-            runs.append(self._conveyor(admin, winner))
-        return winner, runs
+        runs: list[DrainRun] = []
+        raw_best: list[DrainRun] = []
+        for rep in range(self.plan.reps):
+            steps: list[Callable[[], None]] = [
+                lambda: runs.append(self._conveyor(admin, winner)),
+                lambda: raw_best.append(self._raw(admin, RAW_BEST_BATCH)),
+            ]
+            for step in steps[rep % 2:] + steps[:rep % 2]:
+                step()
+        return winner, runs, raw_best
 
 
 def _label(settings: tuple[int, int]) -> str:
