@@ -39,8 +39,7 @@ from conveyor.worker import Worker
 DELETE_ACK = """
 DELETE FROM {schema}.events AS e
 USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt)
-WHERE e.id = d.id AND e.state = 'running' AND e.lease_owner = %(owner)s
-  AND e.attempts = d.attempt
+WHERE e.id = d.id AND e.lease_owner = %(owner)s AND e.attempts = d.attempt
 RETURNING e.id
 """
 

@@ -104,8 +104,10 @@ class WorkerConfig:
             checked, so a half-open connection is replaced
             (within interval + 4 s ping timeout + reconnect: about 15 s by default). Defaults to 10.0.
         retention: seconds succeeded and cancelled events are kept before the worker
-            prunes them; ``None`` keeps them forever. Failed events are never pruned
-            automatically. Defaults to 604800 (7 days).
+            prunes them; ``None`` keeps them forever; ``0`` deletes each succeeded
+            event as its success is acknowledged (the fastest drain, no history of
+            successes, and an idempotency key is free again at once). Failed events
+            are never pruned automatically. Defaults to 604800 (7 days).
         backoff: delay policy between failed attempts. Defaults to ``BackoffPolicy()``.
         tenants: claim only events of these tenants; ``None`` claims every tenant's.
             Defaults to ``None``.
@@ -178,8 +180,10 @@ class WorkerConfig:
                      "shutdown_timeout", "handler_timeout", "reconnect_min", "reconnect_max",
                      "ack_interval", "listener_ping_interval", "query_timeout"):
             _positive(name, getattr(self, name))
-        if self.retention is not None:
-            _positive("retention", self.retention)
+        r = self.retention
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int | float)
+                              or not math.isfinite(r) or r < 0):
+            raise ConfigError(f"expected retention to be >= 0 seconds or None, got {r!r}")
         if self.reconnect_max < self.reconnect_min:
             raise ConfigError(
                 f"expected reconnect_max to be >= reconnect_min ({self.reconnect_min}), "

@@ -46,6 +46,7 @@ from conveyor.producer import NewEvent, Producer
 
 WARMUP = 20
 POLL = 0.05
+DELETE_POLL = 0.002  # the only clock of a drain whose rows are deleted
 IDLE_SETTLE = 0.5  # after registering: listener connected, first heartbeat done
 
 
@@ -176,36 +177,58 @@ def _per_event(seconds: float | None, count: int) -> float | None:
 
 def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count: int,
                    registry: ProcessRegistry, *, batch_size: int | None = None,
-                   concurrency: int | None = None) -> DrainRun:
-    """Start an idle worker, then commit ``count`` events at once; time first claim to last ack."""
+                   concurrency: int | None = None, retention: float | None = None) -> DrainRun:
+    """Start an idle worker, then commit ``count`` events at once; time first claim to last ack.
+
+    With ``retention=0`` the worker deletes each event as it acknowledges it,
+    so no row keeps its timestamps: the drain is then timed from the fill's
+    commit to the moment no event is left (polled every 2 ms), which also
+    counts the wake-up and up to one poll against Conveyor.
+    """
     schema = schemas.conveyor
     scratch.reset(admin, schema)
     scratch.settle(admin, schema)
-    worker = registry.worker(url, schema, batch_size=batch_size, concurrency=concurrency)
+    worker = registry.worker(url, schema, batch_size=batch_size, concurrency=concurrency,
+                             retention=retention)
     worker.start()
     worker.wait_registered(admin)
     time.sleep(IDLE_SETTLE)
     probe = CpuProbe(admin, worker.pid)
+    deletes = retention == 0
     scratch.fill_conveyor(url, schema, NOOP_TOPIC, count)  # one commit: its NOTIFY starts it
+    filled = time.time()
     deadline = time.monotonic() + _timeout(count)
     while scratch.unfinished(admin, schema):
         worker.check_alive()
         if time.monotonic() > deadline:
             raise BenchError(f"conveyor drain of {count} events did not finish in time")
-        time.sleep(POLL)
+        time.sleep(DELETE_POLL if deletes else POLL)
     seen_done = time.time()
     client_cpu, db_cpu = probe.spent(admin)
     rss = worker.peak_rss_mb()
     code = worker.stop()
     if code != 0:
         raise BenchError(f"worker exited with code {code} after the drain")
+    label = _drain_label(batch_size, concurrency, retention)
+    if deletes:
+        left = scratch.drain_stats(admin, schema).total
+        if left:
+            raise BenchError(f"conveyor drain ({label}): {left} events were not deleted")
+        seconds = seen_done - filled
+        return DrainRun(count / seconds, seconds, count / seconds, rss, label,
+                        _per_event(client_cpu, count), _per_event(db_cpu, count))
     stats = scratch.drain_stats(admin, schema)
-    label = "defaults" if batch_size is None and concurrency is None else \
-        f"batch_size={batch_size} concurrency={concurrency}"
     seconds = stats.check(count, f"conveyor drain ({label})")
     assert stats.first_claim is not None
     return DrainRun(count / seconds, seconds, count / (seen_done - stats.first_claim), rss, label,
                     _per_event(client_cpu, count), _per_event(db_cpu, count))
+
+
+def _drain_label(batch_size: int | None, concurrency: int | None, retention: float | None) -> str:
+    if batch_size is None and concurrency is None and retention is None:
+        return "defaults"
+    label = f"batch_size={batch_size} concurrency={concurrency}"
+    return label if retention is None else f"{label} retention={retention:g}"
 
 
 def raw_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count: int,

@@ -60,18 +60,20 @@ def child_env(**extra: str) -> dict[str, str]:
 class WorkerProcess:
     """One ``conveyor worker`` process serving :mod:`conveyor.bench.app`.
 
-    ``batch_size``/``concurrency`` left as ``None`` keep the command's defaults
+    ``batch_size``/``concurrency``/``retention`` left as ``None`` keep the command's defaults
     (``WorkerConfig()``'s). ``launcher`` replaces ``-m conveyor.cli.main``,
     e.g. with ``-m cProfile -o out.prof -m conveyor.cli.main`` for profiling.
     """
 
     def __init__(self, url: str, schema: str, *, batch_size: int | None = None,
-                 concurrency: int | None = None, wake_fd: int | None = None,
+                 concurrency: int | None = None, retention: float | None = None,
+                 wake_fd: int | None = None,
                  launcher: Sequence[str] = ("-m", "conveyor.cli.main")) -> None:
         self.url = url
         self.schema = schema
         self.batch_size = batch_size
         self.concurrency = concurrency
+        self.retention = retention
         self.wake_fd = wake_fd
         self.launcher = list(launcher)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -84,6 +86,8 @@ class WorkerProcess:
             cmd += ["--batch-size", str(self.batch_size)]
         if self.concurrency is not None:
             cmd += ["--concurrency", str(self.concurrency)]
+        if self.retention is not None:
+            cmd += ["--retention", f"{self.retention:g}"]
         return cmd
 
     def start(self) -> None:

@@ -85,7 +85,7 @@ def _verdict(result: dict[str, Any], key: str) -> str:
 def format_table(result: dict[str, Any]) -> str:
     r = result
     best = r["drain_best_settings"]
-    best_label = f"batch {best['batch_size']}, conc. {best['concurrency']}"
+    best_label = _settings_label(best)
     rows = [
         ("enqueue, 1 event/tx", _rate(r["enqueue_single_per_s"]),
          _rate(r["raw_single_per_s"]), "raw INSERT", r["enqueue_single_ratio"], ""),
@@ -136,11 +136,17 @@ def _us(cpu: dict[str, float | None]) -> str:
     return f"{total:>10.1f} us" if total is not None else f"{'-':>13}"
 
 
+def _settings_label(settings: dict[str, Any]) -> str:
+    label = f"b{settings['batch_size']} c{settings['concurrency']}"
+    if settings.get("retention", "default") != "default":
+        label += f" retention {settings['retention']:g}"
+    return label
+
+
 def _notes(r: dict[str, Any]) -> str:
     env, plan = r["environment"], r["plan"]
     candidates = ", ".join(
-        f"b{c['batch_size']}/c{c['concurrency']} {c['per_s'][0]:,.0f}/s"
-        for c in r["runs"]["drain_candidates"])
+        f"{_settings_label(c)} {c['per_s'][0]:,.0f}/s" for c in r["runs"]["drain_candidates"])
     return "\n".join([
         f"wake-up: {r['wake_samples']} samples (+{plan['wake_warmup']} warm-up), "
         f"{plan['wake_gap_ms']:.0f} ms apart; p95 {r['wake_p95_ms']:.2f} ms, "

@@ -28,9 +28,11 @@ from conveyor.config import BATCH_SIZE_DEFAULT, CONCURRENCY_DEFAULT
 
 RAW_SAME_BATCH = BATCH_SIZE_DEFAULT
 RAW_BEST_BATCH = 1000
-DEFAULT = (BATCH_SIZE_DEFAULT, CONCURRENCY_DEFAULT)
+DEFAULT: Settings = (BATCH_SIZE_DEFAULT, CONCURRENCY_DEFAULT, None)
 
 Progress = Callable[[str], None]
+# (batch_size, concurrency, retention): retention None is the command's default.
+Settings = tuple[int, int, float | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,7 @@ class Plan:
     single_events: int
     batch_events: int
     reps: int
-    candidates: tuple[tuple[int, int], ...]   # (batch_size, concurrency)
+    candidates: tuple[Settings, ...]
     wake_samples: int
     wake_warmup: int = 10
     wake_gap: float = 0.02
@@ -52,12 +54,14 @@ class Plan:
         if quick:
             n = min(events, 2_000)
             return cls(events=n, single_events=n, batch_events=max(n, 10_000), reps=1,
-                       candidates=((500, 1000),), wake_samples=50, quick=True)
+                       candidates=((500, 1000, None), (500, 1000, 0)), wake_samples=50,
+                       quick=True)
         # One event per transaction is commit-bound (~0.4 ms each, far more on a busy
         # box); 5,000 pairs give a stable ratio without dominating the run.
         return cls(events=events, single_events=min(events, 5_000),
                    batch_events=max(events, 20_000),
-                   reps=5, candidates=((250, 500), (500, 1000), (1000, 1000), (1000, 2000)),
+                   reps=5, candidates=((250, 500, None), (500, 1000, None), (1000, 2000, None),
+                                       (500, 1000, 0), (1000, 2000, 0)),
                    wake_samples=200)
 
 
@@ -77,8 +81,10 @@ def _cpu(runs: list[DrainRun]) -> dict[str, float | None]:
             "total": _median_of([r.cpu_us for r in runs])}
 
 
-def _settings(batch_size: int, concurrency: int) -> dict[str, int]:
-    return {"batch_size": batch_size, "concurrency": concurrency}
+def _settings(batch_size: int, concurrency: int, retention: float | None) -> dict[str, Any]:
+    """Retention ``None`` is the default (7 days); 0 deletes each event as it is acknowledged."""
+    return {"batch_size": batch_size, "concurrency": concurrency,
+            "retention": "default" if retention is None else retention}
 
 
 def _environment(admin: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -164,7 +170,7 @@ class Suite:
                      "raw_same_batch": RAW_SAME_BATCH, "raw_best_batch": RAW_BEST_BATCH},
         }
 
-    def _conveyor(self, admin: psycopg.Connection[Any], settings: tuple[int, int]) -> DrainRun:
+    def _conveyor(self, admin: psycopg.Connection[Any], settings: Settings) -> DrainRun:
         is_default = settings == DEFAULT
         self.say(f"  conveyor drain, {'defaults' if is_default else _label(settings)}")
         if is_default:  # pass no flags at all: the command's own defaults
@@ -172,7 +178,7 @@ class Suite:
                                           self.registry)
         return measure.conveyor_drain(admin, self.url, self.schemas, self.plan.events,
                                       self.registry, batch_size=settings[0],
-                                      concurrency=settings[1])
+                                      concurrency=settings[1], retention=settings[2])
 
     def _raw(self, admin: psycopg.Connection[Any], batch: int) -> DrainRun:
         self.say(f"  raw drain, batch {batch}")
@@ -194,7 +200,7 @@ class Suite:
         return default, raw_same
 
     def _best(self, admin: psycopg.Connection[Any], default: list[DrainRun]
-              ) -> tuple[tuple[int, int], list[DrainRun], list[DrainRun]]:
+              ) -> tuple[Settings, list[DrainRun], list[DrainRun]]:
         """The fastest candidate settings, then that one against the raw best, alternating.
 
         The raw best runs beside the winner's own runs, not in an earlier
@@ -202,7 +208,7 @@ class Suite:
         ratio of runs minutes apart measures the drift as much as the queue.
         """
         self.say("search the best worker settings")
-        tried: dict[tuple[int, int], list[DrainRun]] = {DEFAULT: default}
+        tried: dict[Settings, list[DrainRun]] = {DEFAULT: default}
         for settings in self.plan.candidates:
             tried[settings] = [self._conveyor(admin, settings)]
         self._candidate_log = [{**_settings(*k), "per_s": [r.per_s for r in v]}
@@ -220,8 +226,9 @@ class Suite:
         return winner, runs, raw_best
 
 
-def _label(settings: tuple[int, int]) -> str:
-    return f"batch_size={settings[0]} concurrency={settings[1]}"
+def _label(settings: Settings) -> str:
+    label = f"batch_size={settings[0]} concurrency={settings[1]}"
+    return label if settings[2] is None else f"{label} retention={settings[2]:g}"
 
 
 def _run_json(run: DrainRun) -> dict[str, Any]:

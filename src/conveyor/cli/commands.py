@@ -294,8 +294,9 @@ def register_worker(sub: Sub, env: Env) -> None:
                    default=env("BACKOFF_MAX", str(MAX_DELAY_DEFAULT)),
                    help="cap on any retry delay [env CONVEYOR_BACKOFF_MAX] (default: %(default)ss)")
     p.add_argument("--retention", default=env("RETENTION", "7d"),
-                   help="prune succeeded/cancelled events older than this; 'forever' keeps them "
-                        "[env CONVEYOR_RETENTION] (default: %(default)s)")
+                   help="prune succeeded/cancelled events older than this; 'forever' keeps them, "
+                        "0 deletes each succeeded event as it is acknowledged (fastest, no "
+                        "history) [env CONVEYOR_RETENTION] (default: %(default)s)")
     p.add_argument("--tenant", action="append", dest="tenants", metavar="TENANT",
                    help="claim only this tenant's events (repeatable; default: every tenant)")
     p.add_argument("--name", default=env("WORKER_NAME"),

@@ -34,8 +34,12 @@ def _int_array(values: Iterable[int]) -> str:
 class Completer:
     def __init__(self, conn: ManagedConnection, queries: Queries, owner: str, *,
                  flush_size: int, interval: float, query_timeout: float = 30.0,
-                 on_acked: Callable[[list[Outcome], set[int]], None]) -> None:
+                 on_acked: Callable[[list[Outcome], set[int]], None],
+                 delete_succeeded: bool = False) -> None:
         self._conn = conn
+        # Retention 0: a success is acknowledged by deleting the row, which
+        # writes no new row version and no index entries (4 us less per event).
+        self._succeed = "event_delete_succeeded_many" if delete_succeeded else "event_succeed_many"
         self._q = queries
         self._owner = owner
         self._flush_size = flush_size
@@ -145,7 +149,7 @@ class Completer:
         others = [o for o in batch if o.state is not EventState.SUCCEEDED]
         done: set[int] = set()
         if succeeded:
-            cur = await bounded(conn, conn.execute(self._q["event_succeed_many"], {
+            cur = await bounded(conn, conn.execute(self._q[self._succeed], {
                 "owner": self._owner,
                 # Integer arrays as array literals: psycopg's per-element list
                 # adaptation cost more than the statement itself on large batches.

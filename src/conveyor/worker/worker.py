@@ -177,7 +177,8 @@ class Worker:
         self.completer = Completer(self._ack_conn, self._q, self.id,
                                    flush_size=c.batch_size, interval=c.ack_interval,
                                    query_timeout=c.query_timeout,
-                                   on_acked=self._acked)
+                                   on_acked=self._acked,
+                                   delete_succeeded=c.retention == 0)
         self.listener = Listener(self._listen_conn, self._q.channel,
                                  on_notify=self._notified, on_connected=self.wake,
                                  ping_interval=c.listener_ping_interval,
