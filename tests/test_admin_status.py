@@ -305,7 +305,7 @@ def test_status_query_plans_scan_no_events_without_an_index(big: Conn) -> None:
     """Plain EXPLAIN (the planner's choice without running): an index for every branch."""
     expected = {"status_open_counts": {"events_claim_idx", "events_lease_idx",
                                        "events_failed_idx"},
-                "status_finished_sample": {"events_finished_idx"},
+                "status_finished_sample": {"events_prunable_idx"},
                 "status_oldest_due_age": {"events_claim_idx"}}
     for name, indexes in expected.items():
         row = big.execute("EXPLAIN (FORMAT JSON) " + Q[name],

@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0002 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0003 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -49,10 +49,13 @@ CREATE INDEX events_lease_idx
     ON conveyor.events (lease_expires_at)
     WHERE state = 'running';
 
--- Retention pruning and operators' "what finished when".
-CREATE INDEX events_finished_idx
+-- Retention pruning (event_prune) and status's sample of finished rows: only
+-- the rows pruning deletes by default, so the failed rows a queue keeps cost a
+-- prune pass nothing (0003; it replaced events_finished_idx, which held every
+-- finished row).
+CREATE INDEX events_prunable_idx
     ON conveyor.events (finished_at)
-    WHERE finished_at IS NOT NULL;
+    WHERE state IN ('succeeded', 'cancelled');
 
 -- Exact failed counts per topic (status) and retry-failed, without reading
 -- finished rows; only failed rows are in it (0002).

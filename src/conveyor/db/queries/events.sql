@@ -84,16 +84,6 @@ WHERE e.id = d.id
   AND e.attempts = d.attempt
 RETURNING e.id
 
--- name: event_delete_succeeded_many
--- The acknowledgement of a worker with retention 0: the succeeded row goes at
--- once. Fenced exactly like event_succeed_many.
-DELETE FROM {schema}.events AS e
-USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt)
-WHERE e.id = d.id
-  AND e.lease_owner = %(owner)s
-  AND e.attempts = d.attempt
-RETURNING e.id
-
 -- name: event_settle_many
 -- Every other outcome, fenced like event_succeed_many. `refund` gives the
 -- attempt back (snooze, hand-back on shutdown); `error` appends to the history.
@@ -235,13 +225,31 @@ SELECT state FROM {schema}.events WHERE id = %(id)s
 
 -- name: event_prune
 -- Deletes finished events in bounded batches so no single statement holds
--- locks on a huge number of rows.
-WITH doomed AS (
-    SELECT id FROM {schema}.events
-    WHERE finished_at < now() - %(older_than)s * interval '1 second'
-      AND state = ANY(%(states)s::text[])
-    LIMIT %(limit)s
-)
-DELETE FROM {schema}.events AS e
-USING doomed
-WHERE e.id = doomed.id
+-- locks on a huge number of rows. Succeeded and cancelled rows are found
+-- through events_prunable_idx, which holds only them (0003): the old failed
+-- rows a queue keeps are never read. Each branch names its states literally,
+-- so the planner can prove the partial index's predicate even in a generic
+-- plan (the worker's connection prepares its queries); the states parameter
+-- then only filters. The failed branch runs only when failed rows are asked for (a
+-- one-time filter; the worker never asks) and reads events_failed_idx.
+-- The batch's ids are deleted through the primary key: a join to them let
+-- the planner, which cannot see that old finished rows are mostly failed ones
+-- and so expects a full batch, hash it and read the whole table. The outer
+-- conditions are checked again on a row that changed meanwhile (an operator's
+-- retry), so it is not deleted.
+DELETE FROM {schema}.events
+WHERE id = ANY(ARRAY(
+        (SELECT id FROM {schema}.events
+         WHERE state IN ('succeeded', 'cancelled')
+           AND state = ANY(%(states)s::text[])
+           AND finished_at < now() - %(older_than)s * interval '1 second'
+         LIMIT %(limit)s)
+        UNION ALL
+        (SELECT id FROM {schema}.events
+         WHERE state = 'failed'
+           AND 'failed' = ANY(%(states)s::text[])
+           AND finished_at < now() - %(older_than)s * interval '1 second'
+         LIMIT %(limit)s)
+        LIMIT %(limit)s))
+  AND state = ANY(%(states)s::text[])
+  AND finished_at < now() - %(older_than)s * interval '1 second'

@@ -28,15 +28,17 @@ WHERE state = 'failed'
 GROUP BY topic
 
 -- name: status_finished_sample
--- At most `limit` finished rows, oldest first, counted by state and topic. The
--- ORDER BY makes the planner walk events_finished_idx and stop after `limit`
--- entries instead of scanning the table. When fewer than `limit` rows come
--- back they are all the finished rows and the counts are exact; otherwise they
+-- At most `limit` succeeded and cancelled rows, oldest first, counted by state
+-- and topic (failed rows are counted exactly by status_open_counts). The
+-- literal states match events_prunable_idx's predicate (0003), and the ORDER
+-- BY makes the planner walk that index and stop after `limit` entries instead
+-- of scanning the table. When fewer than `limit` rows come back they are all
+-- the succeeded and cancelled rows and the counts are exact; otherwise they
 -- are lower bounds and Admin falls back to status_table_estimate.
 SELECT state, topic, count(*) AS n
 FROM (SELECT state, topic
       FROM {schema}.events
-      WHERE finished_at IS NOT NULL
+      WHERE state IN ('succeeded', 'cancelled')
       ORDER BY finished_at
       LIMIT %(limit)s) AS oldest
 GROUP BY state, topic
