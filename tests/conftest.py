@@ -8,28 +8,33 @@ session in a temporary directory. Two tiers:
   that is rolled back after the test (fast; most tests).
 * ``fresh_db``: the URL of a brand-new database cloned from a migrated
   template, dropped afterwards (commits, LISTEN/NOTIFY, multi-process races).
+
+Every database a test creates comes from ``make_db``, so each one is dropped
+(``WITH (FORCE)``) however its test or fixture ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from conveyor.schema.migrator import Migrator
 
 SCHEMA = "conveyor"
 
 
-def _admin_exec(url: str, statement: str) -> None:
+def _admin_exec(url: str, statement: str | sql.Composable) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(statement.encode())
+        conn.execute(statement.encode() if isinstance(statement, str) else statement)
 
 
 @pytest.fixture(scope="session")
@@ -52,25 +57,52 @@ def database_url(server_url: str, dbname: str) -> str:
     return make_conninfo(server_url, dbname=dbname)
 
 
-@pytest.fixture(scope="session")
-def template_db(server_url: str) -> Iterator[str]:
-    """A migrated database used as the template of every fresh database."""
-    name = f"conveyor_tpl_{uuid.uuid4().hex[:10]}"
-    _admin_exec(server_url, f'CREATE DATABASE "{name}"')
-    url = database_url(server_url, name)
-    with psycopg.connect(url, autocommit=True) as conn:
-        Migrator(SCHEMA).apply(conn)
-    yield name
-    _admin_exec(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+@contextlib.contextmanager
+def _new_database(server_url: str, prefix: str, template: str | None) -> Iterator[str]:
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        create += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+    _admin_exec(server_url, create)
+    try:
+        yield database_url(server_url, name)
+    finally:
+        _admin_exec(server_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+
+
+MakeDb = Callable[..., contextlib.AbstractContextManager[str]]
 
 
 @pytest.fixture(scope="session")
-def shared_db_url(server_url: str, template_db: str) -> Iterator[str]:
+def make_db(server_url: str) -> MakeDb:
+    """Factory of throwaway databases: ``with make_db(prefix=..., template=...) as url``.
+
+    Creates a database named ``prefix`` plus a random suffix, cloned from
+    ``template`` (a database name) or empty when it is None, yields its URL and
+    drops it WITH (FORCE) on exit, also when the body raises. Session-scoped so
+    module- and session-scoped fixtures can use it, e.g. to fill a big table
+    once per module.
+    """
+    def make(*, prefix: str, template: str | None = None) -> contextlib.AbstractContextManager[str]:
+        return _new_database(server_url, prefix, template)
+    return make
+
+
+@pytest.fixture(scope="session")
+def template_db(make_db: MakeDb) -> Iterator[str]:
+    """A migrated database used as the template of every fresh database (its name)."""
+    with make_db(prefix="conveyor_tpl_") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            Migrator(SCHEMA).apply(conn)
+        yield conninfo_to_dict(url)["dbname"]
+
+
+@pytest.fixture(scope="session")
+def shared_db_url(make_db: MakeDb, template_db: str) -> Iterator[str]:
     """One migrated database shared by the rolled-back tests."""
-    name = f"conveyor_shared_{uuid.uuid4().hex[:10]}"
-    _admin_exec(server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield database_url(server_url, name)
-    _admin_exec(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with make_db(prefix="conveyor_shared_", template=template_db) as url:
+        yield url
 
 
 @pytest.fixture
@@ -93,18 +125,14 @@ async def aconn(shared_db_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any
 
 
 @pytest.fixture
-def fresh_db(server_url: str, template_db: str) -> Iterator[str]:
+def fresh_db(make_db: MakeDb, template_db: str) -> Iterator[str]:
     """URL of a new migrated database of this test's own, dropped afterwards."""
-    name = f"conveyor_t_{uuid.uuid4().hex[:12]}"
-    _admin_exec(server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield database_url(server_url, name)
-    _admin_exec(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with make_db(prefix="conveyor_t_", template=template_db) as url:
+        yield url
 
 
 @pytest.fixture
-def empty_db(server_url: str) -> Iterator[str]:
+def empty_db(make_db: MakeDb) -> Iterator[str]:
     """URL of a new database with no Conveyor schema at all."""
-    name = f"conveyor_e_{uuid.uuid4().hex[:12]}"
-    _admin_exec(server_url, f'CREATE DATABASE "{name}"')
-    yield database_url(server_url, name)
-    _admin_exec(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with make_db(prefix="conveyor_e_") as url:
+        yield url

@@ -10,13 +10,12 @@ plans and in the per-transaction table statistics checked below.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from conveyor import Admin, AsyncAdmin, EventState, Producer, QueueStatus
 from conveyor import admin as admin_module
@@ -68,22 +67,13 @@ def _fill(conn: Conn) -> None:
 
 
 @pytest.fixture(scope="module")
-def big_db(server_url: str, template_db: str) -> Iterator[str]:
+def big_db(make_db: Callable[..., AbstractContextManager[str]], template_db: str) -> Iterator[str]:
     """A migrated database: 200 k succeeded, 4 k cancelled, a few open and failed rows."""
-    name = f"conveyor_status_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template_db)))
-    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
-    try:
+    with make_db(prefix="conveyor_status_", template=template_db) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             _fill(conn)
             conn.execute("VACUUM ANALYZE conveyor.events")
         yield url
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
 
 
 @pytest.fixture
