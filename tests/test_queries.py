@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
@@ -491,14 +492,10 @@ CLAIM_FILTERS = {
 
 
 @pytest.fixture(scope="module")
-def million_finished_db(server_url: str, template_db: str) -> Any:
+def million_finished_db(make_db: Callable[..., AbstractContextManager[str]],
+                        template_db: str) -> Iterator[str]:
     """A migrated database with 1,000,000 succeeded rows and a few pending ones."""
-    name = f"conveyor_explain_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template_db)))
-    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
-    try:
+    with make_db(prefix="conveyor_explain_", template=template_db) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("""
                 INSERT INTO conveyor.events
@@ -514,10 +511,6 @@ def million_finished_db(server_url: str, template_db: str) -> Any:
             _claim(conn, _owner(), all_topics=False, topics=["run.me"])
             conn.execute("ANALYZE conveyor.events")
         yield url
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
 
 
 @pytest.mark.slow
