@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from conveyor import AsyncCommittingProducer, BackoffPolicy, NewEvent, Router, Worker, WorkerConfig
@@ -25,14 +23,11 @@ WORKER_BACKENDS = ("SELECT count(*) FROM pg_stat_activity "
 
 
 @pytest.fixture(scope="module")
-def module_db(server_url: str, template_db: str) -> Iterator[str]:
+def module_db(make_db: Callable[..., contextlib.AbstractContextManager[str]],
+              template_db: str) -> Iterator[str]:
     """A migrated database for one test module (creating one per test costs ~1 s)."""
-    name = f"conveyor_w_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'.encode())
-    yield make_conninfo(server_url, dbname=name)
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+    with make_db(prefix="conveyor_w_", template=template_db) as url:
+        yield url
 
 
 @pytest.fixture
