@@ -14,6 +14,12 @@ no trigger, so it never wakes a Conveyor worker and pays for no NOTIFY.
   when it reads ``go``, prints one JSON line (handled, peak RSS, CPU seconds
   of the loop) and disconnects at the next line or end of input.
 
+* wake-up: ``python .../bench/baseline.py wake SCHEMA FD`` LISTENs on
+  ``<schema>.wake``; on each notification it claims with the same statement
+  on a second connection (as a worker's fetch connection does) and writes
+  ``"<id> <epoch>"`` to FD for each row, stamped when the claim returned: the
+  floor a Python client reaches on this machine, with no framework at all.
+
 ``now()`` in the claim and in the finish statement stamps ``attempted_at`` and
 ``finished_at`` exactly as Conveyor's queries do, so both drains are timed the
 same way: first claim to last finish, read from the table.
@@ -127,11 +133,37 @@ def _peak_rss_mb() -> float:
     return 0.0
 
 
+WAKE_CHANNEL = "{schema}.wake"
+
+
+def wake_channel(schema: str) -> str:
+    return WAKE_CHANNEL.format(schema=schema)
+
+
+def wake(schema: str, fd: int) -> int:
+    """Claim on every notification until killed; stamps to ``fd``."""
+    claim, finish = _render(_CLAIM, schema), _render(_FINISH, schema)
+    url = os.environ[URL_ENV]
+    with psycopg.connect(url, autocommit=True) as listen, \
+            psycopg.connect(url, autocommit=True) as fetch:
+        fetch.execute("SET synchronous_commit = off")  # as a worker's fetch connection
+        listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(wake_channel(schema))))
+        print("ready", flush=True)
+        for _ in listen.notifies():
+            rows = fetch.execute(claim, (100,)).fetchall()
+            started = time.time()
+            os.write(fd, "".join(f"{r[0]} {started:.6f}\n" for r in rows).encode())
+            fetch.execute(finish, ([r[0] for r in rows],))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     """Connect, say ``ready``, drain on ``go``, report, and disconnect on the next line.
 
     Staying connected until told lets the parent read the backend's CPU time.
     """
+    if argv and argv[0] == "wake":
+        return wake(argv[1], int(argv[2]))
     schema, batch = argv[0], int(argv[1])
     with psycopg.connect(os.environ[URL_ENV], autocommit=True) as conn:
         print("ready", flush=True)

@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import psycopg.sql
 
 from conveyor.bench import scratch
 from conveyor.bench.app import NOOP_TOPIC, WAKE_TOPIC
-from conveyor.bench.baseline import copy_rows, insert_sql
-from conveyor.bench.processes import CpuProbe, ProcessRegistry
+from conveyor.bench.baseline import copy_rows, insert_sql, wake_channel
+from conveyor.bench.processes import CpuProbe, ProcessRegistry, peak_rss_mb
 from conveyor.bench.scratch import BenchError, Schemas
 from conveyor.config import ProducerConfig
 from conveyor.producer import NewEvent, Producer
@@ -318,28 +319,77 @@ def wake_latency(admin: psycopg.Connection[Any], url: str, schemas: Schemas,
                 conn.commit()
                 return event_id, time.time()
 
-            warm: set[int] = set()
-            for _ in range(warmup):
-                warm.add(send()[0])
-                time.sleep(gap)
-            if not reader.wait_for(warm, timeout=30):
-                worker.check_alive()
-                raise BenchError("the idle worker did not run the warm-up events within 30s")
-            sent: dict[int, float] = {}
-            start = time.perf_counter()
-            for i in range(samples):
-                pause = start + i * gap - time.perf_counter()
-                if pause > 0:
-                    time.sleep(pause)
-                event_id, committed = send()
-                sent[event_id] = committed
-        # A lost NOTIFY would still be found by the 5 s poll; wait past one.
-        reader.wait_for(set(sent), timeout=15)
+            sent = _wake_samples(send, reader, worker.check_alive, samples, warmup, gap)
         rss = worker.peak_rss_mb()
         worker.stop()
     finally:
         worker.stop()
         reader.close()
+    return _wake_run(reader, sent, samples, rss)
+
+
+def raw_wake_latency(admin: psycopg.Connection[Any], url: str, schemas: Schemas,
+                     registry: ProcessRegistry, *, samples: int, warmup: int = 10,
+                     gap: float = 0.02) -> WakeRun:
+    """The same for the baseline: INSERT and NOTIFY in one transaction, LISTEN and claim."""
+    schema = schemas.raw
+    scratch.reset(admin, schema)
+    read_fd, write_fd = os.pipe()
+    waker = registry.raw_waker(url, schema, write_fd)
+    try:
+        waker.start()
+    finally:
+        os.close(write_fd)
+    reader = _PipeReader(read_fd)
+    try:
+        waker.wait_ready()
+        insert = insert_sql(schema) + " RETURNING id"
+        notify = psycopg.sql.SQL("NOTIFY {}").format(psycopg.sql.Identifier(wake_channel(schema)))
+        with psycopg.connect(url) as conn:
+            def send() -> tuple[int, float]:
+                row = conn.execute(insert, (WAKE_TOPIC, "{}")).fetchone()
+                conn.execute(notify)
+                conn.commit()
+                assert row is not None
+                return int(row[0]), time.time()
+
+            def alive() -> None:
+                if waker.proc is not None and waker.proc.poll() is not None:
+                    raise BenchError(f"the raw wake-up loop exited:\n{waker._tail()}")
+
+            sent = _wake_samples(send, reader, alive, samples, warmup, gap)
+        rss = peak_rss_mb(waker.pid)
+    finally:
+        waker.stop()
+        reader.close()
+    return _wake_run(reader, sent, samples, rss)
+
+
+def _wake_samples(send: Callable[[], tuple[int, float]], reader: _PipeReader,
+                  check_alive: Callable[[], None], samples: int, warmup: int,
+                  gap: float) -> dict[int, float]:
+    """Warm up, then send ``samples`` events ``gap`` apart; their commit times by id."""
+    warm: set[int] = set()
+    for _ in range(warmup):
+        warm.add(send()[0])
+        time.sleep(gap)
+    if not reader.wait_for(warm, timeout=30):
+        check_alive()
+        raise BenchError("the idle consumer did not run the warm-up events within 30s")
+    sent: dict[int, float] = {}
+    start = time.perf_counter()
+    for i in range(samples):
+        pause = start + i * gap - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        event_id, committed = send()
+        sent[event_id] = committed
+    # A lost NOTIFY would still be found by the 5 s poll; wait past one.
+    reader.wait_for(set(sent), timeout=15)
+    return sent
+
+
+def _wake_run(reader: _PipeReader, sent: dict[int, float], samples: int, rss: float) -> WakeRun:
     latencies = [(reader.seen[i] - t) * 1000 for i, t in sent.items() if i in reader.seen]
     if not latencies:
         raise BenchError("no wake-up sample arrived")

@@ -234,11 +234,33 @@ class RawDrainer:
             self._stderr = None
 
 
+class RawWaker(RawDrainer):
+    """The baseline's wake-up loop (``baseline.py wake``): LISTEN, claim, stamp to a pipe.
+
+    It blocks on notifications, so ``stop`` ends it with a kill after a
+    moment; it holds no work anyone waits for.
+    """
+
+    def __init__(self, url: str, schema: str, wake_fd: int) -> None:
+        super().__init__(url, schema, batch=100)
+        self.wake_fd = wake_fd
+
+    def start(self) -> None:
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
+        self.proc = subprocess.Popen(
+            [sys.executable, BASELINE_SCRIPT, "wake", self.schema, str(self.wake_fd)],
+            env=child_env(**{URL_ENV: self.url}), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True, pass_fds=(self.wake_fd,))
+
+    def stop(self, timeout: float = 0.5) -> int:
+        return super().stop(timeout)
+
+
 class ProcessRegistry:
     """Tracks every child so ``stop_all`` can end them, whatever went wrong."""
 
     def __init__(self) -> None:
-        self._children: list[WorkerProcess | RawDrainer] = []
+        self._children: list[WorkerProcess | RawDrainer] = []  # RawWaker is a RawDrainer
 
     def worker(self, *args: Any, **kwargs: Any) -> WorkerProcess:
         worker = WorkerProcess(*args, **kwargs)
@@ -249,6 +271,11 @@ class ProcessRegistry:
         drainer = RawDrainer(url, schema, batch)
         self._children.append(drainer)
         return drainer
+
+    def raw_waker(self, url: str, schema: str, wake_fd: int) -> RawWaker:
+        waker = RawWaker(url, schema, wake_fd)
+        self._children.append(waker)
+        return waker
 
     def stop_all(self) -> None:
         for child in self._children:

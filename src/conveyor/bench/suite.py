@@ -137,6 +137,10 @@ class Suite:
         self.say(f"wake-up latency ({p.wake_samples} samples, idle worker at defaults)")
         wake = measure.wake_latency(admin, self.url, s, self.registry, samples=p.wake_samples,
                                     warmup=p.wake_warmup, gap=p.wake_gap)
+        self.say(f"raw wake-up floor ({p.wake_samples} samples: LISTEN, claim, no framework)")
+        raw_wake = measure.raw_wake_latency(admin, self.url, s, self.registry,
+                                            samples=p.wake_samples, warmup=p.wake_warmup,
+                                            gap=p.wake_gap)
         return {
             "enqueue_single_per_s": single, "raw_single_per_s": raw_single,
             "enqueue_batch_per_s": batch, "enqueue_batch_in_tx_per_s": batch_in_tx,
@@ -150,6 +154,7 @@ class Suite:
             "wake_p50_ms": wake.p(50), "wake_p95_ms": wake.p(95), "wake_p99_ms": wake.p(99),
             "wake_max_ms": max(wake.latencies_ms), "wake_samples": len(wake.latencies_ms),
             "wake_missing": wake.missing,
+            "raw_wake_p50_ms": raw_wake.p(50), "raw_wake_p99_ms": raw_wake.p(99),
             "worker_rss_mb": max(r.rss_mb for r in default),
             "worker_rss_best_mb": max(r.rss_mb for r in best),
             "worker_rss_wake_mb": wake.rss_mb,
