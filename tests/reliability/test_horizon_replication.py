@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -277,7 +278,9 @@ async def test_a_hot_standby_feedback_pin_raises_the_alert_naming_the_standby_un
             await wait_until(pinned, timeout=ALERT_WITHIN, what="the horizon alert")
             holder = worker.maintenance.horizon
             assert holder is not None
-            assert holder.kind == "session" and "horizon-standby" in holder.who
+            # Its walsender, by the standby's application_name (no database, no address).
+            assert holder.kind == "session"
+            assert re.fullmatch(r"pid \d+ \(horizon-standby, active\)", holder.who), holder.who
             assert holder.seconds >= STANDBY_THRESHOLD
             assert time.monotonic() - opened < STANDBY_THRESHOLD + 5
             records = _alerts(caplog, "horizon_pinned")
