@@ -278,9 +278,10 @@ async def test_a_hot_standby_feedback_pin_raises_the_alert_naming_the_standby_un
             await wait_until(pinned, timeout=ALERT_WITHIN, what="the horizon alert")
             holder = worker.maintenance.horizon
             assert holder is not None
-            # Its walsender, by the standby's application_name (no database, no address).
-            assert holder.kind == "session"
-            assert re.fullmatch(r"pid \d+ \(horizon-standby, active\)", holder.who), holder.who
+            # Named as the standby: its application_name and its address.
+            assert holder.kind == "standby", holder
+            assert re.fullmatch(r"horizon-standby at (local socket|[0-9a-f.:]+) "
+                                r"\(walsender pid \d+\)", holder.who), holder.who
             assert holder.seconds >= STANDBY_THRESHOLD
             assert time.monotonic() - opened < STANDBY_THRESHOLD + 5
             records = _alerts(caplog, "horizon_pinned")

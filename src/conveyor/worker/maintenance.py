@@ -34,8 +34,9 @@ HORIZON_REPEAT = 300.0     # a pin that lasts is reported again this often
 class HorizonHolder:
     """The transaction holding back vacuum the longest, as last seen by the worker."""
 
-    kind: str              # "session" or "prepared transaction"
-    who: str               # "pid 123 (app, idle in transaction)" or the prepared gid
+    kind: str              # "session", "standby", "replication slot" or "prepared transaction"
+    who: str               # "pid 123 (app, idle in transaction)", "replica1 at 10.0.0.7
+                           # (walsender pid 99)", a slot's name or a prepared gid
     # How long its transaction has been open; where this role cannot read the
     # start time, how long the worker has seen it (a lower bound).
     seconds: float

@@ -41,12 +41,19 @@ SELECT extract(epoch FROM clock_timestamp())::float8
 -- are taken at this statement, not at the start of the caller's transaction.
 SELECT kind, who, seconds, xid_age, key
 FROM (
-    SELECT 'session' AS kind,
-           format('pid %s (%s%s%s)', pid,
-                  COALESCE(NULLIF(application_name, ''), usename::text, 'unknown'),
-                  COALESCE(', ' || state, ''),
-                  CASE WHEN datname IS DISTINCT FROM current_database()
-                       THEN ', database ' || datname ELSE '' END) AS who,
+    -- A walsender's xmin is a standby's feedback: it is named as the standby
+    -- (its application_name and address), which is what an operator must find.
+    SELECT CASE WHEN backend_type = 'walsender' THEN 'standby' ELSE 'session' END AS kind,
+           CASE WHEN backend_type = 'walsender'
+                THEN format('%s at %s (walsender pid %s)',
+                            COALESCE(NULLIF(application_name, ''), 'unnamed standby'),
+                            COALESCE(host(client_addr), 'local socket'), pid)
+                ELSE format('pid %s (%s%s%s)', pid,
+                            COALESCE(NULLIF(application_name, ''), usename::text, 'unknown'),
+                            COALESCE(', ' || state, ''),
+                            CASE WHEN datname IS DISTINCT FROM current_database()
+                                 THEN ', database ' || datname ELSE '' END)
+           END AS who,
            extract(epoch FROM statement_timestamp() - xact_start)::float8 AS seconds,
            GREATEST(age(backend_xid), age(backend_xmin)) AS xid_age,
            format('%s:%s', pid, COALESCE(backend_xid, backend_xmin)) AS key
