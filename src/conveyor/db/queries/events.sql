@@ -84,6 +84,16 @@ WHERE e.id = d.id
   AND e.attempts = d.attempt
 RETURNING e.id
 
+-- name: event_delete_succeeded_many
+-- The acknowledgement of a worker with retention 0: the succeeded row goes at
+-- once. Fenced exactly like event_succeed_many.
+DELETE FROM {schema}.events AS e
+USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt)
+WHERE e.id = d.id
+  AND e.lease_owner = %(owner)s
+  AND e.attempts = d.attempt
+RETURNING e.id
+
 -- name: event_settle_many
 -- Every other outcome, fenced like event_succeed_many. `refund` gives the
 -- attempt back (snooze, hand-back on shutdown); `error` appends to the history.
