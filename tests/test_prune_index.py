@@ -343,3 +343,18 @@ def test_migration_0003_upgrades_a_version_2_database_with_rows(
         assert Admin().prune(conn, older_than=RETENTION,
                              states=WORKER_STATES) == sum(PRUNABLE.values())
         conn.execute("ROLLBACK")
+
+
+def test_migration_0003_skips_what_was_built_concurrently_by_hand(
+    empty_db: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The route docs/operations.md gives for a table too big to pause writes on."""
+    _migrate_to_version_2(empty_db, monkeypatch)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        _fill(conn)
+        conn.execute("CREATE INDEX CONCURRENTLY events_prunable_idx ON conveyor.events"
+                     " (finished_at) WHERE state IN ('succeeded', 'cancelled')")
+        conn.execute("DROP INDEX CONCURRENTLY conveyor.events_finished_idx")
+        built = _index_definitions(conn)
+        assert [m.version for m in Migrator().apply(conn)] == [3]
+        assert _index_definitions(conn) == built
