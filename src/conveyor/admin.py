@@ -54,9 +54,10 @@ def record_from_row(row: Sequence[Any]) -> EventRecord:
     )
 
 
-# Up to this many finished rows, succeeded and cancelled are counted exactly (by
-# reading them through events_finished_idx); beyond it they are estimated from
-# the planner's statistics, so a status call never reads the bulk of the table.
+# Up to this many succeeded and cancelled rows, they are counted exactly (by
+# reading them through events_prunable_idx, which holds only them); beyond it
+# they are estimated from the planner's statistics, so a status call never
+# reads the bulk of the table.
 EXACT_FINISHED_LIMIT = 10_000
 
 # The states whose counts may be estimates; pending, running and failed are
@@ -99,7 +100,7 @@ def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
     seen = dict.fromkeys(ESTIMABLE_STATES, 0)
     seen_per_topic: dict[tuple[str, str], int] = {}
     for state, topic, n in sample:
-        if state in seen:      # failed rows are in the sample too; counted above
+        if state in seen:      # the sample holds only these states (0003)
             seen[state] += n
             seen_per_topic[topic, state] = n
     estimated: list[str] = []
