@@ -196,6 +196,31 @@ def test_succeed_is_fenced_on_owner_and_attempt(db: Conn) -> None:
     assert _row(db, b, "state") == ("running",)
 
 
+@exercises("event_delete_succeeded_many")
+def test_delete_succeeded_is_fenced_on_owner_and_attempt(db: Conn) -> None:
+    a, b, c = _insert(db), _insert(db), _insert(db)
+    owner = _owner()
+    _claim(db, owner)
+    gone = db.execute(Q["event_delete_succeeded_many"], {
+        "owner": owner, "ids": [a, b, c], "attempts": [1, 2, 1]}).fetchall()
+    assert sorted(r[0] for r in gone) == sorted([a, c])  # b: stale attempt number
+    assert db.execute(Q["event_delete_succeeded_many"], {
+        "owner": _owner(), "ids": [b], "attempts": [1]}).fetchall() == []  # not the owner
+    left = db.execute("SELECT id, state FROM conveyor.events ORDER BY id").fetchall()
+    assert left == [(b, "running")]
+
+
+def test_claim_returns_its_rows_in_claim_order_whatever_the_join_order(db: Conn) -> None:
+    # Statistics of a near-empty table make the planner hash the claimed ids
+    # and walk the table side of the UPDATE's join in physical order; the rows
+    # must still come back highest priority first, then oldest first.
+    db.execute("ANALYZE conveyor.events")
+    ids = [_insert(db, priority=p % 3) for p in range(30)]
+    rows = _claim(db, _owner(), limit=100)
+    expected = sorted(ids, key=lambda i: (-(ids.index(i) % 3), i))
+    assert [r[0] for r in rows] == expected
+
+
 @exercises("event_settle_many")
 def test_settle_retries_later_and_appends_error(db: Conn) -> None:
     event_id = _insert(db)
@@ -568,6 +593,8 @@ HOT_QUERIES: dict[str, tuple[dict[str, Any], str | None]] = {
                              "lease_ttl": 30}, None),
     "event_succeed_many": ({"ids": [1, 2, 3], "attempts": [1, 1, 1],
                             "owner": str(uuid.UUID(int=1))}, None),
+    "event_delete_succeeded_many": ({"ids": [1, 2, 3], "attempts": [1, 1, 1],
+                                     "owner": str(uuid.UUID(int=1))}, None),
     "event_settle_many": ({"ids": [1], "attempts": [1], "states": ["failed"], "delays": [None],
                            "refunds": [0], "errors": ["x"], "tracebacks": [None],
                            "owner": str(uuid.UUID(int=1))}, None),
