@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -380,6 +381,59 @@ ERRORS = {
 @pytest.mark.parametrize("args,needles", ERRORS.values(), ids=ERRORS.keys())
 def test_error_is_one_line_on_stderr(error_db: str, args: list[str], needles: list[str]) -> None:
     assert_one_line_error(conveyor("--database-url", error_db, *args), *needles)
+
+
+def test_a_bad_event_loop_from_the_environment_is_one_line(error_db: str) -> None:
+    env = child_env(CONVEYOR_EVENT_LOOP="tokio")
+    assert_one_line_error(
+        conveyor("--database-url", error_db, "worker", "--app", "tests.acceptance.apps:router",
+                 env=env),
+        "invalid event loop 'tokio'", "auto, uvloop, asyncio")
+
+
+def test_event_loop_choice() -> None:
+    import asyncio
+
+    import uvloop
+
+    from conveyor.cli.commands import new_event_loop
+
+    for kind, expected in (("auto", uvloop.Loop), ("uvloop", uvloop.Loop),
+                           ("asyncio", asyncio.BaseEventLoop)):
+        loop = new_event_loop(kind)
+        try:
+            assert isinstance(loop, expected), (kind, type(loop))
+            assert (kind == "asyncio") != isinstance(loop, uvloop.Loop)
+        finally:
+            loop.close()
+
+
+@pytest.mark.parametrize("kind", ["uvloop", "asyncio"])
+def test_worker_drains_and_stops_on_sigterm_under_either_loop(fresh_db: str, kind: str,
+                                                              tmp_path: Path) -> None:
+    for i in range(30):
+        assert conveyor("--database-url", fresh_db, "enqueue", "bench.noop",
+                        json.dumps({"i": i})).returncode == 0
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli.main", "--database-url", fresh_db, "worker",
+             "--app", "conveyor.bench.app:router", "--event-loop", kind],
+            cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while row(fresh_db, "SELECT count(*) FROM conveyor.events WHERE state = 'succeeded'"
+                  )[0] < 30:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "worker exiting: 30 succeeded" in log.read_text()
 
 
 def test_cancel_of_a_finished_event_is_refused(error_db: str) -> None:

@@ -323,6 +323,34 @@ def register_worker(sub: Sub, env: Env) -> None:
                    metavar="DURATION",
                    help="log an alert when a transaction holds back vacuum this long; 'off' "
                         "disables the check [env CONVEYOR_HORIZON_ALERT] (default: %(default)ss)")
+    add_event_loop_arg(p, env)
+
+
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def add_event_loop_arg(p: argparse.ArgumentParser, env: Callable[..., str | None]) -> None:
+    p.add_argument("--event-loop", choices=EVENT_LOOPS, default=env("EVENT_LOOP", "auto"),
+                   help="'uvloop' (installed with Conveyor on Linux and macOS: about 10-20 %% "
+                        "less CPU per event and a faster wake-up), 'asyncio' (the standard "
+                        "loop), or 'auto': uvloop when it can be imported "
+                        "[env CONVEYOR_EVENT_LOOP] (default: %(default)s)")
+
+
+def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
+    """The worker's event loop: uvloop when asked for or, with ``auto``, when installed."""
+    if kind not in EVENT_LOOPS:
+        raise InvalidInputError(f"invalid event loop {kind!r}: expected one of {', '.join(EVENT_LOOPS)}")
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise InvalidInputError(
+                    "--event-loop uvloop: uvloop is not installed (pip install uvloop)") from None
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -362,7 +390,7 @@ def load_router(spec: str) -> Router:
     return target
 
 
-def run_until_stopped(main: Coroutine[Any, Any, None]) -> None:
+def run_until_stopped(main: Coroutine[Any, Any, None], event_loop: str = "auto") -> None:
     """Like asyncio.run, but never waits for threads a handler left running.
 
     asyncio.run joins the loop's default executor on the way out, so one handler
@@ -370,7 +398,11 @@ def run_until_stopped(main: Coroutine[Any, Any, None]) -> None:
     timeout. Here the default executor's threads carry the handler-thread name
     (so the exit path below sees them) and are not joined.
     """
-    loop = asyncio.new_event_loop()
+    try:
+        loop = new_event_loop(event_loop)
+    except InvalidInputError:
+        main.close()  # never awaited: say so quietly instead of warning
+        raise
     loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="conveyor-handler-default"))
     try:
         loop.run_until_complete(main)
@@ -412,7 +444,7 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
         worker.install_signal_handlers()
         await worker.run()
 
-    run_until_stopped(serve())
+    run_until_stopped(serve(), args.event_loop)
     s = worker.stats
     log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
              s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})

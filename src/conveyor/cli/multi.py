@@ -105,6 +105,9 @@ def register_worker_multi(sub: Sub, env: Env) -> None:
                    help="default limit for one handler call (default: %(default)ss)")
     p.add_argument("--name", default=env("WORKER_NAME"),
                    help="label shown by status, '/<tenant>' appended (default: host:pid)")
+    from conveyor.cli.commands import add_event_loop_arg  # commands imports this module
+
+    add_event_loop_arg(p, env)
 
 
 def _tenant_source(args: argparse.Namespace) -> TenantSource:
@@ -136,7 +139,7 @@ def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
 
     from conveyor.cli.commands import run_until_stopped  # commands imports this module
 
-    run_until_stopped(serve())
+    run_until_stopped(serve(), args.event_loop)
     log.info("multi-tenant worker exiting", extra={"action": "exit"})
     from conveyor.cli.commands import leave_stuck_handler_threads
 
