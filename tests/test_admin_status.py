@@ -23,6 +23,7 @@ from conveyor.admin import EXACT_FINISHED_LIMIT, _estimate_finished
 from conveyor.cli.commands import format_status
 from conveyor.db.named_queries import queries_for
 from conveyor.types import TopicCount
+from query_plans import scans
 
 Q = queries_for("conveyor")
 Conn = psycopg.Connection[Any]
@@ -252,21 +253,8 @@ STATUS_QUERIES: dict[str, dict[str, Any]] = {
 }
 
 
-def _scans(plan: Any) -> list[dict[str, Any]]:
-    """Every node of a JSON plan that reads the events table or one of its indexes."""
-    if isinstance(plan, list):
-        return [n for p in plan for n in _scans(p)]
-    if not isinstance(plan, dict):
-        return []
-    reads = plan.get("Node Type") != "ModifyTable" and (
-        plan.get("Relation Name") == "events"
-        or str(plan.get("Index Name", "")).startswith("events_"))
-    return ([plan] if reads else []) + _scans(plan.get("Plans", [])) + _scans(
-        plan.get("Plan", []))
-
-
 def _indexes(plan: Any) -> set[str]:
-    return {n["Index Name"] for n in _scans(plan) if "Index Name" in n}
+    return {n["Index Name"] for n in scans(plan) if "Index Name" in n}
 
 
 @pytest.mark.parametrize("name", list(STATUS_QUERIES))
@@ -277,13 +265,13 @@ def test_status_query_plan_reads_only_its_index_among_200k_finished_rows(
                       STATUS_QUERIES[name] or None).fetchone()
     assert row is not None
     top = row[0][0]["Plan"]
-    scans = _scans(top)
-    assert all(n["Node Type"] != "Seq Scan" for n in scans), scans
+    nodes = scans(top)
+    assert all(n["Node Type"] != "Seq Scan" for n in nodes), nodes
     # Rows each table access produced (a bitmap's index half is not counted twice).
-    rows_read = sum(n["Actual Rows"] * n["Actual Loops"] for n in scans
+    rows_read = sum(n["Actual Rows"] * n["Actual Loops"] for n in nodes
                     if n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan"))
     limit = EXACT_FINISHED_LIMIT + 1 if name == "status_finished_sample" else OPEN_ROWS
-    assert rows_read <= limit, scans
+    assert rows_read <= limit, nodes
     pages = big.execute("SELECT relpages FROM pg_class WHERE oid = 'conveyor.events'::regclass"
                         ).fetchone()
     assert pages is not None
@@ -302,7 +290,7 @@ def test_status_query_plans_scan_no_events_without_an_index(big: Conn) -> None:
                           STATUS_QUERIES[name] or None).fetchone()
         assert row is not None
         plan = row[0][0]["Plan"]
-        assert all(n["Node Type"] != "Seq Scan" for n in _scans(plan)), (name, plan)
+        assert all(n["Node Type"] != "Seq Scan" for n in scans(plan)), (name, plan)
         assert _indexes(plan) == indexes, (name, plan)
 
 
@@ -311,7 +299,7 @@ def test_retry_failed_reads_failed_rows_through_their_index(big: Conn) -> None:
                       {"topic": None}).fetchone()
     assert row is not None
     assert _indexes(row[0][0]["Plan"]) == {"events_failed_idx"}
-    assert all(n["Node Type"] != "Seq Scan" for n in _scans(row[0][0]["Plan"]))
+    assert all(n["Node Type"] != "Seq Scan" for n in scans(row[0][0]["Plan"]))
 
 
 # --------------------------------------------------------------------- CLI

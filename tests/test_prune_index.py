@@ -26,6 +26,7 @@ from conveyor.db.named_queries import queries_for
 from conveyor.schema import migrator as migrator_module
 from conveyor.schema.migrator import load_migrations, migration_script
 from conveyor.types import FINISHED_STATES, EventState
+from query_plans import scans
 
 Q = queries_for("conveyor")
 Conn = psycopg.Connection[Any]
@@ -92,23 +93,10 @@ def big(failed_db: str) -> Iterator[Conn]:
 
 # ------------------------------------------------------------------ plans
 
-def _scans(plan: Any) -> list[dict[str, Any]]:
-    """Every node of a JSON plan that reads the events table or one of its indexes."""
-    if isinstance(plan, list):
-        return [n for p in plan for n in _scans(p)]
-    if not isinstance(plan, dict):
-        return []
-    reads = plan.get("Node Type") != "ModifyTable" and (
-        plan.get("Relation Name") == "events"
-        or str(plan.get("Index Name", "")).startswith("events_"))
-    return ([plan] if reads else []) + _scans(plan.get("Plans", [])) + _scans(
-        plan.get("Plan", []))
-
-
 def _ran(plan: Any) -> list[dict[str, Any]]:
     """The scans of an EXPLAIN ANALYZE plan that ran: a branch behind a one-time
     filter that was false shows its plan, never executed."""
-    return [n for n in _scans(plan) if n.get("Actual Loops", 1) > 0]
+    return [n for n in scans(plan) if n.get("Actual Loops", 1) > 0]
 
 
 def _indexes(plan: Any) -> set[str]:
@@ -171,14 +159,14 @@ def test_prune_plan_reads_only_prunable_rows_among_50k_old_failed_rows(
     big: Conn, generic: bool,
 ) -> None:
     plan = _explain_prune(big, generic=generic)
-    scans = _ran(plan)
-    assert all(n["Node Type"] != "Seq Scan" for n in scans), scans
-    assert _indexes(plan) == {"events_prunable_idx", "events_pkey"}, scans
+    ran = _ran(plan)
+    assert all(n["Node Type"] != "Seq Scan" for n in ran), ran
+    assert _indexes(plan) == {"events_prunable_idx", "events_pkey"}, ran
     prunable = sum(PRUNABLE.values())
     # The prunable rows once through the new index, once through the primary
     # key to delete them; not one failed row, not one young succeeded row.
-    assert _examined(plan) == 2 * prunable, scans
-    (by_key,) = [n for n in scans if n.get("Index Name") == "events_pkey"]
+    assert _examined(plan) == 2 * prunable, ran
+    (by_key,) = [n for n in ran if n.get("Index Name") == "events_pkey"]
     assert by_key["Actual Rows"] == prunable
     assert _buffers(plan) < BUFFER_BOUND, _buffers(plan)
 
@@ -189,7 +177,7 @@ def test_old_finished_index_made_prune_walk_every_old_failed_row(big: Conn) -> N
     big.execute(OLD_INDEX)
     big.execute("ANALYZE conveyor.events")
     plan = _explain_prune(big, generic=False)
-    assert _examined(plan) >= OLD_FAILED, _scans(plan)
+    assert _examined(plan) >= OLD_FAILED, scans(plan)
     assert _buffers(plan) > _pages(big) // 2 > BUFFER_BOUND
 
 
@@ -207,7 +195,7 @@ def test_status_sample_walks_the_new_index_past_the_old_failed_rows(big: Conn) -
                       {"limit": 10_001}).fetchone()
     assert row is not None
     plan = row[0][0]["Plan"]
-    assert _indexes(plan) == {"events_prunable_idx"}, _scans(plan)
+    assert _indexes(plan) == {"events_prunable_idx"}, scans(plan)
     assert _examined(plan) == 10_001     # the 40 old prunable rows, then young ones
     status = Admin().status(big)
     assert status.counts["failed"] == OLD_FAILED
@@ -336,7 +324,7 @@ def test_migration_0003_upgrades_a_version_2_database_with_rows(
             row = conn.execute("EXPLAIN (FORMAT JSON) " + Q[name], params).fetchone()
             assert row is not None
             plan = row[0][0]["Plan"]
-            assert all(n["Node Type"] != "Seq Scan" for n in _scans(plan)), (name, plan)
+            assert all(n["Node Type"] != "Seq Scan" for n in scans(plan)), (name, plan)
             assert _indexes(plan) == wanted, (name, plan)
         status = Admin().status(conn)
         assert (status.counts["failed"], status.counts["pending"]) == (OLD_FAILED, 1)

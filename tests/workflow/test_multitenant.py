@@ -45,7 +45,7 @@ MakeDb = Callable[[str, bool], str]
 
 
 @pytest.fixture
-def make_db(server_url: str, template_db: str) -> Iterator[MakeDb]:
+def tenant_db(server_url: str, template_db: str) -> Iterator[MakeDb]:
     """Create a database (migrated from the template, or empty); all dropped afterwards."""
     created: list[str] = []
 
@@ -81,12 +81,12 @@ def _pending(url: str) -> int:
 
 
 async def test_a_100k_backlog_does_not_delay_other_tenants_events_past_one_second(
-        make_db: MakeDb, tmp_path: Path, record_property: Any) -> None:
+        tenant_db: MakeDb, tmp_path: Path, record_property: Any) -> None:
     names = [f"t{i}" for i in range(TENANTS)]
     busy = names[0]
     # The busy tenant's database is migrated to hold its backlog; the other nine start
     # empty, so the worker must ensure their schema when it adds them.
-    urls = {name: make_db(name, name == busy) for name in names}
+    urls = {name: tenant_db(name, name == busy) for name in names}
     with psycopg.connect(urls[busy], autocommit=True) as conn:
         conn.execute("INSERT INTO conveyor.events (tenant, topic, payload) "
                      "SELECT %s, 'work.item', jsonb_build_object('tenant', %s::text, 'n', g) "
@@ -143,8 +143,8 @@ async def _all_others_ran(ran: list[Any], tenants: list[str]) -> bool:
     return {r[0] for r in ran} >= set(tenants)
 
 
-async def test_tenants_added_and_removed_while_running(make_db: MakeDb, tmp_path: Path) -> None:
-    urls = {name: make_db(name, False) for name in ("a", "b", "c")}
+async def test_tenants_added_and_removed_while_running(tenant_db: MakeDb, tmp_path: Path) -> None:
+    urls = {name: tenant_db(name, False) for name in ("a", "b", "c")}
     _write_dsn(tmp_path, "a", urls["a"])
     _write_dsn(tmp_path, "b", urls["b"])
     seen: list[tuple[str, int]] = []
@@ -188,8 +188,8 @@ async def _saw(seen: list[tuple[str, int]], item: tuple[str, int]) -> bool:
     return item in seen
 
 
-async def test_an_event_naming_another_tenant_is_parked_not_run(make_db: MakeDb) -> None:
-    url_a, url_b = make_db("a", True), make_db("b", True)
+async def test_an_event_naming_another_tenant_is_parked_not_run(tenant_db: MakeDb) -> None:
+    url_a, url_b = tenant_db("a", True), tenant_db("b", True)
     with CommittingProducer(url_a) as producer:
         stray = producer.enqueue("job.run", {}, tenant="b")
         own = producer.enqueue("job.run", {}, tenant="a")
@@ -215,8 +215,8 @@ async def test_an_event_naming_another_tenant_is_parked_not_run(make_db: MakeDb)
                                  "of tenant 'a'; not run")
 
 
-async def test_an_unreachable_tenant_does_not_stop_the_others(make_db: MakeDb) -> None:
-    url = make_db("ok", False)
+async def test_an_unreachable_tenant_does_not_stop_the_others(tenant_db: MakeDb) -> None:
+    url = tenant_db("ok", False)
     router = Router()
     router.add("job.*", lambda event: None)
     worker = MultiTenantWorker(
@@ -234,8 +234,8 @@ async def test_an_unreachable_tenant_does_not_stop_the_others(make_db: MakeDb) -
         await worker.close()
 
 
-async def test_a_router_factory_builds_each_tenants_router(make_db: MakeDb) -> None:
-    urls = {"a": make_db("a", True), "b": make_db("b", True)}
+async def test_a_router_factory_builds_each_tenants_router(tenant_db: MakeDb) -> None:
+    urls = {"a": tenant_db("a", True), "b": tenant_db("b", True)}
     built: list[str] = []
 
     def build(tenant: TenantDatabase) -> Router:
@@ -275,8 +275,8 @@ def test_directory_scan_skips_malformed_files(tmp_path: Path) -> None:
         DirectoryTenants(tmp_path / "missing").scan()
 
 
-def test_cli_worker_multi_serves_each_tenant_in_its_own_database(make_db: MakeDb) -> None:
-    urls = {"north": make_db("north", False), "south": make_db("south", False)}
+def test_cli_worker_multi_serves_each_tenant_in_its_own_database(tenant_db: MakeDb) -> None:
+    urls = {"north": tenant_db("north", False), "south": tenant_db("south", False)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "conveyor.cli.main", "worker-multi",
          "--app", "tests.workflow.apps:router", "--poll-interval", "0.5",

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 import psycopg.sql
@@ -287,6 +287,13 @@ class _PipeReader:
         self._file.close()
 
 
+class _Startable(Protocol):
+    def start(self) -> None: ...
+
+
+Child = TypeVar("Child", bound=_Startable)
+
+
 @dataclass(frozen=True, slots=True)
 class WakeRun:
     latencies_ms: list[float] = field(repr=False)
@@ -303,13 +310,7 @@ def wake_latency(admin: psycopg.Connection[Any], url: str, schemas: Schemas,
     """Latency from commit-return to handler start, for an idle worker at defaults."""
     schema = schemas.conveyor
     scratch.reset(admin, schema)
-    read_fd, write_fd = os.pipe()
-    worker = registry.worker(url, schema, wake_fd=write_fd)
-    try:
-        worker.start()
-    finally:
-        os.close(write_fd)  # the worker holds the only write end now: EOF when it exits
-    reader = _PipeReader(read_fd)
+    worker, reader = _started_with_pipe(lambda fd: registry.worker(url, schema, wake_fd=fd))
     try:
         worker.wait_registered(admin)
         producer = Producer(ProducerConfig(schema=schema))
@@ -334,13 +335,7 @@ def raw_wake_latency(admin: psycopg.Connection[Any], url: str, schemas: Schemas,
     """The same for the baseline: INSERT and NOTIFY in one transaction, LISTEN and claim."""
     schema = schemas.raw
     scratch.reset(admin, schema)
-    read_fd, write_fd = os.pipe()
-    waker = registry.raw_waker(url, schema, write_fd)
-    try:
-        waker.start()
-    finally:
-        os.close(write_fd)
-    reader = _PipeReader(read_fd)
+    waker, reader = _started_with_pipe(lambda fd: registry.raw_waker(url, schema, fd))
     try:
         waker.wait_ready()
         insert = insert_sql(schema) + " RETURNING id"
@@ -363,6 +358,17 @@ def raw_wake_latency(admin: psycopg.Connection[Any], url: str, schemas: Schemas,
         waker.stop()
         reader.close()
     return _wake_run(reader, sent, samples, rss)
+
+
+def _started_with_pipe(make: Callable[[int], Child]) -> tuple[Child, _PipeReader]:
+    """A child started with the write end of a new pipe, and a reader of the other end."""
+    read_fd, write_fd = os.pipe()
+    child = make(write_fd)
+    try:
+        child.start()
+    finally:
+        os.close(write_fd)  # the child holds the only write end now: EOF when it exits
+    return child, _PipeReader(read_fd)
 
 
 def _wake_samples(send: Callable[[], tuple[int, float]], reader: _PipeReader,

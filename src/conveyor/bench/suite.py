@@ -193,16 +193,17 @@ class Suite:
     def _drains(self, admin: psycopg.Connection[Any]) -> tuple[list[DrainRun], list[DrainRun]]:
         """Defaults against the raw loop at the same batch size, alternating, first mover rotated."""
         self.say(f"drain {self.plan.events:,} no-op events x {self.plan.reps}")
-        default: list[DrainRun] = []
-        raw_same: list[DrainRun] = []
+        return self._alternate(lambda: self._conveyor(admin, DEFAULT),
+                               lambda: self._raw(admin, RAW_SAME_BATCH))
+
+    def _alternate(self, ours: Callable[[], DrainRun], raw: Callable[[], DrainRun]
+                   ) -> tuple[list[DrainRun], list[DrainRun]]:
+        """``reps`` runs of each, side by side, the first mover swapped every repetition."""
+        runs: tuple[list[DrainRun], list[DrainRun]] = ([], [])
         for rep in range(self.plan.reps):
-            steps: list[Callable[[], None]] = [
-                lambda: default.append(self._conveyor(admin, DEFAULT)),
-                lambda: raw_same.append(self._raw(admin, RAW_SAME_BATCH)),
-            ]
-            for step in steps[rep % 2:] + steps[:rep % 2]:
-                step()
-        return default, raw_same
+            for side in ((0, 1) if rep % 2 == 0 else (1, 0)):
+                runs[side].append((ours, raw)[side]())
+        return runs
 
     def _best(self, admin: psycopg.Connection[Any], default: list[DrainRun]
               ) -> tuple[Settings, list[DrainRun], list[DrainRun]]:
@@ -219,15 +220,8 @@ class Suite:
         self._candidate_log = [{**_settings(*k), "per_s": [r.per_s for r in v]}
                                for k, v in tried.items()]
         winner = max(tried, key=lambda k: _median(tried[k]))
-        runs: list[DrainRun] = []
-        raw_best: list[DrainRun] = []
-        for rep in range(self.plan.reps):
-            steps: list[Callable[[], None]] = [
-                lambda: runs.append(self._conveyor(admin, winner)),
-                lambda: raw_best.append(self._raw(admin, RAW_BEST_BATCH)),
-            ]
-            for step in steps[rep % 2:] + steps[:rep % 2]:
-                step()
+        runs, raw_best = self._alternate(lambda: self._conveyor(admin, winner),
+                                         lambda: self._raw(admin, RAW_BEST_BATCH))
         return winner, runs, raw_best
 
 
