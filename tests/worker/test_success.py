@@ -155,6 +155,28 @@ async def test_higher_priority_runs_first_then_oldest_first(db: str) -> None:
     assert order == ["high-1", "high-2", "mid", "low-1", "low-2"]
 
 
+async def test_a_batch_starts_highest_priority_first_whatever_order_the_claim_returns(
+        db: str) -> None:
+    # Statistics of a near-empty table make the claim's UPDATE walk the table in
+    # physical order (lowest priority inserted first here); the worker sorts.
+    await query(db, "ANALYZE conveyor.events")
+    started: list[int] = []
+
+    async def handle(event: Event) -> None:
+        started.append(event.priority)
+
+    router = Router()
+    router.add("batch.prio", handle)
+    for i in range(30):
+        await enqueue(db, "batch.prio", {"i": i}, priority=i % 3)
+    worker = Worker(db, router, fast_config(concurrency=50, batch_size=50))
+    try:
+        assert await worker.run_once() == 30
+    finally:
+        await worker.close()
+    assert started == sorted(started, reverse=True) and len(set(started)) == 3
+
+
 def test_a_worker_with_no_routes_is_refused(db: str) -> None:
     with pytest.raises(ConfigError, match="no routes"):
         Worker(db, Router(), fast_config())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import operator
 import os
 import random
 import signal
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 
 EAGER_TASKS = sys.version_info >= (3, 12)
 GENERIC = {"plan_cache_mode": "force_generic_plan"}
+_PRIORITY = operator.itemgetter(6)   # event_claim's priority column
 # A worker never leaves a transaction open; a session that does is cut off.
 IDLE_IN_TX_TIMEOUT = "60s"
 PRUNE_TIMEOUT = 300.0
@@ -419,6 +421,10 @@ class Worker:
                 "lease_ttl": self.config.lease_ttl}, binary=True), self.config.query_timeout,
                 stopping=self._stopping)
             rows = await cur.fetchall()
+            if len(rows) > 1:
+                # The claim picks by priority but returns in join order; a stable
+                # sort keeps the rest of that order (O(n) when all are equal).
+                rows.sort(key=_PRIORITY, reverse=True)
         except StopRequested:
             return None
         except RECOVERABLE_ERRORS as exc:

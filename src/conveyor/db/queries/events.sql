@@ -45,9 +45,10 @@ WHERE tenant IS NOT DISTINCT FROM %(tenant)s AND idempotency_key = %(idempotency
 -- Claims up to `limit` due events of the worker's topics. SKIP LOCKED lets
 -- concurrent workers take disjoint rows without waiting on each other; the
 -- attempt is counted at claim time so a crash mid-run still spends it.
--- RETURNING follows the UPDATE's join order, not the CTE's (after an ANALYZE
--- the planner may walk the table side first), so the rows are sorted again:
--- the worker starts a batch's handlers in claim order.
+-- Which rows are claimed follows the ORDER BY; the order RETURNING hands them
+-- back follows the UPDATE's join (after an ANALYZE of a small table, the
+-- table's physical order), so the worker sorts a batch by priority itself: a
+-- sort here cost a tenth of the statement.
 WITH next AS (
     SELECT id
     FROM {schema}.events
@@ -58,7 +59,7 @@ WITH next AS (
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), claimed AS (
+)
 UPDATE {schema}.events AS e
 SET state = 'running',
     attempts = e.attempts + 1,
@@ -68,12 +69,8 @@ SET state = 'running',
     updated_at = now()
 FROM next
 WHERE e.id = next.id
-RETURNING e.id, e.tenant, e.topic, e.payload::text AS payload, e.attempts, e.max_attempts,
-          e.priority, e.idempotency_key, e.created_at, e.run_at
-)
-SELECT id, tenant, topic, payload, attempts, max_attempts, priority, idempotency_key, created_at
-FROM claimed
-ORDER BY priority DESC, run_at, id
+RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
+          e.idempotency_key, e.created_at
 
 -- name: event_succeed_many
 -- Fenced: applies only where this worker still owns the same attempt. The
