@@ -182,32 +182,23 @@ def test_concurrent_claims_take_each_event_exactly_once(fresh_db: str) -> None:
 
 # ---------------------------------------------------------------- completion
 
-@exercises("event_succeed_many")
-def test_succeed_is_fenced_on_owner_and_attempt(db: Conn) -> None:
+@exercises("event_succeed_many", "event_delete_succeeded_many")
+@pytest.mark.parametrize("name", ["event_succeed_many", "event_delete_succeeded_many"])
+def test_success_acknowledgement_is_fenced_on_owner_and_attempt(db: Conn, name: str) -> None:
     a, b, c = _insert(db), _insert(db), _insert(db)
     owner = _owner()
     _claim(db, owner)
-    done = db.execute(Q["event_succeed_many"], {
-        "owner": owner, "ids": [a, b, c], "attempts": [1, 2, 1]}).fetchall()
+    done = db.execute(Q[name], {"owner": owner, "ids": [a, b, c], "attempts": [1, 2, 1]}).fetchall()
     assert sorted(r[0] for r in done) == sorted([a, c])  # b: stale attempt number
-    assert db.execute(Q["event_succeed_many"], {
+    assert db.execute(Q[name], {
         "owner": _owner(), "ids": [b], "attempts": [1]}).fetchall() == []  # not the owner
-    assert _row(db, a, "state, lease_owner, finished_at IS NOT NULL") == ("succeeded", None, True)
-    assert _row(db, b, "state") == ("running",)
-
-
-@exercises("event_delete_succeeded_many")
-def test_delete_succeeded_is_fenced_on_owner_and_attempt(db: Conn) -> None:
-    a, b, c = _insert(db), _insert(db), _insert(db)
-    owner = _owner()
-    _claim(db, owner)
-    gone = db.execute(Q["event_delete_succeeded_many"], {
-        "owner": owner, "ids": [a, b, c], "attempts": [1, 2, 1]}).fetchall()
-    assert sorted(r[0] for r in gone) == sorted([a, c])  # b: stale attempt number
-    assert db.execute(Q["event_delete_succeeded_many"], {
-        "owner": _owner(), "ids": [b], "attempts": [1]}).fetchall() == []  # not the owner
-    left = db.execute("SELECT id, state FROM conveyor.events ORDER BY id").fetchall()
-    assert left == [(b, "running")]
+    left = db.execute("SELECT id, state, lease_owner, finished_at IS NOT NULL"
+                      " FROM conveyor.events ORDER BY id").fetchall()
+    if name == "event_succeed_many":
+        assert left == [(a, "succeeded", None, True), (b, "running", uuid.UUID(owner), False),
+                        (c, "succeeded", None, True)]
+    else:                                 # retention 0: the acknowledged rows are gone
+        assert left == [(b, "running", uuid.UUID(owner), False)]
 
 
 def test_claim_picks_by_priority_whatever_the_join_order(db: Conn) -> None:
