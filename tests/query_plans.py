@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import psycopg
+
+
+@contextmanager
+def plan_session(url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection in a transaction rolled back afterwards, reading with one process.
+
+    Parallel workers keep their own table statistics, out of the transaction's
+    sight; one process keeps every read an EXPLAIN ANALYZE reports countable.
+    """
+    with psycopg.connect(url) as conn:
+        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+        yield conn
+        conn.rollback()
 
 
 def scans(plan: Any) -> list[dict[str, Any]]:

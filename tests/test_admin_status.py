@@ -23,7 +23,7 @@ from conveyor.admin import EXACT_FINISHED_LIMIT, _estimate_finished
 from conveyor.cli.commands import format_status
 from conveyor.db.named_queries import queries_for
 from conveyor.types import TopicCount
-from query_plans import scans
+from query_plans import plan_session, scans
 
 Q = queries_for("conveyor")
 Conn = psycopg.Connection[Any]
@@ -80,12 +80,8 @@ def big_db(make_db: Callable[..., AbstractContextManager[str]], template_db: str
 @pytest.fixture
 def big(big_db: str) -> Iterator[Conn]:
     """A connection to the big database inside a transaction rolled back afterwards."""
-    with psycopg.connect(big_db) as conn:
-        # Parallel workers keep their own table statistics, out of this
-        # transaction's sight; one process keeps every read countable.
-        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+    with plan_session(big_db) as conn:
         yield conn
-        conn.rollback()
 
 
 READS = ("SELECT seq_scan, seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
@@ -26,7 +26,7 @@ from conveyor.db.named_queries import queries_for
 from conveyor.schema import migrator as migrator_module
 from conveyor.schema.migrator import load_migrations, migration_script
 from conveyor.types import FINISHED_STATES, EventState
-from query_plans import scans
+from query_plans import plan_session, scans
 
 Q = queries_for("conveyor")
 Conn = psycopg.Connection[Any]
@@ -64,31 +64,20 @@ def _fill(conn: Conn) -> None:
 
 
 @pytest.fixture(scope="module")
-def failed_db(server_url: str, template_db: str) -> Iterator[str]:
+def failed_db(make_db: Callable[..., AbstractContextManager[str]], template_db: str) -> Iterator[str]:
     """A migrated database with 50 k old failed rows and 40 prunable ones."""
-    name = f"conveyor_prune_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template_db)))
-    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
-    try:
+    with make_db(prefix="conveyor_prune_", template=template_db) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             _fill(conn)
             conn.execute("VACUUM ANALYZE conveyor.events")
         yield url
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
 
 
 @pytest.fixture
 def big(failed_db: str) -> Iterator[Conn]:
     """A connection to the module database, in a transaction rolled back afterwards."""
-    with psycopg.connect(failed_db) as conn:
-        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+    with plan_session(failed_db) as conn:
         yield conn
-        conn.rollback()
 
 
 # ------------------------------------------------------------------ plans

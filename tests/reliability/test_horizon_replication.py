@@ -150,6 +150,13 @@ async def _dead_rows_left_by_vacuum(url: str) -> int:
     return int(rows[0]["n"])
 
 
+async def _until_alert(worker: Worker, *, raised: bool) -> None:
+    async def reached() -> bool:
+        return (worker.maintenance.horizon is not None) == raised
+    await wait_until(reached, timeout=ALERT_WITHIN,
+                     what="the horizon alert" if raised else "the alert to clear")
+
+
 async def _slot(url: str, name: str) -> dict[str, Any]:
     rows = await query(url, "SELECT slot_type, xmin::text AS xmin, "
                             "catalog_xmin::text AS catalog_xmin, active "
@@ -185,9 +192,7 @@ async def test_a_physical_slot_left_by_its_standby_raises_the_alert_naming_it_un
         assert left["active"] is False and left["xmin"] is not None
         left_at = time.monotonic()
 
-        async def pinned() -> bool:
-            return worker.maintenance.horizon is not None
-        await wait_until(pinned, timeout=ALERT_WITHIN, what="the horizon alert")
+        await _until_alert(worker, raised=True)
         holder = worker.maintenance.horizon
         assert holder is not None
         assert holder.kind == "replication slot"
@@ -206,9 +211,7 @@ async def test_a_physical_slot_left_by_its_standby_raises_the_alert_naming_it_un
         released_before = len(_alerts(caplog, "horizon_released"))
         await query(queue_db, "SELECT pg_drop_replication_slot('horizon_slot')")
 
-        async def released() -> bool:
-            return worker.maintenance.horizon is None
-        await wait_until(released, timeout=ALERT_WITHIN, what="the alert to clear")
+        await _until_alert(worker, raised=False)
         cleared = _alerts(caplog, "horizon_released")[released_before:]
         assert len(cleared) == 1 and "horizon_slot (physical)" in cleared[0].getMessage()
     assert len(ids) > 50 and len(handled) >= len(ids) - 5
@@ -273,9 +276,7 @@ async def test_a_hot_standby_feedback_pin_raises_the_alert_naming_the_standby_un
             await reader.execute("SELECT count(*) FROM conveyor.events")
             opened = time.monotonic()
 
-            async def pinned() -> bool:
-                return worker.maintenance.horizon is not None
-            await wait_until(pinned, timeout=ALERT_WITHIN, what="the horizon alert")
+            await _until_alert(worker, raised=True)
             holder = worker.maintenance.horizon
             assert holder is not None
             # Named as the standby: its application_name and its address.
@@ -291,9 +292,7 @@ async def test_a_hot_standby_feedback_pin_raises_the_alert_naming_the_standby_un
         finally:
             await reader.close()          # the report ends
 
-        async def released() -> bool:
-            return worker.maintenance.horizon is None
-        await wait_until(released, timeout=ALERT_WITHIN, what="the alert to clear")
+        await _until_alert(worker, raised=False)
         cleared = _alerts(caplog, "horizon_released")
         assert len(cleared) == 1 and "horizon-standby" in cleared[0].getMessage()
     assert len(ids) > 50
