@@ -50,9 +50,9 @@ def trace_wake_path() -> None:
         os.write(fd, f"N {time.time():.6f}\n".encode())
         notified(self, payload)
 
-    async def traced_claim(self: Worker, want: int) -> object:
+    async def traced_claim(self: Worker, want: int, **kwargs: object) -> object:
         start = time.time()
-        events = await claim(self, want)
+        events = await claim(self, want, **kwargs)
         os.write(fd, f"C {start:.6f} {time.time():.6f} {len(events or [])}\n".encode())
         return events
 

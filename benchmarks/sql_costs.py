@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     ("ack without state=running", [], _render(ACK_NO_STATE, schemas.conveyor),
                      True),
                     ("ack by DELETE", [], _render(DELETE_ACK, schemas.conveyor), True),
-                    ("no finished+lease idx", ["events_finished_idx", "events_lease_idx"],
+                    ("no prunable+lease idx", ["events_prunable_idx", "events_lease_idx"],
                      None, True),
                 ]
                 for label, drops, ack, prepare in phases:

@@ -67,9 +67,14 @@ class Completer:
                 | {(o.event_id, o.attempt) for o in self._flushing})
 
     def add(self, outcome: Outcome) -> None:
-        self._buffer.append(outcome)
-        self._idle.clear()
-        self._signal.set()
+        buffer = self._buffer
+        buffer.append(outcome)
+        if len(buffer) == 1:
+            # Only the first outcome of a batch needs to wake the flusher: run()
+            # waits on the signal only while the buffer is empty, and idle is
+            # set only then.
+            self._idle.clear()
+            self._signal.set()
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Flush until stopped and the buffer is empty."""
@@ -97,7 +102,7 @@ class Completer:
         self._flushing = batch
         try:
             conn = await self._conn.get(give_up_on_stop=False)
-            if self._held.intersection(o.event_id for o in batch):
+            if self._held and self._held.intersection(o.event_id for o in batch):
                 raise psycopg.errors.LockNotAvailable("a row of this batch was held before")
             done = await self._write(conn, batch)
         except psycopg.errors.LockNotAvailable:
@@ -145,8 +150,8 @@ class Completer:
         self._on_acked(batch, done)
 
     async def _write(self, conn: psycopg.AsyncConnection[Any], batch: list[Outcome]) -> set[int]:
-        succeeded = [o for o in batch if o.state is EventState.SUCCEEDED]
         others = [o for o in batch if o.state is not EventState.SUCCEEDED]
+        succeeded = [o for o in batch if o.state is EventState.SUCCEEDED] if others else batch
         done: set[int] = set()
         if succeeded:
             cur = await bounded(conn, conn.execute(self._q[self._succeed], {

@@ -459,31 +459,38 @@ class Worker:
             self._start_all(self._deferred.pop(0))
 
     def _start_all(self, events: list[Event]) -> None:
-        for event in events:
-            running = self._running.get((event.id, event.attempt))
-            if running is not None and running.task is None:
-                self._start(running)
-
-    def _start(self, running: _Running) -> None:
-        event = running.event
-        route = self.router.resolve(event.topic)
-        if route is None:
-            # The claim filter should make this impossible; give the event back untouched.
-            self.completer.add(Outcome.handed_back(event))
-            return
-        self._active += 1
+        # The per-batch lookups (loop, clock, router, defaults) are made once
+        # here, not once per event: this loop runs for every claimed event.
         loop = asyncio.get_running_loop()
-        timeout = route.timeout or self.config.handler_timeout
-        running.deadline = loop.time() + timeout
-        coro = self._execute(route, event, running, timeout)
-        if EAGER_TASKS:
-            # Python 3.12+: the handler runs at once, up to its first real wait,
-            # with itself as the current task; one that never waits costs no
-            # scheduling round at all.
-            running.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
-        else:
-            running.task = loop.create_task(coro)
-        if self._sweeper is None or self._sweeper.done():
+        now = loop.time()
+        running_map = self._running
+        resolve = self.router.resolve
+        default_timeout = self.config.handler_timeout
+        execute = self._execute
+        started = False
+        for event in events:
+            running = running_map.get((event.id, event.attempt))
+            if running is None or running.task is not None:
+                continue
+            route = resolve(event.topic)
+            if route is None:
+                # The claim filter should make this impossible; give the event back untouched.
+                self.completer.add(Outcome.handed_back(event))
+                continue
+            self._active += 1
+            timeout = route.timeout or default_timeout
+            running.deadline = now + timeout
+            coro = execute(route, event, running, timeout)
+            if EAGER_TASKS:
+                # Python 3.12+: the handler runs at once, up to its first real wait,
+                # with itself as the current task; one that never waits costs no
+                # scheduling round at all.
+                running.task = asyncio.Task(coro, loop=loop,  # type: ignore[call-arg]
+                                            eager_start=True)
+            else:
+                running.task = loop.create_task(coro)
+            started = True
+        if started and (self._sweeper is None or self._sweeper.done()):
             self._sweeper = loop.create_task(self._sweep_deadlines())
 
     async def _sweep_deadlines(self) -> None:
@@ -533,7 +540,7 @@ class Worker:
             outcome = outcome_of_error(exc, event, route.backoff or self.config.backoff)
         else:
             outcome = success(event)
-        self._release_slot()
+        self._active -= 1
         if (event.id, event.attempt) in self._running:
             self.completer.add(outcome)
 
@@ -556,9 +563,18 @@ class Worker:
 
     def _acked(self, batch: list[Outcome], done: set[int]) -> None:
         s = self.stats
+        running = self._running
+        succeeded = EventState.SUCCEEDED
+        if len(done) == len(batch) and all(o.state is succeeded for o in batch):
+            # The common flush: plain successes, every one written.
+            for outcome in batch:
+                running.pop((outcome.event_id, outcome.attempt), None)
+            s.succeeded += len(batch)
+            self._slot_freed.set()
+            return
         now = time.time()
         for outcome in batch:
-            self._running.pop((outcome.event_id, outcome.attempt), None)
+            running.pop((outcome.event_id, outcome.attempt), None)
             if outcome.event_id not in done:
                 continue
             if outcome.state is EventState.PENDING and outcome.delay is not None:
