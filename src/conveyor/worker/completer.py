@@ -18,7 +18,7 @@ import psycopg
 
 from conveyor.db.named_queries import Queries
 from conveyor.types import EventState
-from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, bounded
+from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, bounded_here
 from conveyor.worker.executor import Outcome
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ class Completer:
         succeeded = [o for o in batch if o.state is EventState.SUCCEEDED] if others else batch
         done: set[int] = set()
         if succeeded:
-            cur = await bounded(conn, conn.execute(self._q[self._succeed], {
+            cur = await bounded_here(conn, conn.execute(self._q[self._succeed], {
                 "owner": self._owner,
                 # Integer arrays as array literals: psycopg's per-element list
                 # adaptation cost more than the statement itself on large batches.
@@ -163,7 +163,7 @@ class Completer:
             }), self._query_timeout)
             done.update(r[0] for r in await cur.fetchall())
         if others:
-            cur = await bounded(conn, conn.execute(self._q["event_settle_many"], {
+            cur = await bounded_here(conn, conn.execute(self._q["event_settle_many"], {
                 "owner": self._owner,
                 "ids": [o.event_id for o in others],
                 "attempts": [o.attempt for o in others],

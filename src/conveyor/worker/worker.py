@@ -39,10 +39,12 @@ from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
     CONNECTION_ERRORS,
     RECOVERABLE_ERRORS,
+    Flag,
     ManagedConnection,
     SessionMode,
     StopRequested,
     bounded,
+    bounded_here,
 )
 from conveyor.worker.executor import (
     Outcome,
@@ -120,7 +122,7 @@ class Worker:
         tenants = self.config.tenants
         self._filter["all_tenants"] = tenants is None
         self._filter["tenants"] = list(tenants or ())
-        self._stopping = asyncio.Event()
+        self._stopping = Flag()
         self._closing = asyncio.Event()   # set once nothing more will be acknowledged
         self._wake = asyncio.Event()
         # Claimed and not yet acknowledged, by (event id, attempt): the same event
@@ -303,11 +305,15 @@ class Worker:
         self._closing.set()
         if self._sweeper is not None:
             self._sweeper.cancel()
-        try:
-            await asyncio.wait_for(completer, timeout=self.config.shutdown_timeout)
-        except TimeoutError:
+        done, _ = await asyncio.wait({completer}, timeout=self.config.shutdown_timeout)
+        if not done:
             log.error("could not acknowledge %d results before exit; their leases will expire",
                       self.completer.backlog, extra={"action": "ack_abandoned"})
+            # Its statements run in its own task (bounded_here): close the socket
+            # first, so the cancellation does not wait on the server.
+            self._ack_conn.abort()
+            completer.cancel()
+            await asyncio.wait({completer}, timeout=1.0)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -416,7 +422,7 @@ class Worker:
             conn = await self._fetch_conn.get()
             # Binary results: the server skips formatting ids and timestamps as
             # text and the client skips parsing them (5 % of a 1000-row claim).
-            cur = await bounded(conn, conn.execute(self._q["event_claim"], {
+            cur = await bounded_here(conn, conn.execute(self._q["event_claim"], {
                 **self._filter, "limit": want, "owner": self.id,
                 "lease_ttl": self.config.lease_ttl}, binary=True), self.config.query_timeout,
                 stopping=self._stopping)
