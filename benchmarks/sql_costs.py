@@ -95,13 +95,21 @@ def raw_pair(conn: psycopg.Connection[Any], schema: str, batch: int, timings: Ti
     return len(rows)
 
 
+CHECKS = ["events_state_check", "events_attempts_check", "events_topic_check",
+          "events_lease_check"]
+
+
 def variant(admin: psycopg.Connection[Any], url: str, schemas: scratch.Schemas,
-            drop_indexes: list[str]) -> None:
-    """Empty Conveyor's table and drop the named indexes from it."""
+            drops: list[str]) -> None:
+    """Empty Conveyor's table and drop the named indexes and check constraints from it."""
     scratch.reset(admin, schemas.conveyor)
-    for name in drop_indexes:
-        admin.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(
-            sql.Identifier(schemas.conveyor, name)))
+    for name in drops:
+        if name in CHECKS:
+            admin.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT IF EXISTS {}").format(
+                sql.Identifier(schemas.conveyor, "events"), sql.Identifier(name)))
+        else:
+            admin.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(
+                sql.Identifier(schemas.conveyor, name)))
 
 
 def _phase(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any], url: str,
@@ -145,6 +153,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     ("ack by DELETE", [], _render(DELETE_ACK, schemas.conveyor), True),
                     ("no prunable+lease idx", ["events_prunable_idx", "events_lease_idx"],
                      None, True),
+                    # Last: the constraints stay dropped too (and so do the indexes).
+                    ("no checks either", ["events_prunable_idx", "events_lease_idx",
+                                          *CHECKS], None, True),
                 ]
                 for label, drops, ack, prepare in phases:
                     _phase(admin, conn, args.url, schemas, args, timings, label, drops, ack,
