@@ -383,12 +383,21 @@ def test_error_is_one_line_on_stderr(error_db: str, args: list[str], needles: li
     assert_one_line_error(conveyor("--database-url", error_db, *args), *needles)
 
 
-def test_a_bad_event_loop_from_the_environment_is_one_line(error_db: str) -> None:
-    env = child_env(CONVEYOR_EVENT_LOOP="tokio")
-    assert_one_line_error(
-        conveyor("--database-url", error_db, "worker", "--app", "tests.acceptance.apps:router",
-                 env=env),
-        "invalid event loop 'tokio'", "auto, uvloop, asyncio")
+@pytest.mark.parametrize(("variable", "value", "args", "expected"), [
+    ("CONVEYOR_EVENT_LOOP", "tokio", ["worker", "--app", "tests.acceptance.apps:router"],
+     "auto, uvloop, asyncio"),
+    ("CONVEYOR_EVENT_LOOP", "tokio", ["worker-multi", "--app", "tests.acceptance.apps:router",
+                                      "--dsn", "postgresql:///nowhere"], "auto, uvloop, asyncio"),
+    # Before the check at parsing, a bad log level was a traceback and a bad log
+    # format was silently taken for text.
+    ("CONVEYOR_LOG_LEVEL", "loud", ["status"], "debug, info, warning, error"),
+    ("CONVEYOR_LOG_FORMAT", "xml", ["status"], "text, json"),
+])
+def test_a_bad_choice_from_the_environment_is_one_line(error_db: str, variable: str, value: str,
+                                                       args: list[str], expected: str) -> None:
+    done = conveyor("--database-url", error_db, *args, env=child_env(**{variable: value}))
+    assert_one_line_error(done, f"invalid {variable}={value!r}", expected)
+    assert done.returncode == 2   # refused while parsing, before anything ran
 
 
 def test_event_loop_choice() -> None:
