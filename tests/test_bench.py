@@ -24,7 +24,8 @@ RATES = ("enqueue_single_per_s", "enqueue_batch_per_s", "enqueue_batch_in_tx_per
          "raw_copy_per_s", "raw_single_per_s",
          "drain_default_per_s", "drain_best_per_s", "raw_drain_same_batch_per_s",
          "raw_drain_best_per_s")
-OTHERS = ("wake_p50_ms", "wake_p99_ms", "raw_wake_p50_ms", "raw_wake_p99_ms", "worker_rss_mb", "enqueue_single_ratio",
+OTHERS = ("wake_p50_ms", "wake_p99_ms", "raw_wake_p50_ms", "raw_wake_p99_ms", "worker_rss_mb",
+          "enqueue_single_ratio",
           "enqueue_batch_ratio", "enqueue_batch_in_tx_ratio", "enqueue_batch_ids_ratio",
           "drain_default_ratio",
           "drain_best_ratio")

@@ -487,16 +487,16 @@ def test_a_bulk_batch_that_begins_the_transaction_streams_and_a_refusal_rolls_it
     producer = Producer()
     bad = [("own.bulk", {"i": i}) for i in range(5000)] + [("own.bulk", float("inf"))]
     with psycopg.connect(fresh_db) as conn:
-        with pytest.raises(InvalidInputError, match="^event #5000: payload is not JSON"):
+        with pytest.raises(InvalidInputError, match=r"^event #5000: payload is not JSON"):
             producer.enqueue_bulk(conn, bad)
         assert conn.info.transaction_status == TransactionStatus.IDLE
         # A non-plain event after streaming began: the stream is dropped and the
         # whole batch takes the full path, in the same (still uncommitted) call.
-        mixed: list[Any] = bad[:5000] + [NewEvent(topic="own.bulk", tenant="acme")]
+        mixed: list[Any] = [*bad[:5000], NewEvent(topic="own.bulk", tenant="acme")]
         assert producer.enqueue_bulk(conn, mixed) == 5001
         conn.commit()
     with psycopg.connect(fresh_db, autocommit=True) as conn:
-        with pytest.raises(InvalidInputError, match="^event #5000"):
+        with pytest.raises(InvalidInputError, match=r"^event #5000"):
             producer.enqueue_bulk(conn, bad)                       # one COPY, abandoned
         assert conn.info.transaction_status == TransactionStatus.IDLE
         assert producer.enqueue_bulk(conn, bad[:100]) == 100
@@ -508,11 +508,11 @@ async def test_async_bulk_refusals_leave_the_transaction_as_it_was(fresh_db: str
     producer = AsyncProducer()
     bad = [("a.bulk", {"i": i}) for i in range(300)] + [("a.bulk", "\x00")]
     async with await psycopg.AsyncConnection.connect(fresh_db) as aconn:
-        with pytest.raises(InvalidInputError, match="^event #300: payload contains a NUL"):
+        with pytest.raises(InvalidInputError, match=r"^event #300: payload contains a NUL"):
             await producer.enqueue_bulk(aconn, bad)                 # streamed, rolled back
         assert aconn.info.transaction_status == TransactionStatus.IDLE
         await producer.enqueue(aconn, "a.first")
-        with pytest.raises(InvalidInputError, match="^event #300"):
+        with pytest.raises(InvalidInputError, match=r"^event #300"):
             await producer.enqueue_bulk(aconn, bad)                 # checked first
         assert aconn.info.transaction_status == TransactionStatus.INTRANS
         assert await producer.enqueue_bulk(aconn, bad[:300]) == 300

@@ -41,7 +41,7 @@ async def test_no_answer_in_time_closes_the_socket_and_raises_timeout(shared_db_
     conn = await _connect(shared_db_url)
     try:
         started = time.monotonic()
-        with pytest.raises(TimeoutError, match="within 0.3s"):
+        with pytest.raises(TimeoutError, match=r"within 0\.3s"):
             await bounded_here(conn, conn.execute("SELECT pg_sleep(30)"), 0.3)
         took = time.monotonic() - started
         assert 0.25 <= took < 2.0, took

@@ -30,7 +30,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -132,7 +132,7 @@ def enqueue_batch(url: str, schemas: Schemas, count: int, batch: int = 1000,
     return tuple(batches * batch / s for s in spent)  # type: ignore[return-value]
 
 
-def _rotate(total: int, rounds: int, fns: list[Callable[[int], None]]) -> list[float]:
+def _rotate(total: int, rounds: int, fns: Sequence[Callable[[int], None]]) -> list[float]:
     """Run each of ``fns`` over ``total`` units, in an order rotated every round; their seconds."""
     spent = [0.0] * len(fns)
     for r, k in enumerate(_split(total, rounds)):

@@ -24,8 +24,8 @@ from conveyor.config import (
     CONCURRENCY_DEFAULT,
     HANDLER_TIMEOUT_DEFAULT,
     HEARTBEAT_INTERVAL_DEFAULT,
-    LEASE_TTL_DEFAULT,
     HORIZON_ALERT_DEFAULT,
+    LEASE_TTL_DEFAULT,
     POLL_INTERVAL_DEFAULT,
     RESCUE_INTERVAL_DEFAULT,
     SHUTDOWN_TIMEOUT_DEFAULT,
@@ -432,7 +432,7 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
             tenants=tuple(args.tenants) if args.tenants else None,
             backoff=BackoffPolicy(base_delay=args.backoff_base,
                                   max_delay=max(args.backoff_max, args.backoff_base)),
-            listen=env_flag(args.listen, "LISTEN", True),
+            listen=env_flag(args.listen, "LISTEN", True) is not False,  # never None here
             transaction_pooler=env_flag(args.transaction_pooler, "TRANSACTION_POOLER", None),
             horizon_alert_after=(None if args.horizon_alert.strip().lower() == "off"
                                  else parse_duration(args.horizon_alert)))

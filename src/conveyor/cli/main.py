@@ -50,12 +50,12 @@ class ArgumentParser(argparse.ArgumentParser):
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None
                          ) -> tuple[argparse.Namespace, list[str]]:
-        namespace, extras = super().parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(args, namespace)
         # argparse checks the choices of values given on the command line, not of
         # defaults, and these defaults come from CONVEYOR_* variables: a bad one
         # would otherwise surface later as a traceback (log level) or not at all.
         for action in self._actions:
-            value = getattr(namespace, action.dest, None)
+            value = getattr(parsed, action.dest, None)
             if action.choices is None or isinstance(action, argparse._SubParsersAction) \
                     or not isinstance(value, str) or value in action.choices:
                 continue
@@ -63,7 +63,7 @@ class ArgumentParser(argparse.ArgumentParser):
             variable = "CONVEYOR_" + option.lstrip("-").upper().replace("-", "_")
             self.error(f"invalid {variable}={value!r} (for {option}): expected one of "
                        + ", ".join(map(str, action.choices)))
-        return namespace, extras
+        return parsed, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
