@@ -90,7 +90,8 @@ class WorkerStats:
 @dataclass(slots=True)
 class _Running:
     event: Event
-    task: asyncio.Task[None] | None
+    # The handler's task; for an inline call (blocking=False), a finished future.
+    task: asyncio.Task[None] | asyncio.Future[None] | None
     deadline: float = float("inf")    # loop time after which the sweeper cancels it
     timed_out: bool = False
 
@@ -191,6 +192,7 @@ class Worker:
                                        owned=lambda: list(self._running))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._inline_done: asyncio.Future[None] | None = None
         self.started = asyncio.Event()
 
     # ----------------------------------------------------------------- control
@@ -483,6 +485,13 @@ class Worker:
                 # The claim filter should make this impossible; give the event back untouched.
                 self.completer.add(Outcome.handed_back(event))
                 continue
+            if not route.is_async and not route.blocking:
+                # A plain handler routed blocking=False runs to completion in one
+                # call that nothing can interrupt: it needs no task, coroutine or
+                # deadline of its own (about 3 us less per event).
+                running.task = self._finished(loop)
+                self._run_inline(route, event)
+                continue
             self._active += 1
             timeout = route.timeout or default_timeout
             running.deadline = now + timeout
@@ -498,6 +507,29 @@ class Worker:
             started = True
         if started and (self._sweeper is None or self._sweeper.done()):
             self._sweeper = loop.create_task(self._sweep_deadlines())
+
+    def _finished(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A completed future standing in for the task of an inline handler call."""
+        done = self._inline_done
+        if done is None or done.get_loop() is not loop:
+            done = self._inline_done = loop.create_future()
+            done.set_result(None)
+        return done
+
+    def _run_inline(self, route: Any, event: Event) -> None:
+        """Call a ``blocking=False`` plain handler here and queue its outcome."""
+        backoff = route.backoff or self.config.backoff
+        try:
+            route.handler(event)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # As in _execute: record the failed attempt, then let it through.
+            self.completer.add(failure(event, f"{type(exc).__name__} raised by handler", None,
+                                       backoff))
+            raise
+        except BaseException as exc:  # noqa: BLE001 - any other handler error is a failed attempt
+            self.completer.add(outcome_of_error(exc, event, backoff))
+        else:
+            self.completer.add(success(event))
 
     async def _sweep_deadlines(self) -> None:
         """Cancel handlers past their deadline: one periodic pass instead of a timer per call."""
