@@ -190,7 +190,7 @@ def main() -> int:
     parser.add_argument("--raw-batch", type=int, action="append",
                         help="also profile the raw drainer at this batch (repeatable)")
     parser.add_argument("--patch", help="run the worker through patched_worker.py with these "
-                        "patches, e.g. ack-no-state+async-commit")
+                        "patches, e.g. trace-wake (see patched_worker.py)")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default=None, help="directory for profiles (default: temp)")
     args = parser.parse_args()

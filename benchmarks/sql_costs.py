@@ -43,17 +43,6 @@ WHERE e.id = d.id AND e.lease_owner = %(owner)s AND e.attempts = d.attempt
 RETURNING e.id
 """
 
-# The shipped ack minus "e.state = 'running'": lease_owner = owner already implies it
-# (events_lease_check), and without it the planner cannot pick events_lease_idx.
-ACK_NO_STATE = """
-UPDATE {schema}.events AS e
-SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
-    finished_at = now(), updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt)
-WHERE e.id = d.id AND e.lease_owner = %(owner)s AND e.attempts = d.attempt
-RETURNING e.id
-"""
-
 Timings = dict[str, list[float]]
 
 
@@ -148,8 +137,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 phases: list[tuple[str, list[str], str | None, bool]] = [
                     ("as shipped", [], None, True),
                     ("never prepared (custom plans)", [], None, False),
-                    ("ack without state=running", [], _render(ACK_NO_STATE, schemas.conveyor),
-                     True),
                     ("ack by DELETE", [], _render(DELETE_ACK, schemas.conveyor), True),
                     ("no prunable+lease idx", ["events_prunable_idx", "events_lease_idx"],
                      None, True),
