@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
+from conveyor.db.arrays import int_array
 from conveyor.db.named_queries import Queries
 from conveyor.types import EventState
 from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, bounded_here
@@ -25,10 +26,6 @@ log = logging.getLogger(__name__)
 
 HELD_RETRY_PAUSE = 0.5
 RECONNECT_PAUSE = 0.05
-
-
-def _int_array(values: Iterable[int]) -> str:
-    return "{" + ",".join(map(str, values)) + "}"
 
 
 class Completer:
@@ -158,8 +155,8 @@ class Completer:
                 "owner": self._owner,
                 # Integer arrays as array literals: psycopg's per-element list
                 # adaptation cost more than the statement itself on large batches.
-                "ids": _int_array(o.event_id for o in succeeded),
-                "attempts": _int_array(o.attempt for o in succeeded),
+                "ids": int_array(o.event_id for o in succeeded),
+                "attempts": int_array(o.attempt for o in succeeded),
             }), self._query_timeout)
             done.update(r[0] for r in await cur.fetchall())
         if others:

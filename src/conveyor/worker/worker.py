@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 
 from conveyor.config import WorkerConfig
+from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import ConfigError, MigrationError
 from conveyor.router import Router
@@ -119,10 +120,13 @@ class Worker:
         self.name = self.config.name or f"{socket.gethostname()}:{os.getpid()}"
         self.stats = WorkerStats()
         self._q = queries_for(self.config.schema)
-        self._filter = router.claim_filter()
         tenants = self.config.tenants
-        self._filter["all_tenants"] = tenants is None
-        self._filter["tenants"] = list(tenants or ())
+        claim_filter = {**router.claim_filter(), "all_tenants": tenants is None,
+                        "tenants": list(tenants or ())}
+        # Array parameters as literals, rendered once: psycopg would adapt each
+        # list element by element on every claim.
+        self._filter = {k: text_array(v) if isinstance(v, list) else v
+                        for k, v in claim_filter.items()}
         self._stopping = Flag()
         self._closing = asyncio.Event()   # set once nothing more will be acknowledged
         self._wake = asyncio.Event()
