@@ -446,9 +446,8 @@ class Worker:
             log.error("claiming events failed: %s", exc, extra={"action": "claim_failed"})
             await self._fetch_conn.pause_after_failure()
             return None
-        events = [Event(id=r[0], tenant=r[1], topic=r[2], payload_text=r[3], attempt=r[4],
-                        max_attempts=r[5], priority=r[6], idempotency_key=r[7], created_at=r[8])
-                  for r in rows]
+        from_row = Event.from_claim_row
+        events = [from_row(r) for r in rows]
         self.stats.claimed += len(events)
         # The slots are taken now; the handlers start on the loop's next round,
         # after the fetch loop has sent its next claim, so the database works
