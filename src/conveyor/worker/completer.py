@@ -19,7 +19,12 @@ import psycopg
 from conveyor.db.arrays import int_array
 from conveyor.db.named_queries import Queries
 from conveyor.types import EventState
-from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, bounded_here
+from conveyor.worker.connection import (
+    RECOVERABLE_ERRORS,
+    CursorCache,
+    ManagedConnection,
+    bounded_here,
+)
 from conveyor.worker.executor import Outcome
 
 log = logging.getLogger(__name__)
@@ -38,6 +43,7 @@ class Completer:
         # writes no new row version and no index entries (4 us less per event).
         self._succeed = "event_delete_succeeded_many" if delete_succeeded else "event_succeed_many"
         self._q = queries
+        self._cursor = CursorCache()
         self._owner = owner
         self._flush_size = flush_size
         self._interval = interval
@@ -151,7 +157,8 @@ class Completer:
         succeeded = [o for o in batch if o.state is EventState.SUCCEEDED] if others else batch
         done: set[int] = set()
         if succeeded:
-            cur = await bounded_here(conn, conn.execute(self._q[self._succeed], {
+            cur = self._cursor.get(conn)
+            await bounded_here(conn, cur.execute(self._q[self._succeed], {
                 "owner": self._owner,
                 # Integer arrays as array literals: psycopg's per-element list
                 # adaptation cost more than the statement itself on large batches.
@@ -160,7 +167,8 @@ class Completer:
             }), self._query_timeout)
             done.update(r[0] for r in await cur.fetchall())
         if others:
-            cur = await bounded_here(conn, conn.execute(self._q["event_settle_many"], {
+            cur = self._cursor.get(conn)
+            await bounded_here(conn, cur.execute(self._q["event_settle_many"], {
                 "owner": self._owner,
                 "ids": [o.event_id for o in others],
                 "attempts": [o.attempt for o in others],
