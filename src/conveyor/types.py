@@ -66,7 +66,7 @@ class Event:
         self._payload: Any = _UNSET
 
     @classmethod
-    def from_claim_row(cls, row: tuple[Any, ...]) -> Event:
+    def _from_claim_row(cls, row: tuple[Any, ...]) -> Event:
         """An event from one row of the claim query (``event_claim``'s RETURNING order).
 
         The worker makes one per claimed event; unpacking the row into the slots

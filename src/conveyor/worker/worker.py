@@ -449,7 +449,7 @@ class Worker:
             log.error("claiming events failed: %s", exc, extra={"action": "claim_failed"})
             await self._fetch_conn.pause_after_failure()
             return None
-        from_row = Event.from_claim_row
+        from_row = Event._from_claim_row
         events = [from_row(r) for r in rows]
         self.stats.claimed += len(events)
         # The slots are taken now; the handlers start on the loop's next round,

@@ -49,7 +49,7 @@ WHERE tenant IS NOT DISTINCT FROM %(tenant)s AND idempotency_key = %(idempotency
 -- back follows the UPDATE's join (after an ANALYZE of a small table, the
 -- table's physical order), so the worker sorts a batch by priority itself: a
 -- sort here cost a tenth of the statement. The RETURNING columns are read by
--- position (Event.from_claim_row, the worker's priority sort): keep the order.
+-- position (Event._from_claim_row, the worker's priority sort): keep the order.
 WITH next AS (
     SELECT id
     FROM {schema}.events
