@@ -33,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import datetime
+import email.utils
 import hashlib
 import hmac
 import json
@@ -69,7 +71,9 @@ MAX_ATTEMPTS_DEFAULT = 8
 # the schedule Standard Webhooks' reference implementation (Svix) uses.
 BACKOFF_DEFAULT = BackoffPolicy(base_delay=5.0, factor=6.0, max_delay=36000.0, jitter=0.1)
 RETRY_AFTER_MAX = 3600.0
+TIMESTAMP_DIGITS_MAX = 12
 _ENDPOINT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_ASCII_DIGITS_RE = re.compile(r"[0-9]+")
 
 
 class WebhookVerificationError(ConveyorError):
@@ -122,10 +126,49 @@ def signature_headers(secret: str | bytes, msg_id: str, body: bytes, *,
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
-    for key, value in headers.items():
-        if key.lower() == name:
-            return value
-    raise WebhookVerificationError(f"missing header {name!r}")
+    """The one value of header ``name`` (any case); refused when missing, repeated or not text.
+
+    Two values for one name (two spellings in a dict, or a framework whose
+    ``items()`` yields every raw header line) make "the" header ambiguous, so
+    neither is trusted.
+    """
+    found: list[object] = []
+    try:
+        for key, value in headers.items():
+            if isinstance(key, str | bytes) and _lower_name(key) == name:
+                found.append(value)
+    except (AttributeError, TypeError, ValueError):
+        raise WebhookVerificationError(
+            f"expected the request headers as a mapping, got {type(headers).__name__}") from None
+    if not found:
+        raise WebhookVerificationError(f"missing header {name!r}")
+    if len(found) > 1:
+        raise WebhookVerificationError(f"duplicate header {name!r}: {len(found)} values")
+    only = found[0]
+    if not isinstance(only, str):
+        raise WebhookVerificationError(f"header {name!r} is a {type(only).__name__}, not text")
+    return only
+
+
+def _lower_name(key: str | bytes) -> str:
+    text = key.decode("latin-1") if isinstance(key, bytes) else key
+    return text.lower()
+
+
+def _encoded(name: str, value: str) -> bytes:
+    try:
+        return value.encode()
+    except UnicodeEncodeError:
+        raise WebhookVerificationError(f"header {name!r} is not valid text") from None
+
+
+def _timestamp(stamp: str) -> int:
+    # Unix seconds have 10 digits until the year 2286; anything much longer is
+    # hostile, and would overflow a float or hit int()'s digit limit.
+    if not stamp.isascii() or not stamp.isdigit() or len(stamp) > TIMESTAMP_DIGITS_MAX:
+        raise WebhookVerificationError(f"invalid webhook-timestamp {stamp[:20]!r}: expected "
+                                       f"1-{TIMESTAMP_DIGITS_MAX} ASCII digits")
+    return int(stamp)
 
 
 def verify(secret: str | bytes, headers: Mapping[str, str], body: bytes, *,
@@ -137,24 +180,34 @@ def verify(secret: str | bytes, headers: Mapping[str, str], body: bytes, *,
     space-separated ``v1`` signatures (so secrets can be rotated). Compares in
     constant time. ``tolerance`` defaults to 300 s; ``now`` to the clock.
 
+    Whatever the headers and body hold (missing, repeated or non-text headers,
+    huge or non-ASCII values, a body that is not bytes), the only exception is
+    :class:`WebhookVerificationError`, so a receiver can answer 400 to all of it.
+
     Example::
 
         verify(secret, request.headers, await request.body())
     """
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise WebhookVerificationError(
+            f"expected the raw request body as bytes, got {type(body).__name__}; the "
+            "signature covers the bytes as received, so pass them undecoded")
     msg_id = _header(headers, "webhook-id")
-    stamp = _header(headers, "webhook-timestamp")
-    if not stamp.isascii() or not stamp.isdigit():
-        raise WebhookVerificationError(f"invalid webhook-timestamp {stamp[:20]!r}")
-    timestamp = int(stamp)
+    id_bytes = _encoded("webhook-id", msg_id)
+    if not msg_id:
+        raise WebhookVerificationError("empty header 'webhook-id'")
+    timestamp = _timestamp(_header(headers, "webhook-timestamp"))
+    signatures = _header(headers, "webhook-signature")
     current = time.time() if now is None else now
     if abs(current - timestamp) > tolerance:
         raise WebhookVerificationError(
             f"webhook-timestamp {timestamp} is {current - timestamp:+.0f}s from now, "
             f"outside the {tolerance:g}s tolerance")
-    expected = sign(secret, msg_id, timestamp, body).partition(",")[2]
-    for candidate in _header(headers, "webhook-signature").split():
+    signed = id_bytes + f".{timestamp}.".encode() + bytes(body)
+    expected = base64.b64encode(hmac.new(secret_key(secret), signed, hashlib.sha256).digest())
+    for candidate in signatures.split():
         version, _, value = candidate.partition(",")
-        if version == "v1" and hmac.compare_digest(value.encode(), expected.encode()):
+        if version == "v1" and value.isascii() and hmac.compare_digest(value.encode(), expected):
             return
     raise WebhookVerificationError(f"no valid signature for webhook {msg_id[:80]!r}")
 
@@ -344,9 +397,24 @@ def webhook_body(payload: Mapping[str, Any]) -> bytes:
                       ensure_ascii=False).encode()
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after", "")
-    return min(float(value), RETRY_AFTER_MAX) if value.isdigit() else None
+def _retry_after(response: httpx.Response, now: float | None = None) -> float | None:
+    """Seconds to wait from ``Retry-After`` (ASCII digits or an HTTP date); ``None`` otherwise.
+
+    ``str.isdigit`` is not enough: ``"²"`` and ``"١٢"`` pass it and then fail
+    ``float()``. Anything odd means "no hint": the endpoint's backoff applies.
+    """
+    value = response.headers.get("retry-after", "").strip()
+    if _ASCII_DIGITS_RE.fullmatch(value):
+        return min(float(value), RETRY_AFTER_MAX)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+        if when.tzinfo is None:    # "-0000": the date is in UTC (RFC 5322)
+            when = when.replace(tzinfo=datetime.UTC)
+        at = when.timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    current = time.time() if now is None else now
+    return min(max(at - current, 0.0), RETRY_AFTER_MAX)
 
 
 class WebhookDeliverer:
