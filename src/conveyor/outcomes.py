@@ -21,12 +21,40 @@ from __future__ import annotations
 MAX_SECONDS = 100 * 366 * 24 * 3600.0
 
 
-class HandlerSignal(Exception):
-    """Base class of the outcome signals."""
+def reason_text(value: object) -> str:
+    """``value`` as text, whatever it is; never raises.
 
-    def __init__(self, reason: str = "") -> None:
-        super().__init__(reason)
-        self.reason = reason
+    Reasons are often not strings (``PermanentFailure(exc)``, a status code,
+    bytes), and an object's ``__str__`` may itself raise or return a non-str:
+    the outcome must still be recorded.
+    """
+    if isinstance(value, BaseException):
+        name = type(value).__name__
+        message = _plain_str(value)
+        return f"{name}: {message}" if message else name
+    return _plain_str(value)
+
+
+def _plain_str(value: object) -> str:
+    try:
+        text = str(value)
+        # str() of a str subclass may hand back the subclass and its overrides.
+        return text if type(text) is str else str.__str__(text)
+    except BaseException:  # noqa: BLE001 - any failure to print is reported, not raised
+        return f"<unprintable {type(value).__name__}>"
+
+
+class HandlerSignal(Exception):
+    """Base class of the outcome signals.
+
+    ``reason`` may be any object (an exception, a status code): it is kept as
+    text, e.g. ``PermanentFailure(KeyError("sku"))`` records ``KeyError: 'sku'``.
+    """
+
+    def __init__(self, reason: object = "") -> None:
+        text = reason_text(reason)
+        super().__init__(text)
+        self.reason = text
 
 
 def _seconds(seconds: float) -> float:
@@ -43,17 +71,17 @@ class RetryAfter(HandlerSignal):
     The attempt is spent: when it was the last one, the event is parked ``failed``.
     """
 
-    def __init__(self, seconds: float, reason: str = "") -> None:
+    def __init__(self, seconds: float, reason: object = "") -> None:
         self.seconds = _seconds(seconds)
-        super().__init__(reason or f"retry requested after {seconds:g}s")
+        super().__init__(reason_text(reason) or f"retry requested after {self.seconds:g}s")
 
 
 class Snooze(HandlerSignal):
     """Put the event back for ``seconds`` without spending an attempt."""
 
-    def __init__(self, seconds: float, reason: str = "") -> None:
+    def __init__(self, seconds: float, reason: object = "") -> None:
         self.seconds = _seconds(seconds)
-        super().__init__(reason or f"snoozed for {seconds:g}s")
+        super().__init__(reason_text(reason) or f"snoozed for {self.seconds:g}s")
 
 
 class PermanentFailure(HandlerSignal):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import math
 import operator
 import os
 import random
@@ -33,6 +34,7 @@ from conveyor.config import WorkerConfig
 from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import ConfigError, MigrationError
+from conveyor.log_context import CURRENT_EVENT
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator, latest_version
 from conveyor.types import Event, EventState
@@ -49,6 +51,7 @@ from conveyor.worker.connection import (
     bounded_here,
 )
 from conveyor.worker.executor import (
+    HANDLER_EXITS,
     Outcome,
     call_handler,
     failure,
@@ -73,6 +76,53 @@ SWEEP_INTERVAL = 0.05
 LOCK_TIMEOUT_MS = 1000
 CLOCK_SKEW_WARNING = 60.0
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
+# A due time announced by NOTIFY further ahead than this is not believed (and a
+# timer that far out would be useless: the poll comes much sooner).
+MAX_NOTIFIED_AHEAD = 366 * 24 * 3600.0
+
+
+def _due_epoch(text: str) -> float | None:
+    """The due time of a notification payload, or None when it is not a plausible epoch."""
+    if len(text) > 32:
+        return None
+    try:
+        epoch = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(epoch) or epoch <= 0 or epoch > time.time() + MAX_NOTIFIED_AHEAD:
+        return None
+    return epoch
+
+
+def log_outcome(event: Event, outcome: Outcome) -> None:
+    """One line per failed attempt, scheduled retry, parked or handler-cancelled event.
+
+    Written once the outcome is stored, so the log never tells of a result the
+    database refused (a lost lease); the traceback follows at debug level.
+    """
+    fields = {"event_id": event.id, "topic": event.topic, "tenant": event.tenant,
+              "attempt": event.attempt, "error": outcome.error}
+    if outcome.state is EventState.PENDING:
+        log.warning("event %d (%s) attempt %d/%d failed: %s; retrying in %.1fs", event.id,
+                    event.topic, event.attempt, event.max_attempts, outcome.error, outcome.delay,
+                    extra={"action": "retry_scheduled", "retry_in_s": outcome.delay, **fields})
+    elif outcome.state is EventState.FAILED:
+        log.error("event %d (%s) parked failed after attempt %d/%d: %s", event.id, event.topic,
+                  event.attempt, event.max_attempts, outcome.error,
+                  extra={"action": "event_parked", **fields})
+    elif outcome.state is EventState.CANCELLED:
+        log.info("event %d (%s) %s", event.id, event.topic, outcome.error,
+                 extra={"action": "event_cancelled", **fields})
+    if outcome.traceback and log.isEnabledFor(logging.DEBUG):
+        log.debug("event %d attempt %d traceback:\n%s", event.id, event.attempt,
+                  outcome.traceback, extra={"action": "attempt_traceback", **fields})
+
+
+def _exit_refused(exc: BaseException, event: Event) -> None:
+    log.error("handler of %s raised %s; recorded as a failed attempt, the worker keeps running",
+              event.topic, type(exc).__name__,
+              extra={"action": "handler_exit_refused", "event_id": event.id,
+                     "topic": event.topic, "attempt": event.attempt})
 
 
 @dataclass(slots=True)
@@ -136,7 +186,6 @@ class Worker:
         self._running: dict[tuple[int, int], _Running] = {}
         self._deferred: list[list[Event]] = []     # claimed batches whose handlers start next round
         self._abandoned_threads = 0               # timed-out plain handlers still running
-        self._active = 0                          # handlers still executing
         self._slot_freed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
@@ -198,6 +247,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._inline_done: asyncio.Future[None] | None = None
+        self._inline_event: Event | None = None   # the inline handler running now, if any
         self._claim_cursor = CursorCache(binary=True)
         self.started = asyncio.Event()
 
@@ -303,11 +353,15 @@ class Worker:
                 task.cancel()
             if late:
                 await asyncio.wait(late, timeout=1.0)
-        # Whatever has no outcome yet goes back without spending an attempt.
+        # Whatever has no outcome yet goes back without spending an attempt,
+        # whatever its task's state: a handler whose clean-up outlasts the wait
+        # above is neither done nor cancelled, and must not keep its event
+        # 'running' until the lease expires. Dropped from the running set, so a
+        # late outcome of that task is never queued after the hand-back.
         queued = self.completer.unacknowledged()
         for key, running in list(self._running.items()):
-            unfinished = running.task is None or running.task.cancelled()
-            if key not in queued and unfinished:
+            if key not in queued:
+                del self._running[key]
                 self.completer.add(Outcome.handed_back(running.event))
                 self.stats.handed_back += 1
         self._closing.set()
@@ -340,22 +394,28 @@ class Worker:
     # -------------------------------------------------------------- fetch loop
 
     def _notified(self, payload: str) -> None:
+        # Any role may NOTIFY this channel (it needs no grant): the payload is a
+        # hint, and nothing in it may do more than wake the worker early.
         topic, _, due = payload.partition("|")
         if topic != "*" and not self.router.handles(topic):
             return
-        if due:
-            try:
-                self._wake_at(float(due) - self.clock_offset)
-            except ValueError:
-                self.wake()
-        else:
+        if not due:
             self.wake()
+            return
+        epoch = _due_epoch(due)
+        if epoch is None:
+            log.debug("ignored a notification with a bad due time: %r", payload[:100],
+                      extra={"action": "notify_ignored"})
+            return
+        self._wake_at(epoch - self.clock_offset)
 
     def _wake_at(self, epoch: float) -> None:
         """Wake the fetch loop when a delayed event falls due (one timer, a heap of due times).
 
         ``epoch`` is in this machine's clock; callers convert database times first.
         """
+        if not math.isfinite(epoch):
+            return  # a NaN would sit at the heap's root for good, re-arming a 1 ms timer
         epoch = round(epoch, 3)
         if epoch in self._due_set:
             return
@@ -498,7 +558,6 @@ class Worker:
                 running.task = self._finished(loop)
                 self._run_inline(route, event)
                 continue
-            self._active += 1
             timeout = route.timeout or default_timeout
             running.deadline = now + timeout
             coro = execute(route, event, running, timeout)
@@ -524,18 +583,19 @@ class Worker:
 
     def _run_inline(self, route: Any, event: Event) -> None:
         """Call a ``blocking=False`` plain handler here and queue its outcome."""
-        backoff = route.backoff or self.config.backoff
+        token = CURRENT_EVENT.set(event)
+        self._inline_event = event
         try:
             route.handler(event)
-        except (KeyboardInterrupt, SystemExit) as exc:
-            # As in _execute: record the failed attempt, then let it through.
-            self.completer.add(failure(event, f"{type(exc).__name__} raised by handler", None,
-                                       backoff))
-            raise
-        except BaseException as exc:  # noqa: BLE001 - any other handler error is a failed attempt
-            self.completer.add(outcome_of_error(exc, event, backoff))
+        except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
+            self.completer.add(outcome_of_error(exc, event, route.backoff or self.config.backoff))
+            if isinstance(exc, HANDLER_EXITS):
+                _exit_refused(exc, event)
         else:
             self.completer.add(success(event))
+        finally:
+            self._inline_event = None
+            CURRENT_EVENT.reset(token)
 
     async def _sweep_deadlines(self) -> None:
         """Cancel handlers past their deadline: one periodic pass instead of a timer per call."""
@@ -552,6 +612,7 @@ class Worker:
 
     async def _execute(self, route: Any, event: Event, running: _Running, timeout: float) -> None:
         # run_handler inlined: two coroutines fewer per event on the hot path.
+        CURRENT_EVENT.set(event)   # the task's own context: nothing to reset
         try:
             if route.is_async:
                 await route.handler(event)
@@ -570,26 +631,15 @@ class Worker:
                                   route.backoff or self.config.backoff)
             else:
                 # Shutdown timed out or the lease was lost; _shutdown decides what to write.
-                self._release_slot()
                 raise
-        except (KeyboardInterrupt, SystemExit) as exc:
-            # Record the failed attempt so the event does not stay 'running', then
-            # let the interruption through.
-            self._release_slot()
-            if (event.id, event.attempt) in self._running:
-                self.completer.add(failure(event, f"{type(exc).__name__} raised by handler", None,
-                                           route.backoff or self.config.backoff))
-            raise
-        except BaseException as exc:  # noqa: BLE001 - any other handler error is a failed attempt
+        except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
             outcome = outcome_of_error(exc, event, route.backoff or self.config.backoff)
+            if isinstance(exc, HANDLER_EXITS):
+                _exit_refused(exc, event)
         else:
             outcome = success(event)
-        self._active -= 1
         if (event.id, event.attempt) in self._running:
             self.completer.add(outcome)
-
-    def _release_slot(self) -> None:
-        self._active -= 1
 
     def _thread_abandoned(self, future: Future[Any]) -> None:
         """A plain handler timed out but its thread runs on: count it until it returns."""
@@ -618,7 +668,7 @@ class Worker:
             return
         now = time.time()
         for outcome in batch:
-            running.pop((outcome.event_id, outcome.attempt), None)
+            entry = running.pop((outcome.event_id, outcome.attempt), None)
             if outcome.event_id not in done:
                 continue
             if outcome.state is EventState.PENDING and outcome.delay is not None:
@@ -626,6 +676,8 @@ class Worker:
                 self._wake_at(now + outcome.delay)
             if outcome.refund:
                 continue  # snoozes and hand-backs spend no attempt and count as neither
+            if outcome.error is not None and entry is not None:
+                log_outcome(entry.event, outcome)
             if outcome.state is EventState.SUCCEEDED:
                 s.succeeded += 1
             elif outcome.state is EventState.PENDING:
