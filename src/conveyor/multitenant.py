@@ -50,7 +50,7 @@ from typing import Any, Protocol, cast
 from psycopg.conninfo import conninfo_to_dict
 
 from conveyor.config import WorkerConfig
-from conveyor.db.connect import connect_async, describe
+from conveyor.db.connect import UNPARSEABLE, connect_async, describe
 from conveyor.errors import ConfigError, ConveyorError
 from conveyor.outcomes import PermanentFailure
 from conveyor.router import Route, Router
@@ -104,11 +104,13 @@ class TenantDatabase:
         name, sep, url = spec.partition("=")
         if sep and _TENANT_NAME_RE.fullmatch(name) and _parses(url):
             return cls(name, url)
-        try:
-            dbname = conninfo_to_dict(spec).get("dbname")
-        except Exception:  # noqa: BLE001 - psycopg raises several kinds for bad conninfo
-            raise ConfigError(f"cannot parse tenant database {describe(spec)!r}: expected "
-                              "'TENANT=URL' or a URL naming its database") from None
+        # The spec is never quoted: what fails to parse is often the password. An
+        # ambiguous URL "parses", but its database name may be a piece of it too.
+        if describe(spec) == UNPARSEABLE:
+            raise ConfigError("cannot parse a tenant database (could not parse it; check quoting "
+                              "and percent-encoding): expected 'TENANT=URL' or a URL naming "
+                              "its database")
+        dbname = conninfo_to_dict(spec).get("dbname")
         if not dbname:
             raise ConfigError(f"tenant database {describe(spec)!r} names no database; "
                               "write it as 'TENANT=URL'")
