@@ -351,6 +351,100 @@ def test_prune_deletes_old_finished_rows_in_bounded_batches(db: Conn) -> None:
     assert len(ids) - 2 == db.execute("SELECT count(*) FROM conveyor.events").fetchone()[0]  # type: ignore[index]
 
 
+# ------------------------------------------------------------ operator queries
+
+def _list(conn: Conn, **params: Any) -> list[Any]:
+    base: dict[str, Any] = {
+        "after": None, "ids": [], "states": [], "topic": None, "topic_from": None,
+        "topic_to": None, "tenant": None, "older_than": None, "newer_than": None,
+        "error": None, "scheduled_pending_only": False, "limit": 10}
+    return conn.execute(Q["event_list"], {**base, **params}).fetchall()
+
+
+@exercises("event_list")
+def test_event_list_filters_and_pages_newest_first(db: Conn) -> None:
+    a, b, c = _insert(db, "m.a", tenant="acme"), _insert(db, "m.b"), _insert(db, "n.a")
+    later = _insert(db, "m.a", delay=600)
+    assert [r[0] for r in _list(db)] == [later, c, b, a]
+    assert [r[0] for r in _list(db, after=c, limit=1)] == [b]
+    assert [r[0] for r in _list(db, topic="m.a")] == [later, a]
+    assert [r[0] for r in _list(db, topic_from="m.", topic_to="m/")] == [later, b, a]
+    assert [r[0] for r in _list(db, tenant="acme")] == [a]
+    assert [r[0] for r in _list(db, ids=[a, c])] == [c, a]
+    assert [r[0] for r in _list(db, scheduled_pending_only=True)] == [later]
+    db.execute("UPDATE conveyor.events SET state = 'failed', last_error = 'Boom!'"
+                " WHERE id = %s", (b,))
+    assert [r[0] for r in _list(db, states=["failed"], error="boom")] == [b]
+    assert _list(db, older_than=60) == [] and len(_list(db, newer_than=60)) == 4
+
+
+def test_event_list_columns_are_the_summary_decoders_fields(db: Conn) -> None:
+    """The decoder reads columns by name: the query's names must be exactly its fields."""
+    from conveyor import EventSummary
+    from conveyor.admin import _summary_from_row
+
+    _insert(db)
+    cur = db.execute(Q["event_list"], {
+        "after": None, "ids": [], "states": [], "topic": None, "topic_from": None,
+        "topic_to": None, "tenant": None, "older_than": None, "newer_than": None,
+        "error": None, "scheduled_pending_only": False, "limit": 1})
+    assert cur.description is not None
+    names = [c.name for c in cur.description]
+    assert names == list(EventSummary.__dataclass_fields__)
+    row = cur.fetchone()
+    assert row is not None
+    assert _summary_from_row(dict(zip(names, row, strict=True))).topic == "t"
+
+
+@exercises("event_retry_ids")
+def test_retry_ids_rechecks_each_rows_state(db: Conn) -> None:
+    failed, due, later, running = _insert(db), _insert(db), _insert(db, delay=600), _insert(db)
+    owner = _owner()
+    db.execute("UPDATE conveyor.events SET run_at = now() + interval '1 day'"
+               " WHERE id IN (%s, %s, %s)", (failed, due, later))
+    _claim(db, owner)                                  # running
+    db.execute("UPDATE conveyor.events SET run_at = now() WHERE id = %s", (due,))
+    db.execute("UPDATE conveyor.events SET state = 'failed', attempts = 5, max_attempts = 5,"
+               " finished_at = now() WHERE id = %s", (failed,))
+    everything = [failed, due, later, running]
+    states = ["pending", "running", "failed", "cancelled"]
+    got = db.execute(Q["event_retry_ids"], {"ids": everything, "states": states}).fetchall()
+    assert sorted(r[0] for r in got) == sorted([failed, later])   # not due-now, not running
+    assert _row(db, failed, "state, max_attempts, finished_at") == ("pending", 6, None)
+    assert db.execute(Q["event_retry_ids"], {"ids": everything, "states": ["failed"]}
+                      ).fetchall() == []
+
+
+@exercises("event_cancel_ids")
+def test_cancel_ids_cancels_open_rows_of_the_given_states(db: Conn) -> None:
+    pending, running = _insert(db), _insert(db)
+    db.execute("UPDATE conveyor.events SET run_at = now() + interval '1 day' WHERE id = %s",
+               (pending,))
+    _claim(db, _owner())
+    got = db.execute(Q["event_cancel_ids"], {"ids": [pending, running], "states": ["running"]})
+    assert got.fetchall() == [(running,)]
+    assert _row(db, running, "state, lease_owner") == ("cancelled", None)
+    assert db.execute(Q["event_cancel_ids"], {"ids": [pending, running],
+                                              "states": ["pending", "cancelled"]}
+                      ).fetchall() == [(pending,)]
+
+
+@exercises("event_prune_count")
+def test_prune_count_counts_what_prune_would_delete(db: Conn) -> None:
+    for state in ("succeeded", "cancelled", "failed", "failed"):
+        event_id = _insert(db)
+        db.execute("UPDATE conveyor.events SET state = %s, finished_at = now() - interval"
+                   " '2 hours' WHERE id = %s", (state, event_id))
+    _insert(db)
+    count = Q["event_prune_count"]
+    assert db.execute(count, {"older_than": 60, "states": ["succeeded", "cancelled"]}
+                      ).fetchone() == (2,)
+    assert db.execute(count, {"older_than": 60, "states": ["failed"]}).fetchone() == (2,)
+    assert db.execute(count, {"older_than": 7200 * 2, "states": ["failed", "succeeded"]}
+                      ).fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM conveyor.events").fetchone() == (5,)
+
+
 @exercises("status_open_counts", "status_oldest_due_age")
 def test_status_open_counts_and_age(db: Conn) -> None:
     assert db.execute(Q["status_oldest_due_age"]).fetchone() == (None,)

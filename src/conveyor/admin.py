@@ -1,4 +1,4 @@
-"""Operator operations: status, show, retry, cancel, prune.
+"""Operator operations: status, show, events, retry, cancel, prune.
 
 :class:`Admin` works on a sync connection and :class:`AsyncAdmin` mirrors it
 on an async one; both join the caller's transaction like the producers do.
@@ -14,11 +14,12 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from conveyor.db.execute import run, run_async
 from conveyor.db.named_queries import Queries, queries_for
@@ -27,8 +28,11 @@ from conveyor.router import patterns_match
 from conveyor.types import (
     FINISHED_STATES,
     AttemptError,
+    EventFilter,
+    EventPage,
     EventRecord,
     EventState,
+    EventSummary,
     QueueStatus,
     TopicCount,
     WorkerInfo,
@@ -167,6 +171,87 @@ def _not_changed(q: Queries, event_id: int, state_row: Sequence[Any] | None, act
 
 PRUNE_BATCH = 10_000
 
+# The largest page Admin.events returns.
+LIST_LIMIT_MAX = 1000
+
+
+def _fetch(conn: psycopg.Connection[Any], query: str,
+           params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows by column name; unprepared, so each call is planned for its own values."""
+    cur = conn.cursor(row_factory=dict_row)
+    cur.execute(query, params, prepare=False)
+    return cur.fetchall()
+
+
+async def _fetch_async(conn: psycopg.AsyncConnection[Any], query: str,
+                       params: dict[str, Any]) -> list[dict[str, Any]]:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(query, params, prepare=False)
+    return await cur.fetchall()
+
+
+def _summary_from_row(row: Mapping[str, Any]) -> EventSummary:
+    """An :class:`EventSummary` from one ``event_list`` row, read by column name."""
+    return EventSummary(
+        id=row["id"], tenant=row["tenant"], topic=row["topic"], state=EventState(row["state"]),
+        attempts=row["attempts"], max_attempts=row["max_attempts"], priority=row["priority"],
+        run_at=row["run_at"], created_at=row["created_at"], updated_at=row["updated_at"],
+        last_error=row["last_error"])
+
+
+def _check_filter(filter: object) -> EventFilter:
+    if filter is None:
+        return EventFilter()
+    if not isinstance(filter, EventFilter):
+        raise InvalidInputError(f"expected filter to be an EventFilter, got {filter!r:.60}")
+    return filter
+
+
+def _check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidInputError(
+            f"expected limit to be an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r:.60}")
+    return limit
+
+
+def _check_after(after: object) -> int | None:
+    if after is None:
+        return None
+    if isinstance(after, str):
+        raise InvalidInputError(f"invalid after {after!r:.60}: expected an event id (an integer)")
+    try:
+        return check_event_id(after)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"after: {exc}") from None
+
+
+def _list_params(filter: EventFilter, after: int | None, limit: int, *,
+                 states: Sequence[str] | None = None,
+                 scheduled_pending_only: bool = False) -> dict[str, Any]:
+    """``event_list``'s parameters; an unset filter field binds the value that folds away."""
+    topic = filter.topic
+    exact = prefix = None
+    if topic is not None and topic != "*":
+        if topic.endswith(".*"):
+            prefix = topic[:-1]          # "email." ... "email/": '/' follows '.' in byte order
+        else:
+            exact = topic
+    return {
+        "after": after, "ids": list(filter.ids),
+        "states": list(filter.states if states is None else states),
+        "topic": exact, "topic_from": prefix,
+        "topic_to": None if prefix is None else prefix[:-1] + "/",
+        "tenant": filter.tenant, "older_than": filter.older_than,
+        "newer_than": filter.newer_than, "error": filter.error,
+        "scheduled_pending_only": scheduled_pending_only, "limit": limit,
+    }
+
+
+def _page(rows: Sequence[Mapping[str, Any]], limit: int) -> EventPage:
+    """A page from up to ``limit + 1`` rows: the extra row only says another page exists."""
+    events = [_summary_from_row(r) for r in rows[:limit]]
+    return EventPage(events=events, next_after=events[-1].id if len(rows) > limit else None)
+
 
 class Admin:
     """Operator operations on a sync connection."""
@@ -199,6 +284,27 @@ class Admin:
         if row is None:
             raise EventNotFoundError(f"event {event_id} not found")
         return record_from_row(row)
+
+    def events(self, conn: psycopg.Connection[Any], filter: EventFilter | None = None, *,
+               after: int | None = None, limit: int = 50) -> EventPage:
+        """One page of the events ``filter`` matches, newest first (``id`` descending).
+
+        Pass the page's ``next_after`` as ``after`` for the next page; it is
+        None on the last page. Events enqueued meanwhile have higher ids and
+        never appear on later pages, so paging visits each event at most once.
+
+        Example::
+
+            failed_mail = EventFilter(states=("failed",), topic="email.*")
+            page = admin.events(conn, failed_mail)
+            while page.next_after is not None:
+                page = admin.events(conn, failed_mail, after=page.next_after)
+
+        ``limit``: 1 to 1000; defaults to 50. ``filter`` defaults to None (every event).
+        """
+        filter, after, limit = _check_filter(filter), _check_after(after), _check_limit(limit)
+        rows = _fetch(conn, self._q["event_list"], _list_params(filter, after, limit + 1))
+        return _page(rows, limit)
 
     def retry(self, conn: psycopg.Connection[Any], event_id: int) -> None:
         """Run a failed, cancelled or scheduled event again now."""
@@ -268,6 +374,13 @@ class AsyncAdmin:
         if row is None:
             raise EventNotFoundError(f"event {event_id} not found")
         return record_from_row(row)
+
+    async def events(self, conn: psycopg.AsyncConnection[Any], filter: EventFilter | None = None,
+                     *, after: int | None = None, limit: int = 50) -> EventPage:
+        filter, after, limit = _check_filter(filter), _check_after(after), _check_limit(limit)
+        rows = await _fetch_async(conn, self._q["event_list"],
+                                  _list_params(filter, after, limit + 1))
+        return _page(rows, limit)
 
     async def retry(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:
         event_id = check_event_id(event_id)

@@ -1,12 +1,23 @@
-"""Shared vocabulary: event states and the event row handed to handlers."""
+"""Shared vocabulary: event states, the event row handed to handlers, operator views."""
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
+
+# The filter checks itself on creation; validation is a leaf (it imports only errors).
+from conveyor.errors import InvalidInputError
+from conveyor.validation import (
+    DELAY_MAX_SECONDS,
+    check_event_id,
+    check_tenant,
+    check_topic_pattern,
+)
 
 
 class EventState(StrEnum):
@@ -202,3 +213,178 @@ class QueueStatus:
             "unhandled_topics": list(self.unhandled_topics),
             "estimated_states": list(self.estimated_states),
         }
+
+
+# An error filter longer than this is surely a paste of something else.
+ERROR_FILTER_MAX_LENGTH = 1000
+# More ids than this belong in several calls (or in a state/topic filter).
+FILTER_IDS_MAX = 10_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventFilter:
+    """Which events an operator means: every field set narrows; an unset field matches all.
+
+    Example::
+
+        EventFilter(states=("failed",), topic="email.*", newer_than=86_400)
+
+    ``states``: :class:`EventState` values; defaults to empty (any state).
+    ``topic``: an exact topic or ``"prefix.*"``, matched like the Router
+    (``"*"`` names every topic explicitly); defaults to None (any topic).
+    ``tenant``: one tenant; defaults to None (any tenant, and none).
+    ``older_than`` / ``newer_than``: seconds; ``created_at`` before
+    ``now() - older_than`` / at or after ``now() - newer_than``; default None.
+    ``error``: a case-insensitive substring of ``last_error``; defaults to None.
+    ``ids``: only these event ids; defaults to empty (no id restriction).
+
+    Every value is checked on creation: a bad one raises
+    :class:`~conveyor.errors.InvalidInputError` naming the field and the value.
+    """
+
+    states: tuple[str, ...] = ()
+    topic: str | None = None
+    tenant: str | None = None
+    older_than: float | None = None
+    newer_than: float | None = None
+    error: str | None = None
+    ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Frozen: the normalised values (tuples, plain strings, floats) are set
+        # through object.__setattr__, the dataclass way.
+        object.__setattr__(self, "states", _filter_states(self.states))
+        if self.topic is not None:
+            object.__setattr__(self, "topic", _filter_field("topic", self.topic,
+                                                            check_topic_pattern))
+        if self.tenant is not None:
+            object.__setattr__(self, "tenant", _filter_field("tenant", self.tenant, check_tenant))
+        for name in ("older_than", "newer_than"):
+            object.__setattr__(self, name, _filter_seconds(name, getattr(self, name)))
+        object.__setattr__(self, "error", _filter_error(self.error))
+        object.__setattr__(self, "ids", _filter_ids(self.ids))
+
+    def is_empty(self) -> bool:
+        """Whether no field is set, so the filter matches every event."""
+        return self == EventFilter()
+
+
+def _show(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _sequence(name: str, value: object, example: str) -> tuple[Any, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise InvalidInputError(
+            f"expected {name} to be a tuple such as {example}, got {_show(value)}")
+    return tuple(value)
+
+
+def _filter_states(states: object) -> tuple[str, ...]:
+    out = []
+    for state in _sequence("states", states, "('failed',)"):
+        try:
+            out.append(EventState(state).value)
+        except ValueError:
+            raise InvalidInputError(
+                f"unknown state {_show(state)} in states: expected one of "
+                + ", ".join(s.value for s in EventState)) from None
+    return tuple(dict.fromkeys(out))
+
+
+def _filter_field(name: str, value: object, check: Any) -> Any:
+    try:
+        return check(value)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{name}: {exc}") from None
+
+
+def _filter_seconds(name: str, value: object) -> float | None:
+    if value is None:
+        return None
+    seconds = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    try:
+        seconds = None if seconds is None else float(seconds)
+    except OverflowError:
+        seconds = math.inf
+    if seconds is None or not 0 <= seconds <= DELAY_MAX_SECONDS:
+        raise InvalidInputError(
+            f"expected {name} to be a number of seconds from 0 to {DELAY_MAX_SECONDS:.0f}"
+            f" (100 years), got {_show(value)}")
+    return seconds
+
+
+def _filter_error(error: object) -> str | None:
+    if error is None:
+        return None
+    if not isinstance(error, str) or not error:
+        raise InvalidInputError(f"expected error to be a non-empty string, got {_show(error)}")
+    if len(error) > ERROR_FILTER_MAX_LENGTH:
+        raise InvalidInputError(
+            f"error is {len(error)} characters, the limit is {ERROR_FILTER_MAX_LENGTH}:"
+            f" {_show(error)}")
+    if "\x00" in error:
+        raise InvalidInputError(f"error contains a NUL character: {_show(error)}")
+    try:
+        error.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(
+            f"error is not valid Unicode (lone surrogate): {_show(error)}") from None
+    return str(error)
+
+
+def _filter_ids(ids: object) -> tuple[int, ...]:
+    values = _sequence("ids", ids, "(12, 15)")
+    if len(values) > FILTER_IDS_MAX:
+        raise InvalidInputError(
+            f"ids holds {len(values)} ids, the limit is {FILTER_IDS_MAX}")
+    out = []
+    for value in values:
+        if isinstance(value, str):       # the caller parses command-line text
+            raise InvalidInputError(f"invalid event id {_show(value)} in ids: expected an integer")
+        out.append(_filter_field("ids", value, check_event_id))
+    return tuple(dict.fromkeys(out))
+
+
+@dataclass(frozen=True, slots=True)
+class EventSummary:
+    """One event as ``Admin.events`` lists it: the row without payload or history."""
+
+    id: int
+    tenant: str | None
+    topic: str
+    state: EventState
+    attempts: int
+    max_attempts: int
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    last_error: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, EventState):
+                value = value.value
+            out[name] = value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage:
+    """One page of ``Admin.events``, newest first.
+
+    ``next_after``: pass it as ``after=`` for the next page; None when this
+    page was the last.
+    """
+
+    events: list[EventSummary]
+    next_after: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"events": [e.to_json() for e in self.events], "next_after": self.next_after}

@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0003 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0004 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -62,6 +62,15 @@ CREATE INDEX events_prunable_idx
 CREATE INDEX events_failed_idx
     ON conveyor.events (topic)
     WHERE state = 'failed';
+
+-- The operator's listing of a topic, prefix or tenant, newest first (0004):
+-- byte order, so a prefix is one range whatever the database's collation.
+CREATE INDEX events_topic_idx
+    ON conveyor.events (topic COLLATE "C", id);
+
+CREATE INDEX events_tenant_idx
+    ON conveyor.events (tenant, id)
+    WHERE tenant IS NOT NULL;
 
 -- One event per (tenant, key); a NULL tenant counts as one tenant.
 CREATE UNIQUE INDEX events_idempotency_idx

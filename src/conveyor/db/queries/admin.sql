@@ -1,0 +1,83 @@
+-- Named queries behind the operator's listing and bulk actions (Admin.events,
+-- retry_matching, cancel_matching, prune's dry run). `{schema}` is replaced by
+-- the quoted schema identifier; parameters are always bound.
+
+-- name: event_list
+-- One page of events, newest first, keyset-paginated on id (`after`: the
+-- smallest id of the previous page). Every filter is optional: an unset one
+-- (NULL, an empty array, false) folds away to `true` when the statement is
+-- planned with its values, so Admin runs it unprepared (prepare=False) and
+-- each call gets the plan of its own filters, never a generic plan that has
+-- to serve all of them. Which index serves which filter (EXPLAIN-checked in
+-- tests/test_admin_events.py, docs/admin.md):
+--   no filter, after, newer_than, ids, common states/topics/tenants:
+--     events_pkey walked backwards, stopping after `limit` matches;
+--   a rare topic or prefix: events_topic_idx (topic COLLATE "C", id); the
+--     prefix is the range [prefix., prefix/) in byte order, whatever the
+--     database's collation;
+--   a rare tenant: events_tenant_idx (tenant, id), tenanted rows only;
+--   running / failed: events_lease_idx / events_failed_idx when few.
+-- `error` and `older_than` only filter: they read rows the other conditions
+-- (or the primary key, newest first) bring until `limit` of them match.
+-- Columns are read by name (admin._summary_from_row).
+SELECT id, tenant, topic, state, attempts, max_attempts, priority, run_at,
+       created_at, updated_at, last_error
+FROM {schema}.events
+WHERE (%(after)s::bigint IS NULL OR id < %(after)s::bigint)
+  AND (cardinality(%(ids)s::bigint[]) = 0 OR id = ANY(%(ids)s::bigint[]))
+  AND (cardinality(%(states)s::text[]) = 0 OR state = ANY(%(states)s::text[]))
+  AND (%(topic)s::text IS NULL OR topic COLLATE "C" = %(topic)s::text)
+  AND (%(topic_from)s::text IS NULL
+       OR (topic COLLATE "C" >= %(topic_from)s::text AND topic COLLATE "C" < %(topic_to)s::text))
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+  AND (%(older_than)s::float8 IS NULL
+       OR created_at < now() - %(older_than)s::float8 * interval '1 second')
+  AND (%(newer_than)s::float8 IS NULL
+       OR created_at >= now() - %(newer_than)s::float8 * interval '1 second')
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
+  -- retry_matching takes pending events only while they are scheduled (not yet due).
+  AND (NOT %(scheduled_pending_only)s::boolean OR state <> 'pending' OR run_at > now())
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: event_retry_ids
+-- One batch of retry_matching: the ids come from event_list; each row's state
+-- is checked again here (a worker or another operator may have moved it
+-- since), with the same rule as event_retry, limited to the filter's states.
+UPDATE {schema}.events
+SET state = 'pending',
+    run_at = now(),
+    max_attempts = GREATEST(max_attempts, attempts + 1),
+    finished_at = NULL,
+    updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[])
+  AND state = ANY(%(states)s::text[])
+  AND (state IN ('failed', 'cancelled') OR (state = 'pending' AND run_at > now()))
+RETURNING id
+
+-- name: event_cancel_ids
+-- One batch of cancel_matching, checked again like event_retry_ids. A running
+-- event is cancelled too: its worker's late result is then fenced out.
+UPDATE {schema}.events
+SET state = 'cancelled',
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[])
+  AND state = ANY(%(states)s::text[])
+  AND state IN ('pending', 'running', 'failed')
+RETURNING id
+
+-- name: event_prune_count
+-- What event_prune would delete, counted without deleting, through the same
+-- indexes: events_prunable_idx for succeeded and cancelled rows, and
+-- events_failed_idx for failed ones only when they are asked for.
+SELECT (SELECT count(*) FROM {schema}.events
+        WHERE state IN ('succeeded', 'cancelled')
+          AND state = ANY(%(states)s::text[])
+          AND finished_at < now() - %(older_than)s * interval '1 second')
+     + (SELECT count(*) FROM {schema}.events
+        WHERE state = 'failed'
+          AND 'failed' = ANY(%(states)s::text[])
+          AND finished_at < now() - %(older_than)s * interval '1 second') AS n
