@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 from conveyor import Event, Router, Worker
 
@@ -179,3 +180,42 @@ async def test_stop_requested_before_run_returns_cleanly(db: str) -> None:
     row = await event_row(db, event_id)
     assert row["state"] == "pending" and row["attempts"] == 0
     assert await query(db, "SELECT id FROM conveyor.workers") == []
+
+
+async def test_a_handler_whose_cleanup_outlasts_the_grace_is_still_handed_back(db: str) -> None:
+    # Adversary F6: a task neither done nor cancelled (its finally still awaiting)
+    # was not handed back; the event stayed running with its attempt spent.
+    started = asyncio.Event()
+    cleanup_started = asyncio.Event()
+
+    async def slow_cleanup(event: Event) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleanup_started.set()
+            await asyncio.sleep(3)    # e.g. a session.close() on a slow network
+
+    event_id = await enqueue(db, "slow.cleanup", max_attempts=5)
+    worker = Worker(db, _router(slow_cleanup), fast_config(shutdown_timeout=0.3))
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        worker.request_stop()
+        await asyncio.wait_for(task, 10)
+    finally:
+        if not task.done():
+            task.cancel()
+        await worker.close()
+    assert cleanup_started.is_set()
+    row = await event_row(db, event_id)
+    assert row["state"] == "pending", row
+    assert row["attempts"] == 0, "the hand-back gives the attempt back"
+    assert row["lease_owner"] is None
+    assert worker.stats.handed_back == 1
+
+
+def _router(handler: Any) -> Router:
+    router = Router()
+    router.add("slow.cleanup", handler)
+    return router

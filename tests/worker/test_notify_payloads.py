@@ -1,0 +1,60 @@
+"""A notification is a hint from anyone: no payload may make a worker misbehave.
+
+NOTIFY needs no grant, so any role that can connect can send a worker's
+channel anything. Adversary finding F4: ``'*|nan'`` put NaN at the root of the
+due-time heap, and the worker claimed ~860 times a second until restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from conveyor import Event, Worker
+
+from .conftest import enqueue, fast_config, router_for, running, wait_until
+
+HOSTILE = ["*|nan", "*|NaN", "*|inf", "*|-inf", "*|1e300", "*|-5", "*|0", "*|abc",
+           "*|" + "9" * 400, "*|1e-300", "*|", "|", "*|1|2", "x" * 7000, "*|\u0661\u0662"]
+
+
+async def _notify(url: str, payload: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("SELECT pg_notify('conveyor.events', %s)", (payload,))
+
+
+@pytest.mark.parametrize("payload", HOSTILE)
+async def test_a_hostile_notification_never_makes_an_idle_worker_spin(
+        db: str, payload: str) -> None:
+    handled: list[int] = []
+
+    async def handler(event: Event) -> None:
+        handled.append(event.id)
+
+    worker = Worker(db, router_for("*", handler), fast_config(poll_interval=5.0))
+    claims = 0
+    claim = worker._claim
+
+    async def counting_claim(*args: Any, **kwargs: Any) -> Any:
+        nonlocal claims
+        claims += 1
+        return await claim(*args, **kwargs)
+
+    worker._claim = counting_claim  # type: ignore[method-assign]
+    async with running(worker):
+        await asyncio.sleep(0.2)
+        before = claims
+        await _notify(db, payload)
+        await asyncio.sleep(1.0)
+        # At most the one claim a wake-up may cost; the spin made hundreds.
+        assert claims - before <= 2, f"{claims - before} claims in 1 s after NOTIFY {payload[:40]!r}"
+        assert all(due == due and due != float("inf") for due in worker._due)
+        # And the worker still answers a real event at once.
+        event_id = await enqueue(db, "real.event")
+
+        async def handled_it() -> bool:
+            return event_id in handled
+        await wait_until(handled_it, timeout=2, what="a real event after the hostile NOTIFY")
