@@ -386,3 +386,135 @@ def test_error_filter_reads_no_more_than_the_other_filters_bring(big: Conn) -> N
     page = Admin().events(big, EventFilter(states=("failed",), error="SMTP ERROR 19"), limit=5)
     assert len(page.events) == 5
     assert all("SMTP error 19" in (e.last_error or "") for e in page.events)
+
+
+# --------------------------------------------------- retry and cancel matching
+
+def _states(conn: Conn) -> dict[int, str]:
+    return dict(conn.execute("SELECT id, state FROM conveyor.events").fetchall())
+
+
+def _every_state(conn: Conn, topic: str = "m.x") -> dict[str, int]:
+    """One event in each state (and a scheduled pending one), of ``topic``."""
+    ids = {name: _enqueue(conn, topic) for name in
+           ("due", "running", "succeeded", "failed", "cancelled")}
+    ids["scheduled"] = _enqueue(conn, topic, delay=3600)
+    _set(conn, ids["running"], state="running", attempts=1,
+         lease_owner="00000000-0000-0000-0000-000000000001", lease_expires_at="2100-01-01T00:00:00Z")
+    for name in ("succeeded", "failed", "cancelled"):
+        _set(conn, ids[name], state=name, attempts=1, finished_at="now")
+    return ids
+
+
+def test_retry_matching_makes_failed_cancelled_and_scheduled_events_due(db: Conn) -> None:
+    ids = _every_state(db)
+    other = _enqueue(db, "n.x")
+    _set(db, other, state="failed", finished_at="now")
+    changed = Admin().retry_matching(db, EventFilter(topic="m.*"))
+    assert sorted(changed) == sorted([ids["failed"], ids["cancelled"], ids["scheduled"]])
+    states = _states(db)
+    assert {states[i] for i in changed} == {"pending"} and states[other] == "failed"
+    assert (states[ids["running"]], states[ids["succeeded"]]) == ("running", "succeeded")
+    due = db.execute("SELECT count(*) FROM conveyor.events WHERE id = ANY(%s)"
+                     " AND run_at <= now() AND finished_at IS NULL", (changed,)).fetchone()
+    assert due == (3,)
+
+
+def test_retry_matching_with_dry_run_changes_nothing(db: Conn) -> None:
+    ids = _every_state(db)
+    before = db.execute("SELECT * FROM conveyor.events ORDER BY id").fetchall()
+    would = Admin().retry_matching(db, EventFilter(states=("failed", "cancelled")), dry_run=True)
+    assert db.execute("SELECT * FROM conveyor.events ORDER BY id").fetchall() == before
+    assert would == [ids["cancelled"], ids["failed"]]           # newest first
+    assert Admin().retry_matching(db, EventFilter(states=("failed", "cancelled"))) == would
+
+
+def test_cancel_matching_cancels_pending_running_and_failed_events(db: Conn) -> None:
+    ids = _every_state(db)
+    changed = Admin().cancel_matching(db, EventFilter(topic="m.x"))
+    assert sorted(changed) == sorted(ids[n] for n in ("due", "running", "failed", "scheduled"))
+    states = _states(db)
+    assert {states[i] for i in changed} == {"cancelled"}
+    assert states[ids["succeeded"]] == "succeeded"
+    assert Admin().cancel_matching(db, EventFilter(topic="m.x")) == []      # nothing left
+
+
+def test_cancel_matching_with_dry_run_changes_nothing(db: Conn) -> None:
+    ids = _every_state(db)
+    before = db.execute("SELECT * FROM conveyor.events ORDER BY id").fetchall()
+    would = Admin().cancel_matching(db, EventFilter(states=("running", "failed")), dry_run=True)
+    assert db.execute("SELECT * FROM conveyor.events ORDER BY id").fetchall() == before
+    assert sorted(would) == sorted([ids["running"], ids["failed"]])
+
+
+def test_matching_works_through_several_batches(db: Conn,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor import admin as admin_module
+
+    monkeypatch.setattr(admin_module, "MATCH_BATCH", 2)
+    failed = []
+    for _ in range(5):
+        failed.append(_enqueue(db, tenant="acme"))
+        _set(db, failed[-1], state="failed", finished_at="now")
+        _enqueue(db, tenant="acme")                       # pending, due: not retried
+    filt = EventFilter(tenant="acme", states=("failed",))
+    assert Admin().retry_matching(db, filt, dry_run=True) == failed[::-1]
+    assert Admin().retry_matching(db, filt) == failed[::-1]
+    assert Admin().cancel_matching(db, EventFilter(tenant="acme")) == sorted(
+        _states(db), reverse=True)
+
+
+@pytest.mark.parametrize("action", ["retry_matching", "cancel_matching"])
+@pytest.mark.parametrize("filt", [EventFilter(), None], ids=["empty", "none"])
+def test_matching_refuses_an_empty_filter(conn: Conn, action: str,
+                                          filt: EventFilter | None) -> None:
+    with pytest.raises(InvalidInputError, match="give at least one filter"):
+        getattr(Admin(), action)(conn, filt)
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+@pytest.mark.parametrize(("action", "states", "message"), [
+    ("retry_matching", ("succeeded",), "'succeeded' events cannot be retried"),
+    ("retry_matching", ("failed", "running"), "'running' events cannot be retried"),
+    ("cancel_matching", ("cancelled",), "'cancelled' events cannot be cancelled"),
+    ("cancel_matching", ("succeeded", "pending"), "'succeeded' events cannot be cancelled"),
+])
+def test_matching_refuses_states_it_can_never_change(conn: Conn, action: str,
+                                                     states: tuple[str, ...],
+                                                     message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        getattr(Admin(), action)(conn, EventFilter(states=states))
+
+
+def test_retry_matching_notifies_workers_once(fresh_db: str) -> None:
+    from psycopg import sql
+
+    with psycopg.connect(fresh_db) as conn:
+        for _ in range(3):
+            _set(conn, _enqueue(conn), state="failed", finished_at="now")
+        conn.commit()
+        with psycopg.connect(fresh_db, autocommit=True) as listener:
+            listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier("conveyor.events")))
+            assert len(Admin().retry_matching(conn, EventFilter(states=("failed",)))) == 3
+            conn.commit()
+            got = [n.payload for n in listener.notifies(timeout=1)]
+            assert got == ["*"]
+            Admin().retry_matching(conn, EventFilter(states=("failed",)), dry_run=True)
+            conn.commit()
+            assert [n.payload for n in listener.notifies(timeout=0.5)] == []
+
+
+async def test_async_retry_and_cancel_matching(aconn: psycopg.AsyncConnection[Any]) -> None:
+    await aconn.execute("DELETE FROM conveyor.events")
+    failed = await AsyncProducer().enqueue(aconn, "x.y")
+    pending = await AsyncProducer().enqueue(aconn, "x.y")
+    await aconn.execute("UPDATE conveyor.events SET state = 'failed', finished_at = now()"
+                        " WHERE id = %s", (failed,))
+    admin = AsyncAdmin()
+    assert await admin.retry_matching(aconn, EventFilter(topic="x.y"), dry_run=True) == [failed]
+    assert await admin.retry_matching(aconn, EventFilter(topic="x.y")) == [failed]
+    assert await admin.cancel_matching(aconn, EventFilter(ids=(pending,)), dry_run=True) == [
+        pending]
+    assert await admin.cancel_matching(aconn, EventFilter(topic="x.*")) == [pending, failed]
+    with pytest.raises(InvalidInputError, match="give at least one filter"):
+        await admin.cancel_matching(aconn, EventFilter())

@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -161,6 +161,10 @@ def _older_than(seconds: float) -> float:
     return float(seconds)
 
 
+def _already_cancelled(state_row: Sequence[Any] | None) -> bool:
+    return state_row is not None and state_row[0] == EventState.CANCELLED.value
+
+
 def _not_changed(q: Queries, event_id: int, state_row: Sequence[Any] | None, action: str,
                  allowed: str) -> Exception:
     if state_row is None:
@@ -247,6 +251,91 @@ def _list_params(filter: EventFilter, after: int | None, limit: int, *,
     }
 
 
+# retry_matching and cancel_matching change at most this many events per UPDATE.
+MATCH_BATCH = 1000
+
+# The states each bulk action can change (retry: pending only while scheduled).
+RETRYABLE_STATES = ("pending", "failed", "cancelled")
+CANCELLABLE_STATES = ("pending", "running", "failed")
+
+# A step of an I/O-free flow: a query and its parameters; the driver sends back the rows.
+Step = tuple[str, dict[str, Any]]
+Rows = list[dict[str, Any]]
+
+
+def _check_matching(filter: object) -> EventFilter:
+    if filter is None or (isinstance(filter, EventFilter) and filter.is_empty()):
+        raise InvalidInputError(
+            "give at least one filter: an empty one matches every event; say"
+            " states=('failed',) or topic='*' to mean all of them")
+    return _check_filter(filter)
+
+
+def _matching_states(filter: EventFilter, allowed: tuple[str, ...], action: str) -> list[str]:
+    for state in filter.states:
+        if state not in allowed:
+            raise InvalidInputError(
+                f"{state!r} events cannot be {action}; only {', '.join(allowed)} events can")
+    return list(filter.states or allowed)
+
+
+def _matching_flow(q: Queries, filter: EventFilter, update: str, states: list[str], *,
+                   scheduled_pending_only: bool, dry_run: bool,
+                   ) -> Generator[Step, Rows, list[int]]:
+    """The batches of a bulk action, newest first: select up to MATCH_BATCH matching
+    ids (keyset on id), then change them (the UPDATE checks each row's state again).
+    Changed rows stop matching or lie past the keyset, so none is visited twice."""
+    changed: list[int] = []
+    after = None
+    while True:
+        rows = yield q["event_list"], _list_params(
+            filter, after, MATCH_BATCH, states=states,
+            scheduled_pending_only=scheduled_pending_only)
+        ids = [r["id"] for r in rows]
+        if ids and not dry_run:
+            done = yield q[update], {"ids": ids, "states": states}
+            ids = sorted((r["id"] for r in done), reverse=True)
+        changed += ids
+        if len(rows) < MATCH_BATCH:
+            return changed
+        after = rows[-1]["id"]
+
+
+def _run_flow(conn: psycopg.Connection[Any], flow: Generator[Step, Rows, list[int]]) -> list[int]:
+    try:
+        step = next(flow)
+        while True:
+            step = flow.send(_fetch(conn, *step))
+    except StopIteration as stop:
+        result: list[int] = stop.value
+        return result
+
+
+async def _run_flow_async(conn: psycopg.AsyncConnection[Any],
+                          flow: Generator[Step, Rows, list[int]]) -> list[int]:
+    try:
+        step = next(flow)
+        while True:
+            step = flow.send(await _fetch_async(conn, *step))
+    except StopIteration as stop:
+        result: list[int] = stop.value
+        return result
+
+
+def _retry_flow(q: Queries, filter: object, dry_run: bool) -> Generator[Step, Rows, list[int]]:
+    checked = _check_matching(filter)
+    states = _matching_states(checked, RETRYABLE_STATES, "retried")
+    return _matching_flow(q, checked, "event_retry_ids", states, scheduled_pending_only=True,
+                          dry_run=dry_run)
+
+
+def _cancel_flow(q: Queries, filter: object, dry_run: bool) -> Generator[Step, Rows, list[int]]:
+    checked = _check_matching(filter)
+    states = _matching_states(checked, CANCELLABLE_STATES, "cancelled")
+    return _matching_flow(q, checked, "event_cancel_ids", states, scheduled_pending_only=False,
+                          dry_run=dry_run)
+
+
 def _page(rows: Sequence[Mapping[str, Any]], limit: int) -> EventPage:
     """A page from up to ``limit + 1`` rows: the extra row only says another page exists."""
     events = [_summary_from_row(r) for r in rows[:limit]]
@@ -324,11 +413,45 @@ class Admin:
             self._notify(conn)
         return ids
 
+    def retry_matching(self, conn: psycopg.Connection[Any], filter: EventFilter, *,
+                       dry_run: bool = False) -> list[int]:
+        """Make every matching failed, cancelled or scheduled event due now, as ``retry`` does.
+
+        Returns the ids changed, newest first (with ``dry_run``, the ids that
+        would change, changing nothing). Works in batches of ``MATCH_BATCH``
+        ids, each one UPDATE; on an autocommit connection each batch commits
+        on its own. One NOTIFY wakes the workers at the end. An empty filter
+        is refused: say ``states=("failed",)`` to retry every failed event.
+
+        Example::
+
+            admin.retry_matching(conn, EventFilter(states=("failed",), topic="email.*"))
+        """
+        ids = _run_flow(conn, _retry_flow(self._q, filter, dry_run))
+        if ids and not dry_run:
+            self._notify(conn)
+        return ids
+
+    def cancel_matching(self, conn: psycopg.Connection[Any], filter: EventFilter, *,
+                        dry_run: bool = False) -> list[int]:
+        """Cancel every matching pending, running or failed event; returns their ids.
+
+        Batches, ``dry_run`` and the refusal of an empty filter as in
+        :meth:`retry_matching`. A running event's late result is discarded.
+        """
+        return _run_flow(conn, _cancel_flow(self._q, filter, dry_run))
+
     def cancel(self, conn: psycopg.Connection[Any], event_id: int) -> None:
-        """Cancel a pending, running or failed event; a running one's result is discarded."""
+        """Cancel a pending, running or failed event; a running one's result is discarded.
+
+        Cancelling an event that is already cancelled does nothing; a succeeded
+        one raises InvalidStateError, an unknown id EventNotFoundError.
+        """
         event_id = check_event_id(event_id)
         if run(conn, self._q["event_cancel"], {"id": event_id}).fetchone() is None:
             state = run(conn, self._q["event_state"], {"id": event_id}).fetchone()
+            if _already_cancelled(state):
+                return
             raise _not_changed(self._q, event_id, state, "cancelled",
                                "pending, running or failed")
 
@@ -400,10 +523,23 @@ class AsyncAdmin:
             await self._notify(conn)
         return ids
 
+    async def retry_matching(self, conn: psycopg.AsyncConnection[Any], filter: EventFilter, *,
+                             dry_run: bool = False) -> list[int]:
+        ids = await _run_flow_async(conn, _retry_flow(self._q, filter, dry_run))
+        if ids and not dry_run:
+            await self._notify(conn)
+        return ids
+
+    async def cancel_matching(self, conn: psycopg.AsyncConnection[Any], filter: EventFilter, *,
+                              dry_run: bool = False) -> list[int]:
+        return await _run_flow_async(conn, _cancel_flow(self._q, filter, dry_run))
+
     async def cancel(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:
         event_id = check_event_id(event_id)
         if await (await run_async(conn, self._q["event_cancel"], {"id": event_id})).fetchone() is None:
             state = await (await run_async(conn, self._q["event_state"], {"id": event_id})).fetchone()
+            if _already_cancelled(state):
+                return
             raise _not_changed(self._q, event_id, state, "cancelled",
                                "pending, running or failed")
 
