@@ -35,10 +35,69 @@ QUERY_TIMEOUT_DEFAULT = 30.0
 HORIZON_ALERT_DEFAULT = 120.0
 
 
-def _positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or value <= 0:
-        raise ConfigError(f"expected {name} to be > 0, got {value!r}")
+# Allowed ranges, checked on creation: (lowest, highest). No real deployment
+# comes near the upper ends; they exist so that a typo (1e300, "999999999999d")
+# is refused here instead of failing at run time. They keep every value inside
+# what consumes it: PostgreSQL's integer (claim sizes) and interval arithmetic
+# on timestamptz (leases, retention), statement_timeout (an int of
+# milliseconds: 24.8 days at most), and Python's timers and thread waits
+# (threading.TIMEOUT_MAX). The lower ends keep a worker from spinning: a lease
+# shorter than a round trip, or a poll every microsecond, is a typo too.
+_DAY = 86_400.0
+WORKER_RANGES: dict[str, tuple[float, float]] = {
+    # A thread per slot (twice that at most) and one claim of up to this many rows.
+    "concurrency": (1, 10_000),
+    "batch_size": (1, 10_000),
+    "poll_interval": (0.01, _DAY),
+    "lease_ttl": (0.1, 7 * _DAY),
+    "heartbeat_interval": (0.01, _DAY),
+    "rescue_interval": (0.01, _DAY),
+    "shutdown_timeout": (0.01, _DAY),
+    "handler_timeout": (0.01, 7 * _DAY),
+    "reconnect_min": (0.01, 3_600.0),
+    "reconnect_max": (0.01, _DAY),
+    # Finished events wait this long unacknowledged, their leases running, and a
+    # stop waits it out: it is a batching window, not a schedule.
+    "ack_interval": (0.0001, 1.0),
+    "listener_ping_interval": (0.1, _DAY),
+    "retention": (0.0, 3650 * _DAY),
+    "query_timeout": (0.1, _DAY),
+    "horizon_alert_after": (0.1, 7 * _DAY),
+}
+PRODUCER_RANGES: dict[str, tuple[float, float]] = {
+    # jsonb refuses values past 255 MiB; a claim reads a batch of payloads at once.
+    "max_payload_bytes": (1, 64 * 1024 * 1024),
+    # Python's json encoder and decoder recurse once per level (limit about 1000).
+    "max_payload_depth": (1, 500),
+    "max_attempts": (1, 1000),
+}
+_COUNTS = frozenset({"concurrency", "batch_size", "max_payload_bytes", "max_payload_depth",
+                     "max_attempts"})
+
+
+def _seconds_text(seconds: float) -> str:
+    """``0.1s``, ``60s``, ``1h``, ``7d``: a range end as a duration flag would spell it."""
+    for unit, size in (("d", _DAY), ("h", 3_600.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _check_range(name: str, value: object, ranges: dict[str, tuple[float, float]]) -> None:
+    low, high = ranges[name]
+    if name in _COUNTS:
+        span = f"between {low} and {high}"
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"expected {name} to be an integer {span}, got {value!r}")
+    else:
+        span = f"between {_seconds_text(low)} and {_seconds_text(high)}"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"expected {name} to be a number of seconds {span}, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(
+                f"expected {name} to be a finite number of seconds {span}, got {value!r}")
+    if not low <= value <= high:
+        raise ConfigError(f"expected {name} to be {span}, got {value!r}")
 
 
 def _schema(value: str) -> None:
@@ -51,6 +110,9 @@ def _schema(value: str) -> None:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProducerConfig:
     """How events are written.
+
+    Every number is checked on creation against :data:`PRODUCER_RANGES`; a
+    value outside raises :class:`~conveyor.errors.ConfigError` naming the range.
 
     Attributes:
         schema: PostgreSQL schema holding Conveyor's tables. Defaults to ``"conveyor"``.
@@ -67,15 +129,17 @@ class ProducerConfig:
 
     def __post_init__(self) -> None:
         _schema(self.schema)
-        _positive("max_payload_bytes", self.max_payload_bytes)
-        _positive("max_payload_depth", self.max_payload_depth)
-        if not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= 1000:
-            raise ConfigError(f"expected max_attempts to be 1..1000, got {self.max_attempts!r}")
+        for name in PRODUCER_RANGES:
+            _check_range(name, getattr(self, name), PRODUCER_RANGES)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerConfig:
     """How a worker claims, runs and acknowledges events.
+
+    Every number is checked on creation against :data:`WORKER_RANGES`; a value
+    outside (NaN, infinity, ``lease_ttl=1e300``) raises
+    :class:`~conveyor.errors.ConfigError` naming the range.
 
     Attributes:
         schema: PostgreSQL schema holding Conveyor's tables. Defaults to ``"conveyor"``.
@@ -162,8 +226,6 @@ class WorkerConfig:
         if self.transaction_pooler is not None and not isinstance(self.transaction_pooler, bool):
             raise ConfigError("expected transaction_pooler to be True, False or None, "
                               f"got {self.transaction_pooler!r}")
-        if self.horizon_alert_after is not None:
-            _positive("horizon_alert_after", self.horizon_alert_after)
         if self.tenants is not None:
             if isinstance(self.tenants, str) or not self.tenants:
                 raise ConfigError(f"expected tenants to be a non-empty tuple, got {self.tenants!r}")
@@ -172,18 +234,10 @@ class WorkerConfig:
                     check_tenant(tenant)
                 except InvalidInputError as exc:
                     raise ConfigError(str(exc)) from None
-        for name in ("concurrency", "batch_size"):
+        for name in WORKER_RANGES:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"expected {name} to be an integer >= 1, got {value!r}")
-        for name in ("poll_interval", "lease_ttl", "heartbeat_interval", "rescue_interval",
-                     "shutdown_timeout", "handler_timeout", "reconnect_min", "reconnect_max",
-                     "ack_interval", "listener_ping_interval", "query_timeout"):
-            _positive(name, getattr(self, name))
-        r = self.retention
-        if r is not None and (isinstance(r, bool) or not isinstance(r, int | float)
-                              or not math.isfinite(r) or r < 0):
-            raise ConfigError(f"expected retention to be >= 0 seconds or None, got {r!r}")
+            if value is not None or name not in ("retention", "horizon_alert_after"):
+                _check_range(name, value, WORKER_RANGES)
         if self.reconnect_max < self.reconnect_min:
             raise ConfigError(
                 f"expected reconnect_max to be >= reconnect_min ({self.reconnect_min}), "
