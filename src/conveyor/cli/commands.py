@@ -19,6 +19,7 @@ from conveyor.admin import Admin
 from conveyor.cli import multi
 from conveyor.cli.context import Context, duration, positive_int
 from conveyor.cli.durations import parse_duration
+from conveyor.cli.process import StopSignals
 from conveyor.config import (
     BATCH_SIZE_DEFAULT,
     CONCURRENCY_DEFAULT,
@@ -419,6 +420,7 @@ def run_until_stopped(main: Coroutine[Any, Any, None], event_loop: str = "auto")
 def run_worker(ctx: Context, args: argparse.Namespace) -> int:
     from conveyor.worker import Worker
 
+    stop = StopSignals().install()   # before the app's import, which may take a while
     router = load_router(args.app)
     retention = None if args.retention == "forever" else parse_duration(args.retention)
     try:
@@ -438,13 +440,18 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
                                  else parse_duration(args.horizon_alert)))
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
+    if stop.requested:
+        log.info("stopped before the worker started", extra={"action": "stopped"})
+        return 0
     worker = Worker(ctx.url(), router, config, listen_conninfo=args.listen_url)
 
     async def serve() -> None:
         worker.install_signal_handlers()
+        stop.forward_to(worker.request_stop)
         await worker.run()
 
     run_until_stopped(serve(), args.event_loop)
+    stop.install()   # closing the loop restored the default handlers; the exit is under way
     s = worker.stats
     log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
              s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})

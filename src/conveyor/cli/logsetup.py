@@ -1,19 +1,34 @@
-"""Log output for the CLI: readable text, or one JSON object per line."""
+"""Log output for the CLI: readable text, or one JSON object per line.
+
+Inside a handler every record carries the running event (``event_id``,
+``topic``, ``tenant``, ``attempt``: see :mod:`conveyor.log_context`), so the
+handler's own lines can be told apart and queried like the worker's.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+import time
 from typing import Any
 
+from conveyor.log_context import CONTEXT_FIELDS, EventContextFilter
+
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+def utc_timestamp(created: float) -> str:
+    """``2026-12-01T12:40:49.123Z``: UTC, millisecond precision, sortable as text."""
+    seconds = int(created)
+    millis = min(int((created - seconds) * 1000), 999)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "ts": utc_timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -26,12 +41,27 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """Time, level, logger, message; a handler's own lines end with their event."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = vars(record)
+        # Conveyor's own lines name the event in their message already.
+        if "event_id" in fields and not record.name.startswith("conveyor."):
+            context = " ".join(f"{key}={fields[key]}" for key in CONTEXT_FIELDS
+                               if fields.get(key) is not None)
+            line += f" [{context}]"
+        return line
+
+
 def configure(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(EventContextFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -144,8 +144,7 @@ def _classify(exc: BaseException, event: Event, backoff: RetryPolicy) -> Outcome
         return Outcome(event.id, event.attempt, EventState.PENDING, delay=exc.seconds, refund=1)
     if isinstance(exc, PermanentFailure):
         return Outcome(event.id, event.attempt, EventState.FAILED,
-                       error=_clip(exc.reason or "permanent failure", ERROR_MAX_CHARS),
-                       traceback=_traceback())
+                       error=_clip(exc.reason or "permanent failure", ERROR_MAX_CHARS))
     if isinstance(exc, Cancel):
         return Outcome(event.id, event.attempt, EventState.CANCELLED,
                        error=_clip("cancelled by handler" + (f": {exc.reason}" if exc.reason
