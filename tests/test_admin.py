@@ -326,14 +326,60 @@ def _ids(conn: psycopg.Connection[Any]) -> set[int]:
     return {r[0] for r in conn.execute("SELECT id FROM conveyor.events")}
 
 
-def test_prune_deletes_finished_events_older_than_age(db: psycopg.Connection[Any]) -> None:
-    old_done, old_failed, new_done = (_make(db, "succeeded"), _make(db, "failed"),
-                                      _make(db, "succeeded"))
+def test_prune_deletes_succeeded_and_cancelled_events_older_than_age(
+    db: psycopg.Connection[Any],
+) -> None:
+    old_done, old_cancelled, new_done = (_make(db, "succeeded"), _make(db, "pending"),
+                                         _make(db, "succeeded"))
+    Admin().cancel(db, old_cancelled)
     pending = _make(db, "pending")
     _finished_ago(db, old_done, 7200)
-    _finished_ago(db, old_failed, 7200)
+    _finished_ago(db, old_cancelled, 7200)
     assert Admin().prune(db, older_than=3600) == 2
     assert _ids(db) == {new_done, pending}
+
+
+def test_prune_without_states_keeps_failed_events(db: psycopg.Connection[Any]) -> None:
+    """Failed events wait for an operator: only an explicit "failed" deletes them."""
+    old_failed, old_done = _make(db, "failed"), _make(db, "succeeded")
+    _finished_ago(db, old_failed, 7200)
+    _finished_ago(db, old_done, 7200)
+    assert Admin().prune(db, older_than=60) == 1
+    assert _ids(db) == {old_failed}
+    assert Admin().prune(db, older_than=60, states=["failed"]) == 1
+    assert _ids(db) == set()
+
+
+def test_prune_dry_run_counts_what_would_go_and_deletes_nothing(
+    db: psycopg.Connection[Any],
+) -> None:
+    for state in ("succeeded", "succeeded", "failed"):
+        _finished_ago(db, _make(db, state), 7200)
+    _make(db, "succeeded")                               # too young
+    before = _ids(db)
+    assert Admin().prune(db, older_than=3600, dry_run=True) == 2
+    assert Admin().prune(db, older_than=3600, states=["failed", "succeeded"],
+                         dry_run=True) == 3
+    assert _ids(db) == before
+    assert Admin().prune(db, older_than=3600) == 2
+
+
+def test_prune_reports_progress_after_each_batch(db: psycopg.Connection[Any],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admin_module, "PRUNE_BATCH", 2)
+    for _ in range(5):
+        _finished_ago(db, _make(db, "succeeded"), 100)
+    seen: list[int] = []
+    assert Admin().prune(db, older_than=10, progress=seen.append) == 5
+    assert seen == [2, 4, 5]
+    dry: list[int] = []
+    assert Admin().prune(db, older_than=10, dry_run=True, progress=dry.append) == 0
+    assert dry == [0]
+
+
+def test_prune_refuses_a_progress_that_is_not_callable(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(InvalidInputError, match="expected progress to be callable, got 5"):
+        Admin().prune(conn, older_than=10, progress=5)  # type: ignore[arg-type]
 
 
 def test_prune_with_states_deletes_only_those_states(db: psycopg.Connection[Any]) -> None:
@@ -360,7 +406,8 @@ def test_prune_refuses_unfinished_or_unknown_states(conn: psycopg.Connection[Any
         Admin().prune(conn, older_than=0, states=states)
 
 
-@pytest.mark.parametrize("age", [-1, float("nan"), "1h"])
+@pytest.mark.parametrize("age", [-1, float("nan"), "1h", float("inf"), 10**400, 1e300, True],
+                         ids=["negative", "nan", "text", "inf", "huge-int", "1e300", "bool"])
 def test_prune_refuses_invalid_age(conn: psycopg.Connection[Any], age: Any) -> None:
     with pytest.raises(InvalidInputError, match="older_than"):
         Admin().prune(conn, older_than=age)
@@ -418,7 +465,10 @@ async def test_async_cancel_and_prune(adb: psycopg.AsyncConnection[Any]) -> None
     await admin.cancel(adb, event_id)
     await admin.cancel(adb, event_id)                  # already cancelled: a no-op
     await adb.execute("UPDATE conveyor.events SET finished_at = now() - interval '1 hour'")
-    assert await admin.prune(adb, older_than=60, states=["cancelled"]) == 1
+    assert await admin.prune(adb, older_than=60, dry_run=True) == 1
+    seen: list[int] = []
+    assert await admin.prune(adb, older_than=60, states=["cancelled"], progress=seen.append) == 1
+    assert seen == [1]
 
 
 async def test_async_not_found_errors(adb: psycopg.AsyncConnection[Any]) -> None:

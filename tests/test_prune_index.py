@@ -160,6 +160,21 @@ def test_prune_plan_reads_only_prunable_rows_among_50k_old_failed_rows(
     assert _buffers(plan) < BUFFER_BOUND, _buffers(plan)
 
 
+def test_prune_dry_run_counts_through_the_prunable_index_past_50k_failed_rows(
+    big: Conn,
+) -> None:
+    row = big.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + Q["event_prune_count"],
+                      {"older_than": RETENTION, "states": WORKER_STATES}).fetchone()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    assert all(n["Node Type"] != "Seq Scan" for n in _ran(plan)), _ran(plan)
+    assert _indexes(plan) == {"events_prunable_idx"}, _ran(plan)
+    assert _examined(plan) == sum(PRUNABLE.values())      # not one failed row
+    assert Admin().prune(big, older_than=RETENTION, dry_run=True) == sum(PRUNABLE.values())
+    assert Admin().prune(big, older_than=RETENTION, states=["failed"],
+                         dry_run=True) == OLD_FAILED
+
+
 def test_old_finished_index_made_prune_walk_every_old_failed_row(big: Conn) -> None:
     """The instrument is live: against 0001's index the bounds above fail."""
     big.execute("DROP INDEX conveyor.events_prunable_idx")
@@ -215,7 +230,8 @@ def test_prune_of_every_finished_state_still_deletes_old_failed_rows(conn: Conn)
     old = [_make(conn, s, 20) for s in ("succeeded", "cancelled", "failed", "failed")]
     kept = {_make(conn, s, 1) for s in ("succeeded", "cancelled", "failed")}
     kept |= {_make(conn, "pending", None), _make(conn, "running", None)}
-    assert Admin().prune(conn, older_than=RETENTION) == len(old)
+    assert Admin().prune(conn, older_than=RETENTION,
+                         states=["succeeded", "cancelled", "failed"]) == len(old)
     assert _ids(conn) == kept
 
 

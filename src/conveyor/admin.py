@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -37,7 +37,12 @@ from conveyor.types import (
     TopicCount,
     WorkerInfo,
 )
-from conveyor.validation import check_event_id, check_schema_name, check_topic
+from conveyor.validation import (
+    DELAY_MAX_SECONDS,
+    check_event_id,
+    check_schema_name,
+    check_topic,
+)
 
 # A worker that has not renewed its heartbeat for this long is not counted alive.
 WORKER_ALIVE_WITHIN = 30.0
@@ -139,9 +144,17 @@ def _estimate_params(q: Queries) -> dict[str, Any]:
     return {"schema": q.schema, "table": q.events_table}
 
 
+# What prune deletes when no states are given: what the workers' own pruning
+# deletes. Failed events wait for an operator and go only when asked for.
+PRUNE_DEFAULT_STATES = (EventState.CANCELLED.value, EventState.SUCCEEDED.value)
+
+
 def _prune_states(states: Sequence[str] | None) -> list[str]:
     if states is None:
-        return sorted(s.value for s in FINISHED_STATES)
+        return list(PRUNE_DEFAULT_STATES)
+    if isinstance(states, str):
+        raise InvalidInputError(
+            f"expected states to be a list of states such as ['failed'], got {states!r:.60}")
     out = []
     for s in states:
         try:
@@ -155,10 +168,26 @@ def _prune_states(states: Sequence[str] | None) -> list[str]:
     return out
 
 
-def _older_than(seconds: float) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
-        raise InvalidInputError(f"older_than must be a number of seconds >= 0, got {seconds!r}")
-    return float(seconds)
+def _older_than(seconds: object) -> float:
+    value: float | None = None
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        try:
+            value = float(seconds)
+        except OverflowError:
+            value = None
+    if value is None or not 0 <= value <= DELAY_MAX_SECONDS:
+        raise InvalidInputError(
+            f"older_than must be a number of seconds from 0 to {DELAY_MAX_SECONDS:.0f}"
+            f" (100 years), got {seconds!r:.60}")
+    return value
+
+
+def _prune_params(older_than: object, states: Sequence[str] | None,
+                  progress: object) -> dict[str, Any]:
+    if progress is not None and not callable(progress):
+        raise InvalidInputError(f"expected progress to be callable, got {progress!r:.60}")
+    return {"older_than": _older_than(older_than), "states": _prune_states(states),
+            "limit": PRUNE_BATCH}
 
 
 def _already_cancelled(state_row: Sequence[Any] | None) -> bool:
@@ -174,6 +203,12 @@ def _not_changed(q: Queries, event_id: int, state_row: Sequence[Any] | None, act
 
 
 PRUNE_BATCH = 10_000
+
+
+def _report(progress: Callable[[int], None] | None, total: int) -> int:
+    if progress is not None:
+        progress(total)
+    return total
 
 # The largest page Admin.events returns.
 LIST_LIMIT_MAX = 1000
@@ -456,14 +491,29 @@ class Admin:
                                "pending, running or failed")
 
     def prune(self, conn: psycopg.Connection[Any], older_than: float,
-              states: Sequence[str] | None = None) -> int:
-        """Delete finished events older than ``older_than`` seconds; returns the count."""
-        params = {"older_than": _older_than(older_than), "states": _prune_states(states),
-                  "limit": PRUNE_BATCH}
+              states: Sequence[str] | None = None, *, dry_run: bool = False,
+              progress: Callable[[int], None] | None = None) -> int:
+        """Delete finished events older than ``older_than`` seconds; returns the count.
+
+        ``states``: which finished states go; defaults to None, meaning
+        succeeded and cancelled: failed events are deleted only when
+        ``"failed"`` is listed. Deletes in batches of ``PRUNE_BATCH`` rows;
+        ``progress(total_so_far)`` is called after each. With ``dry_run``
+        nothing is deleted and the count is what would go, read through the
+        same indexes (``progress`` is called once, with it).
+
+        Example::
+
+            admin.prune(conn, older_than=30 * 86_400, states=["failed"], dry_run=True)
+        """
+        params = _prune_params(older_than, states, progress)
+        if dry_run:
+            row = run(conn, self._q["event_prune_count"], params).fetchone()
+            return _report(progress, int(row[0]) if row else 0)
         total = 0
         while True:
             cur = run(conn, self._q["event_prune"], params)
-            total += cur.rowcount
+            total = _report(progress, total + cur.rowcount)
             if cur.rowcount < PRUNE_BATCH:
                 return total
 
@@ -544,13 +594,16 @@ class AsyncAdmin:
                                "pending, running or failed")
 
     async def prune(self, conn: psycopg.AsyncConnection[Any], older_than: float,
-                    states: Sequence[str] | None = None) -> int:
-        params = {"older_than": _older_than(older_than), "states": _prune_states(states),
-                  "limit": PRUNE_BATCH}
+                    states: Sequence[str] | None = None, *, dry_run: bool = False,
+                    progress: Callable[[int], None] | None = None) -> int:
+        params = _prune_params(older_than, states, progress)
+        if dry_run:
+            row = await (await run_async(conn, self._q["event_prune_count"], params)).fetchone()
+            return _report(progress, int(row[0]) if row else 0)
         total = 0
         while True:
             cur = await run_async(conn, self._q["event_prune"], params)
-            total += cur.rowcount
+            total = _report(progress, total + cur.rowcount)
             if cur.rowcount < PRUNE_BATCH:
                 return total
 
