@@ -150,7 +150,7 @@ def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ workflow
 
 def register_workflow(sub: Sub, env: Env) -> None:
-    p = _add(sub, "workflow", "register workflow definitions; show a workflow event",
+    p = _add(sub, "workflow", "register definitions; the status of a workflow event",
              "Workflow events: 'register' sends a module's object types and triggers to the\n"
              "workflow engine (idempotent; conflicts exit 1 naming each); 'status' shows one\n"
              "published event's state, attempts and last error.")
