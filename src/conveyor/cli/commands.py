@@ -5,21 +5,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import inspect
 import json
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import psycopg
 
 from conveyor.admin import Admin
 from conveyor.cli import multi
 from conveyor.cli.context import Context, duration, positive_int
-from conveyor.cli.durations import parse_duration
-from conveyor.cli.process import StopSignals
+from conveyor.cli.options import boolean, label, option, usage_error
+from conveyor.cli.output import emit_json, escape, escape_lines, say
 from conveyor.config import (
     BATCH_SIZE_DEFAULT,
     CONCURRENCY_DEFAULT,
@@ -29,11 +32,14 @@ from conveyor.config import (
     LEASE_TTL_DEFAULT,
     POLL_INTERVAL_DEFAULT,
     RESCUE_INTERVAL_DEFAULT,
+    RETENTION_DEFAULT,
     SHUTDOWN_TIMEOUT_DEFAULT,
     ProducerConfig,
     WorkerConfig,
 )
-from conveyor.errors import ConfigError, InvalidInputError
+from conveyor.db.execute import run
+from conveyor.db.named_queries import queries_for
+from conveyor.errors import ConfigError, DatabaseError, InvalidInputError
 from conveyor.producer import Producer
 from conveyor.retry import BASE_DELAY_DEFAULT, MAX_DELAY_DEFAULT, BackoffPolicy
 from conveyor.router import Router
@@ -47,12 +53,24 @@ log = logging.getLogger(__name__)
 
 
 def _add(sub: Sub, name: str, help_text: str, description: str,
-         run: Callable[[Context, argparse.Namespace], int]) -> argparse.ArgumentParser:
+         run: Callable[[Context, argparse.Namespace], int],
+         examples: Sequence[tuple[str, str]] = ()) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser(
-        name, help=help_text, description=description,
+        name, help=help_text, description=description, epilog=format_examples(examples),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.set_defaults(handler=run)
     return parser
+
+
+def format_examples(examples: Sequence[tuple[str, str]]) -> str | None:
+    """A help epilog: each command line, then what it does, indented below it."""
+    if not examples:
+        return None
+    lines = ["examples:"]
+    for command, what in examples:
+        lines.extend(f"  {line}" for line in command.splitlines())
+        lines.append(f"      {what}")
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------- migrate
@@ -61,22 +79,38 @@ def register_migrate(sub: Sub, env: Env) -> None:
     p = _add(sub, "migrate", "create or upgrade Conveyor's schema",
              "Apply the numbered migrations that are missing, once, under an advisory lock\n"
              "(safe when many processes start together). With --sql, print the SQL instead\n"
-             "so it can go into Alembic, Django or any other migration tool.", run_migrate)
+             "so it can go into Alembic, Django or any other migration tool.", run_migrate,
+             examples=[("conveyor migrate", "create or upgrade the schema 'conveyor'"),
+                       ("conveyor migrate --json", "the same; print the versions applied"),
+                       ("conveyor --schema jobs migrate --sql > conveyor.sql",
+                        "the SQL for your own migration tool")])
     p.add_argument("--sql", action="store_true",
                    help="print the full migration script and touch no database")
+    add_json(p, '{"schema", "applied": [{"version", "name"}], "version"}')
+
+
+def add_json(p: argparse.ArgumentParser, shape: str) -> None:
+    p.add_argument("--json", action="store_true", help=f"print one JSON object: {shape}")
 
 
 def run_migrate(ctx: Context, args: argparse.Namespace) -> int:
     if args.sql:
+        if args.json:
+            usage_error(args, "--json does not apply with --sql, which prints SQL")
         sys.stdout.write(migration_script(ctx.schema))
         return 0
     conn = ctx.connect(check_schema=False)
-    applied = Migrator(ctx.schema).apply(conn)
-    if applied:
+    migrator = Migrator(ctx.schema)
+    applied = migrator.apply(conn)
+    if args.json:
+        emit_json({"schema": ctx.schema,
+                   "applied": [{"version": m.version, "name": m.name} for m in applied],
+                   "version": max(migrator.applied_versions(conn), default=None)})
+    elif applied:
         for m in applied:
-            print(f"applied {m.version:04d}_{m.name}")
+            say(f"applied {m.version:04d}_{m.name}")
     else:
-        print(f"schema {ctx.schema!r} is up to date")
+        say(f"schema {ctx.schema!r} is up to date")
     return 0
 
 
@@ -85,17 +119,23 @@ def run_migrate(ctx: Context, args: argparse.Namespace) -> int:
 def register_enqueue(sub: Sub, env: Env) -> None:
     p = _add(sub, "enqueue", "add one event and print its id",
              "Enqueue one event in its own transaction and print its id. With --key, a\n"
-             "second enqueue of the same tenant and key prints the first event's id.",
-             run_enqueue)
+             "second enqueue of the same tenant and key prints the first event's id\n"
+             "(--json says which happened: \"deduplicated\": true).",
+             run_enqueue, examples=[
+                 ("conveyor enqueue email.send '{\"to\": \"a@example.com\"}' --tenant acme",
+                  "enqueue now, print the id"),
+                 ("conveyor enqueue billing.charge '{}' --key inv-7 --delay 1h --json",
+                  "once per key, in an hour; print {\"id\", \"deduplicated\"}")])
     p.add_argument("topic", help="dot-separated topic, e.g. email.send")
     p.add_argument("payload", nargs="?", default="{}", help="JSON payload (default: {})")
     p.add_argument("--tenant", help="owning tenant, a DNS label such as 'acme'")
     p.add_argument("--key", help="idempotency key")
-    p.add_argument("--delay", type=duration, default=0.0,
+    p.add_argument("--delay", type=duration, default=0.0, metavar="DURATION",
                    help="run no earlier than this from now, e.g. 30s or 5m")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default: 0)")
-    p.add_argument("--max-attempts", type=positive_int, default=None,
+    p.add_argument("--max-attempts", type=positive_int, default=None, metavar="N",
                    help="attempts before the event is parked failed (default: 5)")
+    add_json(p, '{"id", "deduplicated"}')
 
 
 def run_enqueue(ctx: Context, args: argparse.Namespace) -> int:
@@ -105,12 +145,42 @@ def run_enqueue(ctx: Context, args: argparse.Namespace) -> int:
         raise InvalidInputError(f"payload is not valid JSON ({exc.msg}): {args.payload!r:.80}") from None
     producer = Producer(ProducerConfig(schema=ctx.schema))
     conn = ctx.connect()
-    with conn.transaction():
-        event_id = producer.enqueue(conn, args.topic, payload, tenant=args.tenant,
-                                    idempotency_key=args.key, delay=args.delay,
-                                    priority=args.priority, max_attempts=args.max_attempts)
-    print(event_id)
+    for attempt in range(3):
+        try:
+            event_id, deduplicated = _enqueue_once(ctx, conn, producer, payload, args)
+            break
+        except DatabaseError as exc:
+            if attempt == 2 or not isinstance(exc.__cause__, psycopg.errors.SerializationFailure):
+                raise
+    if args.json:
+        emit_json({"id": event_id, "deduplicated": deduplicated})
+    else:
+        say(event_id)
     return 0
+
+
+def _enqueue_once(ctx: Context, conn: psycopg.Connection[Any], producer: Producer, payload: Any,
+                  args: argparse.Namespace) -> tuple[int, bool]:
+    """Enqueue in one REPEATABLE READ transaction; (id, whether the key deduplicated).
+
+    The key is looked up first in the same snapshot the insert then works in,
+    so the answer cannot be wrong: an event with that key committed after the
+    snapshot makes the insert fail with a serialization error (the caller
+    tries again) instead of being taken for a new one.
+    """
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    try:
+        with conn.transaction():
+            existing = None
+            if args.key is not None:
+                existing = run(conn, queries_for(ctx.schema)["event_id_by_key"],
+                               {"tenant": args.tenant, "idempotency_key": args.key}).fetchone()
+            event_id = producer.enqueue(conn, args.topic, payload, tenant=args.tenant,
+                                        idempotency_key=args.key, delay=args.delay,
+                                        priority=args.priority, max_attempts=args.max_attempts)
+    finally:
+        conn.isolation_level = None
+    return event_id, existing is not None
 
 
 # -------------------------------------------------------------------- status
@@ -119,8 +189,10 @@ def register_status(sub: Sub, env: Env) -> None:
     p = _add(sub, "status", "counts by state and topic, oldest pending, live workers",
              "Show how many events are in each state, per topic; the age of the oldest due\n"
              "pending event; the workers alive; and pending topics no live worker claims.",
-             run_status)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+             run_status, examples=[
+                 ("conveyor status", "the summary for a human"),
+                 ("conveyor status --json | jq .counts.failed", "one figure for a script")])
+    add_json(p, "counts, by_topic, oldest_pending_age_s, workers, unhandled_topics, ...")
 
 
 def format_status(status: QueueStatus) -> str:
@@ -134,10 +206,11 @@ def format_status(status: QueueStatus) -> str:
         f"workers alive: {len(status.workers)}",
     ]
     for w in status.workers:
-        lines.append(f"  {w.name} (pid {w.pid}) topics: {', '.join(w.topics)}")
+        lines.append(f"  {escape(w.name)} (pid {w.pid}) topics: "
+                     + escape(", ".join(w.topics)))
     topics: dict[str, dict[str, int]] = {}
     for t in status.by_topic:
-        topics.setdefault(t.topic, {})[t.state.value] = t.count
+        topics.setdefault(escape(t.topic), {})[t.state.value] = t.count
     if topics:
         width = max(len("topic"), *(len(t) for t in topics))
         states = [s for s in c if not approx[s]]     # estimates have no per-topic split
@@ -149,16 +222,16 @@ def format_status(status: QueueStatus) -> str:
     if status.unhandled_topics:
         lines.append("")
         lines.append("pending with no live worker claiming them: "
-                     + ", ".join(status.unhandled_topics))
+                     + escape(", ".join(status.unhandled_topics)))
     return "\n".join(lines)
 
 
 def run_status(ctx: Context, args: argparse.Namespace) -> int:
     status = Admin(ctx.schema).status(ctx.connect())
     if args.json:
-        print(json.dumps(status.to_json(), indent=None))
+        emit_json(status.to_json())
     else:
-        print(format_status(status))
+        say(format_status(status))
     return 0
 
 
@@ -167,26 +240,31 @@ def run_status(ctx: Context, args: argparse.Namespace) -> int:
 def register_show(sub: Sub, env: Env) -> None:
     p = _add(sub, "show", "one event with its error history",
              "Print one event: state, attempts, schedule, lease, payload and the error of\n"
-             "every failed attempt (with tracebacks).", run_show)
+             "every failed attempt (with tracebacks). Control characters and terminal\n"
+             "escape sequences in stored text are shown escaped (ESC as \\x1b); --json\n"
+             "prints the stored values exactly.", run_show, examples=[
+                 ("conveyor show 42", "the event and its error history"),
+                 ("conveyor show 42 --json | jq -r .last_error", "one field for a script")])
     p.add_argument("id", help="event id")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json(p, "every column, and errors: [{attempt, at, error, traceback, worker}]")
 
 
 def run_show(ctx: Context, args: argparse.Namespace) -> int:
     record = Admin(ctx.schema).show(ctx.connect(), args.id)
     if args.json:
-        print(json.dumps(record.to_json(), default=str))
+        emit_json(record.to_json())
         return 0
     data = record.to_json()
     errors = data.pop("errors")
     payload = data.pop("payload")
     for key, value in data.items():
-        print(f"{key:>16}: {'-' if value is None else value}")
-    print(f"{'payload':>16}: {json.dumps(payload)}")
+        say(f"{key:>16}: {'-' if value is None else escape(value)}")
+    say(f"{'payload':>16}: {escape(json.dumps(payload))}")
     for e in errors:
-        print(f"\nattempt {e['attempt']} at {e['at']}: {e['error']}")
+        say(f"\nattempt {e['attempt']} at {escape(e['at'])}: {escape(e['error'])}")
         if e.get("traceback"):
-            print("  " + e["traceback"].rstrip().replace("\n", "\n  "))
+            for line in escape_lines(e["traceback"].rstrip()):
+                say(f"  {line}")
     return 0
 
 
@@ -195,7 +273,10 @@ def run_show(ctx: Context, args: argparse.Namespace) -> int:
 def register_retry(sub: Sub, env: Env) -> None:
     p = _add(sub, "retry", "run a failed or cancelled event again",
              "Make one event (by id), or every failed event (--failed, optionally of one\n"
-             "--topic), due now. An event whose attempts are spent gets one more.", run_retry)
+             "--topic), due now. An event whose attempts are spent gets one more.", run_retry,
+             examples=[("conveyor retry 13", "one event"),
+                       ("conveyor retry --failed --topic email.send",
+                        "every failed event of one topic")])
     p.add_argument("id", nargs="?", help="event id")
     p.add_argument("--failed", action="store_true", help="retry every failed event")
     p.add_argument("--topic", help="with --failed: only this topic")
@@ -222,7 +303,9 @@ def run_retry(ctx: Context, args: argparse.Namespace) -> int:
 def register_cancel(sub: Sub, env: Env) -> None:
     _add(sub, "cancel", "cancel a pending, running or failed event",
          "Mark an event cancelled so it never runs again. A worker still running it has\n"
-         "its result discarded.", run_cancel).add_argument("id", help="event id")
+         "its result discarded.", run_cancel,
+         examples=[("conveyor cancel 42", "never run event 42")]).add_argument(
+             "id", help="event id")
 
 
 def run_cancel(ctx: Context, args: argparse.Namespace) -> int:
@@ -237,7 +320,8 @@ def register_prune(sub: Sub, env: Env) -> None:
     p = _add(sub, "prune", "delete finished events older than a duration",
              "Delete succeeded, failed and cancelled events that finished longer ago than\n"
              "--older-than (e.g. 7d, 12h, 30m). Pending and running events are never touched.",
-             run_prune)
+             run_prune, examples=[("conveyor prune --older-than 30d --state succeeded",
+                                   "delete succeeded events older than 30 days")])
     p.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
                    help="e.g. 7d, 12h, 30m, 90s")
     p.add_argument("--state", action="append", choices=["succeeded", "failed", "cancelled"],
@@ -255,87 +339,90 @@ def run_prune(ctx: Context, args: argparse.Namespace) -> int:
 def register_worker(sub: Sub, env: Env) -> None:
     p = _add(sub, "worker", "run a worker process until SIGTERM/SIGINT",
              "Claim and run events for the topics of the router given by --app, a\n"
-             "'module:attribute' naming a conveyor.Router (or a function returning one).\n"
-             "SIGTERM or SIGINT stops claiming, lets running handlers finish within\n"
-             "--shutdown-timeout, hands the rest back without spending an attempt, exits 0.",
-             run_worker)
-    p.add_argument("--app", required=env("APP") is None, default=env("APP"), metavar="MODULE:ROUTER",
-                   help="router to serve [env CONVEYOR_APP]")
-    p.add_argument("--concurrency", type=positive_int,
-                   default=env("CONCURRENCY", str(CONCURRENCY_DEFAULT)),
-                   help="handlers running at once [env CONVEYOR_CONCURRENCY] (default: %(default)s)")
-    p.add_argument("--batch-size", type=positive_int,
-                   default=env("BATCH_SIZE", str(BATCH_SIZE_DEFAULT)),
-                   help="events claimed per query [env CONVEYOR_BATCH_SIZE] (default: %(default)s)")
-    p.add_argument("--poll-interval", type=duration,
-                   default=env("POLL_INTERVAL", str(POLL_INTERVAL_DEFAULT)),
-                   help="fallback poll when no NOTIFY arrives [env CONVEYOR_POLL_INTERVAL] "
-                        "(default: %(default)ss)")
-    p.add_argument("--lease-ttl", type=duration,
-                   default=env("LEASE_TTL", str(LEASE_TTL_DEFAULT)),
-                   help="claim validity without heartbeat [env CONVEYOR_LEASE_TTL] "
-                        "(default: %(default)ss)")
-    p.add_argument("--shutdown-timeout", type=duration,
-                   default=env("SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_DEFAULT)),
-                   help="grace for running handlers on SIGTERM [env CONVEYOR_SHUTDOWN_TIMEOUT] "
-                        "(default: %(default)ss)")
-    p.add_argument("--handler-timeout", type=duration,
-                   default=env("HANDLER_TIMEOUT", str(HANDLER_TIMEOUT_DEFAULT)),
-                   help="default limit for one handler call [env CONVEYOR_HANDLER_TIMEOUT] "
-                        "(default: %(default)ss)")
-    p.add_argument("--rescue-interval", type=duration,
-                   default=env("RESCUE_INTERVAL", str(RESCUE_INTERVAL_DEFAULT)),
-                   help="scan for expired leases this often [env CONVEYOR_RESCUE_INTERVAL] "
-                        "(default: %(default)ss)")
-    p.add_argument("--backoff-base", type=duration,
-                   default=env("BACKOFF_BASE", str(BASE_DELAY_DEFAULT)),
-                   help="retry delay after the first failed attempt, doubling per attempt "
-                        "[env CONVEYOR_BACKOFF_BASE] (default: %(default)ss)")
-    p.add_argument("--backoff-max", type=duration,
-                   default=env("BACKOFF_MAX", str(MAX_DELAY_DEFAULT)),
-                   help="cap on any retry delay [env CONVEYOR_BACKOFF_MAX] (default: %(default)ss)")
-    p.add_argument("--retention", default=env("RETENTION", "7d"),
-                   help="prune succeeded/cancelled events older than this; 'forever' keeps them, "
-                        "0 deletes each succeeded event as it is acknowledged (fastest, no "
-                        "history) [env CONVEYOR_RETENTION] (default: %(default)s)")
+             "'module:attribute' naming a conveyor.Router (or a function taking no\n"
+             "arguments that returns one). SIGTERM or SIGINT stops claiming, lets running\n"
+             "handlers finish within --shutdown-timeout, hands the rest back without\n"
+             "spending an attempt, exits 0.\n\n"
+             "A worker needs --database-url (or CONVEYOR_DATABASE_URL): without one it\n"
+             "refuses to start, unless --embedded asks for the embedded PostgreSQL.",
+             run_worker, examples=[
+                 ("CONVEYOR_DATABASE_URL=postgresql://app@db/app \\\n"
+                  "    conveyor worker --app myapp.tasks:router", "serve a router"),
+                 ("conveyor worker --app myapp.tasks:router --concurrency 20 --tenant acme",
+                  "one tenant, 20 handlers at once"),
+                 ("conveyor worker --app myapp.tasks:router --embedded",
+                  "try it on the embedded PostgreSQL"),
+             ])
+    option(p, "--app", env="APP", required=True, metavar="MODULE:ROUTER",
+           help="router to serve")
+    p.add_argument("--embedded", action="store_true",
+                   help="without a database URL, run on the embedded PostgreSQL (for trying "
+                        "Conveyor: its data is private to this machine)")
+    option(p, "--concurrency", env="CONCURRENCY", type=positive_int, default=CONCURRENCY_DEFAULT,
+           help="handlers running at once")
+    option(p, "--batch-size", env="BATCH_SIZE", type=positive_int, default=BATCH_SIZE_DEFAULT,
+           help="events claimed per query")
+    option(p, "--poll-interval", env="POLL_INTERVAL", type=duration, unit="s",
+           default=POLL_INTERVAL_DEFAULT, help="fallback poll when no NOTIFY arrives")
+    option(p, "--lease-ttl", env="LEASE_TTL", type=duration, unit="s", default=LEASE_TTL_DEFAULT,
+           help="claim validity without heartbeat")
+    option(p, "--shutdown-timeout", env="SHUTDOWN_TIMEOUT", type=duration, unit="s",
+           default=SHUTDOWN_TIMEOUT_DEFAULT, help="grace for running handlers on SIGTERM")
+    option(p, "--handler-timeout", env="HANDLER_TIMEOUT", type=duration, unit="s",
+           default=HANDLER_TIMEOUT_DEFAULT, help="default limit for one handler call")
+    option(p, "--rescue-interval", env="RESCUE_INTERVAL", type=duration, unit="s",
+           default=RESCUE_INTERVAL_DEFAULT, help="scan for expired leases this often")
+    option(p, "--backoff-base", env="BACKOFF_BASE", type=duration, unit="s",
+           default=BASE_DELAY_DEFAULT,
+           help="retry delay after the first failed attempt, doubling per attempt")
+    option(p, "--backoff-max", env="BACKOFF_MAX", type=duration, unit="s",
+           default=MAX_DELAY_DEFAULT, help="cap on any retry delay")
+    option(p, "--retention", env="RETENTION", type=retention, unit="s", default=RETENTION_DEFAULT,
+           help="prune succeeded/cancelled events older than this; 'forever' keeps them, "
+                "0 deletes each succeeded event as it is acknowledged (fastest, no history)")
     p.add_argument("--tenant", action="append", dest="tenants", metavar="TENANT",
                    help="claim only this tenant's events (repeatable; default: every tenant)")
-    p.add_argument("--name", default=env("WORKER_NAME"),
-                   help="label shown by status [env CONVEYOR_WORKER_NAME] (default: host:pid)")
-    p.add_argument("--no-listen", dest="listen", action="store_const", const="false",
-                   default=env("LISTEN"),
-                   help="do not LISTEN for notifications, find new events by polling only "
-                        "[env CONVEYOR_LISTEN=false]")
-    p.add_argument("--transaction-pooler", action="store_const", const="true",
-                   default=env("TRANSACTION_POOLER"),
-                   help="the database URL goes through PgBouncer in transaction mode (or a "
-                        "similar pooler): keep no session state there and do not LISTEN through "
-                        "it [env CONVEYOR_TRANSACTION_POOLER=true] (default: find out on the "
-                        "first connection)")
+    option(p, "--name", env="WORKER_NAME", type=label, shown="host:pid",
+           help="label shown by status")
+    option(p, "--no-listen", dest="listen", action="store_false", env="LISTEN", env_type=boolean,
+           default=True, shown="listen",
+           help="do not LISTEN for notifications, find new events by polling only")
+    option(p, "--transaction-pooler", action="store_const", const=True, env="TRANSACTION_POOLER",
+           env_type=boolean, shown="find out on the first connection",
+           help="the database URL goes through PgBouncer in transaction mode (or a similar "
+                "pooler): keep no session state there and do not LISTEN through it")
     p.add_argument("--no-transaction-pooler", dest="transaction_pooler", action="store_const",
-                   const="false",
+                   const=False,
                    help="the database URL reaches PostgreSQL directly or through a session "
-                        "pooler: keep the worker's session state, skip the check "
-                        "[env CONVEYOR_TRANSACTION_POOLER=false]")
-    p.add_argument("--listen-url", default=env("LISTEN_URL"), metavar="URL",
-                   help="direct PostgreSQL URL for the LISTEN connection, bypassing the pooler "
-                        "[env CONVEYOR_LISTEN_URL] (default: the database URL)")
-    p.add_argument("--horizon-alert", default=env("HORIZON_ALERT", f"{HORIZON_ALERT_DEFAULT:g}"),
-                   metavar="DURATION",
-                   help="log an alert when a transaction holds back vacuum this long; 'off' "
-                        "disables the check [env CONVEYOR_HORIZON_ALERT] (default: %(default)ss)")
+                        "pooler: keep the worker's session state, skip the check")
+    option(p, "--listen-url", env="LISTEN_URL", metavar="URL", secret=True,
+           shown="the database URL",
+           help="direct PostgreSQL URL for the LISTEN connection, bypassing the pooler")
+    option(p, "--horizon-alert", env="HORIZON_ALERT", type=off_or_duration, unit="s",
+           default=HORIZON_ALERT_DEFAULT,
+           help="log an alert when a transaction holds back vacuum this long; 'off' disables "
+                "the check")
     add_event_loop_arg(p, env)
+
+
+def retention(text: str) -> float | None:
+    """argparse type: a duration, or 'forever' (None: keep finished events)."""
+    return None if text.strip().lower() == "forever" else duration(text)
+
+
+def off_or_duration(text: str) -> float | None:
+    """argparse type: a duration, or 'off' (None: the check is disabled)."""
+    return None if text.strip().lower() == "off" else duration(text)
 
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 def add_event_loop_arg(p: argparse.ArgumentParser, env: Callable[..., str | None]) -> None:
-    p.add_argument("--event-loop", choices=EVENT_LOOPS, default=env("EVENT_LOOP", "auto"),
-                   help="'uvloop' (installed with Conveyor on Linux and macOS: about 10-20 %% "
-                        "less CPU per event and a faster wake-up), 'asyncio' (the standard "
-                        "loop), or 'auto': uvloop when it can be imported "
-                        "[env CONVEYOR_EVENT_LOOP] (default: %(default)s)")
+    option(p, "--event-loop", env="EVENT_LOOP", choices=EVENT_LOOPS, default="auto",
+           help="'uvloop' (installed with Conveyor on Linux and macOS: about 10-20 %% "
+                "less CPU per event and a faster wake-up), 'asyncio' (the standard "
+                "loop), or 'auto': uvloop when it can be imported")
 
 
 def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
@@ -354,21 +441,13 @@ def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def env_flag(raw: str | None, name: str, default: bool | None) -> bool | None:
-    """A boolean flag or CONVEYOR_<name>; anything but the usual spellings is refused by name."""
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE or value in _FALSE:
-        return value in _TRUE
-    raise InvalidInputError(f"invalid CONVEYOR_{name} {raw!r}: expected true or false")
-
-
 def load_router(spec: str) -> Router:
+    """The Router named by ``--app``: an attribute, or what a function of no arguments returns.
+
+    Whatever goes wrong (the module raises at import, the target needs
+    arguments or raises, it is no Router) is one InvalidInputError naming the
+    target and the reason: user code must not turn into a traceback here.
+    """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise InvalidInputError(f"invalid --app {spec!r}: expected 'module:attribute'")
@@ -378,17 +457,44 @@ def load_router(spec: str) -> Router:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise InvalidInputError(f"cannot import module {module_name!r} for --app: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - any error of user code at import
+        raise InvalidInputError(f"--app {spec!r}: importing {module_name!r} raised "
+                                f"{_describe_error(exc)}") from None
     target = module
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
             raise InvalidInputError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(target, Router) and callable(target):
-        target = target()
-    if not isinstance(target, Router):
-        raise InvalidInputError(f"--app {spec!r} is a {type(target).__name__}, not a conveyor.Router")
-    return target
+    if isinstance(target, Router):
+        return target
+    if not callable(target) or isinstance(target, type):
+        kind = f"class {target.__name__}" if isinstance(target, type) else type(target).__name__
+        raise InvalidInputError(f"--app {spec!r} is a {kind}, not a conveyor.Router")
+    return _build_router(spec, target)
+
+
+def _build_router(spec: str, factory: Callable[..., object]) -> Router:
+    try:
+        inspect.signature(factory).bind()
+    except TypeError as exc:
+        raise InvalidInputError(f"--app {spec!r} needs arguments ({exc}); name a Router or "
+                                "a function taking none") from None
+    except ValueError:
+        pass  # no signature to read (some builtins): calling it will tell
+    try:
+        built = factory()
+    except Exception as exc:  # noqa: BLE001 - any error of user code building the router
+        raise InvalidInputError(f"--app {spec!r} raised {_describe_error(exc)}") from None
+    if not isinstance(built, Router):
+        raise InvalidInputError(
+            f"--app {spec!r} returned a {type(built).__name__}, not a conveyor.Router")
+    return built
+
+
+def _describe_error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def run_until_stopped(main: Coroutine[Any, Any, None], event_loop: str = "auto") -> None:
@@ -420,9 +526,11 @@ def run_until_stopped(main: Coroutine[Any, Any, None], event_loop: str = "auto")
 def run_worker(ctx: Context, args: argparse.Namespace) -> int:
     from conveyor.worker import Worker
 
-    stop = StopSignals().install()   # before the app's import, which may take a while
+    if ctx.embedded and not args.embedded:
+        raise InvalidInputError(
+            "no database for the worker: set --database-url or CONVEYOR_DATABASE_URL, or pass "
+            "--embedded to run on the embedded PostgreSQL")
     router = load_router(args.app)
-    retention = None if args.retention == "forever" else parse_duration(args.retention)
     try:
         config = WorkerConfig(
             schema=ctx.schema, name=args.name, concurrency=args.concurrency,
@@ -430,28 +538,21 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
             lease_ttl=args.lease_ttl, shutdown_timeout=args.shutdown_timeout,
             handler_timeout=args.handler_timeout, rescue_interval=args.rescue_interval,
             heartbeat_interval=min(HEARTBEAT_INTERVAL_DEFAULT, args.lease_ttl / 3),
-            retention=retention,
+            retention=args.retention,
             tenants=tuple(args.tenants) if args.tenants else None,
             backoff=BackoffPolicy(base_delay=args.backoff_base,
                                   max_delay=max(args.backoff_max, args.backoff_base)),
-            listen=env_flag(args.listen, "LISTEN", True) is not False,  # never None here
-            transaction_pooler=env_flag(args.transaction_pooler, "TRANSACTION_POOLER", None),
-            horizon_alert_after=(None if args.horizon_alert.strip().lower() == "off"
-                                 else parse_duration(args.horizon_alert)))
+            listen=args.listen, transaction_pooler=args.transaction_pooler,
+            horizon_alert_after=args.horizon_alert)
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
-    if stop.requested:
-        log.info("stopped before the worker started", extra={"action": "stopped"})
-        return 0
     worker = Worker(ctx.url(), router, config, listen_conninfo=args.listen_url)
 
     async def serve() -> None:
         worker.install_signal_handlers()
-        stop.forward_to(worker.request_stop)
         await worker.run()
 
     run_until_stopped(serve(), args.event_loop)
-    stop.install()   # closing the loop restored the default handlers; the exit is under way
     s = worker.stats
     log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
              s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})
@@ -484,7 +585,9 @@ def leave_stuck_handler_threads(ctx: Context) -> None:
 def register_bench(sub: Sub, env: Env) -> None:
     p = _add(sub, "bench", "measure enqueue, drain and wake-up against a raw-SQL baseline",
              "Run the benchmark suite in one go against a raw-SQL baseline measured in the\n"
-             "same run on the same database, and print figures and ratios.", run_bench)
+             "same run on the same database, and print figures and ratios.", run_bench,
+             examples=[("conveyor --database-url postgresql://localhost/bench bench --quick",
+                        "a fast smoke run")])
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--events", type=positive_int, default=20_000,
                    help="events per drain measurement (default: %(default)s)")
@@ -505,7 +608,10 @@ def register_demo(sub: Sub, env: Env) -> None:
     p = _add(sub, "demo", "migrate, enqueue a realistic mix, run a worker with live progress",
              "The guided tour: migrates, enqueues a mix of events (some fail and retry, one\n"
              "is parked), runs a worker process while showing live progress, and ends with\n"
-             "the status summary.", run_demo)
+             "the status summary. Without --database-url it uses the embedded PostgreSQL\n"
+             "and says so on stderr.", run_demo,
+             examples=[("conveyor demo", "the tour on the embedded PostgreSQL"),
+                       ("conveyor --schema conveyor_demo demo --events 50", "a shorter one")])
     p.add_argument("--events", type=positive_int, default=200,
                    help="events to enqueue (default: %(default)s)")
 
@@ -524,7 +630,7 @@ def register_xlsx(sub: Sub, env: Env) -> None:
              "the data-row count, the sum of the 'monto' column, and that sum per 'tipo'.\n"
              "Corrupt, truncated, non-XLSX and hostile files (zip bombs, XML entities) are\n"
              "refused with a one-line reason and a non-zero exit. Needs no database.",
-             run_xlsx)
+             run_xlsx, examples=[("conveyor xlsx ventas.xlsx | jq .total", "the sum of 'monto'")])
     p.add_argument("file", help="path of the .xlsx file")
 
 

@@ -10,13 +10,15 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from importlib.metadata import PackageNotFoundError, version
 
 import psycopg
 
 from conveyor.cli import commands
 from conveyor.cli.context import Context
 from conveyor.cli.logsetup import configure
+from conveyor.cli.options import ArgumentParser, option
+from conveyor.cli.output import escape
 from conveyor.errors import ConveyorError
 
 DESCRIPTION = """\
@@ -41,74 +43,118 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"CONVEYOR_{name}", default)
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with Conveyor's error shape: one line on stderr, exit status 2."""
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"conveyor: error: {message} (see '{self.prog} --help')\n")
 
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                         namespace: argparse.Namespace | None = None
-                         ) -> tuple[argparse.Namespace, list[str]]:
-        parsed, extras = super().parse_known_args(args, namespace)
-        # argparse checks the choices of values given on the command line, not of
-        # defaults, and these defaults come from CONVEYOR_* variables: a bad one
-        # would otherwise surface later as a traceback (log level) or not at all.
-        for action in self._actions:
-            value = getattr(parsed, action.dest, None)
-            if action.choices is None or isinstance(action, argparse._SubParsersAction) \
-                    or not isinstance(value, str) or value in action.choices:
-                continue
-            option = action.option_strings[-1]
-            variable = "CONVEYOR_" + option.lstrip("-").upper().replace("-", "_")
-            self.error(f"invalid {variable}={value!r} (for {option}): expected one of "
-                       + ", ".join(map(str, action.choices)))
-        return parsed, extras
+def add_global_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
+    """The options every command takes, before the command name or after it.
+
+    After the command they default to argparse.SUPPRESS, so one not typed
+    there leaves the value from before the command (or its variable) alone.
+    """
+    if after_command:
+        group = parser.add_argument_group("global options (also accepted before the command)")
+        for flag, kwargs in (("--database-url", {"metavar": "URL"}), ("--schema", {}),
+                             ("--data-dir", {"metavar": "DIR"}),
+                             ("--log-level", {"choices": LOG_LEVELS}),
+                             ("--log-format", {"choices": LOG_FORMATS})):
+            group.add_argument(flag, default=argparse.SUPPRESS, help="see 'conveyor --help'",
+                               **kwargs)
+        return
+    group = parser.add_argument_group("global options (also accepted after the command)")
+    option(group, "--database-url", env="DATABASE_URL", metavar="URL", secret=True,
+           shown="none: one-off commands use the embedded server, 'worker' refuses",
+           help="PostgreSQL URL or conninfo")
+    option(group, "--schema", env="SCHEMA", default="conveyor",
+           help="schema holding Conveyor's tables")
+    option(group, "--data-dir", env="DATA_DIR", metavar="DIR",
+           shown="/var/lib/conveyor/pg18 as root, else the user data dir",
+           help="data directory of the embedded server")
+    option(group, "--log-level", env="LOG_LEVEL", default="info", choices=LOG_LEVELS,
+           help="log verbosity")
+    option(group, "--log-format", env="LOG_FORMAT", default="text", choices=LOG_FORMATS,
+           help="log lines as text or JSON objects")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command's parser, nested ones (``workflow status``) included."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                found.append(child)
+                found.extend(_subparsers(child))
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="conveyor", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--database-url", default=_env("DATABASE_URL"), metavar="URL",
-        help="PostgreSQL URL or conninfo [env CONVEYOR_DATABASE_URL]; "
-             "default: the embedded server")
-    parser.add_argument(
-        "--schema", default=_env("SCHEMA", "conveyor"),
-        help="schema holding Conveyor's tables [env CONVEYOR_SCHEMA] (default: %(default)s)")
-    parser.add_argument(
-        "--data-dir", default=_env("DATA_DIR"), metavar="DIR",
-        help="data directory of the embedded server [env CONVEYOR_DATA_DIR] "
-             "(default: /var/lib/conveyor/pg18 as root, else the user data dir)")
-    parser.add_argument(
-        "--log-level", default=_env("LOG_LEVEL", "info"),
-        choices=["debug", "info", "warning", "error"],
-        help="log verbosity [env CONVEYOR_LOG_LEVEL] (default: %(default)s)")
-    parser.add_argument(
-        "--log-format", default=_env("LOG_FORMAT", "text"), choices=["text", "json"],
-        help="log lines as text or JSON objects [env CONVEYOR_LOG_FORMAT] (default: %(default)s)")
+    parser.add_argument("--version", action="version", version=f"conveyor {_version()}",
+                        help="print the version and exit")
+    add_global_options(parser, after_command=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in commands.REGISTRY:
         register(sub, _env)
+    for child in _subparsers(parser):
+        add_global_options(child, after_command=True)
+        # The innermost command's parser wins (nested ones parse last), so
+        # refusals after parsing name the help of the command that was typed.
+        child.set_defaults(command_parser=child)
     return parser
 
 
+def _version() -> str:
+    try:
+        return version("conveyor")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
+# What a process killed by SIGPIPE reports (128 + 13), as `yes | head -1` does;
+# only visible to a script that asks for it (set -o pipefail).
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; the exit status: 0, 1 (refused or failed), 2 (usage), 130, 141."""
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        # The reader went away (`conveyor status | head -1`): stop quietly. Point
+        # stdout at /dev/null so the flush at interpreter exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            getattr(args, "command_parser", parser).error(
+                "unrecognized arguments: " + " ".join(extras))
+    except SystemExit:
+        sys.stdout.flush()  # --help and --version into a closed pipe end like the rest
+        raise
     configure(args.log_level, args.log_format)
     handler: Callable[[Context, argparse.Namespace], int] = args.handler
     ctx: Context | None = None
     try:
         ctx = Context(database_url=args.database_url, schema=args.schema, data_dir=args.data_dir)
-        return handler(ctx, args)
+        code = handler(ctx, args)
+        sys.stdout.flush()  # a closed pipe shows here, where main() can catch it
+        return code
     except ConveyorError as exc:
-        print(f"conveyor: error: {exc}", file=sys.stderr)
+        print(f"conveyor: error: {escape(exc)}", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"conveyor: database error: {first}", file=sys.stderr)
+        print(f"conveyor: database error: {escape(first)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("conveyor: interrupted", file=sys.stderr)
