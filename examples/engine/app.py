@@ -8,6 +8,10 @@
 * ``POST /api/<resource>`` (``filejobs``, ``tasks``) inserts the row AND enqueues
   ``<resource>.created`` in one transaction: the canonical transactional-outbox
   integration. ``POST /api/emails`` enqueues ``email.send``.
+* A file job's ``file`` names a file in **the tenant's own** uploads directory
+  (the worker reads ``ENGINE_FILES_DIR/<tenant>/<file>`` only); names with
+  ``..`` or ``.`` segments, a leading ``/``, backslashes or control characters
+  are refused with 422.
 """
 
 from __future__ import annotations
@@ -151,6 +155,10 @@ class Engine:
         value = body.get(field_name)
         if not isinstance(value, str) or not value or len(value) > 1024:
             raise HTTPError(422, f"'{field_name}' must be a non-empty string")
+        if resource == "filejobs" and not _plain_file_name(value):
+            raise HTTPError(422, "'file' must be a relative name inside the tenant's uploads "
+                                 "(no '..' or '.' segments, leading '/', backslashes or control "
+                                 "characters)")
         async with self.pool.connection() as conn, conn.transaction():
             row = await (await conn.execute(
                 f"INSERT INTO {table} (tenant, {field_name}) VALUES (%s, %s) "
@@ -225,6 +233,17 @@ class Engine:
             except InvalidInputError as exc:
                 raise HTTPError(422, str(exc)) from None
         return JSONResponse({"event_id": event_id}, status_code=202)
+
+
+def _plain_file_name(name: str) -> bool:
+    """A name the worker can only resolve inside the tenant's own uploads directory.
+
+    The worker enforces that anyway (each tenant has its own root); refusing
+    traversal-looking names here tells the user at once instead of failing the job.
+    """
+    if name.startswith("/") or "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def _row_id(request: Request) -> int:

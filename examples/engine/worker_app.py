@@ -4,7 +4,8 @@
 settings from the environment (an application may; Conveyor itself never does):
 
     ENGINE_URL, ENGINE_TENANT_DOMAIN, ENGINE_JWT_SECRET  the engine and its secret
-    ENGINE_FILES_DIR                                     the uploads directory
+    ENGINE_FILES_DIR                                     the uploads: one directory per
+                                                         tenant, ENGINE_FILES_DIR/<tenant>
     SMTP_HOST, SMTP_PORT, SMTP_FROM                      the mail provider
     SMTP_USER, SMTP_PASSWORD, SMTP_CA_FILE, SMTP_STARTTLS (optional)
 """
@@ -18,7 +19,7 @@ from conveyor.consumers.email import EmailConsumer, SmtpConfig
 from conveyor.consumers.writeback import WritebackConsumer
 from conveyor.consumers.xlsx import XlsxConsumer
 from conveyor.engine_client import AsyncEngineClient, EngineConfig
-from conveyor.filestore import LocalDirectoryStore
+from conveyor.filestore import TenantDirectories
 
 
 def build_router() -> Router:
@@ -33,7 +34,9 @@ def build_router() -> Router:
         ca_file=env.get("SMTP_CA_FILE"), starttls=env.get("SMTP_STARTTLS", "1") == "1")
     router = Router()
     router.add("email.send", EmailConsumer(smtp), timeout=30)
-    router.add("filejobs.created", XlsxConsumer(engine, LocalDirectoryStore(env["ENGINE_FILES_DIR"])),
+    # Each tenant's jobs read only that tenant's directory: a job's file name is
+    # chosen by a user, and must never reach another tenant's uploads.
+    router.add("filejobs.created", XlsxConsumer(engine, TenantDirectories(env["ENGINE_FILES_DIR"])),
                timeout=600)
     # Tasks need no processing: the write-back consumer marks them done.
     router.add("tasks.created", WritebackConsumer(engine))

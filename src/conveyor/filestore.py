@@ -4,10 +4,18 @@ Both return binary streams, so a consumer can stream a large file without
 loading it. Names come from event payloads and engine records, which is to say
 from outside: every name is checked before the filesystem sees it.
 
+A consumer serving several tenants takes a store per tenant,
+:class:`TenantDirectories`: tenant ``acme`` reads ``/srv/uploads/acme`` and
+nothing else, whatever name its records hold.
+
 Example::
 
-    store = LocalDirectoryStore("/srv/uploads")
-    with store.open("acme/2026/report.xlsx") as f:
+    stores = TenantDirectories("/srv/uploads")
+    with stores("acme").open("2026/report.xlsx") as f:     # /srv/uploads/acme/2026/report.xlsx
+        ...
+
+    store = LocalDirectoryStore("/srv/uploads/acme")
+    with store.open("2026/report.xlsx") as f:
         ...
 
     cas = ContentAddressedStore("/srv/blobs")
@@ -23,12 +31,15 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from conveyor.errors import ConveyorError
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# A tenant becomes one path segment: no separators, no dot segments, no NUL.
+_TENANT_DIR_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 CHUNK = 1024 * 1024
 
 
@@ -50,7 +61,10 @@ class LocalDirectoryStore:
     """
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root).resolve(strict=True)
+        try:
+            self.root = Path(root).resolve(strict=True)
+        except OSError:
+            raise FileStoreError(f"file store root {str(root)!r} does not exist") from None
         if not self.root.is_dir():
             raise FileStoreError(f"file store root {str(root)!r} is not a directory")
 
@@ -93,6 +107,49 @@ class LocalDirectoryStore:
             os.close(fd)
             raise FileStoreError(f"not a regular file: {name!r:.80}")
         return os.fdopen(fd, "rb")
+
+
+TenantStores = Callable[[str], FileStore]
+"""A tenant's own file store, by tenant name: ``stores("acme").open(name)``."""
+
+
+class TenantDirectories:
+    """One directory per tenant under ``root``: tenant ``acme`` reads ``root/acme`` only.
+
+    Calling it with a tenant gives that tenant's :class:`LocalDirectoryStore`,
+    so a name from one tenant's records (``"globex/q3.xlsx"``,
+    ``"../globex/q3.xlsx"``, a symlink) can never reach another tenant's files.
+    Refused with :class:`FileStoreError`: a tenant that is not one plain path
+    segment, a tenant without a directory, and a tenant directory that is a
+    symlink (it could point at another tenant's).
+
+    Example::
+
+        stores = TenantDirectories("/srv/uploads")
+        stores("acme").open("q3.xlsx")          # /srv/uploads/acme/q3.xlsx
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        try:
+            self.root = Path(root).resolve(strict=True)
+        except OSError:
+            raise FileStoreError(f"file store root {str(root)!r} does not exist") from None
+        if not self.root.is_dir():
+            raise FileStoreError(f"file store root {str(root)!r} is not a directory")
+
+    def __call__(self, tenant: str) -> LocalDirectoryStore:
+        if not isinstance(tenant, str) or not _TENANT_DIR_RE.fullmatch(tenant):
+            raise FileStoreError(f"invalid tenant {tenant!r:.80} for a file store: expected 1-63 "
+                                 "letters, digits, '-' or '_'")
+        path = self.root / tenant
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            raise FileStoreError(f"no file directory for tenant {tenant!r}") from None
+        if not stat.S_ISDIR(mode):
+            raise FileStoreError(f"file directory of tenant {tenant!r} is not a directory "
+                                 "(symlinks are refused)")
+        return LocalDirectoryStore(path)
 
 
 class ContentAddressedStore:

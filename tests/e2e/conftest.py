@@ -415,7 +415,8 @@ def chain(fresh_db: str, engine_factory: Callable[[str], EngineProcess], smtp_si
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute(UPDATE_LOG_DDL.encode())
     files = tmp_path / "files"
-    files.mkdir()
+    for tenant in TENANTS:      # the worker reads tenant T's uploads from files/T only
+        (files / tenant).mkdir(parents=True)
     c = Chain(fresh_db, engine, smtp_sink, files, tmp_path, api_factory(engine.url))
     try:
         yield c

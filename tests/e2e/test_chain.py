@@ -141,32 +141,39 @@ def small_jobs(files: Path, count: int, *, prefix: str = "book") -> list[Job]:
     for i in range(count):
         rows = random_rows(i, 5 + 37 * i)
         name = f"{prefix}-{i}.xlsx"
-        WRITERS[i % len(WRITERS)](files / name, rows)
-        jobs.append(Job(("acme", "globex")[i % 2], name, expected_of(rows)))
+        tenant = ("acme", "globex")[i % 2]
+        WRITERS[i % len(WRITERS)](files / tenant / name, rows)
+        jobs.append(Job(tenant, name, expected_of(rows)))
     return jobs
 
 
 def bad_jobs(files: Path) -> list[Job]:
-    good = files / "good.xlsx"
+    acme, globex = files / "acme", files / "globex"
+    good = acme / "good.xlsx"
     write_shared_strings(good, random_rows(99, 50))
     raw = good.read_bytes()
-    (files / "truncated.xlsx").write_bytes(raw[: len(raw) // 2])
-    (files / "not-a-workbook.xlsx").write_bytes(b"tipo,monto\nventa,1\n")
-    wb = xlsxwriter.Workbook(str(files / "no-monto.xlsx"))
+    (acme / "truncated.xlsx").write_bytes(raw[: len(raw) // 2])
+    (globex / "not-a-workbook.xlsx").write_bytes(b"tipo,monto\nventa,1\n")
+    wb = xlsxwriter.Workbook(str(acme / "no-monto.xlsx"))
     wb.add_worksheet().write_row(0, 0, ["tipo", "importe"])
     wb.close()
-    wb = xlsxwriter.Workbook(str(files / "text-monto.xlsx"))
+    wb = xlsxwriter.Workbook(str(globex / "text-monto.xlsx"))
     ws = wb.add_worksheet()
     ws.write_row(0, 0, ["tipo", "monto"])
     ws.write_row(1, 0, ["venta", "doce"])
     wb.close()
-    with zipfile.ZipFile(files / "no-sheet.xlsx", "w") as z:
+    with zipfile.ZipFile(acme / "no-sheet.xlsx", "w") as z:
         z.writestr("hello.txt", "no workbook in here")
+    # globex's own books, which acme's jobs name: never read for acme.
+    write_shared_strings(globex / "q3.xlsx", random_rows(7, 20))
+    (globex / "globex").mkdir(exist_ok=True)
+    write_shared_strings(globex / "globex" / "q3.xlsx", random_rows(8, 20))
     return [Job("acme", "truncated.xlsx", None), Job("globex", "not-a-workbook.xlsx", None),
             Job("acme", "no-monto.xlsx", None, "monto"),
             Job("globex", "text-monto.xlsx", None, "monto"),
             Job("acme", "no-sheet.xlsx", None), Job("globex", "missing-file.xlsx", None),
-            Job("acme", "../outside.xlsx", None)]
+            Job("acme", "globex/q3.xlsx", None, "file not found in store"),
+            Job("acme", "q3.xlsx", None, "file not found in store")]
 
 
 @pytest.fixture(scope="session")
@@ -339,8 +346,9 @@ def test_worker_sigkilled_with_large_books_in_flight_loses_nothing(
     big_path, big_expected = large_book
     large = []
     for i in range(3):
-        shutil.copyfile(big_path, chain.files / f"large-{i}.xlsx")
-        large.append(Job(("acme", "globex")[i % 2], f"large-{i}.xlsx", big_expected))
+        tenant = ("acme", "globex")[i % 2]
+        shutil.copyfile(big_path, chain.files / tenant / f"large-{i}.xlsx")
+        large.append(Job(tenant, f"large-{i}.xlsx", big_expected))
     first = chain.start_worker()
     wait_for(lambda: chain.workers_registered(1), 20, "the worker to register", alive=[first])
     # The small jobs, tasks and mails go first and finish; then the large books.
@@ -573,8 +581,9 @@ def test_worker_sigterm_with_large_books_in_flight_exits_within_its_grace(
     big_path, big_expected = large_book
     large = []
     for i in range(6):  # 300k rows: their reads outlast the grace + slack on any machine
-        shutil.copyfile(big_path, chain.files / f"large-{i}.xlsx")
-        large.append(Job(("acme", "globex")[i % 2], f"large-{i}.xlsx", big_expected))
+        tenant = ("acme", "globex")[i % 2]
+        shutil.copyfile(big_path, chain.files / tenant / f"large-{i}.xlsx")
+        large.append(Job(tenant, f"large-{i}.xlsx", big_expected))
     first = chain.start_worker("--shutdown-timeout", "1")
     wait_for(lambda: chain.workers_registered(1), 20, "the worker to register", alive=[first])
     jobs, _, _ = create_all(chain, large, tasks=0, emails=0)

@@ -371,7 +371,7 @@ def test_refused_create_leaves_no_row_and_no_event(api: Api, db: str) -> None:
 def test_create_failing_inside_the_transaction_leaves_neither(api: Api, db: str) -> None:
     """A value PostgreSQL refuses (NUL) fails inside the transaction: no row, no event, no 500."""
     before = (event_count(db), row_counts(db))
-    reply = api.call("POST", "/api/filejobs", json={"file": "a\u0000b.xlsx"})
+    reply = api.call("POST", "/api/tasks", json={"title": "a\u0000b"})
     assert reply.status_code in (400, 422), (reply.status_code, reply.text)
     assert (event_count(db), row_counts(db)) == before
 
@@ -405,3 +405,21 @@ def test_idempotency_key_reused_on_another_row_is_refused(api: Api) -> None:
     assert api.call("GET", f"/api/filejobs/{second}").json()["status"] == "pending"
     assert api.call("PATCH", f"/api/tasks/{first}", bearer=svc, headers=key,
                     json={"status": "done"}).status_code == 422
+
+
+@pytest.mark.parametrize("name", ["../globex/q3.xlsx", "/srv/uploads/globex/q3.xlsx", "a/../b.xlsx",
+                                  "./a.xlsx", "a//b.xlsx", "..\\globex\\q3.xlsx", "a\nb.xlsx",
+                                  "a\x1bb.xlsx", "a/"])
+def test_file_names_that_could_leave_the_tenants_uploads_are_refused(
+        api: Api, db: str, name: str) -> None:
+    """The worker reads only the tenant's own directory anyway; the engine says so at once."""
+    before = (event_count(db), row_counts(db))
+    reply = api.call("POST", "/api/filejobs", json={"file": name})
+    assert reply.status_code == 422, (reply.status_code, reply.text)
+    assert "relative name inside the tenant's uploads" in reply.json()["error"]
+    assert (event_count(db), row_counts(db)) == before
+
+
+def test_plain_and_nested_file_names_are_accepted(api: Api) -> None:
+    for name in ("q3.xlsx", "2026/q3 final.xlsx", "informes/año/q3.xlsx", "globex/q3.xlsx"):
+        assert api.call("POST", "/api/filejobs", json={"file": name}).status_code == 201, name

@@ -1,8 +1,14 @@
 """The XLSX consumer: aggregate an uploaded workbook and write the result back via the engine.
 
 On ``{resource}.created`` (resource ``filejobs`` by default) it fetches the job
-through the engine, opens the referenced file from a file store, streams its
-first sheet (see :mod:`conveyor.workbook`) and PATCHes ``{status, result}``:
+through the engine, opens the referenced file from **the event's tenant's own**
+file store, streams its first sheet (see :mod:`conveyor.workbook`) and PATCHes
+``{status, result}``:
+
+* the job's ``file`` is a name chosen by a user of that tenant, so it is only
+  ever looked up in that tenant's store (``stores(event.tenant)``, e.g.
+  :class:`~conveyor.filestore.TenantDirectories`): a name pointing at another
+  tenant's file is not found there, and the job fails with that reason;
 
 * a job already ``done`` or ``failed`` is skipped, so a redelivery never
   processes a file twice;
@@ -18,8 +24,8 @@ import asyncio
 
 from conveyor.consumers.writeback import PATH_TEMPLATE_DEFAULT, created_target, event_idempotency_key
 from conveyor.engine_client import AsyncEngineClient
-from conveyor.errors import WorkbookError
-from conveyor.filestore import FileStore, FileStoreError
+from conveyor.errors import ConfigError, WorkbookError
+from conveyor.filestore import FileStoreError, TenantStores
 from conveyor.outcomes import PermanentFailure
 from conveyor.types import Event
 from conveyor.workbook import WorkbookLimits, aggregate_workbook
@@ -32,17 +38,28 @@ class XlsxConsumer:
 
     Args:
         engine: the engine client; its role needs read and update on the resource.
-        store: where the job's ``file`` field points.
+        stores: a tenant's own file store by tenant name, where its jobs' ``file``
+            fields point; e.g. ``TenantDirectories("/srv/uploads")``. A single store
+            shared by every tenant is refused: any tenant could name another's files.
         resource: the resource whose jobs this consumer handles. Defaults to ``"filejobs"``.
         limits: hostile-file ceilings. Defaults to ``WorkbookLimits()``.
         path_template: path of a job. Defaults to ``"/api/{resource}/{id}"``.
+
+    Example::
+
+        XlsxConsumer(engine, TenantDirectories("/srv/uploads"))
     """
 
-    def __init__(self, engine: AsyncEngineClient, store: FileStore, *, resource: str = "filejobs",
-                 limits: WorkbookLimits | None = None,
+    def __init__(self, engine: AsyncEngineClient, stores: TenantStores, *,
+                 resource: str = "filejobs", limits: WorkbookLimits | None = None,
                  path_template: str = PATH_TEMPLATE_DEFAULT) -> None:
+        if not callable(stores):
+            raise ConfigError(
+                f"expected stores to be a function from tenant to file store, such as "
+                f"TenantDirectories(root), got {type(stores).__name__}: one store shared by "
+                "every tenant would let any tenant read another's files")
         self.engine = engine
-        self.store = store
+        self.stores = stores
         self.resource = resource
         self.limits = limits or WorkbookLimits()
         self.path_template = path_template
@@ -57,16 +74,16 @@ class XlsxConsumer:
             raise PermanentFailure(f"engine returned no job object for {path}")
         if job.get("status") in TERMINAL_STATUSES:
             return
-        update = await asyncio.to_thread(self._aggregate, job.get("file"))
+        update = await asyncio.to_thread(self._aggregate, tenant, job.get("file"))
         reply = await self.engine.request(tenant, "PATCH", path, json=update,
                                           idempotency_key=event_idempotency_key(event))
         reply.raise_for_status()
 
-    def _aggregate(self, name: object) -> dict[str, object]:
+    def _aggregate(self, tenant: str, name: object) -> dict[str, object]:
         if not isinstance(name, str) or not name:
             return {"status": "failed", "error": "job has no file"}
         try:
-            with self.store.open(name) as stream:
+            with self.stores(tenant).open(name) as stream:
                 result = aggregate_workbook(stream, self.limits)
         except (WorkbookError, FileStoreError) as exc:
             return {"status": "failed", "error": str(exc)}

@@ -381,8 +381,11 @@ class ChainDemo:
                            smtp_port: int, files: Path, work: Path) -> int:
         self.say("\n6. requests through the engine's HTTP API (a user's HS256 token for tenant "
                  f"{TENANT!r})")
-        uploads = write_uploads(files)
-        self.say("  wrote to the uploads directory: "
+        # The worker reads tenant T's uploads from ENGINE_FILES_DIR/T and nowhere else.
+        tenant_files = files / TENANT
+        tenant_files.mkdir(exist_ok=True)
+        uploads = write_uploads(tenant_files)
+        self.say(f"  wrote to tenant {TENANT!r}'s uploads directory: "
                  + "; ".join(f"{u.name} ({u.how})" for u in uploads[:2]))
         self.say("    and two that must fail: "
                  + "; ".join(f"{u.name} ({u.how})" for u in uploads[2:]))
