@@ -60,6 +60,7 @@ from conveyor.worker.executor import (
 )
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import HORIZON_CHECK_INTERVAL, Maintenance
+from conveyor.worker.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,9 @@ MAX_DUE_TIMES = 10_000
 SWEEP_INTERVAL = 0.05
 LOCK_TIMEOUT_MS = 1000
 CLOCK_SKEW_WARNING = 60.0
+# A loop that has not run for this long (or a quarter of the lease, if less) is
+# reported: every handler and the heartbeat wait on it.
+LOOP_STALL_WARNING = 1.0
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
 # A due time announced by NOTIFY further ahead than this is not believed (and a
 # timer that far out would be useless: the poll comes much sooner).
@@ -137,6 +141,8 @@ class WorkerStats:
     handed_back: int = 0
     lost: int = 0
     rescued: int = 0
+    loop_stalls: int = 0          # times a handler blocked the event loop (see LoopWatchdog)
+    loop_stall_max_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -249,6 +255,9 @@ class Worker:
         self._inline_done: asyncio.Future[None] | None = None
         self._inline_event: Event | None = None   # the inline handler running now, if any
         self._claim_cursor = CursorCache(binary=True)
+        self.watchdog = LoopWatchdog(identify=self._blocking_event,
+                                     warn_after=min(LOOP_STALL_WARNING, c.lease_ttl / 4),
+                                     lease_ttl=c.lease_ttl, on_stall=self._stalled)
         self.started = asyncio.Event()
 
     # ----------------------------------------------------------------- control
@@ -319,10 +328,14 @@ class Worker:
                  ", ".join(self.router.patterns), self.config.concurrency,
                  extra={"action": "started", "worker": self.id})
         self.started.set()
+        self.watchdog.start()
         try:
             await self._fetch_loop()
         finally:
-            await self._shutdown(tasks, completer)
+            try:
+                await self._shutdown(tasks, completer)
+            finally:
+                self.watchdog.stop()
 
     def _new_pool(self) -> ThreadPoolExecutor:
         # Threads start lazily; the second half is the reserve for abandoned ones.
@@ -640,6 +653,23 @@ class Worker:
             outcome = success(event)
         if (event.id, event.attempt) in self._running:
             self.completer.add(outcome)
+
+    def _blocking_event(self) -> Event | None:
+        """The event whose handler holds the loop; called from the watchdog's thread."""
+        if self._inline_event is not None:
+            return self._inline_event
+        loop = self._loop
+        task = asyncio.current_task(loop) if loop is not None else None
+        if task is None:
+            return None
+        for running in list(self._running.values()):
+            if running.task is task:
+                return running.event
+        return None
+
+    def _stalled(self, seconds: float) -> None:
+        self.stats.loop_stalls += 1
+        self.stats.loop_stall_max_s = max(self.stats.loop_stall_max_s, seconds)
 
     def _thread_abandoned(self, future: Future[Any]) -> None:
         """A plain handler timed out but its thread runs on: count it until it returns."""
