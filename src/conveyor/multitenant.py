@@ -295,6 +295,7 @@ class MultiTenantWorker:
         self._states: dict[str, TenantState] = {}
         self._stopping = asyncio.Event()
         self._sync_lock = asyncio.Lock()
+        self._warned_empty = False
         self.started = asyncio.Event()
 
     # ----------------------------------------------------------------- control
@@ -343,6 +344,7 @@ class MultiTenantWorker:
                 log.error("scanning tenants failed, keeping the current ones: %s", exc,
                           extra={"action": "tenant_scan_failed"})
                 return TenantChanges([], [], [])
+            self._note_emptiness(wanted)
             removed = [name for name, state in self._states.items()
                        if wanted.get(name) != state.tenant or not state.running]
             await asyncio.gather(*(self._stop(name) for name in removed))
@@ -355,6 +357,15 @@ class MultiTenantWorker:
                 log.info("tenants: %d serving (+%d, -%d)", len(self._states), len(added),
                          len(gone), extra={"action": "tenants_synced"})
             return TenantChanges(added, gone, failed)
+
+    def _note_emptiness(self, wanted: dict[str, TenantDatabase]) -> None:
+        """Warn once each time the source becomes empty: serving nothing must not look healthy."""
+        if wanted:
+            self._warned_empty = False
+        elif not self._warned_empty:
+            self._warned_empty = True
+            log.warning("no tenant databases to serve; rescanning every %gs",
+                        self.config.rescan_interval, extra={"action": "no_tenants"})
 
     # ---------------------------------------------------------------- tenants
 

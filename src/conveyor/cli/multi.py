@@ -83,16 +83,19 @@ def register_worker_multi(sub: Sub, env: Env) -> None:
              "--dsn [TENANT=]URL, or --tenants-dir holding <tenant>.dsn files, re-scanned\n"
              "every --rescan-interval so tenants can be added or removed while it runs.\n"
              "Each tenant database is migrated when it is added. --app names a Router, or a\n"
-             "function taking a conveyor.multitenant.TenantDatabase and returning one.")
+             "function taking a conveyor.multitenant.TenantDatabase and returning one.\n"
+             "Without tenant databases it refuses to start: it never uses the embedded\n"
+             "PostgreSQL, nor the global --database-url.")
     p.set_defaults(handler=run_worker_multi)
     p.add_argument("--app", required=env("APP") is None, default=env("APP"),
                    metavar="MODULE:ROUTER", help="router or router factory [env CONVEYOR_APP]")
-    group = p.add_mutually_exclusive_group(required=True)
+    group = p.add_mutually_exclusive_group()
     group.add_argument("--dsn", action="append", metavar="[TENANT=]URL",
                        help="a tenant database (repeatable); without TENANT= the database "
                             "name is the tenant")
-    group.add_argument("--tenants-dir", metavar="DIR",
-                       help="directory of <tenant>.dsn files, each holding one URL")
+    group.add_argument("--tenants-dir", metavar="DIR", default=env("TENANTS_DIR"),
+                       help="directory of <tenant>.dsn files, each holding one URL "
+                            "[env CONVEYOR_TENANTS_DIR]")
     p.add_argument("--concurrency", type=positive_int, default=TENANT_CONCURRENCY_DEFAULT,
                    help="handlers running at once per tenant (default: %(default)s)")
     p.add_argument("--rescan-interval", type=parse_duration, default=RESCAN_INTERVAL_DEFAULT,
@@ -110,16 +113,25 @@ def register_worker_multi(sub: Sub, env: Env) -> None:
     add_event_loop_arg(p, env)
 
 
+NO_TENANTS = ("no tenant databases for worker-multi: pass --dsn TENANT=URL (repeatable) or "
+              "--tenants-dir DIR (or set CONVEYOR_TENANTS_DIR); it never runs on the embedded "
+              "PostgreSQL or the global --database-url")
+
+
 def _tenant_source(args: argparse.Namespace) -> TenantSource:
+    # --dsn flags win over a CONVEYOR_TENANTS_DIR default, as flags win everywhere.
+    if args.dsn:
+        return StaticTenants(args.dsn)
     if args.tenants_dir:
         source = DirectoryTenants(args.tenants_dir)
         source.scan()  # fail now, with the path in the message, if it is not a directory
         return source
-    return StaticTenants(args.dsn)
+    raise InvalidInputError(NO_TENANTS)
 
 
 def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
     try:
+        source = _tenant_source(args)      # before the app's import: refuse at once
         app = load_app(import_target(args.app))
         config = MultiTenantConfig(
             worker=WorkerConfig(
@@ -128,7 +140,6 @@ def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
                 handler_timeout=args.handler_timeout,
                 heartbeat_interval=HEARTBEAT_INTERVAL_DEFAULT),
             rescan_interval=args.rescan_interval)
-        source = _tenant_source(args)
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
     worker = MultiTenantWorker(source, app, config)
