@@ -106,7 +106,7 @@ def test_status_counts_every_state(db: psycopg.Connection[Any]) -> None:
         if state == "cancelled":
             Admin().cancel(db, event_id)
     assert Admin().status(db).counts == {
-        "pending": 2, "running": 1, "succeeded": 1, "failed": 1, "cancelled": 1}
+        "pending": 2, "scheduled": 0, "running": 1, "succeeded": 1, "failed": 1, "cancelled": 1}
 
 
 def test_status_of_empty_queue_is_all_zero(db: psycopg.Connection[Any]) -> None:
@@ -132,6 +132,24 @@ def test_status_reports_age_of_oldest_due_pending_event(db: psycopg.Connection[A
     assert Admin().status(db).oldest_pending_age_s == pytest.approx(90, abs=0.01)
 
 
+def test_status_counts_scheduled_events_apart_from_due_ones(
+    db: psycopg.Connection[Any],
+) -> None:
+    for _ in range(2):
+        Producer().enqueue(db, "a.x")
+    for _ in range(3):
+        Producer().enqueue(db, "a.x", delay=3600)
+    Producer().enqueue(db, "b.y", delay=60)
+    status = Admin().status(db)
+    assert (status.counts["pending"], status.counts["scheduled"]) == (2, 4)
+    assert [(t.topic, t.state, t.count, t.scheduled) for t in status.by_topic] == [
+        ("a.x", EventState.PENDING, 2, 3), ("b.y", EventState.PENDING, 0, 1)]
+    data = status.to_json()
+    assert data["counts"]["scheduled"] == 4
+    assert data["by_topic"][1] == {"topic": "b.y", "state": "pending", "count": 0,
+                                   "scheduled": 1}
+
+
 def test_status_counts_only_workers_with_recent_heartbeat(db: psycopg.Connection[Any]) -> None:
     alive = _register_worker(db, ["a.*"])
     _register_worker(db, ["b.*"], stale=True)
@@ -149,6 +167,15 @@ def test_status_lists_pending_topics_no_alive_worker_handles(
         Producer().enqueue(db, topic)
     _make(db, "failed", "push.send")  # not pending: not reported
     assert Admin().status(db).unhandled_topics == ["report.build", "sms.bulk"]
+
+
+def test_unhandled_topics_ignore_events_not_yet_due(db: psycopg.Connection[Any]) -> None:
+    """A topic whose only events are scheduled is no warning yet: nothing waits."""
+    _register_worker(db, ["email.*"])
+    Producer().enqueue(db, "report.build", delay=3600)
+    Producer().enqueue(db, "sms.send", delay=3600)
+    Producer().enqueue(db, "sms.send")
+    assert Admin().status(db).unhandled_topics == ["sms.send"]
 
 
 def test_star_worker_handles_every_topic(db: psycopg.Connection[Any]) -> None:

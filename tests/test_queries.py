@@ -461,7 +461,7 @@ def test_status_open_counts_and_age(db: Conn) -> None:
                " WHERE id = %s", (done,))
     assert running is not None
     counts = sorted(db.execute(Q["status_open_counts"]).fetchall(), key=str)
-    assert counts == sorted([("a", "acme", "pending", 2), ("b", None, "pending", 1),
+    assert counts == sorted([("a", "acme", "pending", 2), ("b", None, "scheduled", 1),
                              ("c", None, "running", 1), ("d", None, "failed", 1)], key=str)
     assert db.execute(Q["status_oldest_due_age"]).fetchone() == (30,)
 

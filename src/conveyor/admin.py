@@ -95,17 +95,35 @@ def _estimate_finished(estimate: Sequence[Any] | None, open_total: int,
             EventState.CANCELLED.value: max(cancelled, floor[EventState.CANCELLED.value])}
 
 
+# The key of QueueStatus.counts (and TopicCount.scheduled) for pending events
+# whose run_at is still in the future: not an EventState, a part of pending.
+SCHEDULED = "scheduled"
+
+
+def _empty_counts() -> dict[str, int]:
+    """Every count at 0, "scheduled" right after "pending" (the order status prints)."""
+    counts = {EventState.PENDING.value: 0, SCHEDULED: 0}
+    counts.update({s.value: 0 for s in EventState if s is not EventState.PENDING})
+    return counts
+
+
 def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
             estimate: Sequence[Any] | None, oldest: float | None,
             workers: Sequence[Sequence[Any]]) -> QueueStatus:
-    counts = {s.value: 0 for s in EventState}
+    counts = _empty_counts()
     per_topic: dict[tuple[str, str], int] = {}
-    pending_pairs = set()
+    scheduled_per_topic: dict[str, int] = {}
+    due_pairs = set()
     for topic, tenant, state, n in open_rows:
         counts[state] += n
+        if state == SCHEDULED:
+            # A pending row of its topic, due count 0 unless due events add to it.
+            per_topic.setdefault((topic, EventState.PENDING.value), 0)
+            scheduled_per_topic[topic] = scheduled_per_topic.get(topic, 0) + n
+            continue
         per_topic[topic, state] = per_topic.get((topic, state), 0) + n
         if state == EventState.PENDING.value:
-            pending_pairs.add((topic, tenant))
+            due_pairs.add((topic, tenant))
     seen = dict.fromkeys(ESTIMABLE_STATES, 0)
     seen_per_topic: dict[tuple[str, str], int] = {}
     for state, topic, n in sample:
@@ -119,7 +137,8 @@ def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
     else:
         counts.update(_estimate_finished(estimate, sum(counts.values()), seen))
         estimated = list(ESTIMABLE_STATES)
-    by_topic = [TopicCount(topic, EventState(state), n)
+    by_topic = [TopicCount(topic, EventState(state), n,
+                           scheduled_per_topic.get(topic, 0) if state == "pending" else 0)
                 for (topic, state), n in sorted(per_topic.items())]
     infos = [WorkerInfo(id=w[0], name=w[1], host=w[2], pid=w[3], topics=list(w[4]),
                         started_at=w[5], heartbeat_at=w[6],
@@ -129,9 +148,10 @@ def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
         return any(patterns_match(w.topics, topic)
                    and (w.tenants is None or tenant in w.tenants) for w in infos)
 
-    # A topic is unhandled when some tenant's pending events of it have no live
+    # A topic is unhandled when some tenant's due events of it have no live
     # worker allowed to claim them (a tenant-limited worker covers only its own).
-    unhandled = sorted({topic for topic, tenant in pending_pairs if not claimable(topic, tenant)})
+    # Events not yet due wait anyway: a worker started before they fall due is in time.
+    unhandled = sorted({topic for topic, tenant in due_pairs if not claimable(topic, tenant)})
     return QueueStatus(counts=counts, by_topic=by_topic, oldest_pending_age_s=oldest,
                        workers=infos, unhandled_topics=unhandled, estimated_states=estimated)
 
@@ -385,6 +405,9 @@ class Admin:
 
     def status(self, conn: psycopg.Connection[Any]) -> QueueStatus:
         """Counts by state and topic, oldest due pending age, live workers.
+
+        ``counts["pending"]`` is the events due now and ``counts["scheduled"]``
+        the pending ones not yet due (``TopicCount.scheduled`` per topic).
 
         Pending, running and failed counts are exact; succeeded and cancelled
         are exact up to ``EXACT_FINISHED_LIMIT`` finished rows and estimated

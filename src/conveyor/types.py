@@ -160,9 +160,18 @@ class EventRecord:
 
 @dataclass(frozen=True, slots=True)
 class TopicCount:
+    """Events of one topic in one state, as ``QueueStatus.by_topic`` lists them.
+
+    On a ``pending`` row, ``count`` is the events due now and ``scheduled`` the
+    pending events whose ``run_at`` is still in the future (a topic with only
+    scheduled events has a pending row with ``count`` 0). Defaults to 0, and
+    is 0 on every other state's row.
+    """
+
     topic: str
     state: EventState
     count: int
+    scheduled: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +190,12 @@ class WorkerInfo:
 class QueueStatus:
     """What ``conveyor status`` shows.
 
+    ``counts`` maps each state to its number of events, plus ``"scheduled"``:
+    pending events whose ``run_at`` is still in the future. ``"pending"``
+    counts only the events due now, so the two add up to every pending event.
+    ``unhandled_topics`` names topics with due events no live worker claims;
+    ``oldest_pending_age_s`` is the age of the oldest due event.
+
     ``estimated_states`` names the states whose number in ``counts`` is an
     estimate from the planner's statistics rather than a count (succeeded and
     cancelled once there are many finished rows); ``by_topic`` leaves those
@@ -198,7 +213,8 @@ class QueueStatus:
         return {
             "counts": dict(self.counts),
             "by_topic": [
-                {"topic": t.topic, "state": t.state.value, "count": t.count}
+                {"topic": t.topic, "state": t.state.value, "count": t.count,
+                 "scheduled": t.scheduled}
                 for t in self.by_topic
             ],
             "oldest_pending_age_s": self.oldest_pending_age_s,

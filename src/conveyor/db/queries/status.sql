@@ -8,14 +8,19 @@
 -- rows, and estimated from the planner's statistics beyond that.
 
 -- name: status_open_counts
--- Exact counts of pending (per topic and tenant, for the unhandled-topics
--- check), running and failed events (per topic). Each branch reads one partial
--- index (events_claim_idx, events_lease_idx, events_failed_idx) and the rows it
--- points to, so the cost follows those states, never the succeeded rows.
-SELECT topic, tenant, 'pending' AS state, count(*) AS n
+-- Exact counts of pending events (per topic and tenant, for the
+-- unhandled-topics check), split into due now ('pending') and not yet due
+-- ('scheduled', run_at in the future: not a state of its own), and of running
+-- and failed events (per topic). Each branch reads one partial index
+-- (events_claim_idx, which holds run_at, events_lease_idx, events_failed_idx)
+-- and the rows it points to, so the cost follows those states, never the
+-- succeeded rows.
+SELECT topic, tenant,
+       CASE WHEN run_at <= now() THEN 'pending' ELSE 'scheduled' END AS state,
+       count(*) AS n
 FROM {schema}.events
 WHERE state = 'pending'
-GROUP BY topic, tenant
+GROUP BY topic, tenant, 3
 UNION ALL
 SELECT topic, NULL, 'running', count(*)
 FROM {schema}.events
