@@ -202,8 +202,8 @@ def test_status_json_is_one_object(cli: Run, fresh_db: str) -> None:
     assert code == 0
     assert len(out.strip().splitlines()) == 1
     status = json.loads(out)
-    assert status["counts"] == {"pending": 1, "running": 0, "succeeded": 0, "failed": 1,
-                                "cancelled": 0}
+    assert status["counts"] == {"pending": 1, "scheduled": 0, "running": 0, "succeeded": 0,
+                                "failed": 1, "cancelled": 0}
     assert status["workers"] == []
     assert status["oldest_pending_age_s"] >= 0
 
