@@ -375,7 +375,7 @@ ERRORS = {
     "worker_invalid_retention": (["worker", "--app", "tests.acceptance.apps:router",
                                   "--retention", "soon"], ["invalid duration 'soon'"]),
     "worker_zero_poll_interval": (["worker", "--app", "tests.acceptance.apps:router",
-                                   "--poll-interval", "0"], ["expected poll_interval to be > 0"]),
+                                   "--poll-interval", "0"], ["expected poll_interval to be"]),
 }
 
 
@@ -446,12 +446,24 @@ def test_worker_drains_and_stops_on_sigterm_under_either_loop(fresh_db: str, kin
     assert "worker exiting: 30 succeeded" in log.read_text()
 
 
-def test_cancel_of_a_finished_event_is_refused(error_db: str) -> None:
+def test_cancel_of_a_cancelled_event_is_not_an_error(error_db: str) -> None:
+    """L16: a second cancel (a retried script, two operators) exits 0 and changes nothing."""
     done = conveyor("--database-url", error_db, "enqueue", "a.b")
     event_id = done.stdout.strip()
     assert conveyor("--database-url", error_db, "cancel", event_id).returncode == 0
+    again = conveyor("--database-url", error_db, "cancel", event_id)
+    assert (again.returncode, again.stderr) == (0, ""), again.stderr
+    assert row(error_db, "SELECT state FROM conveyor.events WHERE id = %s", int(event_id)) == \
+        ("cancelled",)
+
+
+def test_cancel_of_a_succeeded_event_is_refused(error_db: str) -> None:
+    done = conveyor("--database-url", error_db, "enqueue", "a.b")
+    event_id = done.stdout.strip()
+    execute(error_db, "UPDATE conveyor.events SET state = 'succeeded', finished_at = now() "
+                      "WHERE id = %s", int(event_id))
     assert_one_line_error(conveyor("--database-url", error_db, "cancel", event_id),
-                          f"event {event_id} is cancelled", "only pending, running or failed")
+                          f"event {event_id} is succeeded", "only pending, running or failed")
 
 
 def test_unreachable_database_is_one_line() -> None:

@@ -23,6 +23,7 @@ from conveyor.cli import multi
 from conveyor.cli.context import Context, duration, positive_int
 from conveyor.cli.options import boolean, label, option, usage_error
 from conveyor.cli.output import emit_json, escape, escape_lines, say
+from conveyor.cli.process import StopSignals
 from conveyor.config import (
     BATCH_SIZE_DEFAULT,
     CONCURRENCY_DEFAULT,
@@ -530,6 +531,7 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
         raise InvalidInputError(
             "no database for the worker: set --database-url or CONVEYOR_DATABASE_URL, or pass "
             "--embedded to run on the embedded PostgreSQL")
+    stop = StopSignals().install()   # before the app's import, which may take a while
     router = load_router(args.app)
     try:
         config = WorkerConfig(
@@ -546,13 +548,18 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
             horizon_alert_after=args.horizon_alert)
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
+    if stop.requested:
+        log.info("stopped before the worker started", extra={"action": "stopped"})
+        return 0
     worker = Worker(ctx.url(), router, config, listen_conninfo=args.listen_url)
 
     async def serve() -> None:
         worker.install_signal_handlers()
+        stop.forward_to(worker.request_stop)
         await worker.run()
 
     run_until_stopped(serve(), args.event_loop)
+    stop.install()   # closing the loop restored the default handlers; the exit is under way
     s = worker.stats
     log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
              s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})
