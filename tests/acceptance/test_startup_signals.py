@@ -97,3 +97,20 @@ def test_sigterm_at_random_moments_of_start_up_and_work_always_exits_0(
         code = proc.wait(timeout=30)
         assert code == 0, f"round {round_no}: exit {code}\n{log.read_text()}"
         assert _running_events(fresh_db) == 0, f"round {round_no}: events left running"
+
+
+def test_worker_multi_sigterm_while_the_app_is_imported_exits_0(
+        fresh_db: str, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    log = tmp_path / "log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli.main", "worker-multi", "--dsn", f"acme={fresh_db}",
+         "--app", "tests.acceptance.startup_apps:slow_import_router"],
+        cwd=REPO, env=cli_env({"CONVEYOR_TEST_IMPORT_MARKER": str(marker)}),
+        stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0, log.read_text()

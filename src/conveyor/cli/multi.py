@@ -18,6 +18,7 @@ from typing import Any
 from conveyor.admin import Admin
 from conveyor.cli.context import Context, positive_int
 from conveyor.cli.durations import parse_duration
+from conveyor.cli.process import StopSignals
 from conveyor.config import (
     HANDLER_TIMEOUT_DEFAULT,
     HEARTBEAT_INTERVAL_DEFAULT,
@@ -132,6 +133,7 @@ def _tenant_source(args: argparse.Namespace) -> TenantSource:
 def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
     try:
         source = _tenant_source(args)      # before the app's import: refuse at once
+        stop = StopSignals().install()
         app = load_app(import_target(args.app))
         config = MultiTenantConfig(
             worker=WorkerConfig(
@@ -142,15 +144,20 @@ def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
             rescan_interval=args.rescan_interval)
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
+    if stop.requested:
+        log.info("stopped before the worker started", extra={"action": "stopped"})
+        return 0
     worker = MultiTenantWorker(source, app, config)
 
     async def serve() -> None:
         worker.install_signal_handlers()
+        stop.forward_to(worker.request_stop)
         await worker.run()
 
     from conveyor.cli.commands import run_until_stopped  # commands imports this module
 
     run_until_stopped(serve(), args.event_loop)
+    stop.install()   # closing the loop restored the default handlers; the exit is under way
     log.info("multi-tenant worker exiting", extra={"action": "exit"})
     from conveyor.cli.commands import leave_stuck_handler_threads
 
