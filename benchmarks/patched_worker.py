@@ -32,12 +32,13 @@ def trace_wake_path() -> None:
     import os
     import time
 
+    from conveyor.worker.wakeups import DueTimes
     from conveyor.worker.worker import Worker
 
     fd = int(os.environ["CONVEYOR_BENCH_WAKE_FD"])
-    notified, claim = Worker._notified, Worker._claim
+    notified, claim = DueTimes.notified, Worker._claim
 
-    def traced_notified(self: Worker, payload: str) -> None:
+    def traced_notified(self: DueTimes, payload: str) -> None:
         os.write(fd, f"N {time.time():.6f}\n".encode())
         notified(self, payload)
 
@@ -47,7 +48,7 @@ def trace_wake_path() -> None:
         os.write(fd, f"C {start:.6f} {time.time():.6f} {len(events or [])}\n".encode())
         return events
 
-    Worker._notified = traced_notified  # type: ignore[method-assign]
+    DueTimes.notified = traced_notified  # type: ignore[method-assign]
     Worker._claim = traced_claim  # type: ignore[assignment,method-assign]
 
 

@@ -49,7 +49,7 @@ async def _half_open_listener(fresh_db: str, proxy: BlackHoleProxy, ping: float,
         holed_at = time.monotonic()
         # Events keep arriving while the listener is deaf: the poll must start them.
         latencies = []
-        while worker._listen_conn.reconnects == 0 and time.monotonic() - holed_at < 25:
+        while worker.connections.listen.reconnects == 0 and time.monotonic() - holed_at < 25:
             (event_id,) = await _enqueue(fresh_db, "r8.meanwhile")
             sent = time.time()
 
@@ -60,7 +60,7 @@ async def _half_open_listener(fresh_db: str, proxy: BlackHoleProxy, ping: float,
             await asyncio.sleep(0.5)
 
         async def replaced() -> bool:
-            return worker._listen_conn.reconnects >= 1 and worker.listener.connected.is_set()
+            return worker.connections.listen.reconnects >= 1 and worker.listener.connected.is_set()
         await wait_until(replaced, timeout=max(0.0, 25 - (time.monotonic() - holed_at)),
                          what="the half-open listener to be replaced")
         figures["detected_s"] = time.monotonic() - holed_at
@@ -213,7 +213,7 @@ async def test_stop_while_half_open_leaves_no_orphaned_statement(
         await asyncio.wait_for(worker.started.wait(), 10)
         await asyncio.sleep(0.5)
         proxy.black_hole_all("drop")
-        await asyncio.sleep(0.5)          # upkeep is now waiting on a dead connection
+        await asyncio.sleep(0.5)          # maintenance is now waiting on a dead connection
         worker.request_stop()
         await asyncio.wait({task}, timeout=15)
         assert task.done()
@@ -239,7 +239,7 @@ ROLE_PID = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database()
 
 
 @pytest.mark.parametrize("role", [
-    "fetch", pytest.param("ack", marks=pytest.mark.slow), pytest.param("upkeep", marks=pytest.mark.slow)])
+    "fetch", pytest.param("ack", marks=pytest.mark.slow), pytest.param("maintenance", marks=pytest.mark.slow)])
 async def test_one_half_open_worker_connection_is_replaced_within_query_timeout(
         fresh_db: str, proxy: BlackHoleProxy, role: str) -> None:
     # Plan R8(b): one of the worker's connections goes half-open mid-drain (the
@@ -257,7 +257,7 @@ async def test_one_half_open_worker_connection_is_replaced_within_query_timeout(
     worker = Worker(via(fresh_db, proxy), router_for("r8.*", handle),
                     fast_config(concurrency=5, batch_size=5, lease_ttl=20.0, heartbeat_interval=1.0,
                                 rescue_interval=1.0, query_timeout=query_timeout))
-    managed = {"fetch": worker._fetch_conn, "ack": worker._ack_conn, "upkeep": worker._upkeep_conn}[role]
+    managed = {"fetch": worker.connections.fetch, "ack": worker.connections.ack, "maintenance": worker.connections.maintenance}[role]
     async with running(worker, stop_timeout=20):
         async def going() -> bool:
             return len(handled) >= 40

@@ -1,7 +1,7 @@
-"""bounded_here: the hot path's statement timeout, on real statements that really hang.
+"""with_deadline_in_task: the hot path's statement timeout, on real statements that really hang.
 
 A claim or an acknowledgement runs in the calling task under a timer instead
-of a task of its own. These tests hold it to the same contract as bounded():
+of a task of its own. These tests hold it to the same contract as with_deadline():
 an answer in time comes back unchanged; no answer in time closes the socket
 and raises TimeoutError (and leaves the calling task usable); a stop shortens
 the wait; a cancellation from outside stays a cancellation.
@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conveyor.worker.connection import Flag, bounded_here
+from conveyor.worker.deadline import StopFlag, with_deadline_in_task
 
 
 async def _connect(url: str) -> psycopg.AsyncConnection[Any]:
@@ -26,10 +26,10 @@ async def _connect(url: str) -> psycopg.AsyncConnection[Any]:
 async def test_an_answer_in_time_comes_back_unchanged(shared_db_url: str) -> None:
     conn = await _connect(shared_db_url)
     try:
-        cur = await bounded_here(conn, conn.execute("SELECT 41 + 1"), 5.0)
+        cur = await with_deadline_in_task(conn, conn.execute("SELECT 41 + 1"), 5.0)
         assert await cur.fetchone() == (42,)
         # The timer was disarmed: the connection is still open well after it would have fired.
-        cur = await bounded_here(conn, conn.execute("SELECT 1"), 0.05)
+        cur = await with_deadline_in_task(conn, conn.execute("SELECT 1"), 0.05)
         await asyncio.sleep(0.2)
         assert not conn.closed
         assert await (await conn.execute("SELECT 2")).fetchone() == (2,)
@@ -42,7 +42,7 @@ async def test_no_answer_in_time_closes_the_socket_and_raises_timeout(shared_db_
     try:
         started = time.monotonic()
         with pytest.raises(TimeoutError, match=r"within 0\.3s"):
-            await bounded_here(conn, conn.execute("SELECT pg_sleep(30)"), 0.3)
+            await with_deadline_in_task(conn, conn.execute("SELECT pg_sleep(30)"), 0.3)
         took = time.monotonic() - started
         assert 0.25 <= took < 2.0, took
         assert conn.closed
@@ -56,12 +56,12 @@ async def test_no_answer_in_time_closes_the_socket_and_raises_timeout(shared_db_
 
 async def test_a_stop_shortens_the_wait_to_the_grace(shared_db_url: str) -> None:
     conn = await _connect(shared_db_url)
-    stopping = Flag()
+    stopping = StopFlag()
     try:
         asyncio.get_running_loop().call_later(0.1, stopping.set)
         started = time.monotonic()
         with pytest.raises(TimeoutError):
-            await bounded_here(conn, conn.execute("SELECT pg_sleep(30)"), 20.0,
+            await with_deadline_in_task(conn, conn.execute("SELECT pg_sleep(30)"), 20.0,
                                stopping=stopping, grace=0.2)
         took = time.monotonic() - started
         assert 0.25 <= took < 2.0, took
@@ -73,10 +73,10 @@ async def test_a_stop_shortens_the_wait_to_the_grace(shared_db_url: str) -> None
 
 async def test_statements_leave_no_callback_on_the_flag(shared_db_url: str) -> None:
     conn = await _connect(shared_db_url)
-    stopping = Flag()
+    stopping = StopFlag()
     try:
         for _ in range(5):
-            await bounded_here(conn, conn.execute("SELECT 1"), 5.0, stopping=stopping)
+            await with_deadline_in_task(conn, conn.execute("SELECT 1"), 5.0, stopping=stopping)
         assert stopping._callbacks == []
         # Set later, the flag reaches no timer of a statement that already returned.
         stopping.set()
@@ -89,7 +89,7 @@ async def test_a_cancellation_from_outside_stays_a_cancellation(shared_db_url: s
     conn = await _connect(shared_db_url)
     try:
         task = asyncio.ensure_future(
-            bounded_here(conn, conn.execute("SELECT pg_sleep(30)"), 0.5))
+            with_deadline_in_task(conn, conn.execute("SELECT pg_sleep(30)"), 0.5))
         await asyncio.sleep(0.2)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -104,7 +104,7 @@ async def test_a_cancellation_from_outside_stays_a_cancellation(shared_db_url: s
 
 
 async def test_flag_calls_back_once_per_set() -> None:
-    flag = Flag()
+    flag = StopFlag()
     calls: list[str] = []
     flag.add_callback(lambda: calls.append("a"))
     flag.add_callback(lambda: calls.append("b"))

@@ -51,7 +51,7 @@ async def test_a_hostile_notification_never_makes_an_idle_worker_spin(
         await asyncio.sleep(1.0)
         # At most the one claim a wake-up may cost; the spin made hundreds.
         assert claims - before <= 2, f"{claims - before} claims in 1 s after NOTIFY {payload[:40]!r}"
-        assert all(due == due and due != float("inf") for due in worker._due)
+        assert all(due == due and due != float("inf") for due in worker.due_times.heap)
         # And the worker still answers a real event at once.
         event_id = await enqueue(db, "real.event")
 

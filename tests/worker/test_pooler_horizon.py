@@ -94,7 +94,7 @@ async def test_transaction_pooler_mode_keeps_no_session_state_and_does_not_liste
         done = await wait_all_in(db, {"succeeded"}, timeout=10)
         assert set(done) == event_ids
         assert "conveyor-listen" not in await _backends(db)
-        for managed in (worker._fetch_conn, worker._ack_conn):
+        for managed in (worker.connections.fetch, worker.connections.ack):
             conn = await managed.get()
             cur = await conn.execute("SELECT current_setting('synchronous_commit'), "
                                      "current_setting('statement_timeout'), "
@@ -106,7 +106,7 @@ async def test_direct_mode_sets_its_session_guards(db: str) -> None:
     worker = Worker(db, _noop_router(), fast_config(query_timeout=7.0))
     async with running(worker):
         await asyncio.wait_for(worker.started.wait(), 10)
-        conn = await worker._fetch_conn.get()
+        conn = await worker.connections.fetch.get()
         cur = await conn.execute("SELECT current_setting('synchronous_commit'), "
                                  "current_setting('statement_timeout'), "
                                  "current_setting('idle_in_transaction_session_timeout')")
@@ -122,7 +122,7 @@ async def test_transaction_pooler_with_a_direct_listen_url_still_listens(db: str
         while worker.listener.hears is None and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert worker.listener.hears is True
-        conn = await worker._listen_conn.get()
+        conn = await worker.connections.listen.get()
         cur = await conn.execute("SELECT current_setting('statement_timeout')")
         assert (await cur.fetchone())[0] != "0"   # the direct connection gets its guards
 

@@ -38,8 +38,8 @@ async def test_worker_survives_all_its_connections_being_terminated(db: str) -> 
     ids = await enqueue_many(db, [NewEvent(topic="cut.drain") for _ in range(total)])
     worker = Worker(db, router,
                     fast_config(concurrency=5, batch_size=5, poll_interval=30))
-    managed = {"fetch": worker._fetch_conn, "ack": worker._ack_conn,
-               "upkeep": worker._upkeep_conn, "listen": worker._listen_conn}
+    managed = {"fetch": worker.connections.fetch, "ack": worker.connections.ack,
+               "maintenance": worker.connections.maintenance, "listen": worker.connections.listen}
     async with running(worker) as task:
         async def some_done() -> bool:
             return len(handled) >= 30

@@ -1,10 +1,11 @@
 """``work_event``: run one event through the real executor inside your transaction.
 
 The event is claimed with the worker's own claim query, its handler runs
-through :func:`conveyor.worker.executor.run_handler` (timeouts, outcome
-signals, backoff: exactly what a worker does), and the outcome is written with
-the worker's fenced acknowledgement queries, all on the connection you pass.
-So it works inside a test transaction that is rolled back afterwards.
+through the worker's own :class:`~conveyor.worker.executor.Executor` (the
+inline, thread and async paths, the deadline sweep, outcome signals, backoff:
+exactly what a worker runs), and the outcome is written with the worker's
+fenced acknowledgement queries, all on the connection you pass. So it works
+inside a test transaction that is rolled back afterwards.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from conveyor.router import Route, Router
 from conveyor.testing.assertions import event_record, record_query
 from conveyor.types import Event, EventRecord, EventState
 from conveyor.validation import check_tenant
-from conveyor.worker.executor import Outcome, run_handler
+from conveyor.worker.executor import Executor, Outcome
+from conveyor.worker.running import RunningSet
 
 # The lease only has to outlive the handler: nobody else can see the claim
 # before the caller's transaction commits.
@@ -63,14 +65,8 @@ def _claim_params(router: Router, owner: str, timeout: float,
             "limit": 1, "owner": owner, "lease_ttl": timeout + _LEASE_MARGIN}
 
 
-def _event(row: Any) -> Event:
-    return Event(id=row[0], tenant=row[1], topic=row[2], payload_text=row[3], attempt=row[4],
-                 max_attempts=row[5], priority=row[6], idempotency_key=row[7],
-                 created_at=row[8])
-
-
 def _prepare(router: Router, owner: str, row: Any, timeout: float | None) -> _Claim:
-    event = _event(row)
+    event = Event._from_claim_row(row)   # the worker's own decoder of the claim row
     route = router.resolve(event.topic)
     if route is None:  # the claim filter makes this unreachable
         raise AssertionError(f"router claimed topic {event.topic!r} it cannot route")
@@ -89,11 +85,22 @@ def _ack(q: Queries, owner: str, outcome: Outcome) -> tuple[str, dict[str, Any]]
         "tracebacks": [outcome.traceback]}
 
 
-async def _run(claim: _Claim, backoff: RetryPolicy | None) -> Outcome:
+async def _run(claim: _Claim, router: Router, backoff: RetryPolicy | None) -> Outcome:
+    """Run the claimed event through the worker's executor, as a worker of one slot would."""
+    running = RunningSet(1)
+    outcomes: list[Outcome] = []
     # The same precedence as the worker: the route's policy, then the caller's.
-    policy = claim.route.backoff or backoff or BackoffPolicy()
-    return await run_handler(claim.route, claim.event, timeout=claim.timeout,
-                             backoff=policy, thread_pool=None)
+    executor = Executor(router, running, outcomes.append, handler_timeout=claim.timeout,
+                        backoff=backoff or BackoffPolicy(), timeout=claim.timeout, threads=2)
+    running.take([claim.event])
+    try:
+        executor.start([claim.event])
+        await asyncio.gather(*running.tasks())
+    finally:
+        executor.close()
+    if not outcomes:  # only a cancellation from outside gets here
+        raise AssertionError(f"event {claim.event.id}'s handler ended without an outcome")
+    return outcomes[0]
 
 
 def _no_running_loop() -> None:
@@ -146,7 +153,7 @@ def work_event(
     if row is None:
         return None
     claim = _prepare(router, owner, row, timeout)
-    outcome = asyncio.run(_run(claim, backoff))
+    outcome = asyncio.run(_run(claim, router, backoff))
     query, params = _ack(q, owner, outcome)
     if cur.execute(query, params).fetchone() is None:
         raise AssertionError(f"event {claim.event.id} changed hands while its handler ran")
@@ -183,7 +190,7 @@ async def work_event_async(
     if row is None:
         return None
     claim = _prepare(router, owner, row, timeout)
-    outcome = await _run(claim, backoff)
+    outcome = await _run(claim, router, backoff)
     query, params = _ack(q, owner, outcome)
     await cur.execute(query, params)
     if await cur.fetchone() is None:

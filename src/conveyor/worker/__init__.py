@@ -1,5 +1,6 @@
 """The worker: claims events, runs their handlers, acknowledges the results."""
 
-from conveyor.worker.worker import Worker, WorkerStats
+from conveyor.worker.stats import WorkerStats
+from conveyor.worker.worker import Worker
 
 __all__ = ["Worker", "WorkerStats"]

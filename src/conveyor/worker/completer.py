@@ -19,12 +19,8 @@ import psycopg
 from conveyor.db.arrays import int_array
 from conveyor.db.named_queries import Queries
 from conveyor.types import EventState
-from conveyor.worker.connection import (
-    RECOVERABLE_ERRORS,
-    CursorCache,
-    ManagedConnection,
-    bounded_here,
-)
+from conveyor.worker.connection import RECOVERABLE_ERRORS, CursorCache, ManagedConnection
+from conveyor.worker.deadline import with_deadline_in_task
 from conveyor.worker.executor import Outcome
 
 log = logging.getLogger(__name__)
@@ -158,7 +154,7 @@ class Completer:
         done: set[int] = set()
         if succeeded:
             cur = self._cursor.get(conn)
-            await bounded_here(conn, cur.execute(self._q[self._succeed], {
+            await with_deadline_in_task(conn, cur.execute(self._q[self._succeed], {
                 "owner": self._owner,
                 # Integer arrays as array literals: psycopg's per-element list
                 # adaptation cost more than the statement itself on large batches.
@@ -168,7 +164,7 @@ class Completer:
             done.update(r[0] for r in await cur.fetchall())
         if others:
             cur = self._cursor.get(conn)
-            await bounded_here(conn, cur.execute(self._q["event_settle_many"], {
+            await with_deadline_in_task(conn, cur.execute(self._q["event_settle_many"], {
                 "owner": self._owner,
                 "ids": [o.event_id for o in others],
                 "attempts": [o.attempt for o in others],

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 
@@ -14,7 +13,6 @@ from conveyor.db.connect import behind_pooler_async, connect_async
 from conveyor.errors import DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # Errors after which the connection is presumed dead and replaced.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -57,130 +55,6 @@ async def probe_server(conninfo: str, timeout: float = 1.0) -> bool | None:
     return True
 
 
-async def bounded(conn: psycopg.AsyncConnection[Any], statement: Awaitable[T], timeout: float, *,
-                  stopping: asyncio.Event | None = None, grace: float = 1.0) -> T:
-    """Await a statement on ``conn`` for at most ``timeout`` seconds.
-
-    A half-open connection (the peer's kernel still ACKs, nothing answers)
-    would otherwise hang the statement forever: TCP keepalives cannot see it.
-    On expiry the socket is closed outright, which fails the statement at once
-    (a polite cancel would first wait on the same dead connection), and
-    TimeoutError is raised for the caller to treat as a lost connection. With
-    ``stopping``, a stop request shortens the wait to ``grace`` seconds, so a
-    worker can always shut down.
-    """
-    task = asyncio.ensure_future(statement)
-    stop_task = None
-    waiters: set[asyncio.Future[Any]] = {task}
-    if stopping is not None and not stopping.is_set():
-        stop_task = asyncio.ensure_future(stopping.wait())
-        waiters.add(stop_task)
-    try:
-        done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if task not in done and stopping is not None and stopping.is_set():
-            done, _ = await asyncio.wait({task}, timeout=grace)
-    except asyncio.CancelledError:
-        # The caller was cancelled: take the statement down with it, and retrieve
-        # its outcome so asyncio does not report it as never retrieved.
-        task.cancel()
-        task.add_done_callback(_retrieve)
-        raise
-    finally:
-        if stop_task is not None:
-            stop_task.cancel()
-    if task in done:
-        return task.result()
-    conn.pgconn.finish()
-    task.cancel()
-    try:
-        await task
-    except BaseException:  # noqa: BLE001 - it failed because we closed its socket
-        pass
-    raise TimeoutError(f"no answer from the database within {timeout:g}s; connection dropped")
-
-
-class Flag(asyncio.Event):
-    """An :class:`asyncio.Event` that also calls back when it is set.
-
-    Lets a timer armed by :func:`bounded_here` be shortened the moment the
-    worker stops, without a task sitting in ``wait()`` for every statement.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._callbacks: list[Callable[[], None]] = []
-
-    def set(self) -> None:
-        if self.is_set():
-            return
-        super().set()
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-    def add_callback(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (once) when the flag is next set."""
-        self._callbacks.append(callback)
-
-    def remove_callback(self, callback: Callable[[], None]) -> None:
-        try:
-            self._callbacks.remove(callback)
-        except ValueError:
-            pass
-
-
-async def bounded_here(conn: psycopg.AsyncConnection[Any], statement: Awaitable[T],
-                       timeout: float, *, stopping: Flag | None = None,
-                       grace: float = 1.0) -> T:
-    """:func:`bounded` for the hot path: the statement runs in the calling task.
-
-    Same contract (at most ``timeout`` seconds, then the socket is closed and
-    TimeoutError raised; a stop shortens the wait to ``grace``), but a timer
-    replaces the statement's own task and ``asyncio.wait()``: a claim or an
-    acknowledgement costs about 50 us less CPU and reaches the wire one loop
-    round sooner. The difference: if the caller is cancelled, psycopg first
-    asks the server to cancel the statement, which waits on the connection
-    (the timer still bounds that wait). Callers cancelled from outside close
-    the connection first (see ``ManagedConnection.abort``).
-    """
-    task = asyncio.current_task()
-    if task is None:
-        return await bounded(conn, statement, timeout, stopping=stopping, grace=grace)
-    loop = task.get_loop()
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        conn.pgconn.finish()   # fails the statement without a word to the server
-        task.cancel()
-
-    handle = loop.call_later(timeout, expire)
-
-    def shorten() -> None:
-        nonlocal handle
-        if handle.when() > loop.time() + grace:
-            handle.cancel()
-            handle = loop.call_later(grace, expire)
-
-    watching = stopping is not None and not stopping.is_set()
-    if watching:
-        assert stopping is not None
-        stopping.add_callback(shorten)
-    try:
-        return await statement
-    except asyncio.CancelledError:
-        if expired and task.uncancel() == 0:
-            raise TimeoutError(f"no answer from the database within {timeout:g}s; "
-                               "connection dropped") from None
-        raise
-    finally:
-        handle.cancel()
-        if watching:
-            assert stopping is not None
-            stopping.remove_callback(shorten)
-
-
 class CursorCache:
     """One cursor kept for a component's hot statements, remade with its connection.
 
@@ -200,11 +74,6 @@ class CursorCache:
         if cur is None or cur.connection is not conn:
             cur = self._cursor = conn.cursor(binary=self._binary)
         return cur
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 class Backoff:

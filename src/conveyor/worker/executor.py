@@ -1,25 +1,35 @@
-"""Runs one handler call and turns what happened into an :class:`Outcome`."""
+"""Runs handler calls and turns what happened into an :class:`Outcome`.
+
+:class:`Executor` is the one handler path, shared by the worker and
+:func:`conveyor.testing.work_event`; the functions below classify how a call
+ended, whatever it raised.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import math
+import sys
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor as ThreadExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from conveyor.log_context import CURRENT_EVENT
 from conveyor.outcomes import Cancel, PermanentFailure, RetryAfter, Snooze, reason_text
 from conveyor.retry import RetryPolicy
-from conveyor.router import Route
+from conveyor.router import Route, Router
 from conveyor.types import Event, EventState
 from conveyor.validation import DELAY_MAX_SECONDS
+from conveyor.worker.running import Running, RunningSet
 
 log = logging.getLogger(__name__)
 
+EAGER_TASKS = sys.version_info >= (3, 12)
+SWEEP_INTERVAL = 0.05
 ERROR_MAX_CHARS = 2000
 TRACEBACK_MAX_CHARS = 4000
 # Used only when even the retry policy failed while recording an error.
@@ -105,7 +115,7 @@ def _call_plain(handler: Callable[[Event], Any], event: Event) -> None:
         CURRENT_EVENT.reset(token)
 
 
-async def _in_thread(route: Route, event: Event, pool: Executor,
+async def _in_thread(route: Route, event: Event, pool: ThreadExecutor,
                      on_abandoned: Callable[[Future[Any]], None] | None) -> None:
     future = pool.submit(_call_plain, route.handler, event)
     try:
@@ -160,7 +170,7 @@ def success(event: Event) -> Outcome:
     return Outcome(event.id, event.attempt, EventState.SUCCEEDED)
 
 
-async def call_handler(route: Route, event: Event, thread_pool: Executor | None,
+async def call_handler(route: Route, event: Event, thread_pool: ThreadExecutor | None,
                        on_abandoned: Callable[[Future[Any]], None] | None) -> None:
     """Call the handler the way its kind needs: awaited, in a thread, or inline."""
     if route.is_async:
@@ -175,48 +185,181 @@ async def call_handler(route: Route, event: Event, thread_pool: Executor | None,
         route.handler(event)
 
 
-async def run_handler(
-    route: Route,
-    event: Event,
-    *,
-    timeout: float | None,
-    backoff: RetryPolicy,
-    thread_pool: Executor | None,
-    on_abandoned: Callable[[Future[Any]], None] | None = None,
-) -> Outcome:
-    """Call the route's handler with a timeout and classify the result.
+def _exit_refused(exc: BaseException, event: Event) -> None:
+    log.error("handler of %s raised %s; recorded as a failed attempt, the worker keeps running",
+              event.topic, type(exc).__name__,
+              extra={"action": "handler_exit_refused", "event_id": event.id,
+                     "topic": event.topic, "attempt": event.attempt})
 
-    With ``timeout=None`` the caller enforces the deadline itself by cancelling
-    the task. ``on_abandoned`` is told about a plain handler's thread that is
-    still running when the call timed out or was cancelled. (The worker inlines
-    this in its own task to save two coroutines per event.)
+
+class Executor:
+    """The one handler path: batch start, inline call, task body, deadline sweep.
+
+    The worker runs every claimed event through it, and
+    :func:`conveyor.testing.work_event` runs its one event through it too, so a
+    test exercises exactly what production does. Each outcome goes to ``sink``
+    while its event still holds its slot in ``running`` (a lost lease or a
+    hand-back drops the slot first, and the late outcome is not written).
+
+    Args:
+        router: resolves each event's topic to its route.
+        running: the slots; the executor records each call's task there.
+        sink: takes each outcome (the completer's ``add``).
+        handler_timeout: a route without a timeout of its own gets this one.
+        backoff: the retry policy of routes without one of their own.
+        timeout: when set, wins over every route's timeout (``work_event``'s argument).
+        threads: size of the pool for plain handlers: a thread per slot, and as
+            many in reserve for threads a timed-out handler leaves running.
     """
-    token = CURRENT_EVENT.set(event)
-    try:
-        return await _run_with_deadline(route, event, timeout, backoff, thread_pool, on_abandoned)
-    finally:
-        CURRENT_EVENT.reset(token)
 
+    def __init__(self, router: Router, running: RunningSet, sink: Callable[[Outcome], None], *,
+                 handler_timeout: float, backoff: RetryPolicy, timeout: float | None = None,
+                 threads: int) -> None:
+        self._resolve = router.resolve
+        self._running = running
+        self._entries = running.entries     # the same dict, looked up once per batch
+        self._sink = sink
+        self._handler_timeout = handler_timeout
+        self._timeout = timeout
+        self._backoff = backoff
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inline_done: asyncio.Future[None] | None = None
+        self._inline_event: Event | None = None   # the inline handler running now, if any
 
-async def _run_with_deadline(route: Route, event: Event, timeout: float | None,
-                             backoff: RetryPolicy, thread_pool: Executor | None,
-                             on_abandoned: Callable[[Future[Any]], None] | None) -> Outcome:
-    deadline: asyncio.Timeout | None = None
-    try:
-        if timeout is None:
-            await call_handler(route, event, thread_pool, on_abandoned)
+    def start(self, events: list[Event]) -> None:
+        """Start the handlers of claimed events whose slots are taken in ``running``."""
+        # The per-batch lookups are made once here, not once per event: this loop
+        # runs for every claimed event (hot path, measured: see docs/benchmarks.md).
+        loop = self._loop = asyncio.get_running_loop()
+        now = loop.time()
+        entries = self._entries
+        resolve = self._resolve
+        default_timeout = self._timeout or self._handler_timeout
+        override = self._timeout
+        call = self._call
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self._threads,
+                                            thread_name_prefix="conveyor-handler")
+        started = False
+        for event in events:
+            running = entries.get((event.id, event.attempt))
+            if running is None or running.task is not None:
+                continue
+            route = resolve(event.topic)
+            if route is None:
+                # The claim filter should make this impossible; give the event back untouched.
+                self._sink(Outcome.handed_back(event))
+                continue
+            if not route.is_async and not route.blocking:
+                # A plain handler routed blocking=False runs to completion in one
+                # call that nothing can interrupt: it needs no task, coroutine or
+                # deadline of its own.
+                running.task = self._finished(loop)
+                self._call_inline(route, event)
+                continue
+            timeout = override or route.timeout or default_timeout
+            running.deadline = now + timeout
+            coro = call(route, event, running, timeout)
+            if EAGER_TASKS:
+                # Python 3.12+: the handler runs at once, up to its first real wait,
+                # with itself as the current task; one that never waits costs no
+                # scheduling round at all.
+                running.task = asyncio.Task(coro, loop=loop,  # type: ignore[call-arg]
+                                            eager_start=True)
+            else:
+                running.task = loop.create_task(coro)
+            started = True
+        if started and (self._sweeper is None or self._sweeper.done()):
+            self._sweeper = loop.create_task(self._sweep_deadlines())
+
+    def close(self) -> None:
+        """Stop the deadline sweeper and let go of the thread pool (never waits for its threads)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def blocking_event(self) -> Event | None:
+        """The event whose handler holds the loop now; safe to call from another thread."""
+        if self._inline_event is not None:
+            return self._inline_event
+        task = asyncio.current_task(self._loop) if self._loop is not None else None
+        if task is None:
+            return None
+        for running in list(self._entries.values()):
+            if running.task is task:
+                return running.event
+        return None
+
+    def _finished(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A completed future standing in for the task of an inline handler call."""
+        done = self._inline_done
+        if done is None or done.get_loop() is not loop:
+            done = self._inline_done = loop.create_future()
+            done.set_result(None)
+        return done
+
+    def _call_inline(self, route: Route, event: Event) -> None:
+        """Call a ``blocking=False`` plain handler here and hand on its outcome."""
+        token = CURRENT_EVENT.set(event)
+        self._inline_event = event
+        try:
+            route.handler(event)
+        except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
+            self._sink(outcome_of_error(exc, event, route.backoff or self._backoff))
+            if isinstance(exc, HANDLER_EXITS):
+                _exit_refused(exc, event)
         else:
-            async with asyncio.timeout(timeout) as deadline:
-                await call_handler(route, event, thread_pool, on_abandoned)
-    except TimeoutError as exc:
-        if deadline is not None and deadline.expired():
-            return failure(event, f"handler timed out after {timeout:g}s", None, backoff)
-        return outcome_of_error(exc, event, backoff)
-    except asyncio.CancelledError as exc:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # the caller cancelled this call (shutdown, lost lease)
-        return outcome_of_error(exc, event, backoff)
-    except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
-        return outcome_of_error(exc, event, backoff)
-    return success(event)
+            self._sink(success(event))
+        finally:
+            self._inline_event = None
+            CURRENT_EVENT.reset(token)
+
+    async def _call(self, route: Route, event: Event, running: Running, timeout: float) -> None:
+        """One handler call in its own task, with its deadline enforced by the sweeper."""
+        CURRENT_EVENT.set(event)   # the task's own context: nothing to reset
+        try:
+            if route.is_async:
+                await route.handler(event)
+            else:
+                await call_handler(route, event, self._pool, self._running.thread_abandoned)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            cancelling = task.cancelling() if task is not None else 0
+            if not cancelling:
+                # The handler raised CancelledError itself: a failed attempt like any other.
+                outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
+            elif running.timed_out and cancelling == 1:
+                assert task is not None
+                task.uncancel()
+                outcome = failure(event, f"handler timed out after {timeout:g}s", None,
+                                  route.backoff or self._backoff)
+            else:
+                raise   # a stop or a lost lease: the worker decides what to write
+        except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
+            outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
+            if isinstance(exc, HANDLER_EXITS):
+                _exit_refused(exc, event)
+        else:
+            outcome = success(event)
+        if (event.id, event.attempt) in self._entries:
+            self._sink(outcome)
+
+    async def _sweep_deadlines(self) -> None:
+        """Cancel handlers past their deadline: one periodic pass instead of a timer per call."""
+        loop = asyncio.get_running_loop()
+        entries = self._entries
+        while entries:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            now = loop.time()
+            for running in list(entries.values()):
+                task = running.task
+                if now >= running.deadline and task is not None and not task.done() \
+                        and not running.timed_out:
+                    running.timed_out = True
+                    task.cancel()

@@ -22,12 +22,8 @@ from collections.abc import Awaitable, Callable
 
 from psycopg import sql
 
-from conveyor.worker.connection import (
-    RECOVERABLE_ERRORS,
-    ManagedConnection,
-    StopRequested,
-    bounded,
-)
+from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, StopRequested
+from conveyor.worker.deadline import with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +84,7 @@ class Listener:
                         self._check_probe(loop.time())
                         if loop.time() - last_heard >= self._ping_interval \
                                 and not stopping.is_set():
-                            await bounded(conn, conn.execute("SELECT 1"), self._ping_timeout)
+                            await with_deadline(conn, conn.execute("SELECT 1"), self._ping_timeout)
                             last_heard = loop.time()
                 except StopRequested:
                     break

@@ -1,14 +1,18 @@
-"""Periodic upkeep every worker does: heartbeat, lease renewal, rescue, pruning.
+"""Periodic maintenance every worker does: heartbeat, lease renewal, rescue, pruning.
 
-Rescue runs on every worker, so events of a dead worker come back as long as
-any worker is alive; ``FOR UPDATE SKIP LOCKED`` keeps concurrent rescuers from
+It runs on a connection of its own, on a cadence of its own, and it is the
+one that measures the database clock and sends the listener's probe. Rescue
+runs on every worker, so events of a dead worker come back as long as any
+worker is alive; ``FOR UPDATE SKIP LOCKED`` keeps concurrent rescuers from
 fighting over the same rows.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -20,8 +24,16 @@ import psycopg
 from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import Queries
 from conveyor.types import FINISHED_STATES, EventState
+from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection
+from conveyor.worker.deadline import with_deadline
+from conveyor.worker.running import Key, RunningSet
+from conveyor.worker.stats import WorkerStats
 
 log = logging.getLogger(__name__)
+
+PRUNE_TIMEOUT = 300.0
+PRUNE_INTERVAL = 600.0
+CLOCK_SKEW_WARNING = 60.0
 
 RESCUE_BATCH = 1000
 PRUNE_BATCH = 5000
@@ -45,12 +57,35 @@ class HorizonHolder:
 
 
 class Maintenance:
-    def __init__(self, queries: Queries, config: WorkerConfig, owner: str, name: str,
-                 topics: list[str], owned: Callable[[], list[tuple[int, int]]]) -> None:
+    """The maintenance service of one worker.
+
+    Args:
+        conn: its own connection.
+        queries: the schema's named queries.
+        config: the worker's settings (lease, intervals, retention, horizon alert).
+        owner: the worker's id, the lease owner of its events.
+        name: the worker's label in the registry.
+        topics: the worker's route patterns, for the registry.
+        running: the worker's claimed events, whose leases the heartbeat renews.
+        decided: (event id, attempt) of outcomes decided but not yet written:
+            a lease missing for one of them is not a lost event.
+        stats: the worker's counters (rescued, lost).
+    """
+
+    def __init__(self, conn: ManagedConnection, queries: Queries, config: WorkerConfig,
+                 owner: str, name: str, topics: list[str], running: RunningSet,
+                 decided: Callable[[], set[Key]], stats: WorkerStats) -> None:
+        self.conn = conn
         self._q = queries
         self._config = config
         self._owner = owner
-        self._owned = owned
+        self._running = running
+        self._decided = decided
+        self._stats = stats
+        self._rng = random.Random()
+        # Database clock minus this machine's, measured with every heartbeat, so a
+        # due time announced by the database fires the local timer on time.
+        self.clock_offset = 0.0
         self.horizon: HorizonHolder | None = None   # set while the alert stands
         self._first_seen: dict[str, float] = {}    # holders whose start time is hidden
         self._horizon_reported = 0.0
@@ -60,10 +95,100 @@ class Maintenance:
             "tenants": list(config.tenants) if config.tenants is not None else None,
         }
 
+    async def run(self, closing: asyncio.Event) -> None:
+        """Each pass when it is due, until ``closing`` is set.
+
+        Runs until nothing is left to acknowledge, not merely until the worker
+        stops: handlers still draining after SIGTERM must keep their leases.
+        """
+        c = self._config
+        next_beat = next_rescue = time.monotonic()
+        next_prune = time.monotonic() + self._rng.uniform(0, 60)
+        # Checked often enough that a pin is reported within 1.25 x the threshold.
+        horizon_every = min(HORIZON_CHECK_INTERVAL, (c.horizon_alert_after or 0) / 4) or None
+        next_horizon = time.monotonic() + (horizon_every or 0) * self._rng.random()
+        while not closing.is_set():
+            now = time.monotonic()
+            try:
+                conn = await self.conn.get(give_up_on_stop=False)
+                if now >= next_beat:
+                    await self._beat(conn)
+                    next_beat = now + c.heartbeat_interval
+                if now >= next_rescue:
+                    await self._rescue(conn)
+                    next_rescue = now + c.rescue_interval * (1 - 0.2 * self._rng.random())
+                if horizon_every is not None and now >= next_horizon:
+                    await with_deadline(conn, self.check_horizon(conn), c.query_timeout)
+                    next_horizon = now + horizon_every
+                if now >= next_prune:
+                    await self._prune(conn)
+                    next_prune = now + PRUNE_INTERVAL
+            except RECOVERABLE_ERRORS as exc:
+                await self.conn.discard(exc)
+                continue
+            except psycopg.Error as exc:
+                log.error("maintenance failed: %s", exc, extra={"action": "maintenance_failed"})
+                await self.conn.pause_after_failure(interruptible=False)
+                continue
+            sleep_for = max(0.05, min(next_beat, next_rescue,
+                                      next_horizon if horizon_every else next_beat)
+                            - time.monotonic())
+            try:
+                await asyncio.wait_for(closing.wait(), timeout=sleep_for)
+            except TimeoutError:
+                pass
+
+    async def run_once(self) -> None:
+        """One pass of everything: heartbeat and clock, rescue, horizon check, pruning."""
+        conn = await self.conn.get(give_up_on_stop=False)
+        await self._beat(conn)
+        await self._rescue(conn)
+        await with_deadline(conn, self.check_horizon(conn), self._config.query_timeout)
+        await self._prune(conn)
+
+    async def register(self) -> None:
+        """Add the worker to the registry; the first heartbeat does it if the database is away."""
+        conn = await self.conn.get()
+        await conn.execute(self._q["worker_register"], self.registration)
+
+    async def send_probe(self, payload: str) -> None:
+        """NOTIFY ``payload`` from this session, so the listener can tell it hears."""
+        conn = await self.conn.get()
+        await with_deadline(conn, conn.execute(self._q["event_notify"],
+                                               {"channel": self._q.channel, "payload": payload}),
+                            self._config.query_timeout)
+
+    async def _beat(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        bound = self._config.query_timeout
+        lost = await with_deadline(conn, self.heartbeat(conn), bound)
+        self._stats.lost += self._running.lose(lost, self._decided())
+        await with_deadline(conn, self._measure_clock(conn), bound)
+
+    async def _rescue(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        requeued, parked = await with_deadline(conn, self.rescue(conn), self._config.query_timeout)
+        self._stats.rescued += requeued + parked
+
+    async def _prune(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        # Pruning a large backlog of finished rows may take a while.
+        await with_deadline(conn, self.prune(conn), max(self._config.query_timeout, PRUNE_TIMEOUT))
+
+    async def _measure_clock(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        before = time.time()
+        cur = await conn.execute(self._q["clock_now"])
+        row = await cur.fetchone()
+        after = time.time()
+        if row is None:
+            return
+        offset = float(row[0]) - (before + after) / 2
+        if abs(offset) > CLOCK_SKEW_WARNING and abs(self.clock_offset) <= CLOCK_SKEW_WARNING:
+            log.warning("this machine's clock is %.1fs off the database's; schedules follow the "
+                        "database", offset, extra={"action": "clock_skew", "offset_s": offset})
+        self.clock_offset = offset
+
     async def heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> set[tuple[int, int]]:
         """Refresh the registry row and this worker's leases; returns the (id, attempt) it lost."""
         await conn.execute(self._q["worker_heartbeat"], self.registration)
-        owned = set(self._owned())
+        owned = set(self._running.keys())
         if not owned:
             return set()
         cur = await conn.execute(self._q["event_extend_leases"], {

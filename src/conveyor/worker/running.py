@@ -1,0 +1,133 @@
+"""The one owner of a worker's claimed events: running, abandoned, lost, handed back.
+
+A slot is taken when an event is claimed and freed only when its outcome is
+acknowledged (or its lease is lost), so the table never shows more of this
+worker's events ``running`` than its concurrency. The fetch loop, the
+executor, the completer's acknowledgements and the heartbeat all go through
+this set; nothing else holds claimed events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.types import Event
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, int]   # (event id, attempt)
+
+
+@dataclass(slots=True)
+class Running:
+    """One claimed event and the call that handles it."""
+
+    event: Event
+    # The handler's task; for an inline call (blocking=False), a finished future.
+    task: asyncio.Task[None] | asyncio.Future[None] | None
+    deadline: float = float("inf")    # loop time after which the sweeper cancels it
+    timed_out: bool = False
+
+
+class RunningSet:
+    """Claimed and not yet acknowledged events, by (event id, attempt).
+
+    The same event can be here twice: an attempt whose lease was lost may
+    still run while the event was claimed again.
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.entries: dict[Key, Running] = {}
+        self.abandoned_threads = 0   # timed-out plain handlers whose threads still run
+        self.freed = asyncio.Event()  # set whenever a slot may have come free
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self.entries
+
+    def free_slots(self) -> int:
+        # The pool has a spare thread per slot, so a timed-out plain handler whose
+        # thread runs on delays nobody; only past that reserve do stuck threads
+        # take slots (the work would otherwise queue behind them and time out).
+        overflow = max(0, self.abandoned_threads - self.concurrency)
+        return self.concurrency - len(self.entries) - overflow
+
+    async def wait_for_slot(self) -> None:
+        self.freed.clear()
+        await self.freed.wait()
+
+    def take(self, events: Iterable[Event]) -> None:
+        """Take a slot for each claimed event; its call starts later."""
+        entries = self.entries
+        for event in events:
+            entries[(event.id, event.attempt)] = Running(event, None)
+
+    def keys(self) -> list[Key]:
+        return list(self.entries)
+
+    def tasks(self) -> list[asyncio.Task[None] | asyncio.Future[None]]:
+        return [r.task for r in self.entries.values() if r.task is not None]
+
+    def unfinished_tasks(self) -> list[asyncio.Task[None] | asyncio.Future[None]]:
+        return [t for t in self.tasks() if not t.done()]
+
+    def release(self, key: Key) -> Running | None:
+        """Free the slot of an acknowledged outcome; returns what ran there."""
+        return self.entries.pop(key, None)
+
+    def lose(self, lost: Iterable[Key], keep: set[Key]) -> int:
+        """Stop work on events whose lease this worker no longer holds; returns how many.
+
+        ``keep`` are outcomes already decided: their acknowledgement will tell.
+        """
+        count = 0
+        for key in lost:
+            running = self.entries.get(key)
+            if running is None or key in keep:
+                continue
+            count += 1
+            log.warning("lost the lease of event %s; abandoning it", key[0],
+                        extra={"action": "lease_lost", "event_id": key[0], "attempt": key[1]})
+            del self.entries[key]
+            if running.task is not None and not running.task.done():
+                running.task.cancel()
+        if count:
+            self.freed.set()
+        return count
+
+    def hand_back(self, keep: set[Key]) -> list[Event]:
+        """Drop every event without a decided outcome, whatever its call's state.
+
+        A handler whose clean-up outlasts the shutdown's wait is neither done nor
+        cancelled and must not keep its event ``running`` until the lease
+        expires. Dropped from the set, so a late outcome of that call is never
+        queued after the hand-back.
+        """
+        events = []
+        for key, running in list(self.entries.items()):
+            if key not in keep:
+                del self.entries[key]
+                events.append(running.event)
+        return events
+
+    def thread_abandoned(self, future: Future[Any]) -> None:
+        """A plain handler timed out but its thread runs on: count it until it returns."""
+        self.abandoned_threads += 1
+        loop = asyncio.get_running_loop()
+
+        def returned(_: Future[Any]) -> None:
+            loop.call_soon_threadsafe(self._thread_returned)
+
+        future.add_done_callback(returned)
+
+    def _thread_returned(self) -> None:
+        self.abandoned_threads -= 1
+        self.freed.set()

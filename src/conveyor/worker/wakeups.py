@@ -1,0 +1,116 @@
+"""When to claim next: notifications and the due times of delayed events.
+
+A notification for a due-now event wakes the fetch loop at once; one for a
+delayed event (``topic|epoch``) and every retry this worker schedules put a
+due time on a heap under one timer, so a delayed event starts when it falls
+due rather than at the next poll.
+
+Any role may NOTIFY the worker's channel (it needs no grant): a payload is a
+hint, and nothing in it may do more than wake the worker early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import math
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+MAX_DUE_TIMES = 10_000
+# A due time announced further ahead than this is not believed (and a timer
+# that far out would be useless: the poll comes much sooner).
+MAX_NOTIFIED_AHEAD = 366 * 24 * 3600.0
+
+
+def due_epoch(text: str) -> float | None:
+    """The due time of a notification payload, or None when it is not a plausible epoch."""
+    if len(text) > 32:
+        return None
+    try:
+        epoch = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(epoch) or epoch <= 0 or epoch > time.time() + MAX_NOTIFIED_AHEAD:
+        return None
+    return epoch
+
+
+class DueTimes:
+    """A heap of epochs when delayed events fall due, under one timer that wakes the fetch loop.
+
+    Args:
+        wake: asks the fetch loop to claim now.
+        handles: whether this worker claims a topic.
+        clock_offset: the database clock minus this machine's, so a due time
+            announced by the database fires the local timer on time.
+    """
+
+    def __init__(self, wake: Callable[[], None], handles: Callable[[str], bool],
+                 clock_offset: Callable[[], float]) -> None:
+        self._wake = wake
+        self._handles = handles
+        self._clock_offset = clock_offset
+        self.heap: list[float] = []
+        self._set: set[float] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+
+    def notified(self, payload: str) -> None:
+        """React to one notification: wake now, set a timer, or ignore it."""
+        topic, _, due = payload.partition("|")
+        if topic != "*" and not self._handles(topic):
+            return
+        if not due:
+            self._wake()
+            return
+        epoch = due_epoch(due)
+        if epoch is None:
+            log.debug("ignored a notification with a bad due time: %r", payload[:100],
+                      extra={"action": "notify_ignored"})
+            return
+        self.wake_at(epoch - self._clock_offset())
+
+    def wake_at(self, epoch: float) -> None:
+        """Wake the fetch loop at ``epoch``, in this machine's clock."""
+        if not math.isfinite(epoch):
+            return  # a NaN would sit at the heap's root for good, re-arming a 1 ms timer
+        epoch = round(epoch, 3)
+        if epoch in self._set:
+            return
+        heapq.heappush(self.heap, epoch)
+        self._set.add(epoch)
+        if len(self.heap) > MAX_DUE_TIMES:
+            # Keep the earliest: a dropped later time only means that event waits
+            # for a poll or for an earlier timer's claim.
+            self.heap = heapq.nsmallest(MAX_DUE_TIMES // 2, self.heap)
+            self._set = set(self.heap)
+        self._arm()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = float("inf")
+
+    def _arm(self) -> None:
+        if not self.heap or self.heap[0] >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = self.heap[0]
+        # The extra millisecond lets the database clock pass the due time too.
+        delay = max(0.0, self._timer_at - time.time()) + 0.001
+        self._timer = asyncio.get_running_loop().call_later(delay, self._fired)
+
+    def _fired(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        now = time.time()
+        while self.heap and self.heap[0] <= now + 0.001:
+            self._set.discard(heapq.heappop(self.heap))
+        self._wake()
+        self._arm()
