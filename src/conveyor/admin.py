@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Generator, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -632,7 +631,3 @@ class AsyncAdmin:
 
     async def _notify(self, conn: psycopg.AsyncConnection[Any]) -> None:
         await run_async(conn, self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})
-
-
-def age(dt: datetime | None, now: datetime) -> float | None:
-    return None if dt is None else (now - dt).total_seconds()

@@ -51,8 +51,6 @@ class Completer:
         # one of them go straight to the lock-skipping path instead of waiting again.
         self._held: set[int] = set()
         self._signal = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self.acked = 0
         self.stale = 0
 
@@ -70,16 +68,13 @@ class Completer:
         buffer.append(outcome)
         if len(buffer) == 1:
             # Only the first outcome of a batch needs to wake the flusher: run()
-            # waits on the signal only while the buffer is empty, and idle is
-            # set only then.
-            self._idle.clear()
+            # waits on the signal only while the buffer is empty.
             self._signal.set()
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Flush until stopped and the buffer is empty."""
         while True:
             if not self._buffer:
-                self._idle.set()
                 if stopping.is_set():
                     return
                 self._signal.clear()
@@ -192,6 +187,3 @@ class Completer:
             "ids": sorted({o.event_id for o in rest}), "owner": self._owner})
         still_mine = {(r[0], r[1]) for r in await cur.fetchall()}
         return done, [o for o in rest if (o.event_id, o.attempt) in still_mine]
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
