@@ -8,6 +8,7 @@ Every error Conveyor raises on purpose derives from :class:`ConveyorError`::
     │   └── PayloadTooLargeError
     ├── DatabaseError          the database refused or could not be reached
     │   └── DatabaseUnavailableError
+    │       └── InvalidDatabaseUrlError   the URL does not parse (also a ConfigError)
     ├── MigrationError         the schema is missing, too new, or a migration failed
     ├── EventNotFoundError     no event has that id
     ├── InvalidStateError      the event is in a state that forbids the operation
@@ -46,6 +47,10 @@ class DatabaseError(ConveyorError):
 
 class DatabaseUnavailableError(DatabaseError):
     """The database could not be reached."""
+
+
+class InvalidDatabaseUrlError(DatabaseUnavailableError, ConfigError):
+    """The database URL does not parse: retrying cannot help, and the message never quotes it."""
 
 
 class MigrationError(ConveyorError):

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from conveyor.errors import DatabaseUnavailableError
+from conveyor.errors import DatabaseUnavailableError, InvalidDatabaseUrlError
 
 # TCP keepalives make a half-open connection (host gone, no FIN) fail in about
 # 20 s instead of the kernel's two hours. They do not apply to Unix sockets.
@@ -98,7 +98,7 @@ def _guess(conninfo: str) -> str | None:
     return f"{dbname}@{host}" + (f":{port}" if port else "")
 
 
-def invalid_url(conninfo: str) -> DatabaseUnavailableError:
+def invalid_url(conninfo: str) -> InvalidDatabaseUrlError:
     """The error for a database URL that does not parse: it never quotes the URL.
 
     psycopg's own parse messages quote the offending token, and that token is
@@ -106,7 +106,7 @@ def invalid_url(conninfo: str) -> DatabaseUnavailableError:
     """
     guess = _guess(conninfo)
     where = f" for {guess}" if guess else ""
-    return DatabaseUnavailableError(
+    return InvalidDatabaseUrlError(
         f"invalid database url{where} (could not parse it; check quoting and percent-encoding)")
 
 

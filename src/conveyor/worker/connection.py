@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from conveyor.db.connect import behind_pooler_async, connect_async
-from conveyor.errors import DatabaseUnavailableError
+from conveyor.errors import DatabaseUnavailableError, InvalidDatabaseUrlError
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,8 @@ class ManagedConnection:
                         "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(self._settings)),
                         [part for item in self._settings.items() for part in item])
                 self._conn = conn
+            except InvalidDatabaseUrlError:
+                raise   # no retry can make a URL parse
             except CONNECTION_ERRORS as exc:
                 delay = self._backoff.next_delay()
                 log.warning("database unreachable for %s connection, retrying in %.1fs: %s",
