@@ -3,7 +3,7 @@
 Starts a real ``conveyor worker`` on an empty scratch schema, waits until it is
 registered and idle, then commits ``--events`` no-op events in one transaction
 and measures the drain: worker CPU per event, the CPU of the worker's database
-backends (fetch / ack / listen / upkeep, found by the worker's client ports),
+backends (fetch / ack / listen / maintenance, found by the worker's client ports),
 and optionally a sampling profile (py-spy) or a deterministic one (cProfile).
 The raw-SQL baseline drainer is measured the same way for comparison.
 

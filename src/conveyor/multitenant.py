@@ -19,7 +19,7 @@ schema. :class:`MultiTenantWorker` serves all of them from one process:
   ``tenant`` column names another tenant is parked ``failed``, never run.
 
 Each tenant costs four database connections (listen, claim, acknowledge,
-upkeep), so mind ``max_connections`` past a few dozen tenants.
+maintenance), so mind ``max_connections`` past a few dozen tenants.
 
 Example::
 

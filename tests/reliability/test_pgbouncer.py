@@ -353,7 +353,7 @@ def test_r19_r1_short_three_poll_only_workers_through_the_pooler_run_each_event_
     assert result.committed == EVENTS_R1 and result.retries == 0 and result.unfinished == 0
     assert state_counts(ledger_db) == {"succeeded": EVENTS_R1}
 
-    # The pooling was real: 3 workers x 3 connections (fetch, ack, upkeep; no LISTEN)
+    # The pooling was real: 3 workers x 3 connections (fetch, ack, maintenance; no LISTEN)
     # shared at most POOL_SIZE server connections, as PgBouncer and PostgreSQL both say.
     figures = monitor.figures()
     assert figures["max_client_connections"] >= 9, figures

@@ -216,7 +216,7 @@ async def test_rescue_leaves_live_leases_alone(db: str) -> None:
 
 async def test_reclaiming_an_event_still_running_here_keeps_the_new_attempt(
         db: str) -> None:
-    # This worker's lease lapsed unnoticed (e.g. its upkeep connection was down
+    # This worker's lease lapsed unnoticed (e.g. its maintenance connection was down
     # for longer than lease_ttl); the event was rescued, and this same worker
     # claims it again while attempt 1 is still running.
     gates = {1: asyncio.Event(), 2: asyncio.Event()}
