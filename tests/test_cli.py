@@ -259,10 +259,10 @@ def test_retry_failed_with_and_without_topic(cli: Run, fresh_db: str) -> None:
     for event_id in (a1, a2, b1):
         _fail(fresh_db, event_id)
     code, out, _ = cli("retry", "--failed", "--topic", "b.y")
-    assert (code, out) == (0, "retrying 1 failed events\n")
+    assert (code, out) == (0, f"retried 1 event: {b1}\n")
     assert row(fresh_db, "SELECT state FROM conveyor.events WHERE id = %s", b1) == ("pending",)
     code, out, _ = cli("retry", "--failed")
-    assert (code, out) == (0, "retrying 2 failed events\n")
+    assert (code, out) == (0, f"retried 2 events: {a2}, {a1}\n")
     assert row(fresh_db, "SELECT count(*) FROM conveyor.events WHERE state = 'pending'") == (4,)
     assert row(fresh_db, "SELECT attempts FROM conveyor.events WHERE id = %s", untouched) == (0,)
 
@@ -298,10 +298,10 @@ def test_prune_deletes_only_old_finished_events(cli: Run, fresh_db: str) -> None
     execute(fresh_db, "UPDATE conveyor.events SET created_at = now() - interval '9 days' "
                       "WHERE id = %s", pending)
     code, out, _ = cli("prune", "--older-than", "1d", "--state", "succeeded")
-    assert (code, out) == (0, "deleted 1 events\n")
+    assert (code, out) == (0, "deleted 1 event\n")
     # Failed events go only when asked for (Admin.prune's default keeps them).
     code, out, _ = cli("prune", "--older-than", "1d", "--state", "failed")
-    assert (code, out) == (0, "deleted 1 events\n")
+    assert (code, out) == (0, "deleted 1 event\n")
     assert row(fresh_db, "SELECT array_agg(id ORDER BY id) FROM conveyor.events") == \
         (sorted([new_ok, pending]),)
 
@@ -363,8 +363,11 @@ ERRORS = {
     "cancel_unknown_id": (["cancel", "987654321"], ["event 987654321 not found"]),
     "show_malformed_id": (["show", "abc"], ["invalid event id 'abc'"]),
     "cancel_zero_id": (["cancel", "0"], ["invalid event id 0"]),
-    "retry_without_target": (["retry"], ["give either an event id or --failed"]),
-    "retry_topic_without_failed": (["retry", "1", "--topic", "a.b"], ["--topic"]),
+    "retry_without_target": (["retry"], ["give event ids, or --failed"]),
+    "retry_topic_without_failed": (["retry", "1", "--topic", "a.b"],
+                                   ["retry --topic needs --failed or --state"]),
+    # L14: the message above was never reached without an id.
+    "retry_topic_alone": (["retry", "--topic", "a.b"], ["retry --topic needs --failed or --state"]),
     "app_without_colon": (["worker", "--app", "nope"], ["invalid --app 'nope'"]),
     "app_missing_module": (["worker", "--app", "no_such_module_xyz:router"],
                            ["cannot import module 'no_such_module_xyz'"]),

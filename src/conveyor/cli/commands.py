@@ -12,18 +12,19 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
 
-from conveyor.admin import Admin
-from conveyor.cli import multi
+from conveyor.admin import SCHEDULED, Admin
+from conveyor.cli import events, multi
 from conveyor.cli.context import Context, duration, positive_int
-from conveyor.cli.options import boolean, label, option, usage_error
+from conveyor.cli.options import add_command, add_json, boolean, label, option, usage_error
 from conveyor.cli.output import emit_json, escape, escape_lines, say
 from conveyor.cli.process import StopSignals
+from conveyor.cli.progress import Ticker
 from conveyor.config import (
     BATCH_SIZE_DEFAULT,
     CONCURRENCY_DEFAULT,
@@ -40,7 +41,7 @@ from conveyor.config import (
 )
 from conveyor.db.execute import run
 from conveyor.db.named_queries import queries_for
-from conveyor.errors import ConfigError, DatabaseError, InvalidInputError
+from conveyor.errors import ConfigError, DatabaseError, InvalidInputError, WorkbookError
 from conveyor.producer import Producer
 from conveyor.retry import BASE_DELAY_DEFAULT, MAX_DELAY_DEFAULT, BackoffPolicy
 from conveyor.router import Router
@@ -53,25 +54,7 @@ Sub = Any  # argparse's private _SubParsersAction
 log = logging.getLogger(__name__)
 
 
-def _add(sub: Sub, name: str, help_text: str, description: str,
-         run: Callable[[Context, argparse.Namespace], int],
-         examples: Sequence[tuple[str, str]] = ()) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        name, help=help_text, description=description, epilog=format_examples(examples),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.set_defaults(handler=run)
-    return parser
-
-
-def format_examples(examples: Sequence[tuple[str, str]]) -> str | None:
-    """A help epilog: each command line, then what it does, indented below it."""
-    if not examples:
-        return None
-    lines = ["examples:"]
-    for command, what in examples:
-        lines.extend(f"  {line}" for line in command.splitlines())
-        lines.append(f"      {what}")
-    return "\n".join(lines)
+_add = add_command
 
 
 # ------------------------------------------------------------------- migrate
@@ -88,10 +71,6 @@ def register_migrate(sub: Sub, env: Env) -> None:
     p.add_argument("--sql", action="store_true",
                    help="print the full migration script and touch no database")
     add_json(p, '{"schema", "applied": [{"version", "name"}], "version"}')
-
-
-def add_json(p: argparse.ArgumentParser, shape: str) -> None:
-    p.add_argument("--json", action="store_true", help=f"print one JSON object: {shape}")
 
 
 def run_migrate(ctx: Context, args: argparse.Namespace) -> int:
@@ -211,7 +190,10 @@ def format_status(status: QueueStatus) -> str:
                      + escape(", ".join(w.topics)))
     topics: dict[str, dict[str, int]] = {}
     for t in status.by_topic:
-        topics.setdefault(escape(t.topic), {})[t.state.value] = t.count
+        row = topics.setdefault(escape(t.topic), {})
+        row[t.state.value] = t.count
+        if t.scheduled:     # carried on the topic's pending row (TopicCount.scheduled)
+            row[SCHEDULED] = row.get(SCHEDULED, 0) + t.scheduled
     if topics:
         width = max(len("topic"), *(len(t) for t in topics))
         states = [s for s in c if not approx[s]]     # estimates have no per-topic split
@@ -266,72 +248,6 @@ def run_show(ctx: Context, args: argparse.Namespace) -> int:
         if e.get("traceback"):
             for line in escape_lines(e["traceback"].rstrip()):
                 say(f"  {line}")
-    return 0
-
-
-# --------------------------------------------------------------------- retry
-
-def register_retry(sub: Sub, env: Env) -> None:
-    p = _add(sub, "retry", "run a failed or cancelled event again",
-             "Make one event (by id), or every failed event (--failed, optionally of one\n"
-             "--topic), due now. An event whose attempts are spent gets one more.", run_retry,
-             examples=[("conveyor retry 13", "one event"),
-                       ("conveyor retry --failed --topic email.send",
-                        "every failed event of one topic")])
-    p.add_argument("id", nargs="?", help="event id")
-    p.add_argument("--failed", action="store_true", help="retry every failed event")
-    p.add_argument("--topic", help="with --failed: only this topic")
-
-
-def run_retry(ctx: Context, args: argparse.Namespace) -> int:
-    if (args.id is None) == (not args.failed):
-        raise InvalidInputError("give either an event id or --failed")
-    if args.topic and not args.failed:
-        raise InvalidInputError("--topic only applies with --failed")
-    admin = Admin(ctx.schema)
-    conn = ctx.connect()
-    if args.failed:
-        ids = admin.retry_failed(conn, topic=args.topic)
-        print(f"retrying {len(ids)} failed events")
-    else:
-        admin.retry(conn, args.id)
-        print(f"event {args.id} will run again")
-    return 0
-
-
-# -------------------------------------------------------------------- cancel
-
-def register_cancel(sub: Sub, env: Env) -> None:
-    _add(sub, "cancel", "cancel a pending, running or failed event",
-         "Mark an event cancelled so it never runs again. A worker still running it has\n"
-         "its result discarded.", run_cancel,
-         examples=[("conveyor cancel 42", "never run event 42")]).add_argument(
-             "id", help="event id")
-
-
-def run_cancel(ctx: Context, args: argparse.Namespace) -> int:
-    Admin(ctx.schema).cancel(ctx.connect(), args.id)
-    print(f"event {args.id} cancelled")
-    return 0
-
-
-# --------------------------------------------------------------------- prune
-
-def register_prune(sub: Sub, env: Env) -> None:
-    p = _add(sub, "prune", "delete finished events older than a duration",
-             "Delete succeeded, failed and cancelled events that finished longer ago than\n"
-             "--older-than (e.g. 7d, 12h, 30m). Pending and running events are never touched.",
-             run_prune, examples=[("conveyor prune --older-than 30d --state succeeded",
-                                   "delete succeeded events older than 30 days")])
-    p.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
-                   help="e.g. 7d, 12h, 30m, 90s")
-    p.add_argument("--state", action="append", choices=["succeeded", "failed", "cancelled"],
-                   help="only this state (repeatable; default: all finished states)")
-
-
-def run_prune(ctx: Context, args: argparse.Namespace) -> int:
-    deleted = Admin(ctx.schema).prune(ctx.connect(), args.older_than, states=args.state)
-    print(f"deleted {deleted} events")
     return 0
 
 
@@ -636,7 +552,8 @@ def register_xlsx(sub: Sub, env: Env) -> None:
              "Stream the first sheet of an XLSX file and print {\"rows\", \"total\", \"by_type\"}:\n"
              "the data-row count, the sum of the 'monto' column, and that sum per 'tipo'.\n"
              "Corrupt, truncated, non-XLSX and hostile files (zip bombs, XML entities) are\n"
-             "refused with a one-line reason and a non-zero exit. Needs no database.",
+             "refused with a one-line reason and a non-zero exit. Needs no database.\n"
+             "On a terminal, stderr shows how far the reading is.",
              run_xlsx, examples=[("conveyor xlsx ventas.xlsx | jq .total", "the sum of 'monto'")])
     p.add_argument("file", help="path of the .xlsx file")
 
@@ -644,10 +561,23 @@ def register_xlsx(sub: Sub, env: Env) -> None:
 def run_xlsx(ctx: Context, args: argparse.Namespace) -> int:
     from conveyor.workbook import aggregate_workbook
 
-    print(json.dumps(aggregate_workbook(args.file).to_json()))
+    if not sys.stderr.isatty():
+        emit_json(aggregate_workbook(args.file).to_json())
+        return 0
+    # On a terminal: how far the reader is through the file, from its position.
+    try:
+        source = open(args.file, "rb")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:   # the words Workbook uses for a path it cannot open
+        raise WorkbookError(f"cannot open workbook: {exc.strerror or exc}") from None
+    size = os.fstat(source.fileno()).st_size
+    with source, Ticker(f"reading {os.path.basename(args.file)}",
+                        lambda: source.tell() / size if size else None):
+        result = aggregate_workbook(source)
+    emit_json(result.to_json())
     return 0
 
 
-REGISTRY = [register_migrate, register_worker, register_enqueue, register_status, register_show,
-            register_retry, register_cancel, register_prune, register_bench, register_demo,
+REGISTRY = [register_migrate, register_worker, register_enqueue, register_status,
+            events.register_events, register_show, events.register_retry,
+            events.register_cancel, events.register_prune, register_bench, register_demo,
             register_xlsx, *multi.REGISTRY]

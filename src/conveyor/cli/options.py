@@ -85,6 +85,32 @@ class ArgumentParser(argparse.ArgumentParser):
                        + ", ".join(map(str, action.choices)))
 
 
+def add_command(sub: Any, name: str, help_text: str, description: str,
+                run: Callable[..., int],
+                examples: Sequence[tuple[str, str]] = ()) -> argparse.ArgumentParser:
+    """A command's parser: one-line help, description, and examples after the options."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help_text, description=description, epilog=format_examples(examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(handler=run)
+    return parser
+
+
+def format_examples(examples: Sequence[tuple[str, str]]) -> str | None:
+    """A help epilog: each command line, then what it does, indented below it."""
+    if not examples:
+        return None
+    lines = ["examples:"]
+    for command, what in examples:
+        lines.extend(f"  {line}" for line in command.splitlines())
+        lines.append(f"      {what}")
+    return "\n".join(lines)
+
+
+def add_json(parser: argparse.ArgumentParser, shape: str) -> None:
+    parser.add_argument("--json", action="store_true", help=f"print one JSON object: {shape}")
+
+
 def usage_error(args: argparse.Namespace, message: str) -> NoReturn:
     """Refuse a combination of options the way argparse refuses a value: one line, exit 2."""
     parser: argparse.ArgumentParser = args.command_parser
