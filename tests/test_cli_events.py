@@ -62,7 +62,8 @@ def test_events_lists_newest_first_as_a_table(cli: Run, fresh_db: str) -> None:
     lines = out.splitlines()
     assert lines[0].split()[:4] == ["id", "state", "attempts", "topic"]
     assert lines[1].split()[:4] == [str(second), "failed", "5/5", "billing.charge"]
-    assert "KeyError: 'currency'" in lines[1]
+    assert lines[1].endswith("  KeyError: 'currency'")
+    assert lines[0].index("last error") == lines[1].index("KeyError")    # aligned columns
     assert lines[2].split()[:5] == [str(first), "pending", "0/5", "email.send", "acme"]
     assert err == ""      # one page: no hint
 

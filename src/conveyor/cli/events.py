@@ -107,8 +107,8 @@ def format_events(events: Sequence[EventSummary]) -> list[str]:
     if not rows:
         return ["no events match"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header[:-1])]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=False)) + cells[-1]
-            .rstrip() for cells in [header, *rows]]
+    return ["  ".join([*(cell.ljust(w) for cell, w in zip(cells, widths, strict=False)),
+                       cells[-1]]) for cells in [header, *rows]]
 
 
 def _utc(moment: datetime) -> str:
