@@ -309,6 +309,25 @@ def test_get_and_state_read_one_event(db: Conn) -> None:
     assert db.execute(Q["event_state"], {"id": -1}).fetchone() is None
 
 
+@exercises("event_find")
+def test_find_filters_by_topic_tenant_and_state_each_only_when_given(db: Conn) -> None:
+    acme, none, other = _insert(db, tenant="acme"), _insert(db), _insert(db, "u", delay=60)
+
+    def ids(topic: str | None = None, by_tenant: bool = False, tenant: str | None = None,
+            state: str | None = None) -> list[Any]:
+        return [r[0] for r in db.execute(Q["event_find"], {
+            "topic": topic, "by_tenant": by_tenant, "tenant": tenant, "state": state})]
+
+    assert ids() == [acme, none, other]
+    assert ids(topic="t") == [acme, none]
+    assert ids(by_tenant=True, tenant=None) == [none, other]
+    assert ids(by_tenant=True, tenant="acme") == [acme]
+    assert ids(state="running") == []
+    row = db.execute(Q["event_find"], {"topic": "u", "by_tenant": False, "tenant": None,
+                                       "state": "pending"}).fetchone()
+    assert row is not None and len(row) == 19 and 55 < row[18] <= 60
+
+
 @exercises("event_retry")
 def test_retry_reopens_failed_and_refuses_running(db: Conn) -> None:
     failed, running = _insert(db, max_attempts=1), _insert(db)

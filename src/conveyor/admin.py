@@ -13,7 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
@@ -22,11 +21,11 @@ from psycopg.rows import dict_row
 
 from conveyor.db.execute import run, run_async
 from conveyor.db.named_queries import Queries, queries_for
+from conveyor.db.rows import record_from_event_get_row, worker_from_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, InvalidStateError
 from conveyor.router import patterns_match
 from conveyor.types import (
     FINISHED_STATES,
-    AttemptError,
     EventFilter,
     EventPage,
     EventRecord,
@@ -34,7 +33,6 @@ from conveyor.types import (
     EventSummary,
     QueueStatus,
     TopicCount,
-    WorkerInfo,
 )
 from conveyor.validation import (
     DELAY_MAX_SECONDS,
@@ -45,21 +43,6 @@ from conveyor.validation import (
 
 # A worker that has not renewed its heartbeat for this long is not counted alive.
 WORKER_ALIVE_WITHIN = 30.0
-
-
-def record_from_row(row: Sequence[Any]) -> EventRecord:
-    """An :class:`EventRecord` from a row with the columns of the ``event_get`` query."""
-    errors_raw = row[12] if isinstance(row[12], list) else json.loads(row[12] or "[]")
-    return EventRecord(
-        id=row[0], tenant=row[1], topic=row[2], payload=row[3], state=EventState(row[4]),
-        attempts=row[5], max_attempts=row[6], priority=row[7], run_at=row[8],
-        lease_owner=row[9], lease_expires_at=row[10], last_error=row[11],
-        errors=[AttemptError(attempt=e.get("attempt", 0), at=str(e.get("at", "")),
-                             error=e.get("error", ""), traceback=e.get("traceback"),
-                             worker=e.get("worker")) for e in errors_raw],
-        idempotency_key=row[13], created_at=row[14], updated_at=row[15],
-        attempted_at=row[16], finished_at=row[17],
-    )
 
 
 # Up to this many succeeded and cancelled rows, they are counted exactly (by
@@ -139,9 +122,7 @@ def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
     by_topic = [TopicCount(topic, EventState(state), n,
                            scheduled_per_topic.get(topic, 0) if state == "pending" else 0)
                 for (topic, state), n in sorted(per_topic.items())]
-    infos = [WorkerInfo(id=w[0], name=w[1], host=w[2], pid=w[3], topics=list(w[4]),
-                        started_at=w[5], heartbeat_at=w[6],
-                        tenants=None if w[7] is None else list(w[7])) for w in workers]
+    infos = [worker_from_row(w) for w in workers]
 
     def claimable(topic: str, tenant: str | None) -> bool:
         return any(patterns_match(w.topics, topic)
@@ -429,7 +410,7 @@ class Admin:
         row = run(conn, self._q["event_get"], {"id": event_id}).fetchone()
         if row is None:
             raise EventNotFoundError(f"event {event_id} not found")
-        return record_from_row(row)
+        return record_from_event_get_row(row)
 
     def events(self, conn: psycopg.Connection[Any], filter: EventFilter | None = None, *,
                after: int | None = None, limit: int = 50) -> EventPage:
@@ -568,7 +549,7 @@ class AsyncAdmin:
         row = await (await run_async(conn, self._q["event_get"], {"id": event_id})).fetchone()
         if row is None:
             raise EventNotFoundError(f"event {event_id} not found")
-        return record_from_row(row)
+        return record_from_event_get_row(row)
 
     async def events(self, conn: psycopg.AsyncConnection[Any], filter: EventFilter | None = None,
                      *, after: int | None = None, limit: int = 50) -> EventPage:

@@ -1,26 +1,25 @@
 """``assert_enqueued`` / ``refute_enqueued``: what did my code put in the outbox?
 
 They read the events table on the connection you pass, so they see the events
-of your test's own (uncommitted) transaction. The I/O-free parts (building the
-query, matching payloads, formatting the failure) are shared by the sync and
-async variants.
+of your test's own (uncommitted) transaction, through the ``event_find`` named
+query. The I/O-free parts (matching payloads, formatting the failure) are
+shared by the sync and async variants.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.rows import tuple_row
 
-from conveyor.admin import record_from_row
+from conveyor.db.execute import run, run_async
+from conveyor.db.named_queries import queries_for
+from conveyor.db.rows import found_from_event_find_row
 from conveyor.types import EventRecord, EventState
-from conveyor.validation import check_schema_name
 
 
 class _Unset(Enum):
@@ -32,14 +31,6 @@ UNSET = _Unset.UNSET
 
 TOLERANCE_DEFAULT = 1.0
 SHOWN_CANDIDATES = 10
-
-_COLUMNS = sql.SQL(
-    "id, tenant, topic, payload, state, attempts, max_attempts, priority, run_at, "
-    "lease_owner::text, lease_expires_at, last_error, errors, idempotency_key, "
-    "created_at, updated_at, attempted_at, finished_at, "
-    "extract(epoch FROM run_at - now())::float8"
-)
-
 
 @dataclass(frozen=True, slots=True)
 class _Filters:
@@ -97,50 +88,27 @@ def payload_matches(expected: Any, actual: Any, *, exact: bool = False) -> bool:
     return bool(expected == actual)
 
 
-def _where(schema: str, f: _Filters) -> tuple[sql.Composed, dict[str, Any]]:
-    conditions: list[sql.Composable] = []
-    params: dict[str, Any] = {}
-    if f.topic is not None:
-        conditions.append(sql.SQL("topic = %(topic)s"))
-        params["topic"] = f.topic
-    if f.tenant is not UNSET:
-        conditions.append(sql.SQL("tenant IS NOT DISTINCT FROM %(tenant)s"))
-        params["tenant"] = f.tenant
-    if f.state is not None:
-        conditions.append(sql.SQL("state = %(state)s"))
-        params["state"] = EventState(f.state).value
-    where = sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("true")
-    query = sql.SQL("SELECT {} FROM {}.events WHERE {} ORDER BY id").format(
-        _COLUMNS, sql.Identifier(check_schema_name(schema)), where)
-    return query, params
+def _find_params(f: _Filters) -> dict[str, Any]:
+    """``event_find``'s parameters: an unset filter binds the value that folds away."""
+    return {"topic": f.topic, "by_tenant": f.tenant is not UNSET,
+            "tenant": None if f.tenant is UNSET else f.tenant, "state": f.state}
 
 
-def record_query(schema: str) -> sql.Composed:
-    """One event by ``%(id)s``, in the column order :func:`event_record` reads."""
-    return sql.SQL("SELECT {} FROM {}.events WHERE id = %(id)s").format(
-        _COLUMNS, sql.Identifier(check_schema_name(schema)))
+# event_find's rows, decoded: each event and its seconds until run_at.
+Found = list[tuple[EventRecord, float]]
 
 
-# Tuple cursors whatever the connection's row_factory (dict_row is common in apps).
-def _rows(conn: psycopg.Connection[Any], query: sql.Composed,
-          params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    return conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
+def _found(conn: psycopg.Connection[Any], schema: str, f: _Filters) -> Found:
+    rows = run(conn, queries_for(schema)["event_find"], _find_params(f)).fetchall()
+    return [found_from_event_find_row(r) for r in rows]
 
 
-async def _rows_async(conn: psycopg.AsyncConnection[Any], query: sql.Composed,
-                      params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    cur = conn.cursor(row_factory=tuple_row)
-    await cur.execute(query, params)
-    return await cur.fetchall()
+async def _found_async(conn: psycopg.AsyncConnection[Any], schema: str, f: _Filters) -> Found:
+    cur = await run_async(conn, queries_for(schema)["event_find"], _find_params(f))
+    return [found_from_event_find_row(r) for r in await cur.fetchall()]
 
 
-def event_record(row: Sequence[Any]) -> EventRecord:
-    """An :class:`EventRecord` from a row selected with :func:`record_query`'s columns."""
-    return record_from_row(row)
-
-
-def _row_matches(row: Sequence[Any], f: _Filters) -> bool:
-    record = event_record(row)
+def _matches(record: EventRecord, due_in: float, f: _Filters) -> bool:
     if f.payload is not UNSET and not payload_matches(f.payload, record.payload,
                                                       exact=f.exact_payload):
         return False
@@ -148,31 +116,31 @@ def _row_matches(row: Sequence[Any], f: _Filters) -> bool:
         expected = getattr(f, name)
         if expected is not UNSET and getattr(record, name) != expected:
             return False
-    if f.delay is not None and abs(row[18] - f.delay) > f.tolerance:
+    if f.delay is not None and abs(due_in - f.delay) > f.tolerance:
         return False
     return f.run_at is None or abs((record.run_at - f.run_at).total_seconds()) <= f.tolerance
 
 
-def _show(rows: Sequence[Sequence[Any]]) -> str:
-    shown = [f"  #{r[0]} topic={r[2]!r} tenant={r[1]!r} state={r[4]} payload={r[3]!r:.200}"
-             f" due_in={r[18]:.1f}s" for r in rows[-SHOWN_CANDIDATES:]]
-    more = len(rows) - len(shown)
+def _show(found: Found) -> str:
+    shown = [f"  #{r.id} topic={r.topic!r} tenant={r.tenant!r} state={r.state.value}"
+             f" payload={r.payload!r:.200} due_in={due_in:.1f}s"
+             for r, due_in in found[-SHOWN_CANDIDATES:]]
+    more = len(found) - len(shown)
     return "\n".join(([f"  ... and {more} earlier"] if more > 0 else []) + shown) or "  (none)"
 
 
-def _check_found(rows: Sequence[Sequence[Any]], f: _Filters, count: int | None,
-                 ) -> list[EventRecord]:
-    matched = [r for r in rows if _row_matches(r, f)]
+def _check_found(found: Found, f: _Filters, count: int | None) -> list[EventRecord]:
+    matched = [(r, due_in) for r, due_in in found if _matches(r, due_in, f)]
     if (count is None and matched) or (count is not None and len(matched) == count):
-        return [event_record(r) for r in matched]
+        return [r for r, _ in matched]
     wanted = "at least one event" if count is None else f"exactly {count} event(s)"
     raise AssertionError(
         f"expected {wanted} matching {f.describe()}; found {len(matched)}.\n"
-        f"Events with that topic, tenant and state in the table:\n{_show(rows)}")
+        f"Events with that topic, tenant and state in the table:\n{_show(found)}")
 
 
-def _check_absent(rows: Sequence[Sequence[Any]], f: _Filters) -> list[EventRecord]:
-    matched = [r for r in rows if _row_matches(r, f)]
+def _check_absent(found: Found, f: _Filters) -> list[EventRecord]:
+    matched = [(r, due_in) for r, due_in in found if _matches(r, due_in, f)]
     if matched:
         raise AssertionError(
             f"expected no event matching {f.describe()}; found {len(matched)}:\n{_show(matched)}")
@@ -229,8 +197,7 @@ def assert_enqueued(
     """
     f = _filters(topic, payload, tenant, idempotency_key, priority, max_attempts, state, delay,
                  run_at, tolerance, exact_payload)
-    query, params = _where(schema, f)
-    return _check_found(_rows(conn, query, params), f, count)
+    return _check_found(_found(conn, schema, f), f, count)
 
 
 def refute_enqueued(
@@ -263,8 +230,7 @@ def refute_enqueued(
     """
     f = _filters(topic, payload, tenant, idempotency_key, priority, max_attempts, state, delay,
                  run_at, tolerance, exact_payload)
-    query, params = _where(schema, f)
-    return _check_absent(_rows(conn, query, params), f)
+    return _check_absent(_found(conn, schema, f), f)
 
 
 async def assert_enqueued_async(
@@ -294,8 +260,7 @@ async def assert_enqueued_async(
     """
     f = _filters(topic, payload, tenant, idempotency_key, priority, max_attempts, state, delay,
                  run_at, tolerance, exact_payload)
-    query, params = _where(schema, f)
-    return _check_found(await _rows_async(conn, query, params), f, count)
+    return _check_found(await _found_async(conn, schema, f), f, count)
 
 
 async def refute_enqueued_async(
@@ -317,5 +282,4 @@ async def refute_enqueued_async(
     """The async twin of :func:`refute_enqueued`."""
     f = _filters(topic, payload, tenant, idempotency_key, priority, max_attempts, state, delay,
                  run_at, tolerance, exact_payload)
-    query, params = _where(schema, f)
-    return _check_absent(await _rows_async(conn, query, params), f)
+    return _check_absent(await _found_async(conn, schema, f), f)

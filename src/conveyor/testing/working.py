@@ -21,9 +21,9 @@ from psycopg.rows import tuple_row
 
 from conveyor.config import HANDLER_TIMEOUT_DEFAULT
 from conveyor.db.named_queries import Queries, queries_for
+from conveyor.db.rows import event_from_claim_row, record_from_event_get_row
 from conveyor.retry import BackoffPolicy, RetryPolicy
 from conveyor.router import Route, Router
-from conveyor.testing.assertions import event_record, record_query
 from conveyor.types import Event, EventRecord, EventState
 from conveyor.validation import check_tenant
 from conveyor.worker.executor import Executor, Outcome
@@ -66,7 +66,7 @@ def _claim_params(router: Router, owner: str, timeout: float,
 
 
 def _prepare(router: Router, owner: str, row: Any, timeout: float | None) -> _Claim:
-    event = Event._from_claim_row(row)   # the worker's own decoder of the claim row
+    event = event_from_claim_row(row)   # the worker's own decoder of the claim row
     route = router.resolve(event.topic)
     if route is None:  # the claim filter makes this unreachable
         raise AssertionError(f"router claimed topic {event.topic!r} it cannot route")
@@ -157,10 +157,10 @@ def work_event(
     query, params = _ack(q, owner, outcome)
     if cur.execute(query, params).fetchone() is None:
         raise AssertionError(f"event {claim.event.id} changed hands while its handler ran")
-    after = cur.execute(record_query(schema), {"id": claim.event.id}).fetchone()
+    after = cur.execute(q["event_get"], {"id": claim.event.id}).fetchone()
     if after is None:
         raise AssertionError(f"event {claim.event.id} vanished after its outcome was written")
-    return WorkedEvent(claim.event, outcome, event_record(after))
+    return WorkedEvent(claim.event, outcome, record_from_event_get_row(after))
 
 
 async def work_event_async(
@@ -195,8 +195,8 @@ async def work_event_async(
     await cur.execute(query, params)
     if await cur.fetchone() is None:
         raise AssertionError(f"event {claim.event.id} changed hands while its handler ran")
-    await cur.execute(record_query(schema), {"id": claim.event.id})
+    await cur.execute(q["event_get"], {"id": claim.event.id})
     after = await cur.fetchone()
     if after is None:
         raise AssertionError(f"event {claim.event.id} vanished after its outcome was written")
-    return WorkedEvent(claim.event, outcome, event_record(after))
+    return WorkedEvent(claim.event, outcome, record_from_event_get_row(after))

@@ -35,6 +35,7 @@ import psycopg
 from conveyor.config import WorkerConfig
 from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
+from conveyor.db.rows import CLAIM_PRIORITY
 from conveyor.errors import ConfigError, MigrationError
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator, latest_version
@@ -60,7 +61,7 @@ from conveyor.worker.watchdog import LoopWatchdog
 log = logging.getLogger(__name__)
 
 GENERIC = {"plan_cache_mode": "force_generic_plan"}
-_PRIORITY = operator.itemgetter(6)   # event_claim's priority column
+_PRIORITY = operator.itemgetter(CLAIM_PRIORITY)
 # A worker never leaves a transaction open; a session that does is cut off.
 IDLE_IN_TX_TIMEOUT = "60s"
 LOCK_TIMEOUT_MS = 1000

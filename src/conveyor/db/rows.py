@@ -1,0 +1,98 @@
+"""Row decoders, one per query whose rows Conveyor turns into objects.
+
+Each decoder reads its query's columns by name, from one column tuple kept
+beside it; :data:`DECODED` maps each query to that tuple, and
+tests/test_rows.py compares it with the query's ``cursor.description`` on a
+real database, so reordering a SELECT cannot silently shift fields (the cheap
+stand-in for sqlc's generated structs).
+
+The claim decoder is the exception that proves the rule: it is on the worker's
+hot path, so it stays a tuple unpack into slots (``Event._from_claim_row``),
+with its column order defined once, in :data:`~conveyor.types.CLAIM_COLUMNS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.types import CLAIM_COLUMNS, AttemptError, Event, EventRecord, EventState, WorkerInfo
+
+__all__ = [
+    "CLAIM_COLUMNS",
+    "CLAIM_PRIORITY",
+    "DECODED",
+    "EVENT_FIND_COLUMNS",
+    "EVENT_GET_COLUMNS",
+    "WORKER_COLUMNS",
+    "event_from_claim_row",
+    "found_from_event_find_row",
+    "record_from_event_get_row",
+    "worker_from_row",
+]
+
+# event_claim: the worker sorts a claimed batch on this column.
+CLAIM_PRIORITY = CLAIM_COLUMNS.index("priority")
+event_from_claim_row = Event._from_claim_row
+
+# event_get: an EventRecord's fields are the row's columns, in the same order.
+EVENT_GET_COLUMNS = tuple(f.name for f in dataclasses.fields(EventRecord))
+
+# event_find: event_get's columns, then the seconds until run_at.
+EVENT_FIND_COLUMNS = (*EVENT_GET_COLUMNS, "due_in")
+
+# worker_list_alive: a WorkerInfo's fields.
+WORKER_COLUMNS = tuple(f.name for f in dataclasses.fields(WorkerInfo))
+
+
+def _named(columns: tuple[str, ...], row: Sequence[Any]) -> dict[str, Any]:
+    if len(row) != len(columns):
+        raise ValueError(f"expected a row of {len(columns)} columns ({', '.join(columns)}),"
+                         f" got {len(row)}")
+    return dict(zip(columns, row, strict=True))
+
+
+def _attempt_errors(raw: Any) -> list[AttemptError]:
+    # psycopg decodes jsonb to a list; a text cast would arrive as a string.
+    entries = raw if isinstance(raw, list) else json.loads(raw or "[]")
+    return [AttemptError(attempt=e.get("attempt", 0), at=str(e.get("at", "")),
+                         error=e.get("error", ""), traceback=e.get("traceback"),
+                         worker=e.get("worker")) for e in entries]
+
+
+def _record(fields: dict[str, Any]) -> EventRecord:
+    fields["state"] = EventState(fields["state"])
+    fields["errors"] = _attempt_errors(fields["errors"])
+    return EventRecord(**fields)
+
+
+def record_from_event_get_row(row: Sequence[Any]) -> EventRecord:
+    """An :class:`EventRecord` from one ``event_get`` row (:data:`EVENT_GET_COLUMNS`)."""
+    return _record(_named(EVENT_GET_COLUMNS, row))
+
+
+def found_from_event_find_row(row: Sequence[Any]) -> tuple[EventRecord, float]:
+    """``(record, due_in)`` from one ``event_find`` row (:data:`EVENT_FIND_COLUMNS`)."""
+    fields = _named(EVENT_FIND_COLUMNS, row)
+    due_in: float = fields.pop("due_in")
+    return _record(fields), due_in
+
+
+def worker_from_row(row: Sequence[Any]) -> WorkerInfo:
+    """A :class:`WorkerInfo` from one ``worker_list_alive`` row (:data:`WORKER_COLUMNS`)."""
+    fields = _named(WORKER_COLUMNS, row)
+    fields["topics"] = list(fields["topics"])
+    if fields["tenants"] is not None:
+        fields["tenants"] = list(fields["tenants"])
+    return WorkerInfo(**fields)
+
+
+# Each decoded query and the columns its decoder reads, in order.
+DECODED: dict[str, tuple[str, ...]] = {
+    "event_claim": CLAIM_COLUMNS,
+    "event_get": EVENT_GET_COLUMNS,
+    "event_find": EVENT_FIND_COLUMNS,
+    "worker_list_alive": WORKER_COLUMNS,
+}
