@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from conveyor.cli.durations import parse_duration
+from conveyor.cli.durations import parse_count, parse_duration
 from conveyor.db.connect import connect
 from conveyor.embedded import EmbeddedPostgres
 from conveyor.errors import InvalidInputError, MigrationError
@@ -68,14 +68,11 @@ class Context:
 
 
 def positive_int(text: str) -> int:
-    """argparse type: a positive integer; the message names the value."""
+    """argparse type: a positive integer up to PostgreSQL's ``integer``; the message names it."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+        return parse_count(text)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def duration(text: str) -> float:
