@@ -109,9 +109,9 @@ def _into_closed_pipe(*args: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["show", "{id}"],
                                   ["show", "{id}", "--json"], ["--help"], ["migrate", "--sql"],
-                                  ["enqueue", "a.b"]],
+                                  ["enqueue", "a.b"], ["events"], ["events", "--json"]],
                          ids=["status", "status-json", "show", "show-json", "help", "migrate-sql",
-                              "enqueue"])
+                              "enqueue", "events", "events-json"])
 def test_a_closed_pipe_ends_the_command_quietly(error_db: str, args: list[str]) -> None:
     event_id = conveyor("--database-url", error_db, "enqueue", "a.b").stdout.strip()
     code, err = _into_closed_pipe("--database-url", error_db,

@@ -24,9 +24,14 @@ from conveyor.errors import ConveyorError
 DESCRIPTION = """\
 Conveyor: the transactional outbox and job queue for Python on PostgreSQL.
 
-Without --database-url (or CONVEYOR_DATABASE_URL) every command runs against a
+Without --database-url (or CONVEYOR_DATABASE_URL) one-off commands run against a
 private embedded PostgreSQL whose data lives in --data-dir; it is started on
-demand and migrated automatically.
+demand and migrated automatically. A worker refuses to run without a database
+URL unless --embedded asks for the embedded server.
+
+Results go to stdout (text, or one JSON object with --json); errors, hints and
+progress to stderr. Exit status: 0 done, 1 refused or failed, 2 usage, 141
+stdout closed early (conveyor events | head).
 """
 
 EPILOG = """\
@@ -35,7 +40,10 @@ examples:
   conveyor enqueue email.send '{"to": "a@example.com"}' --tenant acme
   conveyor worker --app myapp.tasks:router      run a worker until SIGTERM
   conveyor status --json                        counts, oldest pending, workers
+  conveyor events --state failed --topic 'email.*'
+                                                find failed email events
   conveyor retry --failed --topic email.send    run failed events again
+  conveyor status --database-url URL            global options also go after
 """
 
 
