@@ -338,7 +338,7 @@ PLAN_FILTERS: dict[str, tuple[EventFilter, int | None, set[str], int]] = {
 
 def _explain(conn: Conn, filt: EventFilter, after: int | None,
              limit: int = 51) -> dict[str, Any]:
-    from conveyor.admin import _list_params
+    from conveyor.admin_core import _list_params
 
     row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + Q["event_list"],
                        _list_params(filt, after, limit)).fetchone()

@@ -19,7 +19,8 @@ import pytest
 
 from conveyor import Admin, AsyncAdmin, EventState, Producer, QueueStatus
 from conveyor import admin as admin_module
-from conveyor.admin import EXACT_FINISHED_LIMIT, _estimate_finished
+from conveyor.admin import EXACT_FINISHED_LIMIT
+from conveyor.admin_core import _estimate_finished
 from conveyor.cli.commands import format_status
 from conveyor.db.named_queries import queries_for
 from conveyor.types import TopicCount

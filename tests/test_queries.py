@@ -400,7 +400,7 @@ def test_event_list_filters_and_pages_newest_first(db: Conn) -> None:
 def test_event_list_columns_are_the_summary_decoders_fields(db: Conn) -> None:
     """The decoder reads columns by name: the query's names must be exactly its fields."""
     from conveyor import EventSummary
-    from conveyor.admin import _summary_from_row
+    from conveyor.admin_core import _summary_from_row
 
     _insert(db)
     cur = db.execute(Q["event_list"], {

@@ -1,0 +1,107 @@
+"""Generate Conveyor's sync twins from their async sources.
+
+The async module is the one people edit; its sync twin is generated from it
+by rewriting words: ``async def`` becomes ``def``, ``await`` goes, and each
+async name in :data:`NAMES` becomes its sync twin (``AsyncAdmin`` ->
+``Admin``, ``run_async`` -> ``run``), in code and docstrings alike. The same
+idea as httpcore's scripts/unasync.py and psycopg's tools/async_to_sync.py,
+kept to words so a reader can predict the output from the input.
+
+One directive: a source line ``# unasync: <code>`` becomes ``<code>`` in the
+sync twin, untouched; it lets a generated public module re-export its async
+twin (``from conveyor.admin_async import AsyncAdmin as AsyncAdmin``).
+
+Usage::
+
+    python scripts/unasync.py           # rewrite every generated file
+    python scripts/unasync.py --check   # exit 1 naming each stale file (CI runs this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Every async source and the sync file generated from it, relative to the repo root.
+ALL_INPUTS: dict[str, str] = {
+    "src/conveyor/admin_async.py": "src/conveyor/admin.py",
+}
+
+# Async name -> sync name, replaced as whole words.
+NAMES: dict[str, str] = {
+    "AsyncAdmin": "Admin",
+    "AsyncMigrator": "Migrator",
+    "AsyncConnection": "Connection",
+    "AsyncCursor": "Cursor",
+    "AsyncIterator": "Iterator",
+    "run_async": "run",
+    "_fetch_async": "_fetch",
+    "_run_flow_async": "_run_flow",
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
+    "aclose": "close",
+}
+
+HEADER = "# Generated from {source} by scripts/unasync.py; DO NOT EDIT.\n"
+
+_KEYWORDS = re.compile(r"\basync (def|with|for)\b")
+_AWAIT = re.compile(r"\bawait ")
+_NAMES = re.compile(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b")
+_DIRECTIVE = re.compile(r"^(\s*)# unasync: (.*)$")
+
+
+def unasync_line(line: str) -> str:
+    """One source line in its sync form."""
+    directive = _DIRECTIVE.match(line)
+    if directive:
+        return directive[1] + directive[2]
+    line = _KEYWORDS.sub(r"\1", line)
+    line = _AWAIT.sub("", line)
+    return _NAMES.sub(lambda m: NAMES[m[1]], line)
+
+
+def generate(source_text: str, source: str) -> str:
+    """The whole sync file for ``source_text``, with its DO NOT EDIT header."""
+    body = "\n".join(unasync_line(line) for line in source_text.split("\n"))
+    return HEADER.format(source=source) + body
+
+
+def stale(root: Path) -> list[str]:
+    """The generated files that differ from what their sources generate now."""
+    out = []
+    for source, target in ALL_INPUTS.items():
+        wanted = generate((root / source).read_text("utf-8"), source)
+        path = root / target
+        if not path.exists() or path.read_text("utf-8") != wanted:
+            out.append(target)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a generated file is stale")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository root")
+    args = parser.parse_args(argv)
+    root: Path = args.root
+    outdated = stale(root)
+    if args.check:
+        for target in outdated:
+            source = next(s for s, t in ALL_INPUTS.items() if t == target)
+            print(f"{target} is stale: run python scripts/unasync.py"
+                  f" (after editing {source}, not {target})", file=sys.stderr)
+        return 1 if outdated else 0
+    for source, target in ALL_INPUTS.items():
+        if target in outdated:
+            (root / target).write_text(generate((root / source).read_text("utf-8"), source),
+                                       "utf-8")
+            print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

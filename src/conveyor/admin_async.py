@@ -1,0 +1,261 @@
+"""Operator operations: status, show, events, retry, cancel, prune.
+
+Each method joins the transaction of the connection you pass, as the
+producers do. The statements run here; parameters, checks, decoding and the
+bulk flows are the I/O-free core in :mod:`conveyor.admin_core`.
+
+``conveyor/admin_async.py`` (:class:`AsyncAdmin`) is the source people edit;
+``conveyor/admin.py`` (``Admin``) is its sync twin, generated from it by
+``scripts/unasync.py``.
+
+Example::
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        admin = Admin()
+        print(admin.status(conn).counts)
+        admin.retry_failed(conn, topic="email.send")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+# unasync: from conveyor.admin_async import AsyncAdmin as AsyncAdmin
+from conveyor.admin_core import (
+    LIST_LIMIT_MAX,
+    PRUNE_DEFAULT_STATES,
+    SCHEDULED,
+    WORKER_ALIVE_WITHIN,
+    Rows,
+    Step,
+    _already_cancelled,
+    _cancel_flow,
+    _check_after,
+    _check_filter,
+    _check_limit,
+    _estimate_params,
+    _list_params,
+    _needs_estimate,
+    _not_changed,
+    _page,
+    _prune_params,
+    _report,
+    _retry_flow,
+    _status,
+)
+from conveyor.db.execute import run_async
+from conveyor.db.named_queries import queries_for
+from conveyor.db.rows import record_from_event_get_row
+from conveyor.errors import EventNotFoundError
+from conveyor.types import EventFilter, EventPage, EventRecord, QueueStatus
+from conveyor.validation import check_event_id, check_schema_name, check_topic
+
+__all__ = [
+    "EXACT_FINISHED_LIMIT",
+    "LIST_LIMIT_MAX",
+    "MATCH_BATCH",
+    "PRUNE_BATCH",
+    "PRUNE_DEFAULT_STATES",
+    "SCHEDULED",
+    "WORKER_ALIVE_WITHIN",
+    "AsyncAdmin",
+]
+
+# Up to this many succeeded and cancelled rows, they are counted exactly (by
+# reading them through events_prunable_idx, which holds only them); beyond it
+# they are estimated from the planner's statistics, so a status call never
+# reads the bulk of the table.
+EXACT_FINISHED_LIMIT = 10_000
+
+# prune deletes at most this many events per DELETE.
+PRUNE_BATCH = 10_000
+
+# retry_matching and cancel_matching change at most this many events per UPDATE.
+MATCH_BATCH = 1000
+
+
+async def _fetch_async(conn: psycopg.AsyncConnection[Any], query: str,
+                       params: dict[str, Any]) -> Rows:
+    """Rows by column name; unprepared, so each call is planned for its own values."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(query, params, prepare=False)
+    return await cur.fetchall()
+
+
+async def _run_flow_async(conn: psycopg.AsyncConnection[Any],
+                          flow: Generator[Step, Rows, list[int]]) -> list[int]:
+    """Run an I/O-free flow: send each step's rows back until it returns."""
+    try:
+        step = next(flow)
+        while True:
+            step = flow.send(await _fetch_async(conn, *step))
+    except StopIteration as stop:
+        result: list[int] = stop.value
+        return result
+
+
+class AsyncAdmin:
+    """Operator operations on the connection you pass, in its transaction.
+
+    ``schema``: the schema holding Conveyor's tables. Defaults to ``"conveyor"``.
+    """
+
+    def __init__(self, schema: str = "conveyor") -> None:
+        self._q = queries_for(check_schema_name(schema))
+
+    async def status(self, conn: psycopg.AsyncConnection[Any]) -> QueueStatus:
+        """Counts by state and topic, oldest due pending age, live workers.
+
+        ``counts["pending"]`` is the events due now and ``counts["scheduled"]``
+        the pending ones not yet due (``TopicCount.scheduled`` per topic).
+
+        Pending, running and failed counts are exact; succeeded and cancelled
+        are exact up to ``EXACT_FINISHED_LIMIT`` finished rows and estimated
+        beyond (listed in ``QueueStatus.estimated_states``, left out of
+        ``by_topic``). No call reads the bulk of the finished rows.
+        """
+        q = self._q
+        open_rows = await (await run_async(conn, q["status_open_counts"])).fetchall()
+        cur = await run_async(conn, q["status_finished_sample"], {"limit": EXACT_FINISHED_LIMIT + 1})
+        sample = await cur.fetchall()
+        estimate = None
+        if _needs_estimate(sample, EXACT_FINISHED_LIMIT):
+            cur = await run_async(conn, q["status_table_estimate"], _estimate_params(q))
+            estimate = await cur.fetchone()
+        oldest_row = await (await run_async(conn, q["status_oldest_due_age"])).fetchone()
+        cur = await run_async(conn, q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN})
+        workers = await cur.fetchall()
+        return _status(open_rows, sample, estimate, oldest_row[0] if oldest_row else None,
+                       workers, EXACT_FINISHED_LIMIT)
+
+    async def show(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> EventRecord:
+        """One event with its whole row, error history included.
+
+        Raises EventNotFoundError for an unknown id.
+        """
+        event_id = check_event_id(event_id)
+        row = await (await run_async(conn, self._q["event_get"], {"id": event_id})).fetchone()
+        if row is None:
+            raise EventNotFoundError(f"event {event_id} not found")
+        return record_from_event_get_row(row)
+
+    async def events(self, conn: psycopg.AsyncConnection[Any], filter: EventFilter | None = None,
+                     *, after: int | None = None, limit: int = 50) -> EventPage:
+        """One page of the events ``filter`` matches, newest first (``id`` descending).
+
+        Pass the page's ``next_after`` as ``after`` for the next page; it is
+        None on the last page. Events enqueued meanwhile have higher ids and
+        never appear on later pages, so paging visits each event at most once.
+
+        Example::
+
+            failed_mail = EventFilter(states=("failed",), topic="email.*")
+            page = admin.events(conn, failed_mail)
+            while page.next_after is not None:
+                page = admin.events(conn, failed_mail, after=page.next_after)
+
+        ``limit``: 1 to 1000; defaults to 50. ``filter`` defaults to None (every event).
+        """
+        filter, after, limit = _check_filter(filter), _check_after(after), _check_limit(limit)
+        rows = await _fetch_async(conn, self._q["event_list"],
+                                  _list_params(filter, after, limit + 1))
+        return _page(rows, limit)
+
+    async def retry(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:
+        """Run a failed, cancelled or scheduled event again now."""
+        event_id = check_event_id(event_id)
+        cur = await run_async(conn, self._q["event_retry"], {"id": event_id})
+        if await cur.fetchone() is None:
+            cur = await run_async(conn, self._q["event_state"], {"id": event_id})
+            raise _not_changed(self._q, event_id, await cur.fetchone(), "retried",
+                               "failed, cancelled or pending")
+        await self._notify(conn)
+
+    async def retry_failed(self, conn: psycopg.AsyncConnection[Any],
+                           topic: str | None = None) -> list[int]:
+        """Retry every failed event (of one topic); returns their ids."""
+        if topic is not None:
+            check_topic(topic)
+        cur = await run_async(conn, self._q["event_retry_failed"], {"topic": topic})
+        ids = [r[0] for r in await cur.fetchall()]
+        if ids:
+            await self._notify(conn)
+        return ids
+
+    async def retry_matching(self, conn: psycopg.AsyncConnection[Any], filter: EventFilter, *,
+                             dry_run: bool = False) -> list[int]:
+        """Make every matching failed, cancelled or scheduled event due now, as ``retry`` does.
+
+        Returns the ids changed, newest first (with ``dry_run``, the ids that
+        would change, changing nothing). Works in batches of ``MATCH_BATCH``
+        ids, each one UPDATE; on an autocommit connection each batch commits
+        on its own. One NOTIFY wakes the workers at the end. An empty filter
+        is refused: say ``states=("failed",)`` to retry every failed event.
+
+        Example::
+
+            admin.retry_matching(conn, EventFilter(states=("failed",), topic="email.*"))
+        """
+        ids = await _run_flow_async(conn, _retry_flow(self._q, filter, dry_run, MATCH_BATCH))
+        if ids and not dry_run:
+            await self._notify(conn)
+        return ids
+
+    async def cancel_matching(self, conn: psycopg.AsyncConnection[Any], filter: EventFilter, *,
+                              dry_run: bool = False) -> list[int]:
+        """Cancel every matching pending, running or failed event; returns their ids.
+
+        Batches, ``dry_run`` and the refusal of an empty filter as in
+        :meth:`retry_matching`. A running event's late result is discarded.
+        """
+        return await _run_flow_async(conn, _cancel_flow(self._q, filter, dry_run, MATCH_BATCH))
+
+    async def cancel(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:
+        """Cancel a pending, running or failed event; a running one's result is discarded.
+
+        Cancelling an event that is already cancelled does nothing; a succeeded
+        one raises InvalidStateError, an unknown id EventNotFoundError.
+        """
+        event_id = check_event_id(event_id)
+        cur = await run_async(conn, self._q["event_cancel"], {"id": event_id})
+        if await cur.fetchone() is None:
+            cur = await run_async(conn, self._q["event_state"], {"id": event_id})
+            state = await cur.fetchone()
+            if _already_cancelled(state):
+                return
+            raise _not_changed(self._q, event_id, state, "cancelled",
+                               "pending, running or failed")
+
+    async def prune(self, conn: psycopg.AsyncConnection[Any], older_than: float,
+                    states: Sequence[str] | None = None, *, dry_run: bool = False,
+                    progress: Callable[[int], None] | None = None) -> int:
+        """Delete finished events older than ``older_than`` seconds; returns the count.
+
+        ``states``: which finished states go; defaults to None, meaning
+        succeeded and cancelled: failed events are deleted only when
+        ``"failed"`` is listed. Deletes in batches of ``PRUNE_BATCH`` rows;
+        ``progress(total_so_far)`` is called after each. With ``dry_run``
+        nothing is deleted and the count is what would go, read through the
+        same indexes (``progress`` is called once, with it).
+
+        Example::
+
+            admin.prune(conn, older_than=30 * 86_400, states=["failed"], dry_run=True)
+        """
+        params = _prune_params(older_than, states, progress, PRUNE_BATCH)
+        if dry_run:
+            row = await (await run_async(conn, self._q["event_prune_count"], params)).fetchone()
+            return _report(progress, int(row[0]) if row else 0)
+        total = 0
+        while True:
+            cur = await run_async(conn, self._q["event_prune"], params)
+            total = _report(progress, total + cur.rowcount)
+            if cur.rowcount < PRUNE_BATCH:
+                return total
+
+    async def _notify(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await run_async(conn, self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})

@@ -1,0 +1,316 @@
+"""The I/O-free core of the operator API: parameters, checks, decoding, flows.
+
+:class:`~conveyor.admin.Admin` and :class:`~conveyor.admin.AsyncAdmin` are thin
+drivers over it: they run the statements and hand the rows back here. The bulk
+actions are generators that yield ``(query, params)`` steps and receive the
+rows (httpx's ``auth_flow`` shape), so each driver is a loop of a few lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any
+
+from conveyor.db.named_queries import Queries
+from conveyor.db.rows import worker_from_row
+from conveyor.errors import EventNotFoundError, InvalidInputError, InvalidStateError
+from conveyor.router import patterns_match
+from conveyor.types import (
+    FINISHED_STATES,
+    EventFilter,
+    EventPage,
+    EventState,
+    EventSummary,
+    QueueStatus,
+    TopicCount,
+)
+from conveyor.validation import DELAY_MAX_SECONDS, check_event_id
+
+# A worker that has not renewed its heartbeat for this long is not counted alive.
+WORKER_ALIVE_WITHIN = 30.0
+
+
+# The states whose counts may be estimates; pending, running and failed are
+# always exact (each has a partial index holding only its rows).
+ESTIMABLE_STATES = (EventState.SUCCEEDED.value, EventState.CANCELLED.value)
+
+
+def _estimate_finished(estimate: Sequence[Any] | None, open_total: int,
+                       floor: dict[str, int]) -> dict[str, int]:
+    """Succeeded and cancelled counts from the planner's statistics.
+
+    Finished-but-not-failed rows = estimated live rows - the exact open and
+    failed counts, split by the states' shares in pg_stats (all succeeded when
+    neither share is known), and never below what the sample already saw.
+    """
+    live_rows, states, shares = estimate if estimate is not None else (None, None, None)
+    finished = max(0.0, float(live_rows or 0) - open_total)
+    share = dict(zip(states or [], shares or [], strict=False))
+    succeeded_share = share.get(EventState.SUCCEEDED.value, 0.0)
+    cancelled_share = share.get(EventState.CANCELLED.value, 0.0)
+    if succeeded_share + cancelled_share <= 0:
+        succeeded_share = 1.0
+    succeeded = round(finished * succeeded_share / (succeeded_share + cancelled_share))
+    cancelled = round(finished) - succeeded
+    return {EventState.SUCCEEDED.value: max(succeeded, floor[EventState.SUCCEEDED.value]),
+            EventState.CANCELLED.value: max(cancelled, floor[EventState.CANCELLED.value])}
+
+
+# The key of QueueStatus.counts (and TopicCount.scheduled) for pending events
+# whose run_at is still in the future: not an EventState, a part of pending.
+SCHEDULED = "scheduled"
+
+
+def _empty_counts() -> dict[str, int]:
+    """Every count at 0, "scheduled" right after "pending" (the order status prints)."""
+    counts = {EventState.PENDING.value: 0, SCHEDULED: 0}
+    counts.update({s.value: 0 for s in EventState if s is not EventState.PENDING})
+    return counts
+
+
+def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
+            estimate: Sequence[Any] | None, oldest: float | None,
+            workers: Sequence[Sequence[Any]], exact_limit: int) -> QueueStatus:
+    counts = _empty_counts()
+    per_topic: dict[tuple[str, str], int] = {}
+    scheduled_per_topic: dict[str, int] = {}
+    due_pairs = set()
+    for topic, tenant, state, n in open_rows:
+        counts[state] += n
+        if state == SCHEDULED:
+            # A pending row of its topic, due count 0 unless due events add to it.
+            per_topic.setdefault((topic, EventState.PENDING.value), 0)
+            scheduled_per_topic[topic] = scheduled_per_topic.get(topic, 0) + n
+            continue
+        per_topic[topic, state] = per_topic.get((topic, state), 0) + n
+        if state == EventState.PENDING.value:
+            due_pairs.add((topic, tenant))
+    seen = dict.fromkeys(ESTIMABLE_STATES, 0)
+    seen_per_topic: dict[tuple[str, str], int] = {}
+    for state, topic, n in sample:
+        if state in seen:      # the sample holds only these states (0003)
+            seen[state] += n
+            seen_per_topic[topic, state] = n
+    estimated: list[str] = []
+    if not _needs_estimate(sample, exact_limit):
+        counts.update(seen)               # the sample held every finished row
+        per_topic.update(seen_per_topic)
+    else:
+        counts.update(_estimate_finished(estimate, sum(counts.values()), seen))
+        estimated = list(ESTIMABLE_STATES)
+    by_topic = [TopicCount(topic, EventState(state), n,
+                           scheduled_per_topic.get(topic, 0) if state == "pending" else 0)
+                for (topic, state), n in sorted(per_topic.items())]
+    infos = [worker_from_row(w) for w in workers]
+
+    def claimable(topic: str, tenant: str | None) -> bool:
+        return any(patterns_match(w.topics, topic)
+                   and (w.tenants is None or tenant in w.tenants) for w in infos)
+
+    # A topic is unhandled when some tenant's due events of it have no live
+    # worker allowed to claim them (a tenant-limited worker covers only its own).
+    # Events not yet due wait anyway: a worker started before they fall due is in time.
+    unhandled = sorted({topic for topic, tenant in due_pairs if not claimable(topic, tenant)})
+    return QueueStatus(counts=counts, by_topic=by_topic, oldest_pending_age_s=oldest,
+                       workers=infos, unhandled_topics=unhandled, estimated_states=estimated)
+
+
+def _needs_estimate(sample: Sequence[Sequence[Any]], exact_limit: int) -> bool:
+    return sum(int(row[2]) for row in sample) > exact_limit
+
+
+def _estimate_params(q: Queries) -> dict[str, Any]:
+    return {"schema": q.schema, "table": q.events_table}
+
+
+# What prune deletes when no states are given: what the workers' own pruning
+# deletes. Failed events wait for an operator and go only when asked for.
+PRUNE_DEFAULT_STATES = (EventState.CANCELLED.value, EventState.SUCCEEDED.value)
+
+
+def _prune_states(states: Sequence[str] | None) -> list[str]:
+    if states is None:
+        return list(PRUNE_DEFAULT_STATES)
+    if isinstance(states, str):
+        raise InvalidInputError(
+            f"expected states to be a list of states such as ['failed'], got {states!r:.60}")
+    out = []
+    for s in states:
+        try:
+            state = EventState(s)
+        except ValueError:
+            raise InvalidInputError(f"unknown state {s!r}") from None
+        if state not in FINISHED_STATES:
+            raise InvalidInputError(
+                f"only finished events can be pruned; {state.value!r} is not finished")
+        out.append(state.value)
+    return out
+
+
+def _older_than(seconds: object) -> float:
+    value: float | None = None
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        try:
+            value = float(seconds)
+        except OverflowError:
+            value = None
+    if value is None or not 0 <= value <= DELAY_MAX_SECONDS:
+        raise InvalidInputError(
+            f"older_than must be a number of seconds from 0 to {DELAY_MAX_SECONDS:.0f}"
+            f" (100 years), got {seconds!r:.60}")
+    return value
+
+
+def _prune_params(older_than: object, states: Sequence[str] | None,
+                  progress: object, batch: int) -> dict[str, Any]:
+    if progress is not None and not callable(progress):
+        raise InvalidInputError(f"expected progress to be callable, got {progress!r:.60}")
+    return {"older_than": _older_than(older_than), "states": _prune_states(states),
+            "limit": batch}
+
+
+def _already_cancelled(state_row: Sequence[Any] | None) -> bool:
+    return state_row is not None and state_row[0] == EventState.CANCELLED.value
+
+
+def _not_changed(q: Queries, event_id: int, state_row: Sequence[Any] | None, action: str,
+                 allowed: str) -> Exception:
+    if state_row is None:
+        return EventNotFoundError(f"event {event_id} not found")
+    return InvalidStateError(
+        f"event {event_id} is {state_row[0]}; only {allowed} events can be {action}")
+
+
+def _report(progress: Callable[[int], None] | None, total: int) -> int:
+    if progress is not None:
+        progress(total)
+    return total
+
+# The largest page Admin.events returns.
+LIST_LIMIT_MAX = 1000
+
+
+def _summary_from_row(row: Mapping[str, Any]) -> EventSummary:
+    """An :class:`EventSummary` from one ``event_list`` row, read by column name."""
+    return EventSummary(
+        id=row["id"], tenant=row["tenant"], topic=row["topic"], state=EventState(row["state"]),
+        attempts=row["attempts"], max_attempts=row["max_attempts"], priority=row["priority"],
+        run_at=row["run_at"], created_at=row["created_at"], updated_at=row["updated_at"],
+        last_error=row["last_error"])
+
+
+def _check_filter(filter: object) -> EventFilter:
+    if filter is None:
+        return EventFilter()
+    if not isinstance(filter, EventFilter):
+        raise InvalidInputError(f"expected filter to be an EventFilter, got {filter!r:.60}")
+    return filter
+
+
+def _check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidInputError(
+            f"expected limit to be an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r:.60}")
+    return limit
+
+
+def _check_after(after: object) -> int | None:
+    if after is None:
+        return None
+    if isinstance(after, str):
+        raise InvalidInputError(f"invalid after {after!r:.60}: expected an event id (an integer)")
+    try:
+        return check_event_id(after)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"after: {exc}") from None
+
+
+def _list_params(filter: EventFilter, after: int | None, limit: int, *,
+                 states: Sequence[str] | None = None,
+                 scheduled_pending_only: bool = False) -> dict[str, Any]:
+    """``event_list``'s parameters; an unset filter field binds the value that folds away."""
+    topic = filter.topic
+    exact = prefix = None
+    if topic is not None and topic != "*":
+        if topic.endswith(".*"):
+            prefix = topic[:-1]          # "email." ... "email/": '/' follows '.' in byte order
+        else:
+            exact = topic
+    return {
+        "after": after, "ids": list(filter.ids),
+        "states": list(filter.states if states is None else states),
+        "topic": exact, "topic_from": prefix,
+        "topic_to": None if prefix is None else prefix[:-1] + "/",
+        "tenant": filter.tenant, "older_than": filter.older_than,
+        "newer_than": filter.newer_than, "error": filter.error,
+        "scheduled_pending_only": scheduled_pending_only, "limit": limit,
+    }
+
+
+# The states each bulk action can change (retry: pending only while scheduled).
+RETRYABLE_STATES = ("pending", "failed", "cancelled")
+CANCELLABLE_STATES = ("pending", "running", "failed")
+
+# A step of an I/O-free flow: a query and its parameters; the driver sends back the rows.
+Step = tuple[str, dict[str, Any]]
+Rows = list[dict[str, Any]]
+
+
+def _check_matching(filter: object) -> EventFilter:
+    if filter is None or (isinstance(filter, EventFilter) and filter.is_empty()):
+        raise InvalidInputError(
+            "give at least one filter: an empty one matches every event; say"
+            " states=('failed',) or topic='*' to mean all of them")
+    return _check_filter(filter)
+
+
+def _matching_states(filter: EventFilter, allowed: tuple[str, ...], action: str) -> list[str]:
+    for state in filter.states:
+        if state not in allowed:
+            raise InvalidInputError(
+                f"{state!r} events cannot be {action}; only {', '.join(allowed)} events can")
+    return list(filter.states or allowed)
+
+
+def _matching_flow(q: Queries, filter: EventFilter, update: str, states: list[str], *,
+                   scheduled_pending_only: bool, dry_run: bool, batch: int,
+                   ) -> Generator[Step, Rows, list[int]]:
+    """The batches of a bulk action, newest first: select up to ``batch`` matching
+    ids (keyset on id), then change them (the UPDATE checks each row's state again).
+    Changed rows stop matching or lie past the keyset, so none is visited twice."""
+    changed: list[int] = []
+    after = None
+    while True:
+        rows = yield q["event_list"], _list_params(
+            filter, after, batch, states=states,
+            scheduled_pending_only=scheduled_pending_only)
+        ids = [r["id"] for r in rows]
+        if ids and not dry_run:
+            done = yield q[update], {"ids": ids, "states": states}
+            ids = sorted((r["id"] for r in done), reverse=True)
+        changed += ids
+        if len(rows) < batch:
+            return changed
+        after = rows[-1]["id"]
+
+
+def _retry_flow(q: Queries, filter: object, dry_run: bool,
+                batch: int) -> Generator[Step, Rows, list[int]]:
+    checked = _check_matching(filter)
+    states = _matching_states(checked, RETRYABLE_STATES, "retried")
+    return _matching_flow(q, checked, "event_retry_ids", states, scheduled_pending_only=True,
+                          dry_run=dry_run, batch=batch)
+
+
+def _cancel_flow(q: Queries, filter: object, dry_run: bool,
+                 batch: int) -> Generator[Step, Rows, list[int]]:
+    checked = _check_matching(filter)
+    states = _matching_states(checked, CANCELLABLE_STATES, "cancelled")
+    return _matching_flow(q, checked, "event_cancel_ids", states, scheduled_pending_only=False,
+                          dry_run=dry_run, batch=batch)
+
+
+def _page(rows: Sequence[Mapping[str, Any]], limit: int) -> EventPage:
+    """A page from up to ``limit + 1`` rows: the extra row only says another page exists."""
+    events = [_summary_from_row(r) for r in rows[:limit]]
+    return EventPage(events=events, next_after=events[-1].id if len(rows) > limit else None)
