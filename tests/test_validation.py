@@ -157,6 +157,30 @@ def test_idempotency_key_refuses_empty_non_string_and_control_chars(key: object)
     _refused_naming(check_idempotency_key, key)
 
 
+# The docs promise "no control characters": C1 controls (NEL \x85 among them)
+# and the Unicode line and paragraph separators break lines in logs too.
+LINE_BREAKERS = ["\x80", "\x85", "\x9f", "\u2028", "\u2029"]
+
+
+@pytest.mark.parametrize("char", LINE_BREAKERS, ids=[f"U+{ord(c):04X}" for c in LINE_BREAKERS])
+def test_idempotency_key_refuses_c1_controls_and_line_separators(char: str) -> None:
+    with pytest.raises(InvalidInputError, match="idempotency key contains control characters"):
+        check_idempotency_key(f"order{char}42")
+
+
+@pytest.mark.parametrize("char", LINE_BREAKERS, ids=[f"U+{ord(c):04X}" for c in LINE_BREAKERS])
+def test_topics_and_tenants_refuse_c1_controls_and_line_separators(char: str) -> None:
+    for text in (f"email{char}", f"email.{char}send", char):
+        with pytest.raises(InvalidInputError):
+            check_topic(text)
+        with pytest.raises(InvalidInputError):
+            check_tenant(text)
+
+
+def test_idempotency_key_keeps_other_non_ascii_text() -> None:
+    assert check_idempotency_key("commande-n°42-été-\u00a0") == "commande-n°42-été-\u00a0"
+
+
 def test_idempotency_key_refuses_over_limit_and_names_length() -> None:
     error = _refused_naming(check_idempotency_key, "k" * (IDEMPOTENCY_KEY_MAX_LENGTH + 1), "'kkk")
     assert str(IDEMPOTENCY_KEY_MAX_LENGTH + 1) in str(error)
@@ -169,7 +193,7 @@ def test_idempotency_key_fuzz_refuses_only_with_invalid_input(text: str) -> None
         accepted = check_idempotency_key(text)
     except InvalidInputError:
         assert (not text or len(text) > IDEMPOTENCY_KEY_MAX_LENGTH
-                or re.search(r"[\x00-\x1f\x7f]", text))
+                or re.search(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", text))
     else:
         assert accepted == text
 
@@ -285,6 +309,46 @@ def test_payload_encodes_compact_json() -> None:
     assert encode_payload({"a": [1, 2], "b": "é"}, **LIMITS) == '{"a":[1,2],"b":"é"}'
 
 
+@pytest.mark.parametrize(("payload", "key"), [
+    ({1: "int-key", "1": "str-key"}, "'1'"),
+    ({"x": [{"true": 1, True: 2}]}, "'true'"),
+    ({None: 1, "null": 2}, "'null'"),
+    ({1.5: "a", "1.5": "b"}, "'1.5'"),
+    ({"outer": {False: 0, "false": 1, "other": 2}}, "'false'"),
+], ids=["int", "nested-bool", "none", "float", "nested-false"])
+def test_payload_keys_that_collide_as_json_are_refused_naming_the_key(
+    payload: object, key: str,
+) -> None:
+    """Regression (F11): {1: "a", "1": "b"} was stored as {"1": "b"}, one value dropped."""
+    with pytest.raises(InvalidInputError) as info:
+        encode_payload(payload, **LIMITS)
+    assert str(info.value).startswith(f"payload has two keys that are both {key} in JSON")
+
+
+def test_payload_non_string_keys_that_do_not_collide_become_strings() -> None:
+    # As json.dumps does: documented, like a tuple coming back as a list.
+    assert json.loads(encode_payload({1: "a", 2: "b", "c": 3, None: 4}, **LIMITS)) == {
+        "1": "a", "2": "b", "c": 3, "null": 4}
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (1e16, "10000000000000000.0"),
+    (1e300, "1" + "0" * 300 + ".0"),
+    (-2.5e20, "-250000000000000000000.0"),
+    (1.7976931348623157e308, "17976931348623157" + "0" * 292 + ".0"),
+    (1e-07, "1e-07"),
+    (1234.5, "1234.5"),
+])
+def test_payload_floats_keep_a_decimal_point_jsonb_keeps(value: float, text: str) -> None:
+    """jsonb prints 1e+16 as 10000000000000000, which decodes as an int."""
+    assert encode_payload({"x": value}, **LIMITS) == '{"x":' + text + "}"
+
+
+def test_payload_strings_that_look_like_big_floats_are_left_alone() -> None:
+    payload = {"e": "1e+16", "q": 'say "2e+20" \\', "n": [3e+20]}
+    assert json.loads(encode_payload(payload, **LIMITS)) == payload
+
+
 def test_payload_refuses_non_json_value_naming_its_type() -> None:
     with pytest.raises(InvalidInputError, match="set"):
         encode_payload({"tags": {1, 2}}, **LIMITS)
@@ -392,6 +456,32 @@ def test_payload_fuzz_round_trips_through_jsonb(
     assert row is not None
     # jsonb keeps numbers as numeric: compare after normalising floats.
     assert _normalise(row[0]) == _normalise(value)
+
+
+@given(json_values)
+@settings(max_examples=200, deadline=None)
+def test_payload_fuzz_keeps_every_number_type_through_jsonb(
+    jsonb_conn: psycopg.Connection[Any], value: Any
+) -> None:
+    """A float comes back a float (1e300 came back as a 301-digit int)."""
+    try:
+        text = encode_payload(value, **LIMITS)
+    except InvalidInputError:
+        return
+    row = jsonb_conn.execute("SELECT %s::jsonb", (text,)).fetchone()
+    assert row is not None
+    assert _typed(row[0]) == _typed(value)
+
+
+def _typed(value: Any) -> Any:
+    """The value with each number tagged by its type; -0.0 is 0.0 (numeric has no sign of zero)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return (type(value).__name__, value + 0.0 if isinstance(value, float) else value)
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return {k: _typed(v) for k, v in value.items()}
 
 
 def _normalise(value: Any) -> Any:

@@ -10,6 +10,7 @@ import json
 import math
 import re
 import threading
+from decimal import Decimal
 from json import encoder as _json_encoder
 from typing import Any
 
@@ -29,7 +30,9 @@ _TENANT_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 # Schema names enter SQL only through psycopg.sql.Identifier, and only after
 # matching this deliberately narrow pattern.
 _SCHEMA_RE = re.compile(r"(?!pg_)[a-z_][a-z0-9_]{0,39}")  # PostgreSQL reserves pg_*
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: each
+# can break a line where a key is printed (logs, `conveyor show`).
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _show(value: object, limit: int = 60) -> str:
@@ -204,7 +207,13 @@ def _check_text(text: str) -> None:
         raise InvalidInputError(f"payload contains a lone surrogate, not valid Unicode: {_show(text)}")
 
 
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+# Keys sorted: jsonb sorts them anyway, and sorting is what finds colliding
+# keys cheaply: a dict mixing str keys with int, float, bool or None keys (the
+# only way two keys can become the same JSON string) cannot be sorted, so the
+# encoder raises TypeError and _json_key_collision then looks for a real one.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False,
+                            sort_keys=True)
+_UNSORTED_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 _c_make_encoder = getattr(_json_encoder, "c_make_encoder", None)
 _encoders = threading.local()
 
@@ -221,15 +230,89 @@ def _to_json(payload: object) -> str:
     encode = getattr(_encoders, "encode", None)
     if encode is None:
         encode = _c_make_encoder({}, _ENCODER.default, _json_encoder.encode_basestring, None,
-                                 ":", ",", False, False, False)
+                                 ":", ",", True, False, False)
         _encoders.encode = encode
     try:
         return "".join(encode(payload, 0))
     except BaseException:
         _encoders.encode = None
         raise
+
+
+def _json_key(key: object) -> str | None:
+    """The JSON text of a dict key, as json stringifies it; None for a key it refuses."""
+    if isinstance(key, str):
+        return key
+    if key is True or key is False or key is None:
+        return {True: "true", False: "false", None: "null"}[key]
+    if isinstance(key, int):
+        return int.__repr__(key)
+    if isinstance(key, float):
+        return float.__repr__(key)
+    return None
+
+
+def _json_key_collision(payload: object) -> str | None:
+    """A message naming two keys of one dict that JSON would merge (``1`` and ``"1"``), if any."""
+    stack, seen_ids = [payload], set()
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, dict | list | tuple) or id(item) in seen_ids:
+            continue
+        seen_ids.add(id(item))
+        if not isinstance(item, dict):
+            stack.extend(item)
+            continue
+        names: dict[str, object] = {}
+        for key, value in item.items():
+            name = _json_key(key)
+            if name is not None and name in names:
+                return (f"payload has two keys that are both {name!r} in JSON "
+                        f"({_show(names[name])} and {_show(key)}); jsonb would keep one of them")
+            if name is not None:
+                names[name] = key
+            stack.append(value)
+    return None
+
+
+# A float Python prints with a positive exponent (from 1e16 up) and jsonb would
+# print back without one, so it would decode as an int; string literals are
+# matched too, only to be skipped.
+_EXPONENT_FLOAT_RE = re.compile(r'"(?:[^"\\]|\\.)*"|(-?[0-9]+(?:\.[0-9]+)?e\+[0-9]+)')
+
+
+def _positional(match: re.Match[str]) -> str:
+    number = match[1]
+    if number is None:
+        return match[0]
+    # The shortest repr has at most 17 digits, so from e+16 up the number is whole.
+    return format(Decimal(number), "f") + ".0"
+
+
 # An escaped NUL in the JSON text: "\u0000" not itself preceded by an escaping backslash.
 _ESCAPED_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _not_json(exc: ValueError) -> InvalidInputError:
+    if "Out of range float" in str(exc):
+        return InvalidInputError(
+            "payload is not JSON: it contains NaN or Infinity (non-finite numbers)")
+    return InvalidInputError(f"payload is not JSON-serialisable: {exc}")
+
+
+def _encode_unsorted(payload: object) -> str:
+    """After the sorted encoder's TypeError: colliding keys, mixed keys, or a value json refuses."""
+    collision = _json_key_collision(payload)
+    if collision is not None:
+        raise InvalidInputError(collision)
+    try:
+        return _UNSORTED_ENCODER.encode(payload)
+    except TypeError as exc:
+        raise InvalidInputError(f"payload is not JSON-serialisable: {exc}") from None
+    except ValueError as exc:
+        raise _not_json(exc) from None
+    except RecursionError:
+        raise PayloadTooLargeError("payload nests too deeply to serialise") from None
 
 
 def encode_payload(payload: object, *, max_bytes: int, max_depth: int) -> str:
@@ -242,15 +325,16 @@ def encode_payload(payload: object, *, max_bytes: int, max_depth: int) -> str:
     """
     try:
         text = _to_json(payload)
+    except TypeError:
+        text = _encode_unsorted(payload)
     except ValueError as exc:
-        if "Out of range float" in str(exc):
-            raise InvalidInputError(
-                "payload is not JSON: it contains NaN or Infinity (non-finite numbers)") from None
-        raise InvalidInputError(f"payload is not JSON-serialisable: {exc}") from None
-    except TypeError as exc:
-        raise InvalidInputError(f"payload is not JSON-serialisable: {exc}") from None
+        raise _not_json(exc) from None
     except RecursionError:
         raise PayloadTooLargeError("payload nests too deeply to serialise") from None
+    if "e+" in text:
+        # jsonb would turn 1e+16 into 10000000000000000, an int to every reader:
+        # written out with a ".0", the float comes back a float, exactly.
+        text = _EXPONENT_FLOAT_RE.sub(_positional, text)
     # Each level of nesting needs a bracket, so few brackets prove a shallow
     # payload (and a text shorter than the limit cannot hold too many).
     suspicious = (len(text) > max_depth and text.count("[") + text.count("{") > max_depth) or (
