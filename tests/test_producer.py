@@ -563,6 +563,9 @@ BAD_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("max_attempts", {"topic": "x", "max_attempts": 0}),
     ("payload", {"topic": "x", "payload": {"s": {1}}}),
     ("nul", {"topic": "x", "payload": "\x00"}),
+    ("colliding keys", {"topic": "x", "payload": {"n": {1: "int", "1": "str"}}}),
+    ("C1 control in key", {"topic": "x", "idempotency_key": "order\x8542"}),
+    ("line separator in key", {"topic": "x", "idempotency_key": "order\u202842"}),
 ]
 
 
@@ -793,3 +796,115 @@ def test_many_enqueues_of_one_topic_in_a_transaction_send_one_notify(fresh_db: s
             Producer().enqueue(conn, "email.send", {"i": i})
         conn.commit()
         assert _notifications(listener) == ["email.send"]
+
+
+# ------------------------------------------------------------ payload fidelity
+
+# Each of these came back changed before: floats from 1e16 up as ints (jsonb
+# prints 1e+16 as 10000000000000000), 1e300 as a 301-digit int.
+FLOATS = {"f16": 1e16, "f300": 1e300, "neg": -2.5e20, "max": 1.7976931348623157e308,
+          "tiny": 5e-324, "small": 1e-07, "plain": 1234.5, "whole": 3.0,
+          "ints": [10**20, -(10**30), 0], "text": "1e+16"}
+
+
+def _stored_payloads(conn: psycopg.Connection[Any], topic: str) -> list[Any]:
+    return [r[0] for r in conn.execute(
+        "SELECT payload FROM conveyor.events WHERE topic = %s ORDER BY id", (topic,))]
+
+
+def _assert_same_types(stored: Any, sent: Any) -> None:
+    assert stored == sent
+    if isinstance(sent, dict):
+        for key in sent:
+            _assert_same_types(stored[key], sent[key])
+    elif isinstance(sent, list):
+        for got, want in zip(stored, sent, strict=True):
+            _assert_same_types(got, want)
+    else:
+        assert type(stored) is type(sent), (stored, sent)
+
+
+def test_floats_come_back_as_the_same_floats(conn: psycopg.Connection[Any]) -> None:
+    Producer().enqueue(conn, "fidelity.one", FLOATS)
+    [stored] = _stored_payloads(conn, "fidelity.one")
+    _assert_same_types(stored, FLOATS)
+
+
+def test_floats_come_back_as_the_same_floats_from_a_bulk_copy(
+    conn: psycopg.Connection[Any],
+) -> None:
+    assert Producer().enqueue_bulk(conn, [("fidelity.bulk", FLOATS)] * COPY_THRESHOLD) \
+        == COPY_THRESHOLD
+    for stored in _stored_payloads(conn, "fidelity.bulk"):
+        _assert_same_types(stored, FLOATS)
+
+
+def test_non_string_keys_come_back_as_strings(conn: psycopg.Connection[Any]) -> None:
+    Producer().enqueue(conn, "fidelity.keys", {1: "a", 2.5: "b", None: "c", False: "d"})
+    assert _stored_payloads(conn, "fidelity.keys") == [
+        {"1": "a", "2.5": "b", "null": "c", "false": "d"}]
+
+
+def test_colliding_keys_in_a_batch_are_refused_naming_the_event_and_key(
+    conn: psycopg.Connection[Any],
+) -> None:
+    events = [("fidelity.batch", {"i": i}) for i in range(100)]
+    events[70] = ("fidelity.batch", {"i": {1: "int-key", "1": "str-key"}})
+    with pytest.raises(InvalidInputError,
+                       match=r"^event #70: payload has two keys that are both '1' in JSON"):
+        Producer().enqueue_bulk(conn, events)
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+# ---------------------------------------------- any exception leaves it idle
+
+class ExplodingDict(dict[str, Any]):
+    """A payload whose serialisation raises something other than InvalidInputError."""
+
+    def items(self) -> Any:
+        raise RuntimeError("items exploded")
+
+
+def _exploding_batch(topic: str) -> list[Any]:
+    events: list[Any] = [(topic, {"i": i}) for i in range(100)]
+    events[70] = (topic, ExplodingDict(i=70))
+    return events
+
+
+def test_a_bulk_batch_that_begins_the_transaction_is_rolled_back_on_any_error(
+    fresh_db: str,
+) -> None:
+    """Regression (F11): an error other than InvalidInputError left the connection INERROR."""
+    producer = Producer()
+    with psycopg.connect(fresh_db) as conn:
+        with pytest.raises(RuntimeError, match="items exploded"):
+            producer.enqueue_bulk(conn, _exploding_batch("boom.sync"))
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        assert producer.enqueue_bulk(conn, _exploding_batch("boom.sync")[:70]) == 70
+        conn.commit()
+        assert _count(conn) == 70
+
+
+async def test_async_bulk_batch_that_begins_the_transaction_is_rolled_back_on_any_error(
+    fresh_db: str,
+) -> None:
+    producer = AsyncProducer()
+    async with await psycopg.AsyncConnection.connect(fresh_db) as aconn:
+        with pytest.raises(RuntimeError, match="items exploded"):
+            await producer.enqueue_bulk(aconn, _exploding_batch("boom.async"))
+        assert aconn.info.transaction_status == TransactionStatus.IDLE
+        assert await producer.enqueue_bulk(aconn, _exploding_batch("boom.async")[:70]) == 70
+        await aconn.commit()
+        cur = await aconn.execute("SELECT count(*) FROM conveyor.events")
+        assert await cur.fetchone() == (70,)
+
+
+def test_an_error_inside_an_open_transaction_leaves_it_as_it_was(fresh_db: str) -> None:
+    producer = Producer()
+    with psycopg.connect(fresh_db) as conn:
+        producer.enqueue(conn, "boom.first")
+        with pytest.raises(RuntimeError, match="items exploded"):
+            producer.enqueue_bulk(conn, _exploding_batch("boom.open"))
+        assert conn.info.transaction_status == TransactionStatus.INTRANS
+        conn.commit()
+        assert _count(conn) == 1

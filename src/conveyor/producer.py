@@ -274,6 +274,24 @@ def _copy_rows(rows: Sequence[_Row], ids: Sequence[int]) -> Iterable[tuple[Any, 
         yield (rid, r.tenant, r.topic, r.payload, r.priority, r.max_attempts)
 
 
+def _begins_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.rollback()
+    except psycopg.Error:
+        pass  # the error being raised says more; psycopg closes a broken connection
+
+
+async def _rollback_quietly_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    try:
+        await conn.rollback()
+    except psycopg.Error:
+        pass  # the error being raised says more; psycopg closes a broken connection
+
+
 def _wrap(exc: psycopg.Error, what: str) -> DatabaseError:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return DatabaseError(f"{what} failed: {first}")
@@ -371,7 +389,20 @@ class Producer:
         id reservation first): the fastest way in. Events with an idempotency
         key or a delay take the :meth:`enqueue_many` path; a key that already
         exists is skipped and not counted.
+
+        When the call begins the transaction (an idle connection, not in
+        autocommit), any exception rolls back what it began and is raised as
+        it was: the connection is idle again.
         """
+        began = _begins_transaction(conn)
+        try:
+            return self._enqueue_bulk(conn, events)
+        except BaseException:
+            if began:
+                _rollback_quietly(conn)
+            raise
+
+    def _enqueue_bulk(self, conn: psycopg.Connection[Any], events: Iterable[EventLike]) -> int:
         events = events if isinstance(events, list | tuple) else list(events)
         if _plain_path(self.config, events):
             try:
@@ -402,10 +433,11 @@ class Producer:
         # The call begins the transaction: rows go out as they are checked, so
         # the server stores while the client encodes (about 10 % faster). An
         # autocommit COPY that stops half-way writes nothing; otherwise the
-        # transaction this call began is rolled back.
+        # transaction this call began is rolled back (here for the full path
+        # to start afresh; by enqueue_bulk for any error).
         try:
             return self._copy_pairs(conn, _pairs(self.config, events))
-        except (InvalidInputError, _NotPlain):
+        except _NotPlain:
             if not conn.autocommit:
                 conn.rollback()
             raise
@@ -515,6 +547,16 @@ class AsyncProducer:
         events: Iterable[EventLike],
     ) -> int:
         """Write many events and return how many were written; see :meth:`Producer.enqueue_bulk`."""
+        began = _begins_transaction(conn)
+        try:
+            return await self._enqueue_bulk(conn, events)
+        except BaseException:
+            if began:
+                await _rollback_quietly_async(conn)
+            raise
+
+    async def _enqueue_bulk(self, conn: psycopg.AsyncConnection[Any],
+                            events: Iterable[EventLike]) -> int:
         events = events if isinstance(events, list | tuple) else list(events)
         if _plain_path(self.config, events):
             try:
@@ -542,7 +584,7 @@ class AsyncProducer:
             return await self._copy_pairs(conn, list(_pairs(self.config, events)))
         try:
             return await self._copy_pairs(conn, _pairs(self.config, events))
-        except (InvalidInputError, _NotPlain):
+        except _NotPlain:
             if not conn.autocommit:
                 await conn.rollback()
             raise
