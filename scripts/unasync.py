@@ -9,7 +9,8 @@ kept to words so a reader can predict the output from the input.
 
 One directive: a source line ``# unasync: <code>`` becomes ``<code>`` in the
 sync twin, untouched; it lets a generated public module re-export its async
-twin (``from conveyor.admin_async import AsyncAdmin as AsyncAdmin``).
+twin (``from conveyor.admin_async import AsyncAdmin as AsyncAdmin``). Inside
+an import group, the blank line isort puts before the comment goes with it.
 
 Usage::
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Every async source and the sync file generated from it, relative to the repo root.
 ALL_INPUTS: dict[str, str] = {
     "src/conveyor/admin_async.py": "src/conveyor/admin.py",
+    "src/conveyor/schema/migrator_async.py": "src/conveyor/schema/migrator.py",
 }
 
 # Async name -> sync name, replaced as whole words.
@@ -64,10 +66,21 @@ def unasync_line(line: str) -> str:
     return _NAMES.sub(lambda m: NAMES[m[1]], line)
 
 
+def _package(line: str) -> str | None:
+    """The top-level package an import line imports from."""
+    match = re.match(r"\s*(?:from|import) (\w+)", line)
+    return match[1] if match else None
+
+
 def generate(source_text: str, source: str) -> str:
     """The whole sync file for ``source_text``, with its DO NOT EDIT header."""
-    body = "\n".join(unasync_line(line) for line in source_text.split("\n"))
-    return HEADER.format(source=source) + body
+    out: list[str] = []
+    for line in source_text.split("\n"):
+        directive = _DIRECTIVE.match(line)
+        if directive and len(out) > 1 and not out[-1] and _package(out[-2]) == _package(directive[2]):
+            out.pop()   # isort wants a blank line before a comment, not inside an import group
+        out.append(unasync_line(line))
+    return HEADER.format(source=source) + "\n".join(out)
 
 
 def stale(root: Path) -> list[str]:

@@ -40,11 +40,15 @@ def test_every_generated_file_is_listed_and_every_listed_file_generated() -> Non
     assert generated == set(_listed().values())
 
 
-def test_check_names_a_stale_file_and_its_source(tmp_path: Path) -> None:
+def _copy_listed(root: Path) -> None:
     for source, target in _listed().items():
         for name in (source, target):
-            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(ROOT / name, tmp_path / name)
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, root / name)
+
+
+def test_check_names_a_stale_file_and_its_source(tmp_path: Path) -> None:
+    _copy_listed(tmp_path)
     source, target = next(iter(_listed().items()))
     (tmp_path / target).write_text((tmp_path / target).read_text("utf-8") + "# by hand\n",
                                    "utf-8")
@@ -55,10 +59,8 @@ def test_check_names_a_stale_file_and_its_source(tmp_path: Path) -> None:
 
 
 def test_regenerating_rewrites_a_stale_file_to_its_sources_twin(tmp_path: Path) -> None:
-    source, target = next(iter(_listed().items()))
-    for name in (source, target):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / name, tmp_path / name)
+    _copy_listed(tmp_path)
+    target = next(iter(_listed().values()))
     (tmp_path / target).write_text("stale\n", "utf-8")
     subprocess.run([sys.executable, str(SCRIPT), "--root", str(tmp_path)], check=True,
                    capture_output=True, timeout=60)

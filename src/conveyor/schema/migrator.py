@@ -1,104 +1,48 @@
+# Generated from src/conveyor/schema/migrator_async.py by scripts/unasync.py; DO NOT EDIT.
 """Applies the numbered migrations in ``migrations/`` exactly once.
 
 Every migrator takes a transaction-scoped advisory lock keyed on the schema
 before reading the version table, so any number of processes may start at the
 same moment: the first applies what is missing, the others wait for its
 commit, then find nothing left to do.
+
+``schema/migrator_async.py`` (:class:`Migrator`) is the source people
+edit; ``schema/migrator.py`` (``Migrator``) is its sync twin, generated from it
+by ``scripts/unasync.py``. The migrations and the plan are the I/O-free core
+in :mod:`conveyor.schema.migrator_core`.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from conveyor.db.execute import run, run_async
+from conveyor.db.execute import run
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import MigrationError
+from conveyor.schema.migrator_async import AsyncMigrator as AsyncMigrator
+from conveyor.schema.migrator_core import (
+    Migration,
+    _plan,
+    latest_version,
+    load_migrations,
+    migration_script,
+)
 from conveyor.validation import check_schema_name
 
-_FILE_RE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
-
-
-@dataclass(frozen=True, slots=True)
-class Migration:
-    version: int
-    name: str
-    body: str
-
-    def render(self, schema: str) -> str:
-        ident = sql.Identifier(check_schema_name(schema))
-        return sql.SQL(self.body).format(schema=ident).as_string()
-
-
-@cache
-def load_migrations() -> tuple[Migration, ...]:
-    folder = resources.files("conveyor.schema") / "migrations"
-    found: list[Migration] = []
-    for entry in folder.iterdir():
-        match = _FILE_RE.fullmatch(entry.name)
-        if match:
-            found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8")))
-    found.sort(key=lambda m: m.version)
-    versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise MigrationError(f"migration numbers must run 1..n without gaps, got {versions}")
-    return tuple(found)
-
-
-def latest_version() -> int:
-    return load_migrations()[-1].version
-
-
-def migration_script(schema: str) -> str:
-    """All migrations as one SQL script, for teams that run their own tool."""
-    q = queries_for(schema)
-    lock = q["migration_lock"].replace("%(schema)s", sql.Literal(schema).as_string())
-    parts = [
-        f"-- Conveyor schema {schema!r}, migrations 1..{latest_version()}.",
-        "-- Run it inside one transaction (migration tools do; with psql use --single-transaction).",
-        "-- The advisory lock below is released when that transaction ends.",
-        lock + ";",
-        q["migration_create_schema"] + ";",
-        q["migration_create_table"] + ";",
-    ]
-    for m in load_migrations():
-        # Each migration runs only if its version is not recorded yet, so the
-        # script can be applied again (or to a partly migrated database) safely.
-        tag = f"$conveyor_{m.version:04d}$"
-        body = m.render(schema).rstrip()
-        if tag in body:
-            raise MigrationError(f"migration {m.version} contains its own quoting tag {tag}")
-        guard = sql.SQL(
-            "IF NOT EXISTS (SELECT 1 FROM {}.migrations WHERE version = {}) THEN"
-        ).format(sql.Identifier(schema), sql.Literal(m.version)).as_string()
-        record = sql.SQL(
-            "INSERT INTO {}.migrations (version, name) VALUES ({}, {});"
-        ).format(sql.Identifier(schema), sql.Literal(m.version), sql.Literal(m.name)).as_string()
-        parts.append(f"-- migration {m.version:04d}_{m.name}")
-        parts.append(f"DO $conveyor_migrate$ BEGIN\n{guard}\nEXECUTE {tag}\n{body}\n{tag};\n"
-                     f"EXECUTE {sql.Literal(record).as_string()};\nEND IF;\nEND $conveyor_migrate$;")
-    return "\n".join(parts) + "\n"
-
-
-def _plan(applied: list[int]) -> list[Migration]:
-    known = {m.version for m in load_migrations()}
-    unknown = sorted(set(applied) - known)
-    if unknown:
-        raise MigrationError(
-            f"database schema has migration {unknown[-1]}, newer than this Conveyor "
-            f"(knows up to {latest_version()}); upgrade Conveyor"
-        )
-    return [m for m in load_migrations() if m.version not in set(applied)]
+# The core's public names, re-exported: this module is where they are imported from.
+__all__ = [
+    "Migration",
+    "latest_version",
+    "load_migrations",
+    "migration_script",
+]
 
 
 class Migrator:
-    """Brings a schema up to date on a sync connection.
+    """Brings a schema up to date on the connection you pass.
 
     Example::
 
@@ -118,61 +62,27 @@ class Migrator:
                 run(conn, q["migration_lock"], {"schema": self.schema})
                 run(conn, q["migration_create_schema"])
                 run(conn, q["migration_create_table"])
-                applied = [r[0] for r in run(conn, q["migration_applied"])]
-                todo = _plan(applied)
+                cur = run(conn, q["migration_applied"])
+                todo = _plan([r[0] for r in cur.fetchall()])
                 for m in todo:
                     run(conn, m.render(self.schema).encode())
-                    run(conn, q["migration_record"], {"version": m.version, "name": m.name})
+                    run(conn, q["migration_record"],
+                                    {"version": m.version, "name": m.name})
         except psycopg.Error as exc:
             raise MigrationError(f"migrating schema {self.schema!r} failed: {exc}") from exc
         return todo
 
     def pending(self, conn: psycopg.Connection[Any]) -> list[Migration]:
+        """The migrations not applied yet, oldest first."""
         return _plan(self.applied_versions(conn))
 
     def applied_versions(self, conn: psycopg.Connection[Any]) -> list[int]:
+        """The versions recorded in the schema's version table; [] before the first migration."""
         q = self._q
         table = sql.Identifier(self.schema, "migrations").as_string()
-        exists = run(conn, q["migration_table_exists"], {"table": table}).fetchone()
+        cur = run(conn, q["migration_table_exists"], {"table": table})
+        exists = cur.fetchone()
         if not exists or not exists[0]:
             return []
-        return [r[0] for r in run(conn, q["migration_applied"])]
-
-
-class AsyncMigrator:
-    """The async mirror of :class:`Migrator`."""
-
-    def __init__(self, schema: str = "conveyor") -> None:
-        self.schema = check_schema_name(schema)
-        self._q = queries_for(self.schema)
-
-    async def apply(self, conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
-        q = self._q
-        try:
-            async with conn.transaction():
-                await run_async(conn, q["migration_lock"], {"schema": self.schema})
-                await run_async(conn, q["migration_create_schema"])
-                await run_async(conn, q["migration_create_table"])
-                cur = await run_async(conn, q["migration_applied"])
-                todo = _plan([r[0] for r in await cur.fetchall()])
-                for m in todo:
-                    await run_async(conn, m.render(self.schema).encode())
-                    await run_async(conn,
-                        q["migration_record"], {"version": m.version, "name": m.name}
-                    )
-        except psycopg.Error as exc:
-            raise MigrationError(f"migrating schema {self.schema!r} failed: {exc}") from exc
-        return todo
-
-    async def pending(self, conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
-        return _plan(await self.applied_versions(conn))
-
-    async def applied_versions(self, conn: psycopg.AsyncConnection[Any]) -> list[int]:
-        q = self._q
-        table = sql.Identifier(self.schema, "migrations").as_string()
-        cur = await run_async(conn, q["migration_table_exists"], {"table": table})
-        exists = await cur.fetchone()
-        if not exists or not exists[0]:
-            return []
-        cur = await run_async(conn, q["migration_applied"])
-        return [r[0] for r in await cur.fetchall()]
+        cur = run(conn, q["migration_applied"])
+        return [r[0] for r in cur.fetchall()]

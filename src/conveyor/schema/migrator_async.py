@@ -1,0 +1,88 @@
+"""Applies the numbered migrations in ``migrations/`` exactly once.
+
+Every migrator takes a transaction-scoped advisory lock keyed on the schema
+before reading the version table, so any number of processes may start at the
+same moment: the first applies what is missing, the others wait for its
+commit, then find nothing left to do.
+
+``schema/migrator_async.py`` (:class:`AsyncMigrator`) is the source people
+edit; ``schema/migrator.py`` (``Migrator``) is its sync twin, generated from it
+by ``scripts/unasync.py``. The migrations and the plan are the I/O-free core
+in :mod:`conveyor.schema.migrator_core`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from conveyor.db.execute import run_async
+from conveyor.db.named_queries import queries_for
+from conveyor.errors import MigrationError
+
+# unasync: from conveyor.schema.migrator_async import AsyncMigrator as AsyncMigrator
+from conveyor.schema.migrator_core import (
+    Migration,
+    _plan,
+    latest_version,
+    load_migrations,
+    migration_script,
+)
+from conveyor.validation import check_schema_name
+
+# The core's public names, re-exported: this module is where they are imported from.
+__all__ = [
+    "Migration",
+    "latest_version",
+    "load_migrations",
+    "migration_script",
+]
+
+
+class AsyncMigrator:
+    """Brings a schema up to date on the connection you pass.
+
+    Example::
+
+        with psycopg.connect(dsn) as conn:
+            applied = Migrator("conveyor").apply(conn)
+    """
+
+    def __init__(self, schema: str = "conveyor") -> None:
+        self.schema = check_schema_name(schema)
+        self._q = queries_for(self.schema)
+
+    async def apply(self, conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
+        """Apply missing migrations in one transaction; returns what was applied."""
+        q = self._q
+        try:
+            async with conn.transaction():
+                await run_async(conn, q["migration_lock"], {"schema": self.schema})
+                await run_async(conn, q["migration_create_schema"])
+                await run_async(conn, q["migration_create_table"])
+                cur = await run_async(conn, q["migration_applied"])
+                todo = _plan([r[0] for r in await cur.fetchall()])
+                for m in todo:
+                    await run_async(conn, m.render(self.schema).encode())
+                    await run_async(conn, q["migration_record"],
+                                    {"version": m.version, "name": m.name})
+        except psycopg.Error as exc:
+            raise MigrationError(f"migrating schema {self.schema!r} failed: {exc}") from exc
+        return todo
+
+    async def pending(self, conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
+        """The migrations not applied yet, oldest first."""
+        return _plan(await self.applied_versions(conn))
+
+    async def applied_versions(self, conn: psycopg.AsyncConnection[Any]) -> list[int]:
+        """The versions recorded in the schema's version table; [] before the first migration."""
+        q = self._q
+        table = sql.Identifier(self.schema, "migrations").as_string()
+        cur = await run_async(conn, q["migration_table_exists"], {"table": table})
+        exists = await cur.fetchone()
+        if not exists or not exists[0]:
+            return []
+        cur = await run_async(conn, q["migration_applied"])
+        return [r[0] for r in await cur.fetchall()]
