@@ -283,6 +283,19 @@ def test_delay_refuses_delay_beyond_postgres_interval_range() -> None:
         check_delay(1e300)
 
 
+@pytest.mark.parametrize(("value", "reason"), [
+    (-1, "must be from"), (1e300, "must be from"), (math.inf, "must be from"),
+    (-math.inf, "must be from"), (10**400, "must be from"), (math.nan, "must be a number from"),
+    ("10", "must be a number of seconds from"), (True, "must be a number of seconds from"),
+])
+def test_delay_refusals_give_the_reason_and_the_range(value: object, reason: str) -> None:
+    """Regression (F10): NaN and 1e400 were refused as '>= 0', without the upper end."""
+    with pytest.raises(InvalidInputError) as info:
+        check_delay(value)
+    assert str(info.value).startswith(f"delay {reason} ")
+    assert "0 to 3162240000 seconds (100 years), got " in str(info.value)
+
+
 @pytest.mark.parametrize("value", [-32768, 0, 32767])
 def test_priority_accepts_smallint_range(value: int) -> None:
     assert check_priority(value) == value

@@ -147,18 +147,21 @@ def check_event_id(event_id: object) -> int:
     return event_id
 
 
+_DELAY_RANGE = f"0 to {DELAY_MAX_SECONDS:.0f} seconds (100 years)"
+
+
 def check_delay(delay: object) -> float:
     if isinstance(delay, bool) or not isinstance(delay, int | float):
-        raise InvalidInputError(f"delay must be a number of seconds, got {_show(delay)}")
+        raise InvalidInputError(
+            f"delay must be a number of seconds from {_DELAY_RANGE}, got {_show(delay)}")
     try:
         seconds = float(delay)
     except OverflowError:
-        raise InvalidInputError(f"delay is too large: {_show(delay)}") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidInputError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
-    if seconds > DELAY_MAX_SECONDS:
-        raise InvalidInputError(
-            f"delay must be at most {DELAY_MAX_SECONDS:.0f} seconds (100 years), got {delay!r}")
+        raise InvalidInputError(f"delay must be from {_DELAY_RANGE}, got {_show(delay)}") from None
+    if math.isnan(seconds):
+        raise InvalidInputError(f"delay must be a number from {_DELAY_RANGE}, got {delay!r}")
+    if not 0 <= seconds <= DELAY_MAX_SECONDS:
+        raise InvalidInputError(f"delay must be from {_DELAY_RANGE}, got {delay!r}")
     return seconds
 
 
