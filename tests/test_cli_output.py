@@ -92,6 +92,23 @@ def test_status_text_escapes_worker_names(cli: Run, fresh_db: str) -> None:
         assert forbidden not in out
 
 
+def test_workflow_status_text_escapes_stored_errors(cli: Run, fresh_db: str) -> None:
+    event_id = enqueue(cli, "workflow.order.created", json.dumps({"note": "x"}))
+    _store_hostile_failure(fresh_db, event_id)
+    code, out, err = cli("workflow", "status", str(event_id))
+    assert code == 0, err
+    for forbidden in FORBIDDEN:
+        assert forbidden not in out, repr(forbidden)
+    assert "\\x1b]0;pwned" in out
+
+
+def test_worker_multi_refuses_a_name_with_a_newline(tmp_path: Path) -> None:
+    done = conveyor("worker-multi", "--dsn", "acme=postgresql://root@127.0.0.1/x", "--app",
+                    "tests.acceptance.startup_apps:router", "--name", "a\nb")
+    assert done.returncode == 2
+    assert_one_line_error(done, "--name")
+
+
 # ------------------------------------------------------------- closed pipes
 
 def _into_closed_pipe(*args: str) -> tuple[int, str]:

@@ -16,8 +16,9 @@ import sys
 from typing import Any
 
 from conveyor.admin import Admin
-from conveyor.cli.context import Context, positive_int
-from conveyor.cli.durations import parse_duration
+from conveyor.cli.context import Context, duration, positive_int
+from conveyor.cli.options import label, option
+from conveyor.cli.output import emit_json, escape, say
 from conveyor.cli.process import StopSignals
 from conveyor.config import (
     HANDLER_TIMEOUT_DEFAULT,
@@ -88,27 +89,26 @@ def register_worker_multi(sub: Sub, env: Env) -> None:
              "Without tenant databases it refuses to start: it never uses the embedded\n"
              "PostgreSQL, nor the global --database-url.")
     p.set_defaults(handler=run_worker_multi)
-    p.add_argument("--app", required=env("APP") is None, default=env("APP"),
-                   metavar="MODULE:ROUTER", help="router or router factory [env CONVEYOR_APP]")
+    option(p, "--app", env="APP", required=True, metavar="MODULE:ROUTER",
+           help="router or router factory")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--dsn", action="append", metavar="[TENANT=]URL",
                        help="a tenant database (repeatable); without TENANT= the database "
                             "name is the tenant")
-    group.add_argument("--tenants-dir", metavar="DIR", default=env("TENANTS_DIR"),
-                       help="directory of <tenant>.dsn files, each holding one URL "
-                            "[env CONVEYOR_TENANTS_DIR]")
-    p.add_argument("--concurrency", type=positive_int, default=TENANT_CONCURRENCY_DEFAULT,
-                   help="handlers running at once per tenant (default: %(default)s)")
-    p.add_argument("--rescan-interval", type=parse_duration, default=RESCAN_INTERVAL_DEFAULT,
-                   help="re-read the tenant list this often (default: %(default)ss)")
-    p.add_argument("--poll-interval", type=parse_duration, default=POLL_INTERVAL_DEFAULT,
-                   help="fallback poll per tenant when no NOTIFY arrives (default: %(default)ss)")
-    p.add_argument("--shutdown-timeout", type=parse_duration, default=SHUTDOWN_TIMEOUT_DEFAULT,
-                   help="grace for running handlers on SIGTERM (default: %(default)ss)")
-    p.add_argument("--handler-timeout", type=parse_duration, default=HANDLER_TIMEOUT_DEFAULT,
-                   help="default limit for one handler call (default: %(default)ss)")
-    p.add_argument("--name", default=env("WORKER_NAME"),
-                   help="label shown by status, '/<tenant>' appended (default: host:pid)")
+    option(group, "--tenants-dir", env="TENANTS_DIR", metavar="DIR",
+           help="directory of <tenant>.dsn files, each holding one URL")
+    option(p, "--concurrency", type=positive_int, default=TENANT_CONCURRENCY_DEFAULT,
+           help="handlers running at once per tenant")
+    option(p, "--rescan-interval", type=duration, unit="s", default=RESCAN_INTERVAL_DEFAULT,
+           help="re-read the tenant list this often")
+    option(p, "--poll-interval", type=duration, unit="s", default=POLL_INTERVAL_DEFAULT,
+           help="fallback poll per tenant when no NOTIFY arrives")
+    option(p, "--shutdown-timeout", type=duration, unit="s", default=SHUTDOWN_TIMEOUT_DEFAULT,
+           help="grace for running handlers on SIGTERM")
+    option(p, "--handler-timeout", type=duration, unit="s", default=HANDLER_TIMEOUT_DEFAULT,
+           help="default limit for one handler call")
+    option(p, "--name", env="WORKER_NAME", type=label, shown="host:pid",
+           help="label shown by status, '/<tenant>' appended")
     from conveyor.cli.commands import add_event_loop_arg  # commands imports this module
 
     add_event_loop_arg(p, env)
@@ -180,18 +180,15 @@ def register_workflow(sub: Sub, env: Env) -> None:
                "unchanged. The HS256 secret comes from CONVEYOR_WORKFLOW_JWT_SECRET only.")
     reg.set_defaults(handler=run_workflow_register)
     reg.add_argument("--app", required=True, metavar="MODULE:REGISTRY")
-    reg.add_argument("--engine-url", required=env("WORKFLOW_ENGINE_URL") is None,
-                     default=env("WORKFLOW_ENGINE_URL"),
-                     help="workflow engine base URL [env CONVEYOR_WORKFLOW_ENGINE_URL]")
-    reg.add_argument("--tenant-domain", default=env("WORKFLOW_TENANT_DOMAIN", "workflow.test"),
-                     help="engine's tenant domain [env CONVEYOR_WORKFLOW_TENANT_DOMAIN] "
-                          "(default: %(default)s)")
-    reg.add_argument("--role", default=env("WORKFLOW_ROLE", "conveyor-workflow"),
-                     help="scoped service role [env CONVEYOR_WORKFLOW_ROLE] (default: %(default)s)")
-    reg.add_argument("--audience", default=env("WORKFLOW_AUDIENCE", "workflow"),
-                     help="token audience [env CONVEYOR_WORKFLOW_AUDIENCE] (default: %(default)s)")
-    reg.add_argument("--registration-tenant", default=REGISTRATION_TENANT_DEFAULT,
-                     help="tenant whose Host carries registrations (default: %(default)s)")
+    option(reg, "--engine-url", env="WORKFLOW_ENGINE_URL", required=True, metavar="URL",
+           help="workflow engine base URL")
+    option(reg, "--tenant-domain", env="WORKFLOW_TENANT_DOMAIN", default="workflow.test",
+           help="engine's tenant domain")
+    option(reg, "--role", env="WORKFLOW_ROLE", default="conveyor-workflow",
+           help="scoped service role")
+    option(reg, "--audience", env="WORKFLOW_AUDIENCE", default="workflow", help="token audience")
+    option(reg, "--registration-tenant", default=REGISTRATION_TENANT_DEFAULT,
+           help="tenant whose Host carries registrations")
     reg.add_argument("--json", action="store_true", help="print the report as JSON")
     reg.set_defaults(jwt_secret=env("WORKFLOW_JWT_SECRET"))
 
@@ -200,8 +197,8 @@ def register_workflow(sub: Sub, env: Env) -> None:
               "error of every failed attempt.")
     st.set_defaults(handler=run_workflow_status)
     st.add_argument("id", help="event id")
-    st.add_argument("--topic-prefix", default=TOPIC_PREFIX_DEFAULT,
-                    help="the publisher's topic prefix (default: %(default)s)")
+    option(st, "--topic-prefix", default=TOPIC_PREFIX_DEFAULT,
+           help="the publisher's topic prefix")
     st.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -234,12 +231,12 @@ def run_workflow_register(ctx: Context, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json()))
         return 0
-    for label in report.created:
-        print(f"created   {label}")
-    for label in report.updated:
-        print(f"updated   {label}")
-    for label in report.unchanged:
-        print(f"unchanged {label}")
+    for name in report.created:
+        say(f"created   {escape(name)}")
+    for name in report.updated:
+        say(f"updated   {escape(name)}")
+    for name in report.unchanged:
+        say(f"unchanged {escape(name)}")
     print(report.summary())
     return 0
 
@@ -250,13 +247,15 @@ def run_workflow_status(ctx: Context, args: argparse.Namespace) -> int:
     record = Admin(ctx.schema).show(ctx.connect(), args.id)
     data = status_of(record, args.topic_prefix).to_json()
     if args.json:
-        print(json.dumps(data))
+        emit_json(data)
         return 0
+    # Stored errors carry upstream text: escaped, so none can move the cursor
+    # or forge a line.
     for key in ("event_id", "trigger", "tenant", "state", "attempts", "max_attempts", "last_error"):
         value = data[key]
-        print(f"{key:>12}: {'-' if value is None else value}")
+        say(f"{key:>12}: {'-' if value is None else escape(value)}")
     for e in data["errors"]:
-        print(f"  attempt {e['attempt']} at {e['at']}: {e['error']}")
+        say(f"  attempt {e['attempt']} at {escape(e['at'])}: {escape(e['error'])}")
     return 0
 
 
