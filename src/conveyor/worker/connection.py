@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 
+from conveyor.config import WorkerConfig
 from conveyor.db.connect import behind_pooler_async, connect_async
 from conveyor.errors import DatabaseUnavailableError, InvalidDatabaseUrlError
 
@@ -262,3 +263,59 @@ class ManagedConnection:
 
     async def close(self) -> None:
         await self.discard()
+
+
+GENERIC = {"plan_cache_mode": "force_generic_plan"}
+# A worker never leaves a transaction open; a session that does is cut off.
+IDLE_IN_TX_TIMEOUT = "60s"
+LOCK_TIMEOUT_MS = 1000
+# Pruning a long backlog of finished rows may take minutes.
+MAINTENANCE_STATEMENT_TIMEOUT = 300.0
+
+
+class WorkerConnections:
+    """The four dedicated connections of one worker, each with its own session settings.
+
+    Told of a transaction pooler, or finding one on the first connect, the
+    worker keeps no session state on that URL (see SessionMode).
+    """
+
+    def __init__(self, conninfo: str, config: WorkerConfig, stopping: asyncio.Event, *,
+                 listen_conninfo: str | None = None) -> None:
+        c = config
+        modes = {conninfo: SessionMode(pooled=c.transaction_pooler)}
+
+        def managed(role: str, settings: dict[str, str] | None = None,
+                    target: str = conninfo, **kwargs: Any) -> ManagedConnection:
+            settings = {"statement_timeout": str(int(c.query_timeout * 1000)),
+                        "idle_in_transaction_session_timeout": IDLE_IN_TX_TIMEOUT,
+                        **(settings or {})}
+            return ManagedConnection(target, role, reconnect_min=c.reconnect_min,
+                                     reconnect_max=c.reconnect_max, stopping=stopping,
+                                     settings=settings,
+                                     mode=modes.setdefault(target, SessionMode()), **kwargs)
+        # Claims and acknowledgements commit asynchronously: one lost in a server
+        # crash only makes its event run again, which at-least-once allows (the
+        # event is still pending, or its lease expires and it is rescued). It
+        # takes the WAL flush out of every claim's and every ack's round trip.
+        self.fetch = managed("fetch", settings={"synchronous_commit": "off"})
+        # A row another transaction holds must not stall acknowledgements or
+        # heartbeats: they give up waiting and step around the lock.
+        # Acknowledgements are prepared at once and always run their generic plan
+        # (one index probe per id): a custom plan for an array of 1000 ids picks
+        # a hash join over the whole table, 10x slower, on the first executions.
+        self.ack = managed("ack", settings={"synchronous_commit": "off", **GENERIC,
+                                            "lock_timeout": str(LOCK_TIMEOUT_MS)},
+                           prepare_threshold=0)
+        self.maintenance = managed("maintenance", settings={
+            "lock_timeout": str(LOCK_TIMEOUT_MS),
+            "statement_timeout": str(int(max(c.query_timeout, MAINTENANCE_STATEMENT_TIMEOUT) * 1000))})
+        self.listen_target = listen_conninfo or conninfo
+        self.listen = managed("listen", target=self.listen_target)
+
+    def all(self) -> tuple[ManagedConnection, ...]:
+        return (self.fetch, self.ack, self.maintenance, self.listen)
+
+    async def close(self) -> None:
+        for managed in self.all():
+            await managed.close()

@@ -24,14 +24,17 @@ import psycopg
 from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import Queries
 from conveyor.types import FINISHED_STATES, EventState
-from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection
+from conveyor.worker.connection import (
+    MAINTENANCE_STATEMENT_TIMEOUT,
+    RECOVERABLE_ERRORS,
+    ManagedConnection,
+)
 from conveyor.worker.deadline import with_deadline
 from conveyor.worker.running import Key, RunningSet
 from conveyor.worker.stats import WorkerStats
 
 log = logging.getLogger(__name__)
 
-PRUNE_TIMEOUT = 300.0
 PRUNE_INTERVAL = 600.0
 CLOCK_SKEW_WARNING = 60.0
 
@@ -170,7 +173,8 @@ class Maintenance:
 
     async def _prune(self, conn: psycopg.AsyncConnection[Any]) -> None:
         # Pruning a large backlog of finished rows may take a while.
-        await with_deadline(conn, self.prune(conn), max(self._config.query_timeout, PRUNE_TIMEOUT))
+        await with_deadline(conn, self.prune(conn), max(self._config.query_timeout,
+                                                     MAINTENANCE_STATEMENT_TIMEOUT))
 
     async def _measure_clock(self, conn: psycopg.AsyncConnection[Any]) -> None:
         before = time.time()

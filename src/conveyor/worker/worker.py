@@ -45,14 +45,13 @@ from conveyor.worker.connection import (
     CONNECTION_ERRORS,
     RECOVERABLE_ERRORS,
     CursorCache,
-    ManagedConnection,
-    SessionMode,
     StopRequested,
+    WorkerConnections,
 )
 from conveyor.worker.deadline import StopFlag, with_deadline, with_deadline_in_task
 from conveyor.worker.executor import Executor, Outcome
 from conveyor.worker.listener import Listener
-from conveyor.worker.maintenance import PRUNE_TIMEOUT, Maintenance
+from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
 from conveyor.worker.stats import WorkerStats
 from conveyor.worker.wakeups import DueTimes
@@ -60,11 +59,7 @@ from conveyor.worker.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
 
-GENERIC = {"plan_cache_mode": "force_generic_plan"}
 _PRIORITY = operator.itemgetter(CLAIM_PRIORITY)
-# A worker never leaves a transaction open; a session that does is cut off.
-IDLE_IN_TX_TIMEOUT = "60s"
-LOCK_TIMEOUT_MS = 1000
 # A loop that has not run for this long (or a quarter of the lease, if less) is
 # reported: every handler and the heartbeat wait on it.
 LOOP_STALL_WARNING = 1.0
@@ -93,55 +88,6 @@ def log_outcome(event: Event, outcome: Outcome) -> None:
     if outcome.traceback and log.isEnabledFor(logging.DEBUG):
         log.debug("event %d attempt %d traceback:\n%s", event.id, event.attempt,
                   outcome.traceback, extra={"action": "attempt_traceback", **fields})
-
-
-class WorkerConnections:
-    """The four dedicated connections of one worker, each with its own session settings.
-
-    Told of a transaction pooler, or finding one on the first connect, the
-    worker keeps no session state on that URL (see SessionMode).
-    """
-
-    def __init__(self, conninfo: str, config: WorkerConfig, stopping: asyncio.Event, *,
-                 listen_conninfo: str | None = None) -> None:
-        c = config
-        modes = {conninfo: SessionMode(pooled=c.transaction_pooler)}
-
-        def managed(role: str, settings: dict[str, str] | None = None,
-                    target: str = conninfo, **kwargs: Any) -> ManagedConnection:
-            settings = {"statement_timeout": str(int(c.query_timeout * 1000)),
-                        "idle_in_transaction_session_timeout": IDLE_IN_TX_TIMEOUT,
-                        **(settings or {})}
-            return ManagedConnection(target, role, reconnect_min=c.reconnect_min,
-                                     reconnect_max=c.reconnect_max, stopping=stopping,
-                                     settings=settings,
-                                     mode=modes.setdefault(target, SessionMode()), **kwargs)
-        # Claims and acknowledgements commit asynchronously: one lost in a server
-        # crash only makes its event run again, which at-least-once allows (the
-        # event is still pending, or its lease expires and it is rescued). It
-        # takes the WAL flush out of every claim's and every ack's round trip.
-        self.fetch = managed("fetch", settings={"synchronous_commit": "off"})
-        # A row another transaction holds must not stall acknowledgements or
-        # heartbeats: they give up waiting and step around the lock.
-        # Acknowledgements are prepared at once and always run their generic plan
-        # (one index probe per id): a custom plan for an array of 1000 ids picks
-        # a hash join over the whole table, 10x slower, on the first executions.
-        self.ack = managed("ack", settings={"synchronous_commit": "off", **GENERIC,
-                                            "lock_timeout": str(LOCK_TIMEOUT_MS)},
-                           prepare_threshold=0)
-        # Pruning a long backlog of finished rows may take minutes.
-        self.maintenance = managed("maintenance", settings={
-            "lock_timeout": str(LOCK_TIMEOUT_MS),
-            "statement_timeout": str(int(max(c.query_timeout, PRUNE_TIMEOUT) * 1000))})
-        self.listen_target = listen_conninfo or conninfo
-        self.listen = managed("listen", target=self.listen_target)
-
-    def all(self) -> tuple[ManagedConnection, ...]:
-        return (self.fetch, self.ack, self.maintenance, self.listen)
-
-    async def close(self) -> None:
-        for managed in self.all():
-            await managed.close()
 
 
 class Worker:
