@@ -48,8 +48,9 @@ WHERE tenant IS NOT DISTINCT FROM %(tenant)s AND idempotency_key = %(idempotency
 -- Which rows are claimed follows the ORDER BY; the order RETURNING hands them
 -- back follows the UPDATE's join (after an ANALYZE of a small table, the
 -- table's physical order), so the worker sorts a batch by priority itself: a
--- sort here cost a tenth of the statement. The RETURNING columns are read by
--- position (Event._from_claim_row, the worker's priority sort): keep the order.
+-- sort here cost a tenth of the statement. The RETURNING columns are unpacked
+-- in the order of conveyor.types.CLAIM_COLUMNS; tests/test_rows.py holds them
+-- to it, so a reordering fails there instead of shifting fields.
 WITH next AS (
     SELECT id
     FROM {schema}.events
