@@ -6,10 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 
@@ -17,7 +15,6 @@ from .apps import LEDGER_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.acceptance.apps:router"
-T = TypeVar("T")
 
 
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -75,22 +72,6 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
             pass
         self._log.close()
-
-
-def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 0.1,
-             *, alive: list[WorkerProcess] | None = None) -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        for worker in alive or []:
-            assert worker.alive(), f"worker {worker.pid} died while waiting for {what}:\n" \
-                                   f"{worker.log()[-3000:]}"
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def query(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:

@@ -10,8 +10,9 @@ import psycopg
 import pytest
 
 from conveyor import NewEvent, Producer
+from waiting import wait_for
 
-from .helpers import WorkerProcess, ledger_counts, listening, query, state_counts, wait_for
+from .helpers import WorkerProcess, ledger_counts, listening, query, state_counts
 
 pytestmark = pytest.mark.slow
 

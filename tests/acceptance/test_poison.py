@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from .helpers import WorkerProcess, query, run_cli, wait_for
+from waiting import wait_for
+
+from .helpers import WorkerProcess, query, run_cli
 
 pytestmark = pytest.mark.slow
 

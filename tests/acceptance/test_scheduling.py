@@ -9,8 +9,9 @@ import psycopg
 import pytest
 
 from conveyor import Producer
+from waiting import wait_for
 
-from .helpers import WorkerProcess, listening, query, run_cli, wait_for
+from .helpers import WorkerProcess, listening, query, run_cli
 
 pytestmark = pytest.mark.slow
 

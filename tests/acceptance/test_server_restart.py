@@ -24,17 +24,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 from conveyor import NewEvent, Producer
 from conveyor.embedded import SYSTEM_USER, EmbeddedPostgres
+from waiting import wait_for
 
 from .conftest import create_ledger
-from .helpers import (
-    WorkerProcess,
-    ledger_counts,
-    listening,
-    query,
-    run_cli,
-    state_counts,
-    wait_for,
-)
+from .helpers import WorkerProcess, ledger_counts, listening, query, run_cli, state_counts
 from .test_connection_loss import assert_listen_wakes_worker
 
 pytestmark = pytest.mark.slow

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import jwt
@@ -40,12 +40,13 @@ import pytest
 from aiosmtpd.controller import Controller
 from psycopg.conninfo import make_conninfo
 
+from waiting import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "e2e-shared-secret-0123456789-abcdefghijklmnop"  # 45 bytes
 TENANTS = ("acme", "globex")
 DOMAIN = "app.test"
 WORKER_APP = "examples.engine.worker_app:build_router"
-T = TypeVar("T")
 
 
 # ------------------------------------------------------------------ helpers
@@ -65,21 +66,6 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
-
-
-def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 0.1,
-             *, alive: list[Any] | None = None) -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        for proc in alive or []:
-            assert proc.alive(), f"{proc!r} died while waiting for {what}:\n{proc.log()[-3000:]}"
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def query(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:

@@ -28,19 +28,9 @@ import pytest
 import xlsxwriter
 
 from conveyor import Producer
+from waiting import wait_for
 
-from .conftest import (
-    DOMAIN,
-    FAST_WORKER,
-    REPO,
-    Chain,
-    EngineProcess,
-    Mail,
-    WorkerProc,
-    child_env,
-    query,
-    wait_for,
-)
+from .conftest import DOMAIN, FAST_WORKER, REPO, Chain, EngineProcess, Mail, WorkerProc, child_env, query
 
 TIPOS = ("venta", "compra", "ajuste", "devolución", "Ñandú & <co>")
 LARGE_ROWS = 50_000

@@ -23,8 +23,9 @@ import pytest
 from conveyor import AsyncCommittingProducer, Event, EventFilter, NewEvent, Worker
 from conveyor.admin import EXACT_FINISHED_LIMIT, Admin
 from conveyor.db.named_queries import queries_for
+from worker_support import router_for
 
-from .conftest import fast_config, router_for
+from .helpers import fast_config
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from conveyor import AsyncCommittingProducer, Event, Router, Worker
+from waiting import wait_until
 
-from .conftest import fast_config, query, running, wait_until
+from .helpers import fast_config, query, running
 
 SKEW = 300.0
 
@@ -21,11 +22,15 @@ SKEW = 300.0
 async def test_skewed_worker_clock_changes_nothing(fresh_db: str, monkeypatch: pytest.MonkeyPatch,
                                                    caplog: pytest.LogCaptureFixture,
                                                    skew: float) -> None:
+    import conveyor.worker.maintenance as maintenance_module
+    import conveyor.worker.wakeups as wakeups_module
     import conveyor.worker.worker as worker_module
 
-    monkeypatch.setattr(worker_module, "time",
-                        SimpleNamespace(time=lambda: time.time() + skew, monotonic=time.monotonic))
-    caplog.set_level(logging.WARNING, logger="conveyor.worker.worker")
+    # Every worker module that reads the wall clock sees this machine's, skewed.
+    skewed = SimpleNamespace(time=lambda: time.time() + skew, monotonic=time.monotonic)
+    for module in (worker_module, maintenance_module, wakeups_module):
+        monkeypatch.setattr(module, "time", skewed)
+    caplog.set_level(logging.WARNING, logger="conveyor.worker")
     starts: dict[int, float] = {}
 
     async def long(event: Event) -> None:

@@ -9,7 +9,7 @@ import struct
 import psycopg
 import pytest
 
-from .conftest import BlackHoleProxy, _BackendKeySniffer, via
+from .helpers import BlackHoleProxy, _BackendKeySniffer, via
 
 
 def _message(kind: bytes, payload: bytes) -> bytes:

@@ -13,8 +13,10 @@ import time
 import pytest
 
 from conveyor import AsyncCommittingProducer, Event, NewEvent, Worker
+from waiting import wait_until
+from worker_support import router_for
 
-from .conftest import BlackHoleProxy, fast_config, query, router_for, running, state_counts, via, wait_until
+from .helpers import BlackHoleProxy, fast_config, query, running, state_counts, via
 
 LISTEN_PID = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
               "AND application_name = 'conveyor-listen' AND query ILIKE 'LISTEN%%'")
@@ -239,7 +241,8 @@ ROLE_PID = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database()
 
 
 @pytest.mark.parametrize("role", [
-    "fetch", pytest.param("ack", marks=pytest.mark.slow), pytest.param("maintenance", marks=pytest.mark.slow)])
+    "fetch", pytest.param("ack", marks=pytest.mark.slow),
+    pytest.param("maintenance", marks=pytest.mark.slow)])
 async def test_one_half_open_worker_connection_is_replaced_within_query_timeout(
         fresh_db: str, proxy: BlackHoleProxy, role: str) -> None:
     # Plan R8(b): one of the worker's connections goes half-open mid-drain (the
@@ -257,7 +260,8 @@ async def test_one_half_open_worker_connection_is_replaced_within_query_timeout(
     worker = Worker(via(fresh_db, proxy), router_for("r8.*", handle),
                     fast_config(concurrency=5, batch_size=5, lease_ttl=20.0, heartbeat_interval=1.0,
                                 rescue_interval=1.0, query_timeout=query_timeout))
-    managed = {"fetch": worker.connections.fetch, "ack": worker.connections.ack, "maintenance": worker.connections.maintenance}[role]
+    managed = {"fetch": worker.connections.fetch, "ack": worker.connections.ack,
+               "maintenance": worker.connections.maintenance}[role]
     async with running(worker, stop_timeout=20):
         async def going() -> bool:
             return len(handled) >= 40

@@ -32,8 +32,10 @@ import pytest
 
 from conveyor import AsyncCommittingProducer, Event, Worker
 from conveyor.schema.migrator import Migrator
+from waiting import wait_until
+from worker_support import router_for
 
-from .conftest import fast_config, query, router_for, running, wait_until
+from .helpers import fast_config, query, running
 from .replication import Cluster, PrivateServer, cluster
 
 pytestmark = pytest.mark.slow

@@ -237,8 +237,10 @@ async def test_commit_rate_with_notify_on_opted_out_and_off(fresh_db: str) -> No
 async def test_notify_opt_out_is_per_transaction_and_events_still_run_by_poll(
         fresh_db: str, ear: Ear) -> None:
     from conveyor import Event, Worker
+    from waiting import wait_until
+    from worker_support import router_for
 
-    from .conftest import fast_config, router_for, wait_until
+    from .helpers import fast_config
 
     producer = AsyncProducer()
 

@@ -10,8 +10,10 @@ import random
 import psycopg
 
 from conveyor import AsyncProducer, Event, Worker
+from waiting import wait_until
+from worker_support import router_for
 
-from .conftest import fast_config, router_for, running, wait_until
+from .helpers import fast_config, running
 
 PRODUCERS = 16
 ROUNDS = 12

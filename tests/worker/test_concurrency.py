@@ -10,18 +10,8 @@ from typing import Any
 import psycopg
 
 from conveyor import Event, NewEvent, Router, Worker
-
-from .conftest import (
-    enqueue,
-    enqueue_many,
-    event_row,
-    fast_config,
-    query,
-    running,
-    states,
-    wait_all_in,
-    wait_until,
-)
+from waiting import wait_until
+from worker_support import enqueue, enqueue_many, event_row, fast_config, query, running, states, wait_all_in
 
 
 async def _drain_sampling(url: str, **config: Any) -> tuple[int, list[int]]:

@@ -6,8 +6,8 @@ import asyncio
 import threading
 
 from conveyor import BackoffPolicy, Event, Router, Worker
-
-from .conftest import enqueue, event_row, fast_config, query, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, event_row, fast_config, query, running
 
 
 async def _seconds_until_due(url: str, event_id: int) -> float:

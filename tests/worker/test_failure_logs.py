@@ -14,8 +14,8 @@ import pytest
 
 from conveyor import BackoffPolicy, Event, PermanentFailure, Router, Worker
 from conveyor.log_context import EventContextFilter, current_event
-
-from .conftest import enqueue, fast_config, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, fast_config, running
 
 SLOW_RETRY = BackoffPolicy(base_delay=60, max_delay=60, jitter=0)
 

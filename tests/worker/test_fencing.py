@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from conveyor import Event, Router, Worker
-
-from .conftest import enqueue, event_row, fast_config, query, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, event_row, fast_config, query, running
 
 FENCED_COLUMNS = ("state", "attempts", "errors", "last_error", "run_at", "finished_at",
                   "lease_owner", "lease_expires_at", "updated_at")

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from conveyor import BackoffPolicy, Event, PermanentFailure, RetryAfter, Router, Worker
-
-from .conftest import enqueue, event_row, fast_config, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, event_row, fast_config, running
 
 NO_RETRY_SOON = BackoffPolicy(base_delay=60, max_delay=60, jitter=0)
 

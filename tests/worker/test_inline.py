@@ -23,8 +23,16 @@ from conveyor import (
     Snooze,
     Worker,
 )
-
-from .conftest import enqueue, enqueue_many, event_row, fast_config, router_for, running, states, wait_all_in
+from worker_support import (
+    enqueue,
+    enqueue_many,
+    event_row,
+    fast_config,
+    router_for,
+    running,
+    states,
+    wait_all_in,
+)
 
 NO_JITTER = BackoffPolicy(base_delay=10, factor=2, max_delay=100, jitter=0)
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from conveyor import BackoffPolicy, Event, RetryAfter, Router, Snooze, Worker
-
-from .conftest import enqueue, event_row, fast_config, query, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, event_row, fast_config, query, running
 
 SLOW_POLL = 30.0
 

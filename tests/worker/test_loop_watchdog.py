@@ -15,8 +15,8 @@ import time
 import pytest
 
 from conveyor import Event, Worker
-
-from .conftest import enqueue, fast_config, router_for, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, fast_config, router_for, running
 
 
 def _actions(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRecord]:

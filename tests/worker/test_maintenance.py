@@ -7,8 +7,7 @@ import uuid
 import psycopg
 
 from conveyor import Router, Worker
-
-from .conftest import enqueue, fast_config, query
+from worker_support import enqueue, fast_config, query
 
 
 async def _fabricate(url: str, state: str, finished_ago: str | None) -> int:

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from conveyor import Event, Worker
-
-from .conftest import enqueue, fast_config, router_for, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, fast_config, router_for, running
 
 HOSTILE = ["*|nan", "*|NaN", "*|inf", "*|-inf", "*|1e300", "*|-5", "*|0", "*|abc",
            "*|" + "9" * 400, "*|1e-300", "*|", "|", "*|1|2", "x" * 7000, "*|\u0661\u0662"]

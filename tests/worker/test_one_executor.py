@@ -16,8 +16,8 @@ import pytest
 from conveyor import Event, Producer, Router, Worker
 from conveyor.testing import work_event
 from conveyor.worker.executor import Executor
-
-from .conftest import enqueue, fast_config, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, fast_config, running
 
 
 def _router(callers: list[CodeType]) -> Router:

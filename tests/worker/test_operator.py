@@ -7,8 +7,8 @@ import asyncio
 import psycopg
 
 from conveyor import AsyncAdmin, Event, Router, Worker
-
-from .conftest import enqueue, event_row, fast_config, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, event_row, fast_config, running
 
 
 async def test_cancelling_a_running_event_stops_its_handler_and_it_stays_cancelled(

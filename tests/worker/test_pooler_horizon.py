@@ -19,8 +19,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from conveyor import ConfigError, Event, Worker
 from conveyor.worker.listener import PROBE_TIMEOUT
-
-from .conftest import enqueue, fast_config, query, router_for, running, wait_all_in
+from worker_support import enqueue, fast_config, query, router_for, running, wait_all_in
 
 
 def _noop_router() -> Any:

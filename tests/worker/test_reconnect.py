@@ -10,8 +10,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from conveyor import Event, NewEvent, Router, Worker
-
-from .conftest import enqueue, enqueue_many, event_row, fast_config, query, running, states, wait_until
+from waiting import wait_until
+from worker_support import enqueue, enqueue_many, event_row, fast_config, query, running, states
 
 TERMINATE = ("SELECT pg_terminate_backend(pid) AS killed FROM pg_stat_activity "
              "WHERE datname = current_database() AND application_name LIKE 'conveyor-%%' "

@@ -8,8 +8,8 @@ import psycopg
 import pytest
 
 from conveyor import ConfigError, Event, NewEvent, Router, Worker, WorkerConfig
-
-from .conftest import enqueue, enqueue_many, event_row, fast_config, query, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, enqueue_many, event_row, fast_config, query, running
 
 
 async def _ids(url: str) -> dict[int, tuple[str, int]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from conveyor import Event, Router, Worker
-
-from .conftest import enqueue, event_row, fast_config, query, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, event_row, fast_config, query, running
 
 
 async def _drain(worker: Worker) -> None:

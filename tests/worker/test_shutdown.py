@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from conveyor import Event, Router, Worker
-
-from .conftest import enqueue, event_row, fast_config, query, running, wait_until
+from waiting import wait_until
+from worker_support import enqueue, event_row, fast_config, query, running
 
 
 async def test_stop_acks_handlers_that_finish_and_hands_back_the_rest(db: str) -> None:

@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 from conveyor import BackoffPolicy, Cancel, Event, PermanentFailure, RetryAfter, Router, Snooze, Worker
-
-from .conftest import enqueue, event_row, fast_config, query
+from worker_support import enqueue, event_row, fast_config, query
 
 
 async def _run_once_raising(url: str, signal: BaseException, **enqueue_options: Any

@@ -8,8 +8,7 @@ import threading
 import pytest
 
 from conveyor import ConfigError, Event, MigrationError, Router, Worker
-
-from .conftest import enqueue, event_row, fast_config, query, running, wait_all_in
+from worker_support import enqueue, event_row, fast_config, query, running, wait_all_in
 
 
 async def _assert_succeeded(url: str, event_id: int) -> None:
