@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,15 +105,6 @@ async def _started(worker: Any, task: asyncio.Task[None]) -> None:
         if task.done():
             task.result()
         await asyncio.sleep(0.01)
-
-
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 20.0,
-                   what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def show(url: str, event_id: int) -> EventRecord:

@@ -23,17 +23,9 @@ from conveyor.workflow import (
     WorkflowPublisher,
     workflow_idempotency_key,
 )
+from waiting import wait_until
 
-from .conftest import (
-    ROOT,
-    SMALL_BACKOFF,
-    EngineHandle,
-    new_worker,
-    running,
-    show,
-    state_of,
-    wait_for,
-)
+from .conftest import ROOT, SMALL_BACKOFF, EngineHandle, new_worker, running, show, state_of
 
 
 def _publish(url: str, count: int, *, tenant: str = "acme", max_attempts: int = 20) -> list[int]:
@@ -78,12 +70,12 @@ async def test_events_published_while_the_engine_is_down_arrive_exactly_once_aft
         async def some_failed() -> bool:
             records = await asyncio.gather(*(asyncio.to_thread(show, fresh_db, i) for i in ids))
             return all(r.attempts >= 2 for r in records)
-        await wait_for(some_failed, what="two refused attempts per event")
+        await wait_until(some_failed, timeout=20, what="two refused attempts per event")
         record = await asyncio.to_thread(show, fresh_db, ids[0])
         assert record.state is not EventState.SUCCEEDED
         assert "unreachable" in (record.last_error or "")
         workflow_engine.server.start()
-        await wait_for(lambda: _all_in(fresh_db, ids, "succeeded"), what="all delivered")
+        await wait_until(lambda: _all_in(fresh_db, ids, "succeeded"), timeout=20, what="all delivered")
     events = workflow_engine.engine.store.events("acme")
     keys = [e["idempotency_key"] for e in events]
     assert sorted(keys) == sorted(workflow_idempotency_key("mail", "acme", i) for i in ids)
@@ -114,7 +106,7 @@ async def test_three_500s_then_success_on_the_fourth_attempt_with_errors_recorde
         assert reply.status_code == 200
     [event_id] = _publish(fresh_db, 1)
     async with running(new_worker(fresh_db, _router(engine_client))):
-        await wait_for(lambda: _all_in(fresh_db, [event_id], "succeeded"), what="delivery")
+        await wait_until(lambda: _all_in(fresh_db, [event_id], "succeeded"), timeout=20, what="delivery")
     status = WorkflowPublisher(registry).status(psycopg.connect(fresh_db, autocommit=True), event_id)
     assert (status.state, status.attempts) == (EventState.SUCCEEDED, 4)
     assert [e.attempt for e in status.errors] == [1, 2, 3]
@@ -127,7 +119,7 @@ async def test_an_engine_down_past_the_last_attempt_parks_the_event_failed_with_
         fresh_db: str, workflow_engine: EngineHandle, engine_client: AsyncEngineClient) -> None:
     [event_id] = _publish(fresh_db, 1, max_attempts=3)
     async with running(new_worker(fresh_db, _router(engine_client))):
-        await wait_for(lambda: _all_in(fresh_db, [event_id], "failed"), what="parking")
+        await wait_until(lambda: _all_in(fresh_db, [event_id], "failed"), timeout=20, what="parking")
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         status = WorkflowPublisher(registry).status(conn, event_id)
     assert (status.state, status.attempts, len(status.errors)) == (EventState.FAILED, 3, 3)
@@ -149,7 +141,7 @@ async def test_an_answer_retrying_cannot_fix_parks_the_event_at_once(
     # Nothing registered: the engine answers 422 "trigger 'mail.received' is not registered".
     [event_id] = _publish(fresh_db, 1)
     async with running(new_worker(fresh_db, _router(engine_client))):
-        await wait_for(lambda: _all_in(fresh_db, [event_id], "failed"), what="parking")
+        await wait_until(lambda: _all_in(fresh_db, [event_id], "failed"), timeout=20, what="parking")
     record = show(fresh_db, event_id)
     assert record.attempts == 1
     assert "answered 422" in (record.last_error or "")
@@ -162,7 +154,7 @@ async def test_an_authentication_failure_is_retried_not_parked(
     running_engine.engine.fail_next(1, status=401)   # as while a rotated secret rolls out
     [event_id] = _publish(fresh_db, 1)
     async with running(new_worker(fresh_db, _router(engine_client))):
-        await wait_for(lambda: _all_in(fresh_db, [event_id], "succeeded"), what="delivery")
+        await wait_until(lambda: _all_in(fresh_db, [event_id], "succeeded"), timeout=20, what="delivery")
     record = show(fresh_db, event_id)
     assert record.attempts == 2
     assert "answered 401" in record.errors[0].error

@@ -31,8 +31,9 @@ from conveyor.multitenant import (
 )
 from conveyor.schema.migrator import Migrator
 from conveyor.types import Event
+from waiting import wait_until
 
-from .conftest import ROOT, running, show, wait_for
+from .conftest import ROOT, running, show
 
 BACKLOG = 100_000
 TENANTS = 10
@@ -108,7 +109,7 @@ async def test_a_100k_backlog_does_not_delay_other_tenants_events_past_one_secon
                                                  rescan_interval=1.0))
     async with running(worker):
         assert sorted(worker.tenants) == names
-        await wait_for(lambda: _count(ran, busy, 2_000), what="the backlog to be draining")
+        await wait_until(lambda: _count(ran, busy, 2_000), timeout=20, what="the backlog to be draining")
         sent: dict[str, float] = {}
 
         async def publish(name: str) -> None:
@@ -117,7 +118,7 @@ async def test_a_100k_backlog_does_not_delay_other_tenants_events_past_one_secon
                 await producer.enqueue("work.item", {"tenant": name}, tenant=name)
 
         await asyncio.gather(*(publish(n) for n in names[1:]))
-        await wait_for(lambda: _all_others_ran(ran, names[1:]), timeout=10,
+        await wait_until(lambda: _all_others_ran(ran, names[1:]), timeout=10,
                        what="the other tenants' events")
         backlog_left = await asyncio.to_thread(_pending, urls[busy])
         drained = sum(1 for r in ran if r[0] == busy)
@@ -161,12 +162,12 @@ async def test_tenants_added_and_removed_while_running(tenant_db: MakeDb, tmp_pa
     async with running(worker):
         assert sorted(worker.tenants) == ["a", "b"]
         _write_dsn(tmp_path, "c", urls["c"])
-        await wait_for(lambda: _serving(worker, "c"), what="tenant c to be added")
+        await wait_until(lambda: _serving(worker, "c"), timeout=20, what="tenant c to be added")
         with CommittingProducer(urls["c"]) as producer:   # migrated when it was added
             c_event = producer.enqueue("job.run", {}, tenant="c")
-        await wait_for(lambda: _saw(seen, ("c", c_event)), what="c's event")
+        await wait_until(lambda: _saw(seen, ("c", c_event)), timeout=20, what="c's event")
         (tmp_path / "a.dsn").unlink()
-        await wait_for(lambda: _not_serving(worker, "a"), what="tenant a to be removed")
+        await wait_until(lambda: _not_serving(worker, "a"), timeout=20, what="tenant a to be removed")
         with CommittingProducer(urls["a"]) as producer:
             a_event = producer.enqueue("job.run", {}, tenant="a")
         await asyncio.sleep(1.0)

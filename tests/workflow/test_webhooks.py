@@ -38,8 +38,9 @@ from conveyor.webhooks import (
     signature_headers,
     verify,
 )
+from waiting import wait_until
 
-from .conftest import new_worker, running, show, state_of, wait_for
+from .conftest import new_worker, running, show, state_of
 
 # The test vector published with the Standard Webhooks specification.
 SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -247,7 +248,7 @@ async def test_each_subscribed_endpoint_gets_one_signed_request(
     with CommittingProducer(fresh_db) as producer:
         source = producer.enqueue("order.created", {"order": 7, "note": "grüße"}, tenant="acme")
     async with running(new_worker(fresh_db, router)):
-        await wait_for(lambda: _deliveries_done(fresh_db), what="deliveries")
+        await wait_until(lambda: _deliveries_done(fresh_db), timeout=20, what="deliveries")
         await fanout.aclose()
     assert [(e, a, s) for _, e, a, s in _deliveries(fresh_db)] == \
         [("audit", 1, "succeeded"), ("crm", 1, "succeeded")]
@@ -291,7 +292,7 @@ async def test_endpoints_retry_independently(fresh_db: str, receiver: Receiver) 
     with CommittingProducer(fresh_db) as producer:
         producer.enqueue("order.created", {"order": 8})
     async with running(new_worker(fresh_db, router)):
-        await wait_for(lambda: _deliveries_done(fresh_db), what="deliveries")
+        await wait_until(lambda: _deliveries_done(fresh_db), timeout=20, what="deliveries")
         await fanout.aclose()
     rows = {e: (a, s) for _, e, a, s in _deliveries(fresh_db)}
     assert rows == {"flaky": (3, "succeeded"), "steady": (1, "succeeded")}
@@ -314,7 +315,7 @@ async def test_redirects_are_never_followed_and_gone_stops_at_once(
     with CommittingProducer(fresh_db) as producer:
         producer.enqueue("order.created", {"order": 9})
     async with running(new_worker(fresh_db, router)):
-        await wait_for(lambda: _deliveries_done(fresh_db), what="deliveries")
+        await wait_until(lambda: _deliveries_done(fresh_db), timeout=20, what="deliveries")
         await fanout.aclose()
     rows = {e: (i, a, s) for i, e, a, s in _deliveries(fresh_db)}
     assert rows["moved"][1:] == (2, "failed")
@@ -337,7 +338,7 @@ async def test_an_unreachable_endpoint_spends_attempts_and_parks(fresh_db: str,
         with CommittingProducer(fresh_db) as producer:
             producer.enqueue("order.created", {})
         async with running(new_worker(fresh_db, router)):
-            await wait_for(lambda: _deliveries_done(fresh_db), what="parking")
+            await wait_until(lambda: _deliveries_done(fresh_db), timeout=20, what="parking")
             await fanout.aclose()
     finally:
         down.close()
@@ -354,7 +355,7 @@ async def test_a_delivery_for_an_endpoint_no_longer_declared_is_cancelled(fresh_
     router = Router()
     WebhookDeliverer(WebhookSubscriptions([])).attach(router)
     async with running(new_worker(fresh_db, router)):
-        await wait_for(lambda: _is(fresh_db, event_id, "cancelled"), what="cancel")
+        await wait_until(lambda: _is(fresh_db, event_id, "cancelled"), timeout=20, what="cancel")
     assert "no longer declared" in (show(fresh_db, event_id).last_error or "")
 
 
