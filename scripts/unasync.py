@@ -31,16 +31,20 @@ ROOT = Path(__file__).resolve().parent.parent
 ALL_INPUTS: dict[str, str] = {
     "src/conveyor/admin_async.py": "src/conveyor/admin.py",
     "src/conveyor/schema/migrator_async.py": "src/conveyor/schema/migrator.py",
+    "src/conveyor/producer_async.py": "src/conveyor/producer.py",
 }
 
 # Async name -> sync name, replaced as whole words.
 NAMES: dict[str, str] = {
     "AsyncAdmin": "Admin",
     "AsyncMigrator": "Migrator",
+    "AsyncProducer": "Producer",
+    "AsyncCommittingProducer": "CommittingProducer",
     "AsyncConnection": "Connection",
     "AsyncCursor": "Cursor",
     "AsyncIterator": "Iterator",
     "run_async": "run",
+    "connect_for_statements_async": "connect_for_statements",
     "_fetch_async": "_fetch",
     "_run_flow_async": "_run_flow",
     "__aenter__": "__enter__",

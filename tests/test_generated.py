@@ -11,9 +11,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "unasync.py"
 HEADER = "by scripts/unasync.py; DO NOT EDIT"
+
+# Every module that has a sync and an async twin: each is generated, never
+# copied by hand (CONVENTIONS, "API shape").
+TWINS = [
+    "src/conveyor/admin.py",
+    "src/conveyor/producer.py",
+    "src/conveyor/schema/migrator.py",
+]
 
 
 def _listed() -> dict[str, str]:
@@ -38,6 +48,12 @@ def test_every_generated_file_is_listed_and_every_listed_file_generated() -> Non
     generated = {str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
                  if HEADER in p.read_text("utf-8").partition("\n")[0]}
     assert generated == set(_listed().values())
+
+
+@pytest.mark.parametrize("target", TWINS)
+def test_every_mirrored_module_is_generated_from_its_async_source(target: str) -> None:
+    assert target in _listed().values()
+    assert HEADER in (ROOT / target).read_text("utf-8").partition("\n")[0]
 
 
 def _copy_listed(root: Path) -> None:

@@ -355,13 +355,15 @@ def test_enqueue_bulk_sends_a_non_default_max_attempts(conn: psycopg.Connection[
 def test_columns_left_out_of_a_bulk_copy_have_the_defaults_the_producer_assumes(
     conn: psycopg.Connection[Any],
 ) -> None:
-    from conveyor.producer import _TABLE_DEFAULTS
+    from conveyor.config import MAX_ATTEMPTS_DEFAULT
+    from conveyor.producer_core import COLUMN_DEFAULTS
     rows = conn.execute(
         "SELECT column_name, column_default FROM information_schema.columns"
         " WHERE table_schema = 'conveyor' AND table_name = 'events'"
-        " AND column_name = ANY(%s)", (list(_TABLE_DEFAULTS),)).fetchall()
-    assert dict(rows) == {"tenant": None, "priority": "0", "max_attempts": "5"}
-    assert _TABLE_DEFAULTS == {"tenant": None, "priority": 0, "max_attempts": 5}
+        " AND column_name = ANY(%s)", (list(COLUMN_DEFAULTS),)).fetchall()
+    assert dict(rows) == {"tenant": None, "priority": "0",
+                          "max_attempts": str(MAX_ATTEMPTS_DEFAULT)}
+    assert COLUMN_DEFAULTS == {"tenant": None, "priority": 0, "max_attempts": MAX_ATTEMPTS_DEFAULT}
 
 
 def test_enqueue_bulk_skips_and_does_not_count_existing_keys(

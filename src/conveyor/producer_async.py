@@ -1,0 +1,271 @@
+"""Writing events inside the caller's transaction.
+
+``enqueue(conn, ...)`` runs on the caller's psycopg connection and so joins
+whatever transaction is open there: the event exists if and only if that
+transaction commits. :class:`AsyncCommittingProducer` is the convenience that
+owns a connection and commits each call on its own.
+
+``conveyor/producer_async.py`` is the source people edit;
+``conveyor/producer.py`` is its sync twin, generated from it by
+``scripts/unasync.py``. Checks, rows and the COPY routes are the I/O-free
+core in :mod:`conveyor.producer_core`.
+
+Example::
+
+    producer = AsyncProducer()
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await conn.execute("INSERT INTO orders ...")
+        await producer.enqueue(conn, "order.created", {"order_id": 42}, tenant="acme")
+    # leaving the block commits both, or neither
+
+Every input is checked before any SQL runs; a refusal raises
+:class:`~conveyor.errors.InvalidInputError` naming the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from conveyor.config import ProducerConfig
+from conveyor.db.connect import connect_for_statements_async
+from conveyor.db.execute import run_async
+from conveyor.db.named_queries import queries_for
+
+# unasync: from conveyor.producer_async import AsyncCommittingProducer as AsyncCommittingProducer
+# unasync: from conveyor.producer_async import AsyncProducer as AsyncProducer
+from conveyor.producer_core import COPY_THRESHOLD as COPY_THRESHOLD
+from conveyor.producer_core import EventLike as EventLike
+from conveyor.producer_core import NewEvent as NewEvent
+from conveyor.producer_core import (
+    _Copy,
+    _NotPlain,
+    _Row,
+    begins_transaction,
+    copy_plain,
+    copy_rows,
+    copy_with_ids,
+    fits_copy,
+    fits_copy_plain,
+    insert_many_params,
+    key_params,
+    plain_pairs,
+    prepare,
+    prepare_many,
+    single_params,
+    unseen_key,
+    wrap,
+)
+
+
+class AsyncProducer:
+    """Enqueues events on a connection the caller holds.
+
+    Args:
+        config: limits and defaults. Defaults to ``ProducerConfig()``.
+    """
+
+    def __init__(self, config: ProducerConfig | None = None) -> None:
+        self.config = config or ProducerConfig()
+        self._q = queries_for(self.config.schema)
+        # The id sequence's name, the same in every database with this schema.
+        self._sequence: str | None = None
+
+    async def enqueue(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        topic: str,
+        payload: Any = None,
+        *,
+        tenant: str | None = None,
+        idempotency_key: str | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        max_attempts: int | None = None,
+    ) -> int:
+        """Write one event in ``conn``'s current transaction; returns its id.
+
+        With an ``idempotency_key`` that already exists for the tenant, returns
+        the first event's id and writes nothing.
+        """
+        row = prepare(self.config, NewEvent(
+            topic=topic, payload=payload, tenant=tenant, idempotency_key=idempotency_key,
+            delay=delay, priority=priority, max_attempts=max_attempts))
+        try:
+            cur = await run_async(conn, self._q["event_insert"], single_params(row))
+            found = await cur.fetchone()
+            return int(found[0]) if found is not None else await self._existing(conn, row)
+        except psycopg.Error as exc:
+            raise wrap(exc, f"enqueue of topic {row.topic!r}") from exc
+
+    async def enqueue_many(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        events: Iterable[EventLike],
+    ) -> list[int]:
+        """Write many events in one statement (COPY for plain batches); ids in input order."""
+        rows = prepare_many(self.config, events)
+        return (await self._write_many(conn, rows))[0] if rows else []
+
+    async def enqueue_bulk(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        events: Iterable[EventLike],
+    ) -> int:
+        """Write many events and return how many were written, not their ids.
+
+        Without ids to hand back, a plain batch goes out as one bare COPY (no
+        id reservation first): the fastest way in. Events with an idempotency
+        key or a delay take the :meth:`enqueue_many` path; a key that already
+        exists is skipped and not counted.
+
+        When the call begins the transaction (an idle connection, not in
+        autocommit), any exception rolls back what it began and is raised as
+        it was: the connection is idle again.
+        """
+        began = begins_transaction(conn)
+        try:
+            events = events if isinstance(events, list | tuple) else list(events)
+            if fits_copy_plain(self.config, events):
+                try:
+                    return await self._copy_plain(conn, events)
+                except _NotPlain:
+                    pass
+            rows = prepare_many(self.config, events)
+            if fits_copy(rows):
+                return await self._copy(conn, copy_rows(self._q, rows), f"{len(rows)} events")
+            return (await self._write_many(conn, rows))[1] if rows else 0
+        except BaseException:
+            if began:
+                await _rollback_quietly(conn)
+            raise
+
+    async def _write_many(self, conn: psycopg.AsyncConnection[Any], rows: list[_Row]
+                          ) -> tuple[list[int], int]:
+        """Write ``rows``; returns their ids in input order and how many rows are new."""
+        try:
+            ids = await self._reserve_ids(conn, len(rows))
+            if fits_copy(rows):
+                await self._copy(conn, copy_with_ids(self._q, rows, ids), f"{len(rows)} events")
+                return ids, len(ids)
+            cur = await run_async(conn, self._q["event_insert_many_ids"],
+                                  insert_many_params(rows, ids))
+            inserted = {r[0] for r in await cur.fetchall()}
+            return [rid if rid in inserted else await self._existing(conn, row)
+                    for rid, row in zip(ids, rows, strict=True)], len(inserted)
+        except psycopg.Error as exc:
+            raise wrap(exc, f"enqueue of {len(rows)} events") from exc
+
+    async def _copy_plain(self, conn: psycopg.AsyncConnection[Any],
+                          events: Sequence[EventLike]) -> int:
+        """COPY plain events; :class:`_NotPlain` (nothing written) at the first that is not."""
+        pairs = plain_pairs(self.config, events)
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            # Inside the caller's transaction every event is checked before a
+            # byte is sent, so a refusal leaves that transaction as it was (a
+            # savepoint would allow streaming, at a subtransaction per call).
+            return await self._copy(conn, copy_plain(self._q, list(pairs)), "a bulk batch")
+        # The call begins the transaction: rows go out as they are checked, so
+        # the server stores while the client encodes (about 10 % faster). An
+        # autocommit COPY that stops half-way writes nothing; otherwise the
+        # transaction this call began is rolled back (here for the next route
+        # to start afresh; by enqueue_bulk for any error).
+        try:
+            return await self._copy(conn, copy_plain(self._q, pairs), "a bulk batch")
+        except _NotPlain:
+            if not conn.autocommit:
+                await conn.rollback()
+            raise
+
+    async def _copy(self, conn: psycopg.AsyncConnection[Any], copy: _Copy, what: str) -> int:
+        """Run one COPY; returns how many records it sent."""
+        written = 0
+        try:
+            async with conn.cursor().copy(copy.statement) as out:
+                write = out.write_row
+                for written, record in enumerate(copy.records, 1):  # noqa: B007
+                    await write(record)
+        except psycopg.Error as exc:
+            raise wrap(exc, f"enqueue of {what}") from exc
+        return written
+
+    async def _reserve_ids(self, conn: psycopg.AsyncConnection[Any], count: int) -> list[int]:
+        q = self._q
+        if self._sequence is None:
+            cur = await run_async(conn, q["event_sequence"], {"table": q.events_table})
+            self._sequence = (await cur.fetchone())[0]  # type: ignore[index]
+        cur = await run_async(conn, q["event_reserve_ids"],
+                              {"sequence": self._sequence, "count": count})
+        ids: list[int] = (await cur.fetchone())[0]  # type: ignore[index]
+        return ids
+
+    async def _existing(self, conn: psycopg.AsyncConnection[Any], row: _Row) -> int:
+        """The id of the event that already holds ``row``'s idempotency key."""
+        cur = await run_async(conn, self._q["event_id_by_key"], key_params(row))
+        found = await cur.fetchone()
+        if found is None:
+            raise unseen_key(row)
+        return int(found[0])
+
+
+async def _rollback_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
+    try:
+        await conn.rollback()
+    except psycopg.Error:
+        pass  # the error being raised says more; psycopg closes a broken connection
+
+
+class AsyncCommittingProducer:
+    """Owns one connection and commits every enqueue on its own.
+
+    For scripts and tools with no business transaction to join. Use as a
+    context manager::
+
+        async with AsyncCommittingProducer(dsn) as producer:
+            event_id = await producer.enqueue("report.requested", {"month": "2026-11"})
+    """
+
+    def __init__(self, conninfo: str, config: ProducerConfig | None = None) -> None:
+        self._producer = AsyncProducer(config)
+        self._conninfo = conninfo
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._conn = await connect_for_statements_async(self._conninfo, autocommit=True)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await connect_for_statements_async(self._conninfo, autocommit=True)
+        return self._conn
+
+    async def enqueue(self, topic: str, payload: Any = None, **options: Any) -> int:
+        """Enqueue and commit one event; same options as :meth:`AsyncProducer.enqueue`."""
+        conn = await self._connection()
+        async with conn.transaction():
+            return await self._producer.enqueue(conn, topic, payload, **options)
+
+    async def enqueue_many(self, events: Iterable[EventLike]) -> list[int]:
+        """Enqueue and commit many events in one transaction."""
+        conn = await self._connection()
+        async with conn.transaction():
+            return await self._producer.enqueue_many(conn, events)
+
+    async def enqueue_bulk(self, events: Iterable[EventLike]) -> int:
+        """Enqueue and commit many events in one transaction; returns the count written."""
+        conn = await self._connection()
+        async with conn.transaction():
+            return await self._producer.enqueue_bulk(conn, events)

@@ -1,0 +1,290 @@
+"""The producer's I/O-free core: events in, checked rows and COPY plans out.
+
+Everything here is shared by :class:`~conveyor.AsyncProducer` and its
+generated sync twin :class:`~conveyor.Producer`; none of it touches a
+connection. An event reaches the table by one of four routes:
+
+* one ``INSERT`` (``enqueue``, and small batches or batches with idempotency
+  keys or delays, which COPY cannot express);
+* :func:`copy_with_ids`: a batch whose ids were reserved first, so
+  ``enqueue_many`` can hand them back;
+* :func:`copy_rows`: a batch that needs no ids back (``enqueue_bulk``),
+  sending only the columns some row sets away from the table's default;
+* :func:`copy_plain`: a bulk batch of plain events (:func:`is_plain`) as bare
+  ``(topic, payload)`` rows, checked while they stream: the raw COPY rate.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from conveyor.config import MAX_ATTEMPTS_DEFAULT, ProducerConfig
+from conveyor.db.named_queries import Queries
+from conveyor.errors import DatabaseError, InvalidInputError
+from conveyor.validation import (
+    KNOWN_TOPICS,
+    check_delay,
+    check_idempotency_key,
+    check_max_attempts,
+    check_priority,
+    check_tenant,
+    check_topic,
+    encode_payload,
+)
+
+# Below this many rows a single INSERT beats the extra round trip COPY needs.
+COPY_THRESHOLD = 64
+
+# The events table's column defaults (schema.sql; a test holds them to it): a
+# column every row of a COPY leaves at its default is not sent.
+COLUMN_DEFAULTS: dict[str, Any] = {"tenant": None, "priority": 0,
+                                   "max_attempts": MAX_ATTEMPTS_DEFAULT}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, init=False)
+class NewEvent:
+    """One event to enqueue with :meth:`Producer.enqueue_many`.
+
+    Attributes:
+        topic: dot-separated topic, e.g. ``"email.send"``.
+        payload: any JSON-serialisable value. Defaults to ``{}``.
+        tenant: owning tenant (a DNS label) or ``None``. Defaults to ``None``.
+        idempotency_key: enqueuing the same (tenant, key) again yields the first id.
+            Defaults to ``None``.
+        delay: seconds before the event becomes due. Defaults to 0.
+        priority: higher runs first. Defaults to 0.
+        max_attempts: attempts before it is parked ``failed``. Defaults to the
+            producer's ``max_attempts``.
+    """
+
+    topic: str
+    payload: Any = None
+    tenant: str | None = None
+    idempotency_key: str | None = None
+    delay: float = 0.0
+    priority: int = 0
+    max_attempts: int | None = None
+
+    def __init__(self, *, topic: str, payload: Any = None, tenant: str | None = None,
+                 idempotency_key: str | None = None, delay: float = 0.0, priority: int = 0,
+                 max_attempts: int | None = None) -> None:
+        # hot path, measured: see docs/benchmarks.md (the slots' own setters,
+        # not the frozen dataclass's object.__setattr__ per field; still immutable)
+        _set_topic(self, topic)
+        _set_payload(self, payload)
+        _set_tenant(self, tenant)
+        _set_key(self, idempotency_key)
+        _set_delay(self, delay)
+        _set_priority(self, priority)
+        _set_max_attempts(self, max_attempts)
+
+
+_slot_setters = {f.name: NewEvent.__dict__[f.name].__set__ for f in fields(NewEvent)}
+_set_topic, _set_payload = _slot_setters["topic"], _slot_setters["payload"]
+_set_tenant, _set_key = _slot_setters["tenant"], _slot_setters["idempotency_key"]
+_set_delay, _set_priority = _slot_setters["delay"], _slot_setters["priority"]
+_set_max_attempts = _slot_setters["max_attempts"]
+
+EventLike = NewEvent | Mapping[str, Any] | tuple[str, Any]
+
+
+def coerce(item: EventLike, index: int) -> NewEvent:
+    """``item`` as a :class:`NewEvent`; a mapping gives its fields, a pair its topic and payload."""
+    if isinstance(item, NewEvent):
+        return item
+    if isinstance(item, Mapping):
+        try:
+            return NewEvent(**item)
+        except TypeError as exc:
+            raise InvalidInputError(f"event #{index}: {exc}") from None
+    if type(item) is tuple and len(item) == 2:
+        return NewEvent(topic=item[0], payload=item[1])
+    raise InvalidInputError(
+        f"event #{index}: expected NewEvent, a mapping or a (topic, payload) pair, got {item!r:.60}")
+
+
+def is_plain(event: NewEvent) -> bool:
+    """Whether ``event`` sets only a topic and a payload, every option at its default.
+
+    Exact types only: a ``True`` priority or a ``Decimal`` delay takes the full
+    checks, which refuse or convert it.
+    """
+    return (event.tenant is None and event.idempotency_key is None and event.max_attempts is None
+            and type(event.priority) is int and event.priority == 0
+            and type(event.delay) in (float, int) and event.delay == 0)
+
+
+@dataclass(slots=True)   # hot path, measured: see docs/benchmarks.md (not frozen)
+class _Row:
+    """One checked event, as its columns will hold it."""
+
+    tenant: str | None
+    topic: str
+    payload: str
+    priority: int
+    max_attempts: int
+    key: str | None
+    delay: float
+
+
+def prepare(config: ProducerConfig, event: NewEvent, index: int | None = None) -> _Row:
+    """Check every field of ``event``; a refusal names the event's ``index`` when given."""
+    try:
+        return _Row(
+            tenant=check_tenant(event.tenant),
+            topic=check_topic(event.topic),
+            payload=encode_payload({} if event.payload is None else event.payload,
+                                   max_bytes=config.max_payload_bytes,
+                                   max_depth=config.max_payload_depth),
+            priority=check_priority(event.priority),
+            max_attempts=check_max_attempts(
+                config.max_attempts if event.max_attempts is None else event.max_attempts),
+            key=check_idempotency_key(event.idempotency_key),
+            delay=check_delay(event.delay),
+        )
+    except InvalidInputError as exc:
+        if index is None:
+            raise
+        raise type(exc)(f"event #{index}: {exc}") from None
+
+
+def prepare_many(config: ProducerConfig, events: Iterable[EventLike]) -> list[_Row]:
+    """Every event checked, in order; the first refusal names its index."""
+    rows: list[_Row] = []
+    append = rows.append
+    max_attempts, max_bytes, max_depth = (config.max_attempts, config.max_payload_bytes,
+                                          config.max_payload_depth)
+    for i, item in enumerate(events):
+        event = item if type(item) is NewEvent else coerce(item, i)
+        # A plain event with a known topic needs only its payload checked.
+        if is_plain(event) and type(event.topic) is str and event.topic in KNOWN_TOPICS:
+            try:
+                payload = encode_payload({} if event.payload is None else event.payload,
+                                         max_bytes=max_bytes, max_depth=max_depth)
+            except InvalidInputError as exc:
+                raise type(exc)(f"event #{i}: {exc}") from None
+            append(_Row(None, event.topic, payload, 0, max_attempts, None, 0.0))
+        else:
+            append(prepare(config, event, i))
+    return rows
+
+
+def single_params(row: _Row) -> dict[str, Any]:
+    """``event_insert``'s parameters."""
+    return {"tenant": row.tenant, "topic": row.topic, "payload": row.payload,
+            "priority": row.priority, "max_attempts": row.max_attempts,
+            "idempotency_key": row.key, "delay": row.delay}
+
+
+def key_params(row: _Row) -> dict[str, Any]:
+    """``event_id_by_key``'s parameters."""
+    return {"tenant": row.tenant, "idempotency_key": row.key}
+
+
+def insert_many_params(rows: Sequence[_Row], ids: Sequence[int]) -> dict[str, Any]:
+    """``event_insert_many_ids``'s parameters: one array per column."""
+    return {
+        "ids": list(ids),
+        "tenants": [r.tenant for r in rows],
+        "topics": [r.topic for r in rows],
+        "payloads": [r.payload for r in rows],
+        "priorities": [r.priority for r in rows],
+        "max_attempts": [r.max_attempts for r in rows],
+        "keys": [r.key for r in rows],
+        "delays": [r.delay for r in rows],
+    }
+
+
+class _Copy(NamedTuple):
+    """One COPY: its statement and the records it sends."""
+
+    statement: str
+    records: Iterable[tuple[Any, ...]]
+
+
+def fits_copy(rows: Sequence[_Row]) -> bool:
+    """Whether ``rows`` may go by COPY: enough of them, and none needing ``ON CONFLICT`` or now()."""
+    return len(rows) >= COPY_THRESHOLD and all(r.key is None and r.delay == 0 for r in rows)
+
+
+def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int]) -> _Copy:
+    """Rows with the ids reserved for them, every column sent."""
+    return _Copy(f"COPY {q.events_table} (id, tenant, topic, payload, priority, max_attempts)"
+                 " FROM STDIN",
+                 ((rid, r.tenant, r.topic, r.payload, r.priority, r.max_attempts)
+                  for rid, r in zip(ids, rows, strict=True)))
+
+
+def copy_rows(q: Queries, rows: Sequence[_Row]) -> _Copy:
+    """Rows without ids, sending only the columns some row sets away from its default.
+
+    Fewer columns are measurably cheaper to format and to parse.
+    """
+    columns = ["topic", "payload", *(name for name, default in COLUMN_DEFAULTS.items()
+                                     if any(getattr(r, name) != default for r in rows))]
+    return _Copy(f"COPY {q.events_table} ({', '.join(columns)}) FROM STDIN",
+                 map(operator.attrgetter(*columns), rows))
+
+
+def fits_copy_plain(config: ProducerConfig, events: Sequence[EventLike]) -> bool:
+    """Whether a bulk batch may try :func:`copy_plain` (it steps aside at a non-plain event)."""
+    # Only the table's own max_attempts lets the two-column COPY stand for it.
+    return (len(events) >= COPY_THRESHOLD
+            and config.max_attempts == COLUMN_DEFAULTS["max_attempts"])
+
+
+class _NotPlain(Exception):
+    """An event sets more than a topic and a payload: :func:`copy_plain` steps aside."""
+
+
+def copy_plain(q: Queries, pairs: Iterable[tuple[str, str]]) -> _Copy:
+    """``(topic, JSON text)`` rows, every other column left to the table's default."""
+    return _Copy(f"COPY {q.events_table} (topic, payload) FROM STDIN", pairs)
+
+
+def plain_pairs(config: ProducerConfig, events: Iterable[EventLike]) -> Iterator[tuple[str, str]]:
+    """``(topic, JSON text)`` per event, checked; :class:`_NotPlain` at the first that is not plain.
+
+    The bulk route's inner loop: it checks inline what :func:`prepare` checks
+    through a dozen calls, and yields, so rows can go out while later ones are
+    still being encoded.
+    """
+    max_bytes, max_depth = config.max_payload_bytes, config.max_payload_depth
+    for i, item in enumerate(events):
+        kind = type(item)
+        if kind is tuple and len(item) == 2:  # type: ignore[arg-type]
+            topic, payload = item  # type: ignore[misc]
+        elif kind is NewEvent and is_plain(item):  # type: ignore[arg-type]
+            topic, payload = item.topic, item.payload  # type: ignore[union-attr]
+        else:
+            raise _NotPlain
+        try:
+            if type(topic) is not str or topic not in KNOWN_TOPICS:
+                check_topic(topic)
+            yield topic, encode_payload({} if payload is None else payload,
+                                        max_bytes=max_bytes, max_depth=max_depth)
+        except InvalidInputError as exc:
+            raise type(exc)(f"event #{i}: {exc}") from None
+
+
+def begins_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a statement on ``conn`` now would begin a transaction (idle, not autocommit)."""
+    return not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def unseen_key(row: _Row) -> DatabaseError:
+    """The error for a key whose event exists but is invisible to this transaction."""
+    return DatabaseError(
+        f"idempotency key {row.key!r} conflicts with an event this transaction cannot see")
+
+
+def wrap(exc: psycopg.Error, what: str) -> DatabaseError:
+    """A driver error as Conveyor's, its first line naming what failed."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return DatabaseError(f"{what} failed: {first}")
