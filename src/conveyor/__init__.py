@@ -16,6 +16,7 @@ from conveyor.errors import (
     InvalidInputError,
     InvalidStateError,
     MigrationError,
+    MissingExtraError,
     PayloadTooLargeError,
     WorkbookError,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "Migration",
     "MigrationError",
     "Migrator",
+    "MissingExtraError",
     "NewEvent",
     "PayloadTooLargeError",
     "PermanentFailure",

@@ -13,6 +13,7 @@ Every error Conveyor raises on purpose derives from :class:`ConveyorError`::
     ├── EventNotFoundError     no event has that id
     ├── InvalidStateError      the event is in a state that forbids the operation
     ├── EmbeddedServerError    the embedded PostgreSQL could not be started
+    ├── MissingExtraError      an optional part's extra is not installed (also an ImportError)
     ├── WorkbookError          a spreadsheet is corrupt, hostile or lacks required columns
     └── EngineError            a call to the application's HTTP API failed
         ├── EngineTransportError   no HTTP answer (refused, reset, timed out)
@@ -67,6 +68,29 @@ class InvalidStateError(ConveyorError):
 
 class EmbeddedServerError(ConveyorError):
     """The embedded PostgreSQL server could not be started or reached."""
+
+
+class MissingExtraError(ConveyorError, ImportError):
+    """An optional part was used without the extra that installs its dependencies.
+
+    Also an ``ImportError``, so code that probes for an optional part with
+    ``except ImportError`` keeps working. ``extra`` names the extra to install.
+
+    Example::
+
+        MissingExtraError("the engine client", "http", module="httpx")
+        # the engine client needs the 'http' extra: pip install 'conveyor[http]'
+    """
+
+    def __init__(self, feature: str, extra: str, *, module: str | None = None) -> None:
+        super().__init__(f"{feature} needs the {extra!r} extra: pip install 'conveyor[{extra}]'",
+                         name=module)
+        self.feature = feature
+        self.extra = extra
+
+    def __reduce__(self) -> tuple[type[MissingExtraError], tuple[str, str], dict[str, object]]:
+        # Keyword arguments do not survive the default exception pickling.
+        return type(self), (self.feature, self.extra), {"name": self.name}
 
 
 class WorkbookError(ConveyorError):
