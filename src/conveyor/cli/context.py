@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from conveyor.cli.durations import parse_count, parse_duration
 from conveyor.db.connect import connect
-from conveyor.embedded import EmbeddedPostgres
 from conveyor.errors import InvalidInputError, MigrationError
 from conveyor.schema.migrator import Migrator, latest_version
 from conveyor.validation import check_schema_name
+
+if TYPE_CHECKING:
+    from conveyor.embedded import EmbeddedPostgres
 
 
 class Context:
@@ -33,6 +35,9 @@ class Context:
         if self._url is not None:
             return self._url
         if self._embedded is None:
+            # Only here: a command given a URL never touches the optional embedded server.
+            from conveyor.embedded import EmbeddedPostgres
+
             self._embedded = EmbeddedPostgres(self._data_dir)
             dsn = self._embedded.start()
             print(f"conveyor: using the embedded PostgreSQL in {self._embedded.data_dir}",

@@ -38,10 +38,13 @@ from email.utils import format_datetime, parseaddr
 from pathlib import Path
 from typing import Any
 
-import aiosmtplib
-import jinja2
+from conveyor.errors import ConfigError, MissingExtraError
 
-from conveyor.errors import ConfigError
+try:
+    import aiosmtplib
+    import jinja2
+except ImportError as exc:
+    raise MissingExtraError("the email consumer", "email", module=exc.name) from exc
 from conveyor.outcomes import PermanentFailure
 from conveyor.types import Event
 

@@ -22,9 +22,18 @@ from __future__ import annotations
 
 import asyncio
 
-from conveyor.consumers.writeback import PATH_TEMPLATE_DEFAULT, created_target, event_idempotency_key
-from conveyor.engine_client import AsyncEngineClient
-from conveyor.errors import ConfigError, WorkbookError
+from conveyor.errors import ConfigError, MissingExtraError, WorkbookError
+
+try:
+    from conveyor.consumers.writeback import (
+        PATH_TEMPLATE_DEFAULT,
+        created_target,
+        event_idempotency_key,
+    )
+    from conveyor.engine_client import AsyncEngineClient
+except MissingExtraError as exc:
+    # The workbook reader is stdlib; the write-back through the engine is what needs the extra.
+    raise MissingExtraError("the XLSX consumer", "xlsx", module=exc.name) from exc
 from conveyor.filestore import FileStoreError, TenantStores
 from conveyor.outcomes import PermanentFailure
 from conveyor.types import Event

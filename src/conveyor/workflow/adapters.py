@@ -30,13 +30,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from conveyor.engine_client import AsyncEngineClient, EngineReply
 from conveyor.errors import EngineHTTPError
 from conveyor.validation import check_tenant
 from conveyor.workflow.errors import WorkflowConflictError, WorkflowError
 from conveyor.workflow.registry import ObjectType, Trigger
+
+if TYPE_CHECKING:
+    # Types only: the adapter is handed a client, so publishing and dispatching
+    # through another adapter need no HTTP extra.
+    from conveyor.engine_client import AsyncEngineClient, EngineReply
 
 BASE_PATH_DEFAULT = "/api/workflow"
 REGISTRATION_TENANT_DEFAULT = "system"
