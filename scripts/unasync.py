@@ -32,6 +32,8 @@ ALL_INPUTS: dict[str, str] = {
     "src/conveyor/admin_async.py": "src/conveyor/admin.py",
     "src/conveyor/schema/migrator_async.py": "src/conveyor/schema/migrator.py",
     "src/conveyor/producer_async.py": "src/conveyor/producer.py",
+    "src/conveyor/db/connect_async.py": "src/conveyor/db/connect.py",
+    "src/conveyor/db/execute_async.py": "src/conveyor/db/execute.py",
 }
 
 # Async name -> sync name, replaced as whole words.
@@ -45,6 +47,8 @@ NAMES: dict[str, str] = {
     "AsyncIterator": "Iterator",
     "run_async": "run",
     "connect_for_statements_async": "connect_for_statements",
+    "connect_async": "connect",
+    "behind_pooler_async": "behind_pooler",
     "_fetch_async": "_fetch",
     "_run_flow_async": "_run_flow",
     "__aenter__": "__enter__",
@@ -56,7 +60,8 @@ HEADER = "# Generated from {source} by scripts/unasync.py; DO NOT EDIT.\n"
 
 _KEYWORDS = re.compile(r"\basync (def|with|for)\b")
 _AWAIT = re.compile(r"\bawait ")
-_NAMES = re.compile(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b")
+# Not in a file name: "connect_async.py" names the source, in either twin.
+_NAMES = re.compile(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b(?!\.py\b)")
 _DIRECTIVE = re.compile(r"^(\s*)# unasync: (.*)$")
 
 

@@ -109,7 +109,10 @@ class Producer:
     ) -> list[int]:
         """Write many events in one statement (COPY for plain batches); ids in input order."""
         rows = prepare_many(self.config, events)
-        return (self._write_many(conn, rows))[0] if rows else []
+        if not rows:
+            return []
+        ids, _ = self._write_many(conn, rows)
+        return ids
 
     def enqueue_bulk(
         self,
@@ -138,30 +141,35 @@ class Producer:
             rows = prepare_many(self.config, events)
             if fits_copy(rows):
                 return self._copy(conn, copy_rows(self._q, rows), f"{len(rows)} events")
-            return (self._write_many(conn, rows))[1] if rows else 0
+            if not rows:
+                return 0
+            _, written = self._write_many(conn, rows)
+            return written
         except BaseException:
             if began:
                 _rollback_quietly(conn)
             raise
 
-    def _write_many(self, conn: psycopg.Connection[Any], rows: list[_Row]
-                          ) -> tuple[list[int], int]:
+    def _write_many(
+        self, conn: psycopg.Connection[Any], rows: list[_Row],
+    ) -> tuple[list[int], int]:
         """Write ``rows``; returns their ids in input order and how many rows are new."""
         try:
             ids = self._reserve_ids(conn, len(rows))
             if fits_copy(rows):
                 self._copy(conn, copy_with_ids(self._q, rows, ids), f"{len(rows)} events")
                 return ids, len(ids)
-            cur = run(conn, self._q["event_insert_many_ids"],
-                                  insert_many_params(rows, ids))
+            params = insert_many_params(rows, ids)
+            cur = run(conn, self._q["event_insert_many_ids"], params)
             inserted = {r[0] for r in cur.fetchall()}
             return [rid if rid in inserted else self._existing(conn, row)
                     for rid, row in zip(ids, rows, strict=True)], len(inserted)
         except psycopg.Error as exc:
             raise wrap(exc, f"enqueue of {len(rows)} events") from exc
 
-    def _copy_plain(self, conn: psycopg.Connection[Any],
-                          events: Sequence[EventLike]) -> int:
+    def _copy_plain(
+        self, conn: psycopg.Connection[Any], events: Sequence[EventLike],
+    ) -> int:
         """COPY plain events; :class:`_NotPlain` (nothing written) at the first that is not."""
         pairs = plain_pairs(self.config, events)
         if conn.info.transaction_status != TransactionStatus.IDLE:
@@ -197,10 +205,12 @@ class Producer:
         q = self._q
         if self._sequence is None:
             cur = run(conn, q["event_sequence"], {"table": q.events_table})
-            self._sequence = (cur.fetchone())[0]  # type: ignore[index]
-        cur = run(conn, q["event_reserve_ids"],
-                              {"sequence": self._sequence, "count": count})
-        ids: list[int] = (cur.fetchone())[0]  # type: ignore[index]
+            found = cur.fetchone()
+            self._sequence = found[0]  # type: ignore[index]
+        params = {"sequence": self._sequence, "count": count}
+        cur = run(conn, q["event_reserve_ids"], params)
+        found = cur.fetchone()
+        ids: list[int] = found[0]  # type: ignore[index]
         return ids
 
     def _existing(self, conn: psycopg.Connection[Any], row: _Row) -> int:
@@ -238,8 +248,10 @@ class CommittingProducer:
         self._conn = connect_for_statements(self._conninfo, autocommit=True)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     def close(self) -> None:

@@ -109,7 +109,10 @@ class AsyncProducer:
     ) -> list[int]:
         """Write many events in one statement (COPY for plain batches); ids in input order."""
         rows = prepare_many(self.config, events)
-        return (await self._write_many(conn, rows))[0] if rows else []
+        if not rows:
+            return []
+        ids, _ = await self._write_many(conn, rows)
+        return ids
 
     async def enqueue_bulk(
         self,
@@ -138,30 +141,35 @@ class AsyncProducer:
             rows = prepare_many(self.config, events)
             if fits_copy(rows):
                 return await self._copy(conn, copy_rows(self._q, rows), f"{len(rows)} events")
-            return (await self._write_many(conn, rows))[1] if rows else 0
+            if not rows:
+                return 0
+            _, written = await self._write_many(conn, rows)
+            return written
         except BaseException:
             if began:
                 await _rollback_quietly(conn)
             raise
 
-    async def _write_many(self, conn: psycopg.AsyncConnection[Any], rows: list[_Row]
-                          ) -> tuple[list[int], int]:
+    async def _write_many(
+        self, conn: psycopg.AsyncConnection[Any], rows: list[_Row],
+    ) -> tuple[list[int], int]:
         """Write ``rows``; returns their ids in input order and how many rows are new."""
         try:
             ids = await self._reserve_ids(conn, len(rows))
             if fits_copy(rows):
                 await self._copy(conn, copy_with_ids(self._q, rows, ids), f"{len(rows)} events")
                 return ids, len(ids)
-            cur = await run_async(conn, self._q["event_insert_many_ids"],
-                                  insert_many_params(rows, ids))
+            params = insert_many_params(rows, ids)
+            cur = await run_async(conn, self._q["event_insert_many_ids"], params)
             inserted = {r[0] for r in await cur.fetchall()}
             return [rid if rid in inserted else await self._existing(conn, row)
                     for rid, row in zip(ids, rows, strict=True)], len(inserted)
         except psycopg.Error as exc:
             raise wrap(exc, f"enqueue of {len(rows)} events") from exc
 
-    async def _copy_plain(self, conn: psycopg.AsyncConnection[Any],
-                          events: Sequence[EventLike]) -> int:
+    async def _copy_plain(
+        self, conn: psycopg.AsyncConnection[Any], events: Sequence[EventLike],
+    ) -> int:
         """COPY plain events; :class:`_NotPlain` (nothing written) at the first that is not."""
         pairs = plain_pairs(self.config, events)
         if conn.info.transaction_status != TransactionStatus.IDLE:
@@ -197,10 +205,12 @@ class AsyncProducer:
         q = self._q
         if self._sequence is None:
             cur = await run_async(conn, q["event_sequence"], {"table": q.events_table})
-            self._sequence = (await cur.fetchone())[0]  # type: ignore[index]
-        cur = await run_async(conn, q["event_reserve_ids"],
-                              {"sequence": self._sequence, "count": count})
-        ids: list[int] = (await cur.fetchone())[0]  # type: ignore[index]
+            found = await cur.fetchone()
+            self._sequence = found[0]  # type: ignore[index]
+        params = {"sequence": self._sequence, "count": count}
+        cur = await run_async(conn, q["event_reserve_ids"], params)
+        found = await cur.fetchone()
+        ids: list[int] = found[0]  # type: ignore[index]
         return ids
 
     async def _existing(self, conn: psycopg.AsyncConnection[Any], row: _Row) -> int:
@@ -238,8 +248,10 @@ class AsyncCommittingProducer:
         self._conn = await connect_for_statements_async(self._conninfo, autocommit=True)
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
     async def close(self) -> None:

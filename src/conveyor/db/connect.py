@@ -1,154 +1,42 @@
-"""Opening connections, with driver errors turned into Conveyor's own."""
+# Generated from src/conveyor/db/connect_async.py by scripts/unasync.py; DO NOT EDIT.
+"""Opening connections, with driver errors turned into Conveyor's own.
+
+``conveyor/db/connect_async.py`` is the source people edit;
+``conveyor/db/connect.py`` is its sync twin, generated from it by
+``scripts/unasync.py``. Reading the connection string (what a message may
+show of it, and its errors) is the I/O-free :mod:`conveyor.db.conninfo`.
+"""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import psycopg
 
-from conveyor.errors import DatabaseUnavailableError, InvalidDatabaseUrlError
+from conveyor.db.connect_async import behind_pooler_async as behind_pooler_async
+from conveyor.db.connect_async import connect_async as connect_async
+from conveyor.db.connect_async import (
+    connect_for_statements_async as connect_for_statements_async,
+)
+from conveyor.db.conninfo import KEEPALIVE_KWARGS as KEEPALIVE_KWARGS
+from conveyor.db.conninfo import UNPARSEABLE as UNPARSEABLE
+from conveyor.db.conninfo import check_conninfo, connect_kwargs, unavailable
+from conveyor.db.conninfo import describe as describe
+from conveyor.db.conninfo import invalid_url as invalid_url
 
-# TCP keepalives make a half-open connection (host gone, no FIN) fail in about
-# 20 s instead of the kernel's two hours. They do not apply to Unix sockets.
-KEEPALIVE_KWARGS: dict[str, Any] = {
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-}
-
-
-def _kwargs(conninfo: str, extra: dict[str, Any]) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"connect_timeout": 10}
-    kwargs.update(KEEPALIVE_KWARGS)
-    kwargs.update(extra)
-    return kwargs
-
-
-UNPARSEABLE = "<unparseable database url>"
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-_HOST_RE = re.compile(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]")
-_PORT_RE = re.compile(r"[0-9]{1,5}")
-_DBNAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
-
-
-def _split_url(conninfo: str) -> tuple[str, str] | None:
-    """(authority, rest) of a URL, or ``None`` for a keyword conninfo."""
-    scheme = _URL_RE.match(conninfo)
-    if scheme is None:
-        return None
-    tail = conninfo[scheme.end():]
-    cut = min((i for i in (tail.find("/"), tail.find("?")) if i >= 0), default=len(tail))
-    return tail[:cut], tail[cut:]
-
-
-def _misplit(conninfo: str) -> bool:
-    """Whether a URL's password holds an unencoded '/', which ends the authority early.
-
-    libpq then parses ``postgresql://app:pass/word@host/db`` as host ``app``,
-    port ``pass`` and database ``word@host/db``: it "parses", and every part it
-    shows would be a piece of the password.
-    """
-    parts = _split_url(conninfo)
-    if parts is None:
-        return False
-    authority, rest = parts
-    return "@" not in authority and "@" in rest.partition("?")[0]
-
-
-def describe(conninfo: str) -> str:
-    """The conninfo without its password, for messages: ``dbname@host[:port]``.
-
-    Only what parses cleanly is shown; an unparseable or ambiguous URL is
-    ``"<unparseable database url>"``, because its "parts" may be pieces of the password.
-    """
-    if _misplit(conninfo):
-        return UNPARSEABLE
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(conninfo)
-    except psycopg.Error:
-        return UNPARSEABLE
-    params.pop("password", None)
-    host = params.get("host") or "local socket"
-    return f"{params.get('dbname', '')}@{host}" + (f":{params['port']}" if "port" in params else "")
-
-
-def _guess(conninfo: str) -> str | None:
-    """``dbname@host[:port]`` of a URL that does not parse, when that cannot hold the password.
-
-    Everything up to the authority's last '@' may be password. What follows it
-    is shown only when no '@' comes later (else the password may run past the
-    authority) and each part is a plain host, port and database name.
-    """
-    parts = _split_url(conninfo)
-    if parts is None:
-        return None
-    authority, rest = parts
-    if "@" not in authority or "@" in rest:
-        return None
-    hostport = authority.rpartition("@")[2]
-    host, _, port = hostport.rpartition(":") if not hostport.endswith("]") else (hostport, "", "")
-    if not host:
-        host, port = port, ""
-    dbname = rest.partition("?")[0].removeprefix("/")
-    if not _HOST_RE.fullmatch(host) or (port and not _PORT_RE.fullmatch(port)) \
-            or not _DBNAME_RE.fullmatch(dbname):
-        return None
-    return f"{dbname}@{host}" + (f":{port}" if port else "")
-
-
-def invalid_url(conninfo: str) -> InvalidDatabaseUrlError:
-    """The error for a database URL that does not parse: it never quotes the URL.
-
-    psycopg's own parse messages quote the offending token, and that token is
-    usually the password (``invalid percent-encoded token: "s3cr%t"``).
-    """
-    guess = _guess(conninfo)
-    where = f" for {guess}" if guess else ""
-    return InvalidDatabaseUrlError(
-        f"invalid database url{where} (could not parse it; check quoting and percent-encoding)")
-
-
-def _unavailable(conninfo: str, exc: Exception) -> DatabaseUnavailableError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    try:
-        password = psycopg.conninfo.conninfo_to_dict(conninfo).get("password")
-    except psycopg.Error:
-        password = None
-    if password:    # libpq does not echo it today; a message that did would stay clean
-        first = first.replace(str(password), "***")
-    return DatabaseUnavailableError(f"cannot connect to database {describe(conninfo)}: {first}")
-
-
-def _checked(conninfo: str) -> None:
-    if _misplit(conninfo):
-        raise invalid_url(conninfo)
+_BACKEND_PID = "SELECT pg_backend_pid()"
 
 
 def connect(conninfo: str, **extra: Any) -> psycopg.Connection[Any]:
-    _checked(conninfo)
+    """A connection to ``conninfo``, with keepalives; Conveyor's errors, never the password."""
+    check_conninfo(conninfo)
     try:
-        return psycopg.connect(conninfo, **_kwargs(conninfo, extra))
+        return psycopg.Connection.connect(conninfo, **connect_kwargs(conninfo, extra))
     except psycopg.OperationalError as exc:
-        raise _unavailable(conninfo, exc) from exc
+        raise unavailable(conninfo, exc) from exc
     except psycopg.ProgrammingError:
         # Not "from exc": the driver's message, in the traceback, quotes the password.
         raise invalid_url(conninfo) from None
-
-
-async def connect_async(conninfo: str, **extra: Any) -> psycopg.AsyncConnection[Any]:
-    _checked(conninfo)
-    try:
-        return await psycopg.AsyncConnection.connect(conninfo, **_kwargs(conninfo, extra))
-    except psycopg.OperationalError as exc:
-        raise _unavailable(conninfo, exc) from exc
-    except psycopg.ProgrammingError:
-        # Not "from exc": the driver's message, in the traceback, quotes the password.
-        raise invalid_url(conninfo) from None
-
-
-_BACKEND_PID = "SELECT pg_backend_pid()"
 
 
 def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
@@ -157,14 +45,8 @@ def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
     A pooler makes up the backend pid it announces to its clients (it has to
     route their cancel requests), so it differs from the server's own.
     """
-    row = conn.execute(_BACKEND_PID).fetchone()
-    return row is not None and row[0] != conn.info.backend_pid
-
-
-async def behind_pooler_async(conn: psycopg.AsyncConnection[Any]) -> bool:
-    """The async mirror of :func:`behind_pooler`."""
-    cur = await conn.execute(_BACKEND_PID)
-    row = await cur.fetchone()
+    cur = conn.execute(_BACKEND_PID)
+    row = cur.fetchone()
     return row is not None and row[0] != conn.info.backend_pid
 
 
@@ -176,13 +58,5 @@ def connect_for_statements(conninfo: str, **extra: Any) -> psycopg.Connection[An
     """
     conn = connect(conninfo, **extra)
     if behind_pooler(conn):
-        conn.prepare_threshold = None
-    return conn
-
-
-async def connect_for_statements_async(conninfo: str, **extra: Any) -> psycopg.AsyncConnection[Any]:
-    """The async mirror of :func:`connect_for_statements`."""
-    conn = await connect_async(conninfo, **extra)
-    if await behind_pooler_async(conn):
         conn.prepare_threshold = None
     return conn
