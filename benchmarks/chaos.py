@@ -2,7 +2,7 @@
 """Chaos runner: real worker processes, a fault schedule, and a total-queue verdict.
 
 Starts N ``conveyor worker`` processes serving the ledger router
-(``conveyor.testing.ledger:chaos_router``) against a PRIVATE embedded
+(``conveyor_tools.chaos:chaos_router``) against a PRIVATE embedded
 PostgreSQL it starts in a temporary directory (or a server given with
 --database-url, where it creates and drops a database of its own and touches
 nothing but its own workers' sessions), keeps a backlog of events queued,
@@ -70,9 +70,9 @@ if str(REPO / "src") not in sys.path:
 
 from conveyor import NewEvent, Producer  # noqa: E402
 from conveyor.embedded import SYSTEM_USER, EmbeddedPostgres  # noqa: E402
-from conveyor.testing.ledger import LEDGER_URL_ENV, check, create_ledger, percentile  # noqa: E402
+from conveyor_tools.chaos import LEDGER_URL_ENV, check, create_ledger, percentile  # noqa: E402
 
-APP = "conveyor.testing.ledger:chaos_router"
+APP = "conveyor_tools.chaos:chaos_router"
 RUNNER_APP = "chaos-runner"
 PROBE_PRIORITY = 1000
 

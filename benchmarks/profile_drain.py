@@ -31,10 +31,10 @@ from typing import Any
 import psutil
 import psycopg
 
-from conveyor.bench import scratch
-from conveyor.bench.app import NOOP_TOPIC
-from conveyor.bench.baseline import URL_ENV
-from conveyor.bench.processes import BASELINE_SCRIPT, ProcessRegistry, child_env
+from conveyor_tools.bench import scratch
+from conveyor_tools.bench.app import NOOP_TOPIC
+from conveyor_tools.bench.baseline import URL_ENV
+from conveyor_tools.bench.processes import BASELINE_SCRIPT, ProcessRegistry, child_env
 
 TICK = os.sysconf("SC_CLK_TCK")
 

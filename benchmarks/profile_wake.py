@@ -25,12 +25,12 @@ from typing import Any
 
 import psycopg
 
-from conveyor.bench import scratch
-from conveyor.bench.app import WAKE_TOPIC
-from conveyor.bench.measure import percentile
-from conveyor.bench.processes import ProcessRegistry
 from conveyor.config import ProducerConfig
 from conveyor.producer import Producer
+from conveyor_tools.bench import scratch
+from conveyor_tools.bench.app import WAKE_TOPIC
+from conveyor_tools.bench.measure import percentile
+from conveyor_tools.bench.processes import ProcessRegistry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

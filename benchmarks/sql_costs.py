@@ -27,14 +27,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from conveyor.bench import scratch
-from conveyor.bench.app import NOOP_TOPIC, router
-from conveyor.bench.baseline import _CLAIM as RAW_CLAIM
-from conveyor.bench.baseline import _FINISH as RAW_FINISH
-from conveyor.bench.baseline import _render
 from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import queries_for
 from conveyor.worker import Worker
+from conveyor_tools.bench import scratch
+from conveyor_tools.bench.app import NOOP_TOPIC, router
+from conveyor_tools.bench.baseline import claim_sql, finish_sql, render
 
 DELETE_ACK = """
 DELETE FROM {schema}.events AS e
@@ -74,7 +72,7 @@ def conveyor_pair(conn: psycopg.Connection[Any], schema: str, batch: int, timing
 
 def raw_pair(conn: psycopg.Connection[Any], schema: str, batch: int, timings: Timings,
              prefix: str) -> int:
-    claim, finish = _render(RAW_CLAIM, schema), _render(RAW_FINISH, schema)
+    claim, finish = claim_sql(schema), finish_sql(schema)
     rows = _timed(timings, f"{prefix}: raw claim",
                   lambda: conn.execute(claim, (batch,)).fetchall())
     if not rows:
@@ -137,7 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 phases: list[tuple[str, list[str], str | None, bool]] = [
                     ("as shipped", [], None, True),
                     ("never prepared (custom plans)", [], None, False),
-                    ("ack by DELETE", [], _render(DELETE_ACK, schemas.conveyor), True),
+                    ("ack by DELETE", [], render(DELETE_ACK, schemas.conveyor), True),
                     ("no prunable+lease idx", ["events_prunable_idx", "events_lease_idx"],
                      None, True),
                     # Last: the constraints stay dropped too (and so do the indexes).

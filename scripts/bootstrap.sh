@@ -1,5 +1,6 @@
-# Sourced by the other scripts: create .venv and install Conveyor into it when
-# missing or when pyproject.toml changed since the last install.
+# Sourced by the other scripts: create .venv and install Conveyor and its tools
+# (tools/: `conveyor bench`, `conveyor demo`, the chaos ledger) into it when
+# missing or when either pyproject.toml changed since the last install.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${CONVEYOR_VENV:-$ROOT/.venv}"
@@ -9,11 +10,12 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 STAMP="$VENV/.conveyor-installed"
-WANT="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)-${CONVEYOR_EXTRAS:-test}"
+WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/tools/pyproject.toml" | sha256sum | cut -d' ' -f1)-${CONVEYOR_EXTRAS:-test}"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     echo "conveyor: installing into $VENV" >&2
     "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
-    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[${CONVEYOR_EXTRAS:-test}]" >&2
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[${CONVEYOR_EXTRAS:-test}]" \
+        -e "$ROOT/tools" >&2
     echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

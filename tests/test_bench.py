@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conveyor.bench.measure import percentile
+from conveyor_tools.bench.measure import percentile
 
 pytestmark = pytest.mark.slow
 

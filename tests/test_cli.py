@@ -431,7 +431,7 @@ def test_worker_drains_and_stops_on_sigterm_under_either_loop(fresh_db: str, kin
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "conveyor.cli.main", "--database-url", fresh_db, "worker",
-             "--app", "conveyor.bench.app:router", "--event-loop", kind],
+             "--app", "conveyor_tools.bench.app:router", "--event-loop", kind],
             cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30

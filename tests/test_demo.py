@@ -18,9 +18,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from conveyor.demo import chain
-from conveyor.demo.progress import Progress, Snapshot
-from conveyor.demo.shop import SCHEMA
+from conveyor_tools.demo import chain
+from conveyor_tools.demo.progress import Progress, Snapshot
+from conveyor_tools.demo.shop import SCHEMA
 
 pytestmark = pytest.mark.slow
 

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
 PACKAGE = SRC / "conveyor"
+TOOLS = ROOT / "tools" / "conveyor_tools"
 
 # The shared vocabulary: the words every layer speaks. It imports only itself.
 VOCABULARY = {"conveyor.errors", "conveyor.outcomes", "conveyor.validation", "conveyor.retry",
               "conveyor.types", "conveyor.config", "conveyor.clock", "conveyor.log_context"}
-# Tooling that still lives in the package and reaches up into the CLI; it is
-# on its way out of src/conveyor, and each entry goes when it moves.
-TOOLING = ("conveyor.bench", "conveyor.demo")
 
 
 def _module_name(path: Path) -> str:
@@ -29,6 +28,7 @@ def _module_name(path: Path) -> str:
 
 
 def _imports() -> dict[str, set[str]]:
+    """Every module of the package -> every module it imports, inside it or not."""
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         name = _module_name(path)
@@ -47,11 +47,13 @@ def _imports() -> dict[str, set[str]]:
                 found.add(module)
                 # "from conveyor import worker" imports a module, not a name.
                 found.update(f"{module}.{alias.name}" for alias in node.names)
-        graph[name] = {m for m in found if m == "conveyor" or m.startswith("conveyor.")}
+        graph[name] = found
     return graph
 
 
-GRAPH = _imports()
+ALL_IMPORTS = _imports()
+GRAPH = {name: {m for m in found if m == "conveyor" or m.startswith("conveyor.")}
+         for name, found in ALL_IMPORTS.items()}
 
 
 def _reaches(importer: str, target: str) -> bool:
@@ -91,8 +93,7 @@ def test_consumers_never_import_the_worker(module: str) -> None:
     assert not _reaches(module, "conveyor.worker"), f"{module} imports conveyor.worker"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in GRAPH if not _in(m, "conveyor.cli")
-                                          and not any(_in(m, t) for t in TOOLING)))
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if not _in(m, "conveyor.cli")))
 def test_the_library_never_imports_the_cli(module: str) -> None:
     assert not _reaches(module, "conveyor.cli"), f"{module} imports conveyor.cli"
 
@@ -101,3 +102,40 @@ def test_the_library_never_imports_the_cli(module: str) -> None:
 def test_the_worker_imports_no_producer_admin_or_cli(module: str) -> None:
     for target in ("conveyor.producer", "conveyor.admin", "conveyor.cli", "conveyor.testing"):
         assert not _reaches(module, target), f"{module} imports {target}"
+
+
+# Tooling is not library: the benchmark, the demo and the chaos ledger live in
+# tools/ (distribution conveyor-tools), which the CLI finds through the
+# "conveyor.commands" entry points; the library never knows they exist.
+@pytest.mark.parametrize("path", ["bench", "demo", "testing/ledger.py"])
+def test_the_tools_are_not_part_of_the_library(path: str) -> None:
+    assert not (PACKAGE / path).exists(), f"src/conveyor/{path} belongs in tools/conveyor_tools"
+
+
+def test_the_tools_live_in_their_own_distribution() -> None:
+    for part in ("bench", "demo", "chaos"):
+        assert (TOOLS / part / "__init__.py").is_file(), f"tools/conveyor_tools/{part} is missing"
+
+
+def test_the_library_never_imports_the_tools() -> None:
+    found = sorted(f"{module} imports {target}" for module, targets in ALL_IMPORTS.items()
+                   for target in targets if _in(target, "conveyor_tools"))
+    assert not found
+
+
+def _private_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and _in(node.module, "conveyor"):
+            found += [f"{path.name}:{node.lineno} {node.module}.{alias.name}"
+                      for alias in node.names if alias.name.startswith("_")]
+            if any(part.startswith("_") for part in node.module.split(".")):
+                found.append(f"{path.name}:{node.lineno} {node.module}")
+    return found
+
+
+def test_benchmarks_and_tools_import_no_private_names_of_the_library() -> None:
+    scripts = [*(ROOT / "benchmarks").glob("*.py"), *TOOLS.rglob("*.py")]
+    assert scripts
+    found = [line for path in scripts for line in _private_imports(path)]
+    assert not found

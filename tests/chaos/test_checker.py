@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from conveyor.testing.ledger import (
+from conveyor_tools.chaos import (
     CANCELLED,
     RAISED,
     SUCCEEDED,

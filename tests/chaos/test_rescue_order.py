@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from conveyor import NewEvent, Producer
-from conveyor.testing.ledger import LEDGER_URL_ENV, create_ledger
+from conveyor_tools.chaos import LEDGER_URL_ENV, create_ledger
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -59,7 +59,7 @@ def workers(tmp_path: Path) -> Iterator[Any]:
         with open(tmp_path / f"worker-{len(procs)}.log", "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "conveyor.cli.main", "--database-url", url, "worker",
-                 "--app", "conveyor.testing.ledger:chaos_router", "--concurrency", "20",
+                 "--app", "conveyor_tools.chaos:chaos_router", "--concurrency", "20",
                  "--lease-ttl", f"{LEASE_TTL:g}", "--rescue-interval", f"{RESCUE:g}",
                  "--poll-interval", "1"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         procs.append(proc)

@@ -49,15 +49,15 @@ from psycopg.conninfo import conninfo_to_dict
 from conveyor import Admin, CommittingProducer, NewEvent, Producer
 from conveyor.config import LISTENER_PING_INTERVAL_DEFAULT
 from conveyor.schema.migrator import Migrator, latest_version
-from conveyor.testing.ledger import LEDGER_URL_ENV, CheckReport, check, create_ledger
 from conveyor.worker.listener import PROBE_TIMEOUT
+from conveyor_tools.chaos import LEDGER_URL_ENV, CheckReport, check, create_ledger
 
 from .pgbouncer import PgBouncer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
-APP = "conveyor.testing.ledger:chaos_router"
+APP = "conveyor_tools.chaos:chaos_router"
 POOL_SIZE = 4
 LEASE_TTL, RESCUE = 3.0, 1.0
 # The listener judges its probe when it next wakes up after PROBE_TIMEOUT: with no

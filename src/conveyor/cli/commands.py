@@ -512,48 +512,6 @@ def leave_stuck_handler_threads(ctx: Context) -> None:
         os._exit(0)
 
 
-# ----------------------------------------------------------- bench and demo
-
-def register_bench(sub: Sub, env: Env) -> None:
-    p = _add(sub, "bench", "measure enqueue, drain and wake-up against a raw-SQL baseline",
-             "Run the benchmark suite in one go against a raw-SQL baseline measured in the\n"
-             "same run on the same database, and print figures and ratios.", run_bench,
-             examples=[("conveyor --database-url postgresql://localhost/bench bench --quick",
-                        "a fast smoke run")])
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--events", type=positive_int, default=20_000,
-                   help="events per drain measurement (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="smaller sizes for a fast smoke run")
-    p.add_argument("--consumers", action="store_true",
-                   help="benchmark the consumers instead (needs no database): XLSX aggregation "
-                        "vs openpyxl, hostile files, SMTP mails/s with and without connection "
-                        "reuse; needs the test extras (openpyxl, XlsxWriter, aiosmtpd, trustme)")
-
-
-def run_bench(ctx: Context, args: argparse.Namespace) -> int:
-    from conveyor.bench import run as bench_run
-
-    return int(bench_run(ctx, args))
-
-
-def register_demo(sub: Sub, env: Env) -> None:
-    p = _add(sub, "demo", "migrate, enqueue a realistic mix, run a worker with live progress",
-             "The guided tour: migrates, enqueues a mix of events (some fail and retry, one\n"
-             "is parked), runs a worker process while showing live progress, and ends with\n"
-             "the status summary. Without --database-url it uses the embedded PostgreSQL\n"
-             "and says so on stderr.", run_demo,
-             examples=[("conveyor demo", "the tour on the embedded PostgreSQL"),
-                       ("conveyor --schema conveyor_demo demo --events 50", "a shorter one")])
-    p.add_argument("--events", type=positive_int, default=200,
-                   help="events to enqueue (default: %(default)s)")
-
-
-def run_demo(ctx: Context, args: argparse.Namespace) -> int:
-    from conveyor.demo import run as demo_run
-
-    return int(demo_run(ctx, args))
-
-
 # ---------------------------------------------------------------------- xlsx
 
 def register_xlsx(sub: Sub, env: Env) -> None:
@@ -588,5 +546,4 @@ def run_xlsx(ctx: Context, args: argparse.Namespace) -> int:
 
 REGISTRY = [register_migrate, register_worker, register_enqueue, register_status,
             events.register_events, register_show, events.register_retry,
-            events.register_cancel, events.register_prune, register_bench, register_demo,
-            register_xlsx, *multi.REGISTRY]
+            events.register_cancel, events.register_prune, register_xlsx, *multi.REGISTRY]

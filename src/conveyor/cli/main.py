@@ -10,7 +10,8 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, entry_points, version
+from typing import Any
 
 import psycopg
 
@@ -106,12 +107,44 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in commands.REGISTRY:
         register(sub, _env)
+    add_plugin_commands(sub)
     for child in _subparsers(parser):
         add_global_options(child, after_command=True)
         # The innermost command's parser wins (nested ones parse last), so
         # refusals after parsing name the help of the command that was typed.
         child.set_defaults(command_parser=child)
     return parser
+
+
+# Other distributions add commands here: in their pyproject.toml,
+#   [project.entry-points."conveyor.commands"]
+#   bench = "conveyor_tools.bench.command:register"
+# register(subparsers) adds one parser whose defaults carry
+# handler(ctx, args) -> exit status, as the built-in commands do.
+COMMANDS_GROUP = "conveyor.commands"
+
+
+def add_plugin_commands(sub: Any) -> None:
+    """Each command of the ``conveyor.commands`` entry points, after the built-in ones.
+
+    A plugin that fails to load or to register costs one warning line that
+    names it; anything it registered before failing is taken back out, and
+    every other command still works.
+    """
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        before = dict(sub.choices)
+        shown = list(sub._choices_actions)
+        try:
+            entry.load()(sub)
+        # A third party's code: whatever it raises, the rest of the CLI must run.
+        except Exception as exc:  # noqa: BLE001
+            sub.choices.clear()
+            sub.choices.update(before)
+            sub._choices_actions[:] = shown
+            origin = entry.dist.name if entry.dist else "an unknown distribution"
+            reason = (str(exc).strip().splitlines() or [""])[0]
+            print(f"conveyor: warning: command {entry.name!r} from {origin} ({entry.value}) "
+                  f"not loaded: {type(exc).__name__}: {escape(reason)}", file=sys.stderr)
 
 
 def _version() -> str:

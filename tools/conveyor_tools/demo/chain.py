@@ -54,8 +54,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from conveyor.db.connect import connect
-from conveyor.demo.progress import Progress, take_snapshot
-from conveyor.demo.worker_process import WorkerProcess, _die_with_parent
+from conveyor_tools.demo.progress import Progress, take_snapshot
+from conveyor_tools.demo.worker_process import WorkerProcess, _die_with_parent
 
 DEFAULT_DATABASE = "conveyor_demo_chain"
 SCHEMA = "conveyor"  # the example engine migrates Conveyor's default schema

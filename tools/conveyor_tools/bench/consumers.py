@@ -6,7 +6,7 @@ Needs no database. What is measured:
   XlsxWriter): Conveyor's streaming reader
   (:func:`conveyor.workbook.aggregate_workbook`, what ``conveyor xlsx`` runs)
   against openpyxl's own read-only iteration computing the same aggregate,
-  each run in a fresh interpreter (:mod:`conveyor.bench.xlsx_child`) so the
+  each run in a fresh interpreter (:mod:`conveyor_tools.bench.xlsx_child`) so the
   peak RSS (``VmHWM``) is its own; rows/s, rows per CPU second, peak RSS and
   the growth over the imports. Both results are checked against the
   aggregate known from the generated data. Full: 100k rows (median of 3)
@@ -16,7 +16,7 @@ Needs no database. What is measured:
   extra memory of the refusal, in a fresh interpreter too.
 * Email: :class:`conveyor.consumers.email.EmailConsumer` sending the built-in
   ``verification`` mail to an aiosmtpd server on 127.0.0.1 in its own process
-  (:mod:`conveyor.bench.smtp_server`), sequentially: one consumer with
+  (:mod:`conveyor_tools.bench.smtp_server`), sequentially: one consumer with
   ``max_connections=1`` reusing its connection, against a fresh consumer per
   mail (connect, STARTTLS, AUTH, send, QUIT each time). With STARTTLS + AUTH
   (the production shape; the headline figures) and in plain SMTP. The server
@@ -43,10 +43,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
-from conveyor.bench.processes import child_env
-from conveyor.bench.report import rounded
-from conveyor.bench.scratch import BenchError
-from conveyor.bench.suite import stderr_progress
+from conveyor_tools.bench.processes import child_env
+from conveyor_tools.bench.report import rounded
+from conveyor_tools.bench.scratch import BenchError
+from conveyor_tools.bench.suite import stderr_progress
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 XLSX_CHILD = os.path.join(HERE, "xlsx_child.py")
@@ -101,7 +101,7 @@ def _child(reader: str, path: Path, timeout: float) -> dict[str, Any]:
 
 
 def _xlsx_size(rows: int, reps: int, say: Progress) -> dict[str, Any]:
-    from conveyor.bench.xlsx_files import rows_file, same_aggregate
+    from conveyor_tools.bench.xlsx_files import rows_file, same_aggregate
 
     say(f"xlsx: {rows:,}-row workbook (written once, then cached)")
     path, want = rows_file(rows)
@@ -138,7 +138,7 @@ def _xlsx_size(rows: int, reps: int, say: Progress) -> dict[str, Any]:
 
 
 def _hostile(say: Progress) -> dict[str, Any]:
-    from conveyor.bench.xlsx_files import hostile_files
+    from conveyor_tools.bench.xlsx_files import hostile_files
 
     say("hostile files (built once, then cached), each refused in a fresh interpreter")
     out: dict[str, Any] = {}

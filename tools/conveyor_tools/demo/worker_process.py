@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-APP = "conveyor.demo.app:router"
+APP = "conveyor_tools.demo.app:router"
 # Small delays so the retries of the demo happen within seconds: 0.5 s, 1 s, 2 s, 4 s.
 WORKER_FLAGS = ["--concurrency", "10", "--backoff-base", "0.5", "--shutdown-timeout", "5"]
 
@@ -27,7 +27,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 
 class WorkerProcess:
-    """``python -m conveyor.cli.main ... worker --app conveyor.demo.app:router`` (or ``app``).
+    """``python -m conveyor.cli.main ... worker --app conveyor_tools.demo.app:router`` (or ``app``).
 
     The database URL goes through ``CONVEYOR_DATABASE_URL`` rather than the
     command line, so a password in it never shows in ``ps``.

@@ -27,11 +27,11 @@ from typing import IO, Any
 import psycopg
 from psycopg import sql
 
-from conveyor.bench.app import WAKE_FD_ENV
-from conveyor.bench.baseline import URL_ENV
-from conveyor.bench.scratch import BenchError
+from conveyor_tools.bench.app import WAKE_FD_ENV
+from conveyor_tools.bench.baseline import URL_ENV
+from conveyor_tools.bench.scratch import BenchError
 
-APP = "conveyor.bench.app:router"
+APP = "conveyor_tools.bench.app:router"
 STOP_TIMEOUT = 30.0
 # Run as a script, not with -m: importing the conveyor package would inflate its RSS.
 BASELINE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "baseline.py")
@@ -58,7 +58,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 class WorkerProcess:
-    """One ``conveyor worker`` process serving :mod:`conveyor.bench.app`.
+    """One ``conveyor worker`` process serving :mod:`conveyor_tools.bench.app`.
 
     ``batch_size``/``concurrency``/``retention`` left as ``None`` keep the command's defaults
     (``WorkerConfig()``'s). ``launcher`` replaces ``-m conveyor.cli.main``,

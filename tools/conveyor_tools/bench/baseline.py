@@ -83,20 +83,29 @@ WHERE id = ANY(%s) AND state = 'running'
 """
 
 
-def _render(template: str, schema: str) -> str:
+def render(template: str, schema: str) -> str:
+    """A template with ``{schema}`` filled in as a quoted identifier."""
     return sql.SQL(template).format(schema=sql.Identifier(schema)).as_string()
 
 
 def create_table(conn: psycopg.Connection[Any], schema: str) -> None:
-    conn.execute(_render(_DDL, schema).encode())
+    conn.execute(render(_DDL, schema).encode())
 
 
 def insert_sql(schema: str) -> str:
-    return _render(_INSERT, schema)
+    return render(_INSERT, schema)
 
 
 def copy_sql(schema: str) -> str:
-    return _render(_COPY, schema)
+    return render(_COPY, schema)
+
+
+def claim_sql(schema: str) -> str:
+    return render(_CLAIM, schema)
+
+
+def finish_sql(schema: str) -> str:
+    return render(_FINISH, schema)
 
 
 def copy_rows(conn: psycopg.Connection[Any], schema: str,
@@ -113,7 +122,7 @@ def _handle(row: tuple[Any, ...]) -> None:
 
 def drain(conn: psycopg.Connection[Any], schema: str, batch: int) -> int:
     """Claim, run and finish batches until a claim finds nothing; returns the count."""
-    claim, finish = _render(_CLAIM, schema), _render(_FINISH, schema)
+    claim, finish = claim_sql(schema), finish_sql(schema)
     handled = 0
     while True:
         rows = conn.execute(claim, (batch,)).fetchall()
@@ -142,7 +151,7 @@ def wake_channel(schema: str) -> str:
 
 def wake(schema: str, fd: int) -> int:
     """Claim on every notification until killed; stamps to ``fd``."""
-    claim, finish = _render(_CLAIM, schema), _render(_FINISH, schema)
+    claim, finish = claim_sql(schema), finish_sql(schema)
     url = os.environ[URL_ENV]
     with psycopg.connect(url, autocommit=True) as listen, \
             psycopg.connect(url, autocommit=True) as fetch:

@@ -1,4 +1,4 @@
-"""The router the benchmark's worker processes serve (``--app conveyor.bench.app:router``).
+"""The router the benchmark's worker processes serve (``--app conveyor_tools.bench.app:router``).
 
 ``bench.noop`` does nothing, so a drain measures the queue and not a handler.
 ``bench.wake`` records the moment it starts (``time.time()``, the same clock

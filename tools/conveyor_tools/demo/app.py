@@ -1,7 +1,7 @@
 """The demo's worker side: the router of a small online shop.
 
 ``conveyor demo`` starts a real worker process with
-``--app conveyor.demo.app:router``. The handlers only sleep for a few
+``--app conveyor_tools.demo.app:router``. The handlers only sleep for a few
 milliseconds, but some payloads carry a ``simulate`` entry that makes them
 misbehave on purpose, so the demo shows each way an attempt can end:
 

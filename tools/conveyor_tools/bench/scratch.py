@@ -18,11 +18,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from conveyor.bench.baseline import copy_rows, create_table
 from conveyor.config import ProducerConfig
 from conveyor.errors import ConveyorError
 from conveyor.producer import NewEvent, Producer
 from conveyor.schema.migrator import Migrator
+from conveyor_tools.bench.baseline import copy_rows, create_table
 
 MARKER = "conveyor bench scratch schema: dropped when the benchmark ends"
 FILL_BATCH = 1000

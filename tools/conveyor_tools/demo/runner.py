@@ -1,4 +1,4 @@
-"""Runs the demo from start to finish; see :mod:`conveyor.demo`."""
+"""Runs the demo from start to finish; see :mod:`conveyor_tools.demo`."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import psycopg
 
 from conveyor.admin import Admin
 from conveyor.db.connect import connect, describe
-from conveyor.demo.chain import DEFAULT_DATABASE, run_chain
-from conveyor.demo.progress import Progress, Snapshot, take_snapshot
-from conveyor.demo.shop import SCHEMA, Mix, enqueue_mix, reset_schema
-from conveyor.demo.worker_process import APP, WORKER_FLAGS, WorkerProcess
 from conveyor.types import EventRecord
+from conveyor_tools.demo.chain import DEFAULT_DATABASE, run_chain
+from conveyor_tools.demo.progress import Progress, Snapshot, take_snapshot
+from conveyor_tools.demo.shop import SCHEMA, Mix, enqueue_mix, reset_schema
+from conveyor_tools.demo.worker_process import APP, WORKER_FLAGS, WorkerProcess
 
 if TYPE_CHECKING:
     from conveyor.cli.context import Context
@@ -93,7 +93,7 @@ class Demo:
         return 0 if code == 0 else 1
 
     def _list_misbehaving(self, mix: Mix) -> None:
-        self.say("  misbehaving on purpose (see conveyor/demo/app.py):")
+        self.say("  misbehaving on purpose (see conveyor_tools/demo/app.py):")
         items = sorted(mix.misbehaving.items())
         for event_id, what in items[:MISBEHAVING_SHOWN]:
             self.say(f"    event {event_id:>4}  {what}")

@@ -21,10 +21,10 @@ from typing import Any
 
 import psycopg
 
-from conveyor.bench import measure, scratch
-from conveyor.bench.measure import DrainRun
-from conveyor.bench.processes import ProcessRegistry
 from conveyor.config import BATCH_SIZE_DEFAULT, CONCURRENCY_DEFAULT
+from conveyor_tools.bench import measure, scratch
+from conveyor_tools.bench.measure import DrainRun
+from conveyor_tools.bench.processes import ProcessRegistry
 
 RAW_SAME_BATCH = BATCH_SIZE_DEFAULT
 RAW_BEST_BATCH = 1000

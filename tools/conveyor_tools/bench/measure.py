@@ -37,13 +37,13 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 import psycopg.sql
 
-from conveyor.bench import scratch
-from conveyor.bench.app import NOOP_TOPIC, WAKE_TOPIC
-from conveyor.bench.baseline import copy_rows, insert_sql, wake_channel
-from conveyor.bench.processes import CpuProbe, ProcessRegistry, peak_rss_mb
-from conveyor.bench.scratch import BenchError, Schemas
 from conveyor.config import ProducerConfig
 from conveyor.producer import NewEvent, Producer
+from conveyor_tools.bench import scratch
+from conveyor_tools.bench.app import NOOP_TOPIC, WAKE_TOPIC
+from conveyor_tools.bench.baseline import copy_rows, insert_sql, wake_channel
+from conveyor_tools.bench.processes import CpuProbe, ProcessRegistry, peak_rss_mb
+from conveyor_tools.bench.scratch import BenchError, Schemas
 
 WARMUP = 20
 POLL = 0.05
