@@ -6,4 +6,7 @@
 
 Consumers import no worker code: each is a plain async callable taking an
 :class:`~conveyor.types.Event`, so it can be routed like any other handler.
+
+Each needs an extra (``email``, ``http`` for the write-back, ``xlsx``); importing
+one without it raises :class:`~conveyor.errors.MissingExtraError` naming it.
 """
