@@ -34,6 +34,8 @@ ALL_INPUTS: dict[str, str] = {
     "src/conveyor/producer_async.py": "src/conveyor/producer.py",
     "src/conveyor/db/connect_async.py": "src/conveyor/db/connect.py",
     "src/conveyor/db/execute_async.py": "src/conveyor/db/execute.py",
+    "src/conveyor/testing/assertions_async.py": "src/conveyor/testing/assertions.py",
+    "src/conveyor/testing/working_async.py": "src/conveyor/testing/working.py",
 }
 
 # Async name -> sync name, replaced as whole words.
@@ -49,6 +51,11 @@ NAMES: dict[str, str] = {
     "connect_for_statements_async": "connect_for_statements",
     "connect_async": "connect",
     "behind_pooler_async": "behind_pooler",
+    "assert_enqueued_async": "assert_enqueued",
+    "refute_enqueued_async": "refute_enqueued",
+    "_found_async": "_found",
+    "work_event_async": "work_event",
+    "_run_async": "_run",
     "_fetch_async": "_fetch",
     "_run_flow_async": "_run_flow",
     "__aenter__": "__enter__",

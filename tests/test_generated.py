@@ -25,6 +25,8 @@ TWINS = [
     "src/conveyor/db/execute.py",
     "src/conveyor/producer.py",
     "src/conveyor/schema/migrator.py",
+    "src/conveyor/testing/assertions.py",
+    "src/conveyor/testing/working.py",
 ]
 
 
