@@ -36,6 +36,7 @@ ALL_INPUTS: dict[str, str] = {
     "src/conveyor/db/execute_async.py": "src/conveyor/db/execute.py",
     "src/conveyor/testing/assertions_async.py": "src/conveyor/testing/assertions.py",
     "src/conveyor/testing/working_async.py": "src/conveyor/testing/working.py",
+    "src/conveyor/workflow/publisher_async.py": "src/conveyor/workflow/publisher.py",
 }
 
 # Async name -> sync name, replaced as whole words.
@@ -56,6 +57,8 @@ NAMES: dict[str, str] = {
     "_found_async": "_found",
     "work_event_async": "work_event",
     "_run_async": "_run",
+    "AsyncWorkflowPublisher": "WorkflowPublisher",
+    "_PublishAsync": "_Publish",
     "_fetch_async": "_fetch",
     "_run_flow_async": "_run_flow",
     "__aenter__": "__enter__",

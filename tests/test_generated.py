@@ -27,6 +27,7 @@ TWINS = [
     "src/conveyor/schema/migrator.py",
     "src/conveyor/testing/assertions.py",
     "src/conveyor/testing/working.py",
+    "src/conveyor/workflow/publisher.py",
 ]
 
 
