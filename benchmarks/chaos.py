@@ -58,6 +58,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -267,7 +268,9 @@ def worker_log_actions(fleet: Fleet, actions: set[str]) -> list[dict[str, Any]]:
                 continue
             if rec.get("action") in actions:
                 try:
-                    at = time.mktime(time.strptime(rec["ts"], "%Y-%m-%dT%H:%M:%S"))
+                    # JSON log timestamps are UTC with milliseconds: 2026-12-01T14:08:10.844Z
+                    at = datetime.strptime(rec["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                        tzinfo=UTC).timestamp()
                 except (KeyError, ValueError):
                     at = None
                 found.append({"worker": f"chaos-{n}", "pid": w.proc.pid, "at": at, **rec})

@@ -36,7 +36,10 @@ from psycopg.conninfo import make_conninfo
 
 from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import Queries
+from conveyor.worker.connection import ManagedConnection
 from conveyor.worker.maintenance import HorizonHolder, Maintenance
+from conveyor.worker.running import RunningSet
+from conveyor.worker.stats import WorkerStats
 
 THRESHOLD = 1.0
 
@@ -69,8 +72,11 @@ def _check(url: str) -> HorizonHolder | None:
     read is timed from the first check that saw it.
     """
     async def run() -> HorizonHolder | None:
-        m = Maintenance(Queries("conveyor"), WorkerConfig(horizon_alert_after=THRESHOLD),
-                        str(uuid.uuid4()), "test", ["*"], owned=lambda: [])
+        config = WorkerConfig(horizon_alert_after=THRESHOLD)
+        unused = ManagedConnection(url, "maintenance", reconnect_min=0.1, reconnect_max=1.0,
+                                   stopping=asyncio.Event())
+        m = Maintenance(unused, Queries("conveyor"), config, str(uuid.uuid4()), "test", ["*"],
+                        RunningSet(1), decided=set, stats=WorkerStats())
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             await m.check_horizon(conn)
             await asyncio.sleep(THRESHOLD + 0.2)
