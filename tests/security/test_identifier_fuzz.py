@@ -24,7 +24,8 @@ from .conftest import Tripwire
 SCHEMA_RE = re.compile(r"(?!pg_)[a-z_][a-z0-9_]{0,39}")
 TOPIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*")
 TENANT_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# C0, DEL, C1 and the Unicode line and paragraph separators, as docs/producing.md says.
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 HOSTILE = ['"', "'", "%", ";", "\x00", " ", "\t", "\n", "\r", "\\", "--", "/*", "*/", "$$", "`",
            "é", "ß", "İ", "\u0130", "\u212a", "\u2028", "\u0085", "\ufeff", "😀", "\ud800",
