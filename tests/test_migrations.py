@@ -191,6 +191,31 @@ def test_pending_with_newer_migration_raises_migration_error(fresh_db: str) -> N
             Migrator().pending(conn)
 
 
+def test_require_current_passes_only_at_this_conveyors_migration(empty_db: str) -> None:
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        with pytest.raises(MigrationError, match="is not migrated; run 'conveyor migrate' first"):
+            Migrator().require_current(conn)
+        Migrator().apply(conn)
+        Migrator().require_current(conn)
+        conn.execute("DELETE FROM conveyor.migrations WHERE version = %s", (latest_version(),))
+        with pytest.raises(MigrationError, match=f"at migration {latest_version() - 1}, this "
+                                                 f"Conveyor needs {latest_version()}; run"):
+            Migrator().require_current(conn)
+        conn.execute("INSERT INTO conveyor.migrations (version, name) VALUES (%s, 'x'), "
+                     "(999, 'future')", (latest_version(),))
+        with pytest.raises(MigrationError, match=r"at migration 999, newer than this Conveyor "
+                                                 r"knows .*; upgrade Conveyor"):
+            Migrator().require_current(conn)
+
+
+async def test_async_require_current_says_the_same(empty_db: str) -> None:
+    async with await psycopg.AsyncConnection.connect(empty_db, autocommit=True) as conn:
+        with pytest.raises(MigrationError, match="is not migrated"):
+            await AsyncMigrator().require_current(conn)
+        await AsyncMigrator().apply(conn)
+        await AsyncMigrator().require_current(conn)
+
+
 def test_failing_migration_is_wrapped_and_rolled_back(empty_db: str) -> None:
     with psycopg.connect(empty_db, autocommit=True) as conn:
         # A table in the way makes CREATE TABLE events fail halfway through 0001.

@@ -10,8 +10,8 @@ import psycopg
 
 from conveyor.cli.durations import parse_count, parse_duration
 from conveyor.db.connect import connect
-from conveyor.errors import InvalidInputError, MigrationError
-from conveyor.schema.migrator import Migrator, latest_version
+from conveyor.errors import InvalidInputError
+from conveyor.schema.migrator import Migrator
 from conveyor.validation import check_schema_name
 
 if TYPE_CHECKING:
@@ -51,13 +51,7 @@ class Context:
         conn = connect(self.url(), autocommit=autocommit)
         self._conns.append(conn)
         if check_schema:
-            applied = Migrator(self.schema).applied_versions(conn)
-            if not applied:
-                raise MigrationError(
-                    f"schema {self.schema!r} is not migrated; run 'conveyor migrate' first")
-            if max(applied) < latest_version():
-                raise MigrationError(
-                    f"schema {self.schema!r} is at migration {max(applied)}; run 'conveyor migrate'")
+            Migrator(self.schema).require_current(conn)
         return conn
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from conveyor.schema.migrator_async import AsyncMigrator as AsyncMigrator
 from conveyor.schema.migrator_core import (
     Migration,
     _plan,
+    check_current,
     latest_version,
     load_migrations,
     migration_script,
@@ -63,7 +64,7 @@ class Migrator:
                 run(conn, q["migration_create_schema"])
                 run(conn, q["migration_create_table"])
                 cur = run(conn, q["migration_applied"])
-                todo = _plan([r[0] for r in cur.fetchall()])
+                todo = _plan(self.schema, [r[0] for r in cur.fetchall()])
                 for m in todo:
                     run(conn, m.render(self.schema).encode())
                     run(conn, q["migration_record"],
@@ -74,7 +75,16 @@ class Migrator:
 
     def pending(self, conn: psycopg.Connection[Any]) -> list[Migration]:
         """The migrations not applied yet, oldest first."""
-        return _plan(self.applied_versions(conn))
+        return _plan(self.schema, self.applied_versions(conn))
+
+    def require_current(self, conn: psycopg.Connection[Any]) -> None:
+        """Raise MigrationError unless the schema is exactly at this Conveyor's migration.
+
+        What workers and one-off commands check before touching the tables: a
+        schema that is missing or older says to run ``conveyor migrate``, a
+        newer one says to upgrade Conveyor.
+        """
+        check_current(self.schema, self.applied_versions(conn))
 
     def applied_versions(self, conn: psycopg.Connection[Any]) -> list[int]:
         """The versions recorded in the schema's version table; [] before the first migration."""

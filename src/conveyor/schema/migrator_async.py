@@ -26,6 +26,7 @@ from conveyor.errors import MigrationError
 from conveyor.schema.migrator_core import (
     Migration,
     _plan,
+    check_current,
     latest_version,
     load_migrations,
     migration_script,
@@ -63,7 +64,7 @@ class AsyncMigrator:
                 await run_async(conn, q["migration_create_schema"])
                 await run_async(conn, q["migration_create_table"])
                 cur = await run_async(conn, q["migration_applied"])
-                todo = _plan([r[0] for r in await cur.fetchall()])
+                todo = _plan(self.schema, [r[0] for r in await cur.fetchall()])
                 for m in todo:
                     await run_async(conn, m.render(self.schema).encode())
                     await run_async(conn, q["migration_record"],
@@ -74,7 +75,16 @@ class AsyncMigrator:
 
     async def pending(self, conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
         """The migrations not applied yet, oldest first."""
-        return _plan(await self.applied_versions(conn))
+        return _plan(self.schema, await self.applied_versions(conn))
+
+    async def require_current(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Raise MigrationError unless the schema is exactly at this Conveyor's migration.
+
+        What workers and one-off commands check before touching the tables: a
+        schema that is missing or older says to run ``conveyor migrate``, a
+        newer one says to upgrade Conveyor.
+        """
+        check_current(self.schema, await self.applied_versions(conn))
 
     async def applied_versions(self, conn: psycopg.AsyncConnection[Any]) -> list[int]:
         """The versions recorded in the schema's version table; [] before the first migration."""

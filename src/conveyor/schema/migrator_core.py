@@ -81,12 +81,30 @@ def migration_script(schema: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _plan(applied: list[int]) -> list[Migration]:
-    known = {m.version for m in load_migrations()}
-    unknown = sorted(set(applied) - known)
-    if unknown:
+def _too_new(schema: str, applied: list[int]) -> MigrationError | None:
+    unknown = sorted(set(applied) - {m.version for m in load_migrations()})
+    if not unknown:
+        return None
+    return MigrationError(
+        f"schema {schema!r} is at migration {unknown[-1]}, newer than this Conveyor knows "
+        f"({latest_version()}); upgrade Conveyor")
+
+
+def check_current(schema: str, applied: list[int]) -> None:
+    """Refuse a schema that is missing, older or newer than this Conveyor (one message each)."""
+    if not applied:
+        raise MigrationError(f"schema {schema!r} is not migrated; run 'conveyor migrate' first")
+    too_new = _too_new(schema, applied)
+    if too_new is not None:
+        raise too_new
+    if max(applied) < latest_version():
         raise MigrationError(
-            f"database schema has migration {unknown[-1]}, newer than this Conveyor "
-            f"(knows up to {latest_version()}); upgrade Conveyor"
-        )
+            f"schema {schema!r} is at migration {max(applied)}, this Conveyor needs "
+            f"{latest_version()}; run 'conveyor migrate'")
+
+
+def _plan(schema: str, applied: list[int]) -> list[Migration]:
+    too_new = _too_new(schema, applied)
+    if too_new is not None:
+        raise too_new
     return [m for m in load_migrations() if m.version not in set(applied)]

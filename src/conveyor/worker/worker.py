@@ -36,9 +36,9 @@ from conveyor.config import WorkerConfig
 from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import CLAIM_PRIORITY
-from conveyor.errors import ConfigError, MigrationError
+from conveyor.errors import ConfigError
 from conveyor.router import Router
-from conveyor.schema.migrator import AsyncMigrator, latest_version
+from conveyor.schema.migrator import AsyncMigrator
 from conveyor.types import Event, EventState
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
@@ -181,20 +181,9 @@ class Worker:
             loop.add_signal_handler(sig, self.request_stop)
 
     async def check_schema(self) -> None:
-        """Fail fast when the schema is missing or older than this Conveyor."""
+        """Fail fast when the schema is missing, older or newer than this Conveyor."""
         conn = await self.connections.maintenance.get()
-        applied = await AsyncMigrator(self.config.schema).applied_versions(conn)
-        if not applied:
-            raise MigrationError(
-                f"schema {self.config.schema!r} is not migrated; run 'conveyor migrate' first")
-        if max(applied) > latest_version():
-            raise MigrationError(
-                f"schema {self.config.schema!r} is at migration {max(applied)}, newer than this "
-                f"Conveyor knows ({latest_version()}); upgrade Conveyor")
-        if max(applied) < latest_version():
-            raise MigrationError(
-                f"schema {self.config.schema!r} is at migration {max(applied)}, this Conveyor "
-                f"needs {latest_version()}; run 'conveyor migrate'")
+        await AsyncMigrator(self.config.schema).require_current(conn)
 
     async def run(self) -> None:
         """Work until :meth:`request_stop`, then shut down gracefully."""
