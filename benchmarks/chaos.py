@@ -581,7 +581,7 @@ class ClaimProber(threading.Thread):
 def claim_filter_for(app: str) -> dict[str, Any]:
     """The topic filter the workers' router puts in their claim (every topic if unknown)."""
     try:
-        from conveyor.cli.commands import load_router
+        from conveyor.cli.process import load_router
 
         return load_router(app).claim_filter()
     except Exception as exc:  # noqa: BLE001 - only the probe's filter is at stake

@@ -409,7 +409,7 @@ def test_event_loop_choice() -> None:
 
     import uvloop
 
-    from conveyor.cli.commands import new_event_loop
+    from conveyor.cli.process import new_event_loop
 
     for kind, expected in (("auto", uvloop.Loop), ("uvloop", uvloop.Loop),
                            ("asyncio", asyncio.BaseEventLoop)):

@@ -154,7 +154,7 @@ PARTS = [
                  "WebhookDeliverer(WebhookSubscriptions([]))", "http", id="webhook_deliverer"),
     pytest.param("from conveyor.embedded import EmbeddedPostgres\n"
                  "EmbeddedPostgres(DATA_DIR).start()", "embedded", id="embedded_start"),
-    pytest.param("from conveyor.cli.commands import new_event_loop\nnew_event_loop('uvloop')",
+    pytest.param("from conveyor.cli.process import new_event_loop\nnew_event_loop('uvloop')",
                  "uvloop", id="event_loop_uvloop"),
 ]
 
@@ -187,7 +187,7 @@ def test_public_import_paths_work_with_the_extras_installed() -> None:
 
 
 def test_event_loop_auto_falls_back_to_asyncio_without_uvloop() -> None:
-    done = python("from conveyor.cli.commands import new_event_loop\n"
+    done = python("from conveyor.cli.process import new_event_loop\n"
                   "loop = new_event_loop('auto')\nprint(type(loop).__module__)\nloop.close()\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("asyncio.")

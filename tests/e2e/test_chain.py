@@ -609,6 +609,6 @@ def test_worker_sigterm_with_large_books_in_flight_exits_within_its_grace(
     print(f"\nSIGTERM with {len(jobs)} books in flight: exit code {code} after "
           f"{'more than ' if code is None else ''}{exited_after:.2f}s; handed back {handed_back}")
     # (Found here: asyncio.run() joined the default executor, so the process waited
-    # for every to_thread() read; fixed by conveyor.cli.commands.run_until_stopped.)
+    # for every to_thread() read; fixed by conveyor.cli.process.run_until_stopped.)
     assert code is not None, f"still running {exited_after:.1f}s after SIGTERM:\n{log[-1500:]}"
     assert code == 0, log[-2000:]

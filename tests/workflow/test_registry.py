@@ -196,9 +196,9 @@ def test_cli_register_refuses_what_is_not_a_registry(running_engine: EngineHandl
 
 def test_cli_mirrors_the_workflow_defaults_it_does_not_import() -> None:
     # cli/multi.py keeps copies so a worker never imports httpx and PyJWT.
-    from conveyor.cli import multi
+    from conveyor.cli import workflow_command
     from conveyor.workflow.adapters import REGISTRATION_TENANT_DEFAULT
     from conveyor.workflow.publisher import TOPIC_PREFIX_DEFAULT
 
-    assert multi.REGISTRATION_TENANT_DEFAULT == REGISTRATION_TENANT_DEFAULT
-    assert multi.TOPIC_PREFIX_DEFAULT == TOPIC_PREFIX_DEFAULT
+    assert workflow_command.REGISTRATION_TENANT_DEFAULT == REGISTRATION_TENANT_DEFAULT
+    assert workflow_command.TOPIC_PREFIX_DEFAULT == TOPIC_PREFIX_DEFAULT

@@ -3,54 +3,31 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import importlib
-import inspect
 import json
 import logging
 import os
 import sys
-import threading
-import time
-from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
 from conveyor.admin import SCHEDULED, Admin
-from conveyor.cli import events, multi
 from conveyor.cli.context import Context, duration, positive_int
-from conveyor.cli.options import add_command, add_json, boolean, label, option, usage_error
+from conveyor.cli.options import add_command, add_json, usage_error
 from conveyor.cli.output import emit_json, escape, escape_lines, say
-from conveyor.cli.process import StopSignals
 from conveyor.cli.progress import Ticker
 from conveyor.config import (
-    BATCH_SIZE_DEFAULT,
-    CONCURRENCY_DEFAULT,
-    HANDLER_TIMEOUT_DEFAULT,
-    HEARTBEAT_INTERVAL_DEFAULT,
-    HORIZON_ALERT_DEFAULT,
-    LEASE_TTL_DEFAULT,
-    POLL_INTERVAL_DEFAULT,
-    RESCUE_INTERVAL_DEFAULT,
-    RETENTION_DEFAULT,
-    SHUTDOWN_TIMEOUT_DEFAULT,
     ProducerConfig,
-    WorkerConfig,
 )
 from conveyor.db.execute import run
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import (
-    ConfigError,
     DatabaseError,
     InvalidInputError,
-    MissingExtraError,
     WorkbookError,
 )
 from conveyor.producer import Producer
-from conveyor.retry import BASE_DELAY_DEFAULT, MAX_DELAY_DEFAULT, BackoffPolicy
-from conveyor.router import Router
 from conveyor.schema.migrator import Migrator, migration_script
 from conveyor.types import QueueStatus
 
@@ -257,261 +234,6 @@ def run_show(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-# -------------------------------------------------------------------- worker
-
-def register_worker(sub: Sub, env: Env) -> None:
-    p = _add(sub, "worker", "run a worker process until SIGTERM/SIGINT",
-             "Claim and run events for the topics of the router given by --app, a\n"
-             "'module:attribute' naming a conveyor.Router (or a function taking no\n"
-             "arguments that returns one). SIGTERM or SIGINT stops claiming, lets running\n"
-             "handlers finish within --shutdown-timeout, hands the rest back without\n"
-             "spending an attempt, exits 0.\n\n"
-             "A worker needs --database-url (or CONVEYOR_DATABASE_URL): without one it\n"
-             "refuses to start, unless --embedded asks for the embedded PostgreSQL.",
-             run_worker, examples=[
-                 ("CONVEYOR_DATABASE_URL=postgresql://app@db/app \\\n"
-                  "    conveyor worker --app myapp.tasks:router", "serve a router"),
-                 ("conveyor worker --app myapp.tasks:router --concurrency 20 --tenant acme",
-                  "one tenant, 20 handlers at once"),
-                 ("conveyor worker --app myapp.tasks:router --embedded",
-                  "try it on the embedded PostgreSQL"),
-             ])
-    option(p, "--app", env="APP", required=True, metavar="MODULE:ROUTER",
-           help="router to serve")
-    p.add_argument("--embedded", action="store_true",
-                   help="without a database URL, run on the embedded PostgreSQL (for trying "
-                        "Conveyor: its data is private to this machine)")
-    option(p, "--concurrency", env="CONCURRENCY", type=positive_int, default=CONCURRENCY_DEFAULT,
-           help="handlers running at once")
-    option(p, "--batch-size", env="BATCH_SIZE", type=positive_int, default=BATCH_SIZE_DEFAULT,
-           help="events claimed per query")
-    option(p, "--poll-interval", env="POLL_INTERVAL", type=duration, unit="s",
-           default=POLL_INTERVAL_DEFAULT, help="fallback poll when no NOTIFY arrives")
-    option(p, "--lease-ttl", env="LEASE_TTL", type=duration, unit="s", default=LEASE_TTL_DEFAULT,
-           help="claim validity without heartbeat")
-    option(p, "--shutdown-timeout", env="SHUTDOWN_TIMEOUT", type=duration, unit="s",
-           default=SHUTDOWN_TIMEOUT_DEFAULT, help="grace for running handlers on SIGTERM")
-    option(p, "--handler-timeout", env="HANDLER_TIMEOUT", type=duration, unit="s",
-           default=HANDLER_TIMEOUT_DEFAULT, help="default limit for one handler call")
-    option(p, "--rescue-interval", env="RESCUE_INTERVAL", type=duration, unit="s",
-           default=RESCUE_INTERVAL_DEFAULT, help="scan for expired leases this often")
-    option(p, "--backoff-base", env="BACKOFF_BASE", type=duration, unit="s",
-           default=BASE_DELAY_DEFAULT,
-           help="retry delay after the first failed attempt, doubling per attempt")
-    option(p, "--backoff-max", env="BACKOFF_MAX", type=duration, unit="s",
-           default=MAX_DELAY_DEFAULT, help="cap on any retry delay")
-    option(p, "--retention", env="RETENTION", type=retention, unit="s", default=RETENTION_DEFAULT,
-           help="prune succeeded/cancelled events older than this; 'forever' keeps them, "
-                "0 deletes each succeeded event as it is acknowledged (fastest, no history)")
-    p.add_argument("--tenant", action="append", dest="tenants", metavar="TENANT",
-                   help="claim only this tenant's events (repeatable; default: every tenant)")
-    option(p, "--name", env="WORKER_NAME", type=label, shown="host:pid",
-           help="label shown by status")
-    option(p, "--no-listen", dest="listen", action="store_false", env="LISTEN", env_type=boolean,
-           default=True, shown="listen",
-           help="do not LISTEN for notifications, find new events by polling only")
-    option(p, "--transaction-pooler", action="store_const", const=True, env="TRANSACTION_POOLER",
-           env_type=boolean, shown="find out on the first connection",
-           help="the database URL goes through PgBouncer in transaction mode (or a similar "
-                "pooler): keep no session state there and do not LISTEN through it")
-    p.add_argument("--no-transaction-pooler", dest="transaction_pooler", action="store_const",
-                   const=False,
-                   help="the database URL reaches PostgreSQL directly or through a session "
-                        "pooler: keep the worker's session state, skip the check")
-    option(p, "--listen-url", env="LISTEN_URL", metavar="URL", secret=True,
-           shown="the database URL",
-           help="direct PostgreSQL URL for the LISTEN connection, bypassing the pooler")
-    option(p, "--horizon-alert", env="HORIZON_ALERT", type=off_or_duration, unit="s",
-           default=HORIZON_ALERT_DEFAULT,
-           help="log an alert when a transaction holds back vacuum this long; 'off' disables "
-                "the check")
-    add_event_loop_arg(p, env)
-
-
-def retention(text: str) -> float | None:
-    """argparse type: a duration, or 'forever' (None: keep finished events)."""
-    return None if text.strip().lower() == "forever" else duration(text)
-
-
-def off_or_duration(text: str) -> float | None:
-    """argparse type: a duration, or 'off' (None: the check is disabled)."""
-    return None if text.strip().lower() == "off" else duration(text)
-
-
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-
-
-def add_event_loop_arg(p: argparse.ArgumentParser, env: Callable[..., str | None]) -> None:
-    option(p, "--event-loop", env="EVENT_LOOP", choices=EVENT_LOOPS, default="auto",
-           help="'uvloop' (the 'uvloop' extra, Linux and macOS: about 10-20 %% "
-                "less CPU per event and a faster wake-up), 'asyncio' (the standard "
-                "loop), or 'auto': uvloop when it can be imported")
-
-
-def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
-    """The worker's event loop: uvloop when asked for or, with ``auto``, when installed.
-
-    ``uvloop`` without the extra raises MissingExtraError; ``auto`` falls back
-    to asyncio's loop quietly. Defaults to ``auto``.
-    """
-    if kind not in EVENT_LOOPS:
-        raise InvalidInputError(f"invalid event loop {kind!r}: expected one of {', '.join(EVENT_LOOPS)}")
-    if kind != "asyncio":
-        try:
-            import uvloop
-        except ImportError as exc:
-            if kind == "uvloop":
-                raise MissingExtraError("--event-loop uvloop", "uvloop", module=exc.name) from None
-        else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
-
-
-def load_router(spec: str) -> Router:
-    """The Router named by ``--app``: an attribute, or what a function of no arguments returns.
-
-    Whatever goes wrong (the module raises at import, the target needs
-    arguments or raises, it is no Router) is one InvalidInputError naming the
-    target and the reason: user code must not turn into a traceback here.
-    """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidInputError(f"invalid --app {spec!r}: expected 'module:attribute'")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidInputError(f"cannot import module {module_name!r} for --app: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - any error of user code at import
-        raise InvalidInputError(f"--app {spec!r}: importing {module_name!r} raised "
-                                f"{_describe_error(exc)}") from None
-    target = module
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise InvalidInputError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if isinstance(target, Router):
-        return target
-    if not callable(target) or isinstance(target, type):
-        kind = f"class {target.__name__}" if isinstance(target, type) else type(target).__name__
-        raise InvalidInputError(f"--app {spec!r} is a {kind}, not a conveyor.Router")
-    return _build_router(spec, target)
-
-
-def _build_router(spec: str, factory: Callable[..., object]) -> Router:
-    try:
-        inspect.signature(factory).bind()
-    except TypeError as exc:
-        raise InvalidInputError(f"--app {spec!r} needs arguments ({exc}); name a Router or "
-                                "a function taking none") from None
-    except ValueError:
-        pass  # no signature to read (some builtins): calling it will tell
-    try:
-        built = factory()
-    except Exception as exc:  # noqa: BLE001 - any error of user code building the router
-        raise InvalidInputError(f"--app {spec!r} raised {_describe_error(exc)}") from None
-    if not isinstance(built, Router):
-        raise InvalidInputError(
-            f"--app {spec!r} returned a {type(built).__name__}, not a conveyor.Router")
-    return built
-
-
-def _describe_error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def run_until_stopped(main: Coroutine[Any, Any, None], event_loop: str = "auto") -> None:
-    """Like asyncio.run, but never waits for threads a handler left running.
-
-    asyncio.run joins the loop's default executor on the way out, so one handler
-    still inside ``asyncio.to_thread`` would hold the process past its shutdown
-    timeout. Here the default executor's threads carry the handler-thread name
-    (so the exit path below sees them) and are not joined.
-    """
-    try:
-        loop = new_event_loop(event_loop)
-    except (InvalidInputError, MissingExtraError):
-        main.close()  # never awaited: say so quietly instead of warning
-        raise
-    loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="conveyor-handler-default"))
-    try:
-        loop.run_until_complete(main)
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-    finally:
-        loop.close()  # shuts the default executor down without waiting for its threads
-
-
-def run_worker(ctx: Context, args: argparse.Namespace) -> int:
-    from conveyor.worker import Worker
-
-    if ctx.embedded and not args.embedded:
-        raise InvalidInputError(
-            "no database for the worker: set --database-url or CONVEYOR_DATABASE_URL, or pass "
-            "--embedded to run on the embedded PostgreSQL")
-    stop = StopSignals().install()   # before the app's import, which may take a while
-    router = load_router(args.app)
-    try:
-        config = WorkerConfig(
-            schema=ctx.schema, name=args.name, concurrency=args.concurrency,
-            batch_size=args.batch_size, poll_interval=args.poll_interval,
-            lease_ttl=args.lease_ttl, shutdown_timeout=args.shutdown_timeout,
-            handler_timeout=args.handler_timeout, rescue_interval=args.rescue_interval,
-            heartbeat_interval=min(HEARTBEAT_INTERVAL_DEFAULT, args.lease_ttl / 3),
-            retention=args.retention,
-            tenants=tuple(args.tenants) if args.tenants else None,
-            backoff=BackoffPolicy(base_delay=args.backoff_base,
-                                  max_delay=max(args.backoff_max, args.backoff_base)),
-            listen=args.listen, transaction_pooler=args.transaction_pooler,
-            horizon_alert_after=args.horizon_alert)
-    except ConfigError as exc:
-        raise InvalidInputError(str(exc)) from None
-    if stop.requested:
-        log.info("stopped before the worker started", extra={"action": "stopped"})
-        return 0
-    worker = Worker(ctx.url(), router, config, listen_conninfo=args.listen_url)
-
-    async def serve() -> None:
-        worker.install_signal_handlers()
-        stop.forward_to(worker.request_stop)
-        await worker.run()
-
-    run_until_stopped(serve(), args.event_loop)
-    stop.install()   # closing the loop restored the default handlers; the exit is under way
-    s = worker.stats
-    log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
-             s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})
-    leave_stuck_handler_threads(ctx)
-    return 0
-
-
-def leave_stuck_handler_threads(ctx: Context) -> None:
-    """Exit at once if plain handlers still run in threads; their events were handed back.
-
-    Such threads cannot be interrupted, and waiting for them would hold the
-    process past its shutdown timeout. Idle pool threads exit as soon as they
-    see the shutdown; one shared deadline bounds the wait however many are stuck.
-    """
-    handler_threads = [t for t in threading.enumerate() if t.name.startswith("conveyor-handler")]
-    deadline = time.monotonic() + 0.5
-    for thread in handler_threads:
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in handler_threads if t.is_alive()]
-    if stuck:
-        log.warning("%d handler threads still running at exit; leaving them", len(stuck),
-                    extra={"action": "exit_abandon_threads"})
-        ctx.close()
-        logging.shutdown()
-        os._exit(0)
-
-
 # ---------------------------------------------------------------------- xlsx
 
 def register_xlsx(sub: Sub, env: Env) -> None:
@@ -543,7 +265,3 @@ def run_xlsx(ctx: Context, args: argparse.Namespace) -> int:
     emit_json(result.to_json())
     return 0
 
-
-REGISTRY = [register_migrate, register_worker, register_enqueue, register_status,
-            events.register_events, register_show, events.register_retry,
-            events.register_cancel, events.register_prune, register_xlsx, *multi.REGISTRY]

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from conveyor.cli import commands
+from conveyor.cli import commands, events, worker_command, worker_multi_command, workflow_command
 from conveyor.cli.context import Context
 from conveyor.cli.logsetup import configure
 from conveyor.cli.options import ArgumentParser, option
@@ -97,6 +97,14 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
     return found
 
 
+# In the order `conveyor --help` lists them.
+COMMANDS = [commands.register_migrate, worker_command.register_worker,
+            commands.register_enqueue, commands.register_status, events.register_events,
+            commands.register_show, events.register_retry, events.register_cancel,
+            events.register_prune, commands.register_xlsx,
+            worker_multi_command.register_worker_multi, workflow_command.register_workflow]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="conveyor", description=DESCRIPTION, epilog=EPILOG,
@@ -105,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the version and exit")
     add_global_options(parser, after_command=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for register in commands.REGISTRY:
+    for register in COMMANDS:
         register(sub, _env)
     add_plugin_commands(sub)
     for child in _subparsers(parser):

@@ -86,13 +86,17 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def add_command(sub: Any, name: str, help_text: str, description: str,
-                run: Callable[..., int],
+                run: Callable[..., int] | None = None,
                 examples: Sequence[tuple[str, str]] = ()) -> argparse.ArgumentParser:
-    """A command's parser: one-line help, description, and examples after the options."""
+    """A command's parser: one-line help, description, and examples after the options.
+
+    ``run`` is the command's handler; a parser of sub-commands (``workflow``) has none.
+    """
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=help_text, description=description, epilog=format_examples(examples),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.set_defaults(handler=run)
+    if run is not None:
+        parser.set_defaults(handler=run)
     return parser
 
 

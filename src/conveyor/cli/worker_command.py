@@ -1,0 +1,161 @@
+"""``conveyor worker``: one worker process for one database, until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from conveyor.cli.context import Context, duration, positive_int
+from conveyor.cli.options import add_command, boolean, label, option
+from conveyor.cli.process import (
+    StopSignals,
+    add_event_loop_arg,
+    leave_stuck_handler_threads,
+    load_router,
+    run_until_stopped,
+)
+from conveyor.config import (
+    BATCH_SIZE_DEFAULT,
+    CONCURRENCY_DEFAULT,
+    HANDLER_TIMEOUT_DEFAULT,
+    HEARTBEAT_INTERVAL_DEFAULT,
+    HORIZON_ALERT_DEFAULT,
+    LEASE_TTL_DEFAULT,
+    POLL_INTERVAL_DEFAULT,
+    RESCUE_INTERVAL_DEFAULT,
+    RETENTION_DEFAULT,
+    SHUTDOWN_TIMEOUT_DEFAULT,
+    WorkerConfig,
+)
+from conveyor.errors import ConfigError, InvalidInputError
+from conveyor.retry import BASE_DELAY_DEFAULT, MAX_DELAY_DEFAULT, BackoffPolicy
+
+Env = Callable[..., str | None]
+Sub = Any  # argparse's private _SubParsersAction
+
+log = logging.getLogger(__name__)
+
+
+def register_worker(sub: Sub, env: Env) -> None:
+    p = add_command(sub, "worker", "run a worker process until SIGTERM/SIGINT",
+             "Claim and run events for the topics of the router given by --app, a\n"
+             "'module:attribute' naming a conveyor.Router (or a function taking no\n"
+             "arguments that returns one). SIGTERM or SIGINT stops claiming, lets running\n"
+             "handlers finish within --shutdown-timeout, hands the rest back without\n"
+             "spending an attempt, exits 0.\n\n"
+             "A worker needs --database-url (or CONVEYOR_DATABASE_URL): without one it\n"
+             "refuses to start, unless --embedded asks for the embedded PostgreSQL.",
+             run_worker, examples=[
+                 ("CONVEYOR_DATABASE_URL=postgresql://app@db/app \\\n"
+                  "    conveyor worker --app myapp.tasks:router", "serve a router"),
+                 ("conveyor worker --app myapp.tasks:router --concurrency 20 --tenant acme",
+                  "one tenant, 20 handlers at once"),
+                 ("conveyor worker --app myapp.tasks:router --embedded",
+                  "try it on the embedded PostgreSQL"),
+             ])
+    option(p, "--app", env="APP", required=True, metavar="MODULE:ROUTER",
+           help="router to serve")
+    p.add_argument("--embedded", action="store_true",
+                   help="without a database URL, run on the embedded PostgreSQL (for trying "
+                        "Conveyor: its data is private to this machine)")
+    option(p, "--concurrency", env="CONCURRENCY", type=positive_int, default=CONCURRENCY_DEFAULT,
+           help="handlers running at once")
+    option(p, "--batch-size", env="BATCH_SIZE", type=positive_int, default=BATCH_SIZE_DEFAULT,
+           help="events claimed per query")
+    option(p, "--poll-interval", env="POLL_INTERVAL", type=duration, unit="s",
+           default=POLL_INTERVAL_DEFAULT, help="fallback poll when no NOTIFY arrives")
+    option(p, "--lease-ttl", env="LEASE_TTL", type=duration, unit="s", default=LEASE_TTL_DEFAULT,
+           help="claim validity without heartbeat")
+    option(p, "--shutdown-timeout", env="SHUTDOWN_TIMEOUT", type=duration, unit="s",
+           default=SHUTDOWN_TIMEOUT_DEFAULT, help="grace for running handlers on SIGTERM")
+    option(p, "--handler-timeout", env="HANDLER_TIMEOUT", type=duration, unit="s",
+           default=HANDLER_TIMEOUT_DEFAULT, help="default limit for one handler call")
+    option(p, "--rescue-interval", env="RESCUE_INTERVAL", type=duration, unit="s",
+           default=RESCUE_INTERVAL_DEFAULT, help="scan for expired leases this often")
+    option(p, "--backoff-base", env="BACKOFF_BASE", type=duration, unit="s",
+           default=BASE_DELAY_DEFAULT,
+           help="retry delay after the first failed attempt, doubling per attempt")
+    option(p, "--backoff-max", env="BACKOFF_MAX", type=duration, unit="s",
+           default=MAX_DELAY_DEFAULT, help="cap on any retry delay")
+    option(p, "--retention", env="RETENTION", type=retention, unit="s", default=RETENTION_DEFAULT,
+           help="prune succeeded/cancelled events older than this; 'forever' keeps them, "
+                "0 deletes each succeeded event as it is acknowledged (fastest, no history)")
+    p.add_argument("--tenant", action="append", dest="tenants", metavar="TENANT",
+                   help="claim only this tenant's events (repeatable; default: every tenant)")
+    option(p, "--name", env="WORKER_NAME", type=label, shown="host:pid",
+           help="label shown by status")
+    option(p, "--no-listen", dest="listen", action="store_false", env="LISTEN", env_type=boolean,
+           default=True, shown="listen",
+           help="do not LISTEN for notifications, find new events by polling only")
+    option(p, "--transaction-pooler", action="store_const", const=True, env="TRANSACTION_POOLER",
+           env_type=boolean, shown="find out on the first connection",
+           help="the database URL goes through PgBouncer in transaction mode (or a similar "
+                "pooler): keep no session state there and do not LISTEN through it")
+    p.add_argument("--no-transaction-pooler", dest="transaction_pooler", action="store_const",
+                   const=False,
+                   help="the database URL reaches PostgreSQL directly or through a session "
+                        "pooler: keep the worker's session state, skip the check")
+    option(p, "--listen-url", env="LISTEN_URL", metavar="URL", secret=True,
+           shown="the database URL",
+           help="direct PostgreSQL URL for the LISTEN connection, bypassing the pooler")
+    option(p, "--horizon-alert", env="HORIZON_ALERT", type=off_or_duration, unit="s",
+           default=HORIZON_ALERT_DEFAULT,
+           help="log an alert when a transaction holds back vacuum this long; 'off' disables "
+                "the check")
+    add_event_loop_arg(p, env)
+
+
+def retention(text: str) -> float | None:
+    """argparse type: a duration, or 'forever' (None: keep finished events)."""
+    return None if text.strip().lower() == "forever" else duration(text)
+
+
+def off_or_duration(text: str) -> float | None:
+    """argparse type: a duration, or 'off' (None: the check is disabled)."""
+    return None if text.strip().lower() == "off" else duration(text)
+
+
+def run_worker(ctx: Context, args: argparse.Namespace) -> int:
+    from conveyor.worker import Worker
+
+    if ctx.embedded and not args.embedded:
+        raise InvalidInputError(
+            "no database for the worker: set --database-url or CONVEYOR_DATABASE_URL, or pass "
+            "--embedded to run on the embedded PostgreSQL")
+    stop = StopSignals().install()   # before the app's import, which may take a while
+    router = load_router(args.app)
+    try:
+        config = WorkerConfig(
+            schema=ctx.schema, name=args.name, concurrency=args.concurrency,
+            batch_size=args.batch_size, poll_interval=args.poll_interval,
+            lease_ttl=args.lease_ttl, shutdown_timeout=args.shutdown_timeout,
+            handler_timeout=args.handler_timeout, rescue_interval=args.rescue_interval,
+            heartbeat_interval=min(HEARTBEAT_INTERVAL_DEFAULT, args.lease_ttl / 3),
+            retention=args.retention,
+            tenants=tuple(args.tenants) if args.tenants else None,
+            backoff=BackoffPolicy(base_delay=args.backoff_base,
+                                  max_delay=max(args.backoff_max, args.backoff_base)),
+            listen=args.listen, transaction_pooler=args.transaction_pooler,
+            horizon_alert_after=args.horizon_alert)
+    except ConfigError as exc:
+        raise InvalidInputError(str(exc)) from None
+    if stop.requested:
+        log.info("stopped before the worker started", extra={"action": "stopped"})
+        return 0
+    worker = Worker(ctx.url(), router, config, listen_conninfo=args.listen_url)
+
+    async def serve() -> None:
+        worker.install_signal_handlers()
+        stop.forward_to(worker.request_stop)
+        await worker.run()
+
+    run_until_stopped(serve(), args.event_loop)
+    stop.install()   # closing the loop restored the default handlers; the exit is under way
+    s = worker.stats
+    log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
+             s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})
+    leave_stuck_handler_threads(ctx)
+    return 0
+
