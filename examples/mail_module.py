@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 
 from conveyor import Router
-from conveyor.engine_client import AsyncEngineClient, EngineConfig
+from conveyor.consumers.engine_client import AsyncEngineClient, EngineConfig
 from conveyor.workflow import (
     AsyncWorkflowPublisher,
     Field,

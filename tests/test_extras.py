@@ -34,9 +34,9 @@ OPTIONAL_MODULES = {
 # Everything a core install offers: importing it must pull in no optional module.
 CORE_MODULES = (
     "conveyor", "conveyor.cli.main", "conveyor.testing", "conveyor.workflow",
-    "conveyor.workflow.publisher", "conveyor.workflow.dispatcher", "conveyor.webhooks",
-    "conveyor.multitenant", "conveyor.consumers", "conveyor.workbook", "conveyor.filestore",
-    "conveyor.embedded", "conveyor.worker",
+    "conveyor.workflow.publisher", "conveyor.workflow.dispatcher", "conveyor.multitenant",
+    "conveyor.consumers", "conveyor.consumers.webhooks", "conveyor.consumers.workbook",
+    "conveyor.consumers.filestore", "conveyor.embedded", "conveyor.worker",
 )
 
 BLOCK = f"import sys\nfor _m in {sorted(OPTIONAL_MODULES)!r}:\n    sys.modules[_m] = None\n"
@@ -135,7 +135,7 @@ def test_core_modules_import_with_every_extra_missing() -> None:
 
 def test_workflow_publisher_and_webhook_verify_work_without_http() -> None:
     done = python(
-        "from conveyor.webhooks import sign, verify\n"
+        "from conveyor.consumers.webhooks import sign, verify\n"
         "from conveyor.workflow import WorkflowPublisher, WorkflowRegistry, HttpWorkflowAdapter\n"
         "secret = 'whsec_' + 'MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'\n"
         "print(callable(sign) and callable(verify), WorkflowPublisher.__name__)\n")
@@ -146,11 +146,11 @@ def test_workflow_publisher_and_webhook_verify_work_without_http() -> None:
 # ---------------------------------------------- a missing extra, from Python
 
 PARTS = [
-    pytest.param("import conveyor.engine_client", "http", id="engine_client"),
+    pytest.param("import conveyor.consumers.engine_client", "http", id="engine_client"),
     pytest.param("import conveyor.consumers.writeback", "http", id="writeback"),
     pytest.param("import conveyor.consumers.xlsx", "xlsx", id="xlsx"),
     pytest.param("import conveyor.consumers.email", "email", id="email"),
-    pytest.param("from conveyor.webhooks import WebhookDeliverer, WebhookSubscriptions\n"
+    pytest.param("from conveyor.consumers.webhooks import WebhookDeliverer, WebhookSubscriptions\n"
                  "WebhookDeliverer(WebhookSubscriptions([]))", "http", id="webhook_deliverer"),
     pytest.param("from conveyor.embedded import EmbeddedPostgres\n"
                  "EmbeddedPostgres(DATA_DIR).start()", "embedded", id="embedded_start"),
@@ -176,10 +176,10 @@ def test_optional_part_raises_missing_extra_error_naming_it(code: str, extra: st
 
 
 def test_public_import_paths_work_with_the_extras_installed() -> None:
-    done = python("from conveyor.engine_client import AsyncEngineClient, EngineConfig\n"
+    done = python("from conveyor.consumers.engine_client import AsyncEngineClient, EngineConfig\n"
                   "from conveyor.consumers.email import EmailConsumer\n"
                   "from conveyor.consumers.xlsx import XlsxConsumer\n"
-                  "from conveyor.webhooks import WebhookDeliverer\n"
+                  "from conveyor.consumers.webhooks import WebhookDeliverer\n"
                   "from conveyor.embedded import EmbeddedPostgres\n"
                   "from conveyor.workflow import HttpWorkflowAdapter\n"
                   "print('ok')\n", block=False)
@@ -267,7 +267,7 @@ def test_core_only_install_runs_the_core_and_names_missing_extras(
     assert uvloop.stderr.splitlines() == [
         "conveyor: error: --event-loop uvloop needs the 'uvloop' extra: "
         "pip install 'conveyor[uvloop]'"]
-    engine = _run(bin_dir / "python", "-c", "import conveyor.engine_client", env=env)
+    engine = _run(bin_dir / "python", "-c", "import conveyor.consumers.engine_client", env=env)
     assert engine.returncode == 1
     assert engine.stderr.splitlines()[-1] == (
         "conveyor.errors.MissingExtraError: the engine client needs the 'http' extra: "

@@ -139,3 +139,28 @@ def test_benchmarks_and_tools_import_no_private_names_of_the_library() -> None:
     assert scripts
     found = [line for path in scripts for line in _private_imports(path)]
     assert not found
+
+
+# Consumer support sits with the consumers, not beside the core.
+CONSUMER_SUPPORT = ("webhooks", "workbook", "filestore", "engine_client")
+
+
+@pytest.mark.parametrize("name", CONSUMER_SUPPORT)
+def test_consumer_support_lives_under_consumers(name: str) -> None:
+    assert not (PACKAGE / f"{name}.py").exists(), f"src/conveyor/{name}.py belongs in consumers/"
+    assert (PACKAGE / "consumers" / f"{name}.py").is_file()
+
+
+# The HTTP workflow adapter is handed an engine client; it names the type only
+# (under TYPE_CHECKING), so workflow needs no HTTP extra until one is built.
+CONSUMER_IMPORTERS = {"conveyor.workflow.adapters": "conveyor.consumers.engine_client"}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH
+                                          if not _in(m, "conveyor.consumers")
+                                          and not _in(m, "conveyor.cli")))
+def test_consumers_are_leaves_only_the_cli_composes_them(module: str) -> None:
+    allowed = CONSUMER_IMPORTERS.get(module)
+    found = sorted(m for m in GRAPH[module] if _in(m, "conveyor.consumers")
+                   and not (allowed and _in(m, allowed)))
+    assert not found, f"{module} imports {found}"

@@ -16,10 +16,10 @@ import os
 
 from conveyor import Router
 from conveyor.consumers.email import EmailConsumer, SmtpConfig
+from conveyor.consumers.engine_client import AsyncEngineClient, EngineConfig
+from conveyor.consumers.filestore import TenantDirectories
 from conveyor.consumers.writeback import WritebackConsumer
 from conveyor.consumers.xlsx import XlsxConsumer
-from conveyor.engine_client import AsyncEngineClient, EngineConfig
-from conveyor.filestore import TenantDirectories
 
 
 def build_router() -> Router:

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from conveyor.engine_client import AsyncEngineClient, EngineClient, EngineConfig, mint_service_token
+from conveyor.consumers.engine_client import AsyncEngineClient, EngineClient, EngineConfig, mint_service_token
 from conveyor.errors import (
     ConfigError,
     EngineError,

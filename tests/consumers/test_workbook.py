@@ -1,4 +1,4 @@
-"""The streaming XLSX reader (``conveyor.workbook``) on real files.
+"""The streaming XLSX reader (``conveyor.consumers.workbook``) on real files.
 
 Workbooks are written by two different writers (openpyxl, XlsxWriter with
 inline strings and with shared strings); hostile files are built here byte by
@@ -27,8 +27,8 @@ import openpyxl
 import pytest
 import xlsxwriter
 
+from conveyor.consumers.workbook import Aggregate, Workbook, WorkbookLimits, aggregate_workbook
 from conveyor.errors import WorkbookError
-from conveyor.workbook import Aggregate, Workbook, WorkbookLimits, aggregate_workbook
 
 PY = sys.executable
 CACHE = Path("/tmp/conveyor-tests-xlsx-v2")  # bump the version when the generators change
@@ -435,8 +435,8 @@ def test_refuses_non_number_cells(tmp_path: Path, cell: bytes) -> None:
 _MEASURE = r"""
 import json, sys, time
 from conveyor.errors import WorkbookError
-from conveyor.workbook import aggregate_workbook
-import conveyor.workbook, zipfile, pyexpat, decimal  # everything imported before the baseline
+from conveyor.consumers.workbook import aggregate_workbook
+import conveyor.consumers.workbook, zipfile, pyexpat, decimal  # everything imported before the baseline
 
 
 def status(key):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.engine_client import EngineClient, EngineConfig, mint_service_token
+from conveyor.consumers.engine_client import EngineClient, EngineConfig, mint_service_token
 
 from .conftest import DOMAIN, SECRET, Api, EngineProcess, query, token
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.filestore import FileStoreError, LocalDirectoryStore
+from conveyor.consumers.filestore import FileStoreError, LocalDirectoryStore
 
 SECRET_TEXT = b"outside-secret"
 

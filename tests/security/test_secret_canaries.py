@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from conveyor import AsyncCommittingProducer, BackoffPolicy, Event, Router, Worker, WorkerConfig
 from conveyor.consumers.email import EmailConsumer, SmtpConfig
-from conveyor.engine_client import AsyncEngineClient, EngineConfig
+from conveyor.consumers.engine_client import AsyncEngineClient, EngineConfig
 
 SMTP_USER = "mailer-canary-user"
 SMTP_PASSWORD = "CANARY-smtp-pw-5d1e0c7a9b"

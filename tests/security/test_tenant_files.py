@@ -26,10 +26,10 @@ import httpx
 import pytest
 import xlsxwriter  # type: ignore[import-untyped]
 
+from conveyor.consumers.engine_client import AsyncEngineClient, EngineConfig
+from conveyor.consumers.filestore import FileStoreError, LocalDirectoryStore, TenantDirectories
 from conveyor.consumers.xlsx import XlsxConsumer
-from conveyor.engine_client import AsyncEngineClient, EngineConfig
 from conveyor.errors import ConfigError
-from conveyor.filestore import FileStoreError, LocalDirectoryStore, TenantDirectories
 from conveyor.outcomes import PermanentFailure
 from conveyor.types import Event
 

@@ -18,9 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conveyor.outcomes import RetryAfter
-from conveyor.types import Event
-from conveyor.webhooks import (
+from conveyor.consumers.webhooks import (
     RETRY_AFTER_MAX,
     WebhookDeliverer,
     WebhookEndpoint,
@@ -29,6 +27,8 @@ from conveyor.webhooks import (
     signature_headers,
     verify,
 )
+from conveyor.outcomes import RetryAfter
+from conveyor.types import Event
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 NOW = 1_700_000_000.0

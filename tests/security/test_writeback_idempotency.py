@@ -23,8 +23,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from conveyor import AsyncCommittingProducer, BackoffPolicy, Router, Worker, WorkerConfig
+from conveyor.consumers.engine_client import AsyncEngineClient, EngineConfig
 from conveyor.consumers.writeback import WritebackConsumer
-from conveyor.engine_client import AsyncEngineClient, EngineConfig
 
 SECRET = "writeback-secret-0123456789-abcdefghij"
 DOMAIN = "app.test"

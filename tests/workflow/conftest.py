@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from conveyor import Admin, EventRecord, LinearBackoff, Worker, WorkerConfig
-from conveyor.engine_client import AsyncEngineClient, EngineConfig
+from conveyor.consumers.engine_client import AsyncEngineClient, EngineConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:

@@ -13,7 +13,7 @@ import psycopg
 from examples.mail_module import registry
 
 from conveyor import EventState, Router
-from conveyor.engine_client import AsyncEngineClient
+from conveyor.consumers.engine_client import AsyncEngineClient
 from conveyor.types import Event
 from conveyor.workflow import (
     BACKOFF_DEFAULT,

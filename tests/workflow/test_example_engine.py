@@ -16,7 +16,7 @@ from examples.mail_module import registry
 from examples.workflow_engine.app import WorkflowEngineSettings, create_app
 from examples.workflow_engine.server import ThreadedServer
 
-from conveyor.engine_client import AsyncEngineClient, mint_service_token
+from conveyor.consumers.engine_client import AsyncEngineClient, mint_service_token
 from conveyor.workflow import HttpWorkflowAdapter, workflow_idempotency_key
 
 from .conftest import JWT_SECRET, ROOT, TENANT_DOMAIN, EngineHandle, engine_config

@@ -10,7 +10,7 @@ import sys
 import pytest
 from examples.mail_module import registry as mail_registry
 
-from conveyor.engine_client import AsyncEngineClient
+from conveyor.consumers.engine_client import AsyncEngineClient
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.workflow import (
     Field,

@@ -23,9 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from conveyor import CommittingProducer, LinearBackoff, Router
-from conveyor.errors import ConfigError
-from conveyor.types import Event
-from conveyor.webhooks import (
+from conveyor.consumers.webhooks import (
     DELIVER_TOPIC,
     WebhookDeliverer,
     WebhookEndpoint,
@@ -38,6 +36,8 @@ from conveyor.webhooks import (
     signature_headers,
     verify,
 )
+from conveyor.errors import ConfigError
+from conveyor.types import Event
 from waiting import wait_until
 
 from .conftest import new_worker, running, show, state_of
@@ -51,7 +51,7 @@ SPEC_SIGNATURE = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
 
 
 def independent_signature(secret: str, msg_id: str, timestamp: str, body: bytes) -> str:
-    """Written from the specification, sharing no code with conveyor.webhooks:
+    """Written from the specification, sharing no code with conveyor.consumers.webhooks:
     the key is the base64 after 'whsec_'; the signed content is id.timestamp.body;
     the signature is 'v1,' + base64(HMAC-SHA256(key, content))."""
     key = base64.b64decode(secret.split("_", 1)[1])

@@ -248,7 +248,7 @@ def register_xlsx(sub: Sub, env: Env) -> None:
 
 
 def run_xlsx(ctx: Context, args: argparse.Namespace) -> int:
-    from conveyor.workbook import aggregate_workbook
+    from conveyor.consumers.workbook import aggregate_workbook
 
     if not sys.stderr.isatty():
         emit_json(aggregate_workbook(args.file).to_json())

@@ -60,7 +60,7 @@ def register_workflow(sub: Sub, env: Env) -> None:
 
 
 def run_workflow_register(ctx: Context, args: argparse.Namespace) -> int:
-    from conveyor.engine_client import AsyncEngineClient, EngineConfig
+    from conveyor.consumers.engine_client import AsyncEngineClient, EngineConfig
     from conveyor.workflow.adapters import HttpWorkflowAdapter
     from conveyor.workflow.registry import WorkflowRegistry
 

@@ -8,7 +8,7 @@ so the event is retried and never marked done on failure.
 
 from __future__ import annotations
 
-from conveyor.engine_client import AsyncEngineClient
+from conveyor.consumers.engine_client import AsyncEngineClient
 from conveyor.outcomes import PermanentFailure
 from conveyor.types import Event
 

@@ -2,12 +2,12 @@
 
 On ``{resource}.created`` (resource ``filejobs`` by default) it fetches the job
 through the engine, opens the referenced file from **the event's tenant's own**
-file store, streams its first sheet (see :mod:`conveyor.workbook`) and PATCHes
+file store, streams its first sheet (see :mod:`conveyor.consumers.workbook`) and PATCHes
 ``{status, result}``:
 
 * the job's ``file`` is a name chosen by a user of that tenant, so it is only
   ever looked up in that tenant's store (``stores(event.tenant)``, e.g.
-  :class:`~conveyor.filestore.TenantDirectories`): a name pointing at another
+  :class:`~conveyor.consumers.filestore.TenantDirectories`): a name pointing at another
   tenant's file is not found there, and the job fails with that reason;
 
 * a job already ``done`` or ``failed`` is skipped, so a redelivery never
@@ -25,19 +25,19 @@ import asyncio
 from conveyor.errors import ConfigError, MissingExtraError, WorkbookError
 
 try:
+    from conveyor.consumers.engine_client import AsyncEngineClient
     from conveyor.consumers.writeback import (
         PATH_TEMPLATE_DEFAULT,
         created_target,
         event_idempotency_key,
     )
-    from conveyor.engine_client import AsyncEngineClient
 except MissingExtraError as exc:
     # The workbook reader is stdlib; the write-back through the engine is what needs the extra.
     raise MissingExtraError("the XLSX consumer", "xlsx", module=exc.name) from exc
-from conveyor.filestore import FileStoreError, TenantStores
+from conveyor.consumers.filestore import FileStoreError, TenantStores
+from conveyor.consumers.workbook import WorkbookLimits, aggregate_workbook
 from conveyor.outcomes import PermanentFailure
 from conveyor.types import Event
-from conveyor.workbook import WorkbookLimits, aggregate_workbook
 
 TERMINAL_STATUSES = frozenset({"done", "failed"})
 

@@ -3,7 +3,7 @@
 :class:`WorkflowAdapter` is the seam for any engine: three coroutines, one per
 thing Conveyor ever asks (register an object type, register a trigger, deliver
 an event). :class:`HttpWorkflowAdapter` speaks JSON over HTTP through
-:class:`~conveyor.engine_client.AsyncEngineClient`, so every call carries a
+:class:`~conveyor.consumers.engine_client.AsyncEngineClient`, so every call carries a
 fresh, scoped service JWT, the tenant's ``Host`` header, and never follows a
 redirect.
 
@@ -40,7 +40,7 @@ from conveyor.workflow.registry import ObjectType, Trigger
 if TYPE_CHECKING:
     # Types only: the adapter is handed a client, so publishing and dispatching
     # through another adapter need no HTTP extra.
-    from conveyor.engine_client import AsyncEngineClient, EngineReply
+    from conveyor.consumers.engine_client import AsyncEngineClient, EngineReply
 
 BASE_PATH_DEFAULT = "/api/workflow"
 REGISTRATION_TENANT_DEFAULT = "system"

@@ -4,7 +4,7 @@ Needs no database. What is measured:
 
 * XLSX aggregation (``{rows, total, by_type}`` of a 5-column sheet written by
   XlsxWriter): Conveyor's streaming reader
-  (:func:`conveyor.workbook.aggregate_workbook`, what ``conveyor xlsx`` runs)
+  (:func:`conveyor.consumers.workbook.aggregate_workbook`, what ``conveyor xlsx`` runs)
   against openpyxl's own read-only iteration computing the same aggregate,
   each run in a fresh interpreter (:mod:`conveyor_tools.bench.xlsx_child`) so the
   peak RSS (``VmHWM``) is its own; rows/s, rows per CPU second, peak RSS and

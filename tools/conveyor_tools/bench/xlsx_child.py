@@ -11,7 +11,7 @@ timed (wall and CPU). One JSON line goes to stdout: ``ok``, the aggregate
 (``rows``, ``total``, ``by_type`` as strings) or ``error``, ``seconds``,
 ``cpu_seconds``, ``rss_before_kb`` (after imports) and ``peak_kb``.
 
-* ``conveyor``: :func:`conveyor.workbook.aggregate_workbook`, what ``conveyor
+* ``conveyor``: :func:`conveyor.consumers.workbook.aggregate_workbook`, what ``conveyor
   xlsx FILE`` and the XLSX consumer run.
 * ``openpyxl``: ``load_workbook(read_only=True, data_only=True)``, first sheet,
   ``reset_dimensions()`` (a wrong declared dimension would drop rows), then
@@ -96,7 +96,7 @@ def openpyxl_reader() -> Callable[[str], Aggregate]:
 
 
 def conveyor_reader() -> Callable[[str], Aggregate]:
-    from conveyor.workbook import aggregate_workbook
+    from conveyor.consumers.workbook import aggregate_workbook
 
     def aggregate(path: str) -> Aggregate:
         agg = aggregate_workbook(path)
