@@ -141,7 +141,58 @@ def test_benchmarks_and_tools_import_no_private_names_of_the_library() -> None:
     assert not found
 
 
-# Consumer support sits with the consumers, not beside the core.
+# --------------------------------------------------------------- rooms and cycles
+
+def _node(target: str) -> str | None:
+    """The module an imported name lives in: ``conveyor.workflow.types.Trigger`` -> its module."""
+    while target and target not in GRAPH:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _cycle_within(package: str) -> list[str] | None:
+    """One import cycle among the modules of ``package`` (its ``__init__`` included), or None."""
+    members = set(_modules(package))
+    edges = {m: sorted({n for t in GRAPH[m] if (n := _node(t)) in members and n != m})
+             for m in members}
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = "open"
+        path.append(module)
+        for nxt in edges[module]:
+            if state.get(nxt) == "open":
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[module] = "done"
+        path.pop()
+        return None
+
+    for module in sorted(members):
+        if module not in state and (found := visit(module)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    # The finder itself must be able to fail: the package __init__ imports its
+    # modules, so a module importing the package back closes a loop.
+    saved = GRAPH["conveyor.workflow.errors"]
+    GRAPH["conveyor.workflow.errors"] = {*saved, "conveyor.workflow.WorkflowRegistry"}
+    try:
+        assert _cycle_within("conveyor.workflow")
+    finally:
+        GRAPH["conveyor.workflow.errors"] = saved
+
+
+@pytest.mark.parametrize("package", ["conveyor.workflow", "conveyor.consumers"])
+def test_the_imports_within_a_package_form_a_tree(package: str) -> None:
+    cycle = _cycle_within(package)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
 CONSUMER_SUPPORT = ("webhooks", "workbook", "filestore", "engine_client")
 
 

@@ -1,19 +1,15 @@
 """Workflow events: declare object types and triggers, publish in the transaction, deliver later.
 
+* :mod:`~conveyor.workflow.types` -- the shared vocabulary: declarations, outcomes, the engine seam.
 * :mod:`~conveyor.workflow.registry` -- what a module declares, and registration.
-* :mod:`~conveyor.workflow.adapters` -- the engine seam and its HTTP implementation.
+* :mod:`~conveyor.workflow.adapters` -- the engine seam's HTTP implementation.
 * :mod:`~conveyor.workflow.publisher` -- ``publish_<trigger>(conn, ...)``: an insert only.
 * :mod:`~conveyor.workflow.dispatcher` -- the consumer that delivers, with retries.
 
 See ``docs/workflow.md``.
 """
 
-from conveyor.workflow.adapters import (
-    HttpWorkflowAdapter,
-    RegistrationOutcome,
-    WorkflowAdapter,
-    WorkflowDelivery,
-)
+from conveyor.workflow.adapters import HttpWorkflowAdapter
 from conveyor.workflow.dispatcher import (
     BACKOFF_DEFAULT,
     WorkflowDispatcher,
@@ -27,12 +23,15 @@ from conveyor.workflow.publisher import (
     WorkflowEventStatus,
     WorkflowPublisher,
 )
-from conveyor.workflow.registry import (
+from conveyor.workflow.registry import WorkflowRegistry
+from conveyor.workflow.types import (
     Field,
     ObjectType,
+    RegistrationOutcome,
     RegistrationReport,
     Trigger,
-    WorkflowRegistry,
+    WorkflowAdapter,
+    WorkflowDelivery,
 )
 
 __all__ = [

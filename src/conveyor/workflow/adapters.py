@@ -1,8 +1,9 @@
-"""How Conveyor talks to a workflow engine: an adapter protocol and its HTTP implementation.
+"""How Conveyor talks to a workflow engine over HTTP.
 
-:class:`WorkflowAdapter` is the seam for any engine: three coroutines, one per
-thing Conveyor ever asks (register an object type, register a trigger, deliver
-an event). :class:`HttpWorkflowAdapter` speaks JSON over HTTP through
+:class:`~conveyor.workflow.types.WorkflowAdapter` is the seam for any engine:
+three coroutines, one per thing Conveyor ever asks (register an object type,
+register a trigger, deliver an event). :class:`HttpWorkflowAdapter`, its HTTP
+implementation, speaks JSON through
 :class:`~conveyor.consumers.engine_client.AsyncEngineClient`, so every call carries a
 fresh, scoped service JWT, the tenant's ``Host`` header, and never follows a
 redirect.
@@ -28,14 +29,12 @@ Example::
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import EngineHTTPError
 from conveyor.validation import check_tenant
 from conveyor.workflow.errors import WorkflowConflictError, WorkflowError
-from conveyor.workflow.registry import ObjectType, Trigger
+from conveyor.workflow.types import ObjectType, RegistrationOutcome, Trigger, WorkflowDelivery
 
 if TYPE_CHECKING:
     # Types only: the adapter is handed a client, so publishing and dispatching
@@ -44,69 +43,6 @@ if TYPE_CHECKING:
 
 BASE_PATH_DEFAULT = "/api/workflow"
 REGISTRATION_TENANT_DEFAULT = "system"
-
-
-class RegistrationOutcome(StrEnum):
-    """What registering one definition did."""
-
-    CREATED = "created"
-    UPDATED = "updated"
-    UNCHANGED = "unchanged"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WorkflowDelivery:
-    """One event as the engine receives it.
-
-    Attributes:
-        tenant: whose event it is.
-        source: the declaring module, e.g. ``"mail"``.
-        trigger: e.g. ``"mail.received"``.
-        object_type: e.g. ``"message"``.
-        object_id: the object's id, from the object type's ``id_field``.
-        fields: the payload fields.
-        event_id: the Conveyor event id in the source database.
-        idempotency_key: identical on every redelivery of this event.
-        attempt: 1-based delivery attempt.
-        occurred_at: when the event was published (ISO 8601), or ``None``.
-    """
-
-    tenant: str
-    source: str
-    trigger: str
-    object_type: str
-    object_id: Any
-    fields: dict[str, Any] = field(default_factory=dict)
-    event_id: int
-    idempotency_key: str
-    attempt: int = 1
-    occurred_at: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "trigger": self.trigger, "object_type": self.object_type,
-                "object_id": self.object_id, "fields": dict(self.fields),
-                "event_id": self.event_id, "attempt": self.attempt,
-                "occurred_at": self.occurred_at}
-
-
-class WorkflowAdapter(Protocol):
-    """What Conveyor needs from a workflow engine. Implement it for engines without HTTP.
-
-    ``register_*`` return what they did and raise
-    :class:`~conveyor.workflow.errors.WorkflowConflictError` for a definition the
-    engine cannot accept. ``deliver`` returns on acceptance (including a
-    recognised redelivery) and raises on anything else; an exception with a
-    false ``retryable`` attribute makes the dispatcher stop retrying.
-    """
-
-    async def register_object_type(self, source: str, object_type: ObjectType) -> RegistrationOutcome:
-        ...
-
-    async def register_trigger(self, source: str, trigger: Trigger) -> RegistrationOutcome:
-        ...
-
-    async def deliver(self, delivery: WorkflowDelivery) -> None:
-        ...
 
 
 def _detail(reply: EngineReply) -> str:

@@ -41,9 +41,9 @@ from conveyor.retry import LinearBackoff, RetryPolicy
 from conveyor.router import Route, Router
 from conveyor.types import Event
 from conveyor.validation import check_tenant
-from conveyor.workflow.adapters import WorkflowAdapter, WorkflowDelivery
 from conveyor.workflow.publisher import TOPIC_PREFIX_DEFAULT
 from conveyor.workflow.registry import WorkflowRegistry
+from conveyor.workflow.types import WorkflowAdapter, WorkflowDelivery
 
 log = logging.getLogger(__name__)
 

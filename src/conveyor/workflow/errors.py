@@ -7,12 +7,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from conveyor.errors import ConveyorError
-
-if TYPE_CHECKING:
-    from conveyor.workflow.registry import RegistrationReport
+from conveyor.workflow.types import RegistrationReport
 
 
 class WorkflowError(ConveyorError):

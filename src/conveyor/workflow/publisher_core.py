@@ -13,7 +13,8 @@ from typing import Any
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.types import AttemptError, EventRecord, EventState
 from conveyor.validation import check_tenant, check_topic
-from conveyor.workflow.registry import Trigger, WorkflowRegistry
+from conveyor.workflow.registry import WorkflowRegistry
+from conveyor.workflow.types import Trigger
 
 TOPIC_PREFIX_DEFAULT = "workflow"
 MAX_ATTEMPTS_DEFAULT = 20

@@ -27,176 +27,21 @@ naming every conflicting definition, after the rest were registered.
 
 from __future__ import annotations
 
-import keyword
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from conveyor.errors import ConfigError, InvalidInputError
-from conveyor.validation import check_topic
 from conveyor.workflow.errors import WorkflowConflictError
-
-if TYPE_CHECKING:
-    from conveyor.workflow.adapters import WorkflowAdapter
-
-_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")
-_TRIGGER_RE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
-# Keyword arguments of the publish methods; a payload field cannot share a name with one.
-RESERVED_FIELD_NAMES = frozenset({"conn", "trigger", "tenant", "idempotency_key", "delay",
-                                  "priority", "max_attempts", "self"})
-PUBLISH_PREFIX = "publish_"
-
-
-def _check_name(kind: str, name: object, pattern: re.Pattern[str] = _NAME_RE) -> str:
-    if not isinstance(name, str) or not pattern.fullmatch(name):
-        raise ConfigError(f"invalid {kind} name {name!r}: expected lowercase letters, digits "
-                          "and underscores" + (", dot-separated" if pattern is _TRIGGER_RE else ""))
-    return name
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Field:
-    """One payload field a trigger carries.
-
-    Attributes:
-        name: the key in the payload, e.g. ``"message_id"``.
-        description: what the value means, shown by the engine. Defaults to ``""``.
-        required: whether every event must carry it. Defaults to ``True``.
-    """
-
-    name: str
-    description: str = ""
-    required: bool = True
-
-    def __post_init__(self) -> None:
-        _check_name("field", self.name)
-        if self.name in RESERVED_FIELD_NAMES:
-            raise ConfigError(f"field name {self.name!r} is reserved by the publish methods")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "required": self.required}
-
-
-def _as_field(item: str | Field) -> Field:
-    return item if isinstance(item, Field) else Field(name=item)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ObjectType:
-    """A kind of object workflows can be attached to, e.g. ``message``.
-
-    Attributes:
-        name: lowercase identifier, e.g. ``"message"``.
-        description: shown by the engine. Defaults to ``""``.
-        id_field: the payload field carrying the object's id; every trigger of
-            this type carries it. Defaults to ``"<name>_id"``.
-    """
-
-    name: str
-    description: str = ""
-    id_field: str = ""
-
-    def __post_init__(self) -> None:
-        _check_name("object type", self.name)
-        if not self.id_field:
-            object.__setattr__(self, "id_field", f"{self.name}_id")
-        _check_name("id field", self.id_field)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "id_field": self.id_field}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Trigger:
-    """An event on an object type that can start or advance a workflow.
-
-    Attributes:
-        name: dot-separated, e.g. ``"mail.received"``.
-        object_type: name of the :class:`ObjectType` it fires on.
-        description: shown by the engine. Defaults to ``""``.
-        fields: payload fields (plain names are accepted as ``Field(name=...)``); the object type's
-            ``id_field`` is added first when missing. Defaults to ``()``.
-        method: name of the publisher method. Defaults to ``"publish_"`` plus the
-            last segment of ``name`` (``publish_received``).
-    """
-
-    name: str
-    object_type: str
-    description: str = ""
-    fields: tuple[Field, ...] = ()
-    method: str = ""
-
-    def __post_init__(self) -> None:
-        _check_name("trigger", self.name, _TRIGGER_RE)
-        check_topic(self.name)
-        _check_name("object type", self.object_type)
-        fields = tuple(_as_field(f) for f in self.fields)
-        names = [f.name for f in fields]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ConfigError(f"trigger {self.name!r} declares field {duplicates[0]!r} twice")
-        object.__setattr__(self, "fields", fields)
-        if not self.method:
-            object.__setattr__(self, "method", PUBLISH_PREFIX + self.name.rsplit(".", 1)[-1])
-        if not self.method.isidentifier() or keyword.iskeyword(self.method) \
-                or not self.method.startswith(PUBLISH_PREFIX):
-            raise ConfigError(f"invalid publish method name {self.method!r} for trigger "
-                              f"{self.name!r}: expected an identifier starting with 'publish_'")
-
-    @property
-    def field_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
-
-    @property
-    def required_fields(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields if f.required)
-
-    def check_payload(self, fields: dict[str, Any]) -> None:
-        """Refuse a payload lacking a required field or carrying an undeclared one."""
-        missing = [n for n in self.required_fields if fields.get(n) is None]
-        if missing:
-            raise InvalidInputError(
-                f"trigger {self.name!r} payload lacks declared field(s): {', '.join(missing)}")
-        unknown = sorted(set(fields) - set(self.field_names))
-        if unknown:
-            raise InvalidInputError(
-                f"trigger {self.name!r} does not declare field(s): {', '.join(unknown)}; "
-                f"declared: {', '.join(self.field_names)}")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "object_type": self.object_type,
-                "description": self.description, "fields": [f.to_json() for f in self.fields]}
-
-
-@dataclass(slots=True)
-class RegistrationReport:
-    """What :meth:`WorkflowRegistry.register_all` did, as ``"object_type:message"`` entries.
-
-    Attributes:
-        created: definitions the engine did not have.
-        updated: definitions whose compatible details (descriptions, new fields) changed.
-        unchanged: definitions the engine already had exactly.
-        conflicts: definitions the engine refused, with its reason.
-    """
-
-    created: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    conflicts: list[str] = field(default_factory=list)
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.created or self.updated)
-
-    def summary(self) -> str:
-        text = (f"created {len(self.created)}, updated {len(self.updated)}, "
-                f"unchanged {len(self.unchanged)}")
-        return text + (f", conflicts {len(self.conflicts)}" if self.conflicts else "")
-
-    def to_json(self) -> dict[str, list[str]]:
-        return {"created": list(self.created), "updated": list(self.updated),
-                "unchanged": list(self.unchanged), "conflicts": list(self.conflicts)}
+from conveyor.workflow.types import (
+    Field,
+    ObjectType,
+    RegistrationOutcome,
+    RegistrationReport,
+    Trigger,
+    WorkflowAdapter,
+    _as_field,
+    _check_name,
+)
 
 
 class WorkflowRegistry:
@@ -307,8 +152,6 @@ class WorkflowRegistry:
         Returns the report; raises :class:`WorkflowConflictError` listing every
         conflicting definition (with ``report`` attached) after trying them all.
         """
-        from conveyor.workflow.adapters import RegistrationOutcome
-
         report = RegistrationReport()
         definitions: Sequence[ObjectType | Trigger] = (*self.object_types, *self.triggers)
         for definition in definitions:
