@@ -5,9 +5,8 @@ Each method joins the transaction of the connection you pass, as the
 producers do. The statements run here; parameters, checks, decoding and the
 bulk flows are the I/O-free core in :mod:`conveyor.admin_core`.
 
-``conveyor/admin_async.py`` (:class:`Admin`) is the source people edit;
-``conveyor/admin.py`` (``Admin``) is its sync twin, generated from it by
-``scripts/unasync.py``.
+``conveyor/admin_async.py`` is the source people edit; ``conveyor/admin.py``
+is its sync twin, generated from it by ``scripts/unasync.py``.
 
 Example::
 
