@@ -23,7 +23,7 @@ from psycopg import sql
 
 from conveyor import Admin, Migrator
 from conveyor.db.named_queries import queries_for
-from conveyor.schema import migrator as migrator_module
+from conveyor.schema import migrator_core as migrator_module
 from conveyor.schema.migrator import load_migrations, migration_script
 from conveyor.types import FINISHED_STATES, EventState
 from query_plans import plan_session, scans
@@ -352,5 +352,5 @@ def test_migration_0003_skips_what_was_built_concurrently_by_hand(
         assert [m.version for m in Migrator().apply(conn)] == [3, 4]
         after = _index_definitions(conn)
         assert {name: after[name] for name in built} == built
-        assert set(after) - set(built) == {"conveyor.events_topic_idx",
-                                           "conveyor.events_tenant_idx"}     # 0004's
+        assert set(after) - set(built) == {"conveyor.events_stopped_topic_idx",
+                                           "conveyor.events_stopped_tenant_idx"}  # 0004's

@@ -83,8 +83,9 @@ def _measure_claim(conn: psycopg.Connection[Any], params: dict[str, Any],
 FULL_COUNT = "SELECT topic, state, count(*) FROM conveyor.events GROUP BY topic, state"
 
 # Admin.events pages on the big table (docs/admin.md): a rare tenant's failed
-# events sit among the finished rows, so a tenant filter that lost its index
-# would read half the table. The error text only filters: its page reads the
+# events sit among the finished rows, so a listing of failed or cancelled
+# events of that tenant (or topic) that lost its partial index would read half
+# the table. The error text only filters: its page reads the
 # failed rows newest first until 50 match, here every failed row newer than
 # the rare ones (about 50,000), so its time is printed, not bounded.
 RARE_FAILED = 100
@@ -95,8 +96,8 @@ LISTINGS = {
     "failed, one topic": EventFilter(states=("failed",), topic="big.10"),
     "topic prefix": EventFilter(topic="big.*"),
     "one tenant": EventFilter(tenant="t7"),
-    "rare tenant": EventFilter(tenant="rare"),
-    "rare topic": EventFilter(topic="rare.topic"),
+    "rare tenant": EventFilter(states=("failed", "cancelled"), tenant="rare"),
+    "rare topic": EventFilter(states=("failed", "cancelled"), topic="rare.topic"),
     "pending, newer than 2 h": EventFilter(states=("pending",), newer_than=7200),
     "failed, error text": EventFilter(states=("failed",), error="smtp 421"),
 }

@@ -63,14 +63,16 @@ CREATE INDEX events_failed_idx
     ON conveyor.events (topic)
     WHERE state = 'failed';
 
--- The operator's listing of a topic, prefix or tenant, newest first (0004):
+-- The operator's listing of failed and cancelled events by topic, prefix or
+-- tenant, newest first (0004): partial, so the hot path never writes them;
 -- byte order, so a prefix is one range whatever the database's collation.
-CREATE INDEX events_topic_idx
-    ON conveyor.events (topic COLLATE "C", id);
+CREATE INDEX events_stopped_topic_idx
+    ON conveyor.events (topic COLLATE "C", id)
+    WHERE state IN ('failed', 'cancelled');
 
-CREATE INDEX events_tenant_idx
+CREATE INDEX events_stopped_tenant_idx
     ON conveyor.events (tenant, id)
-    WHERE tenant IS NOT NULL;
+    WHERE tenant IS NOT NULL AND state IN ('failed', 'cancelled');
 
 -- One event per (tenant, key); a NULL tenant counts as one tenant.
 CREATE UNIQUE INDEX events_idempotency_idx

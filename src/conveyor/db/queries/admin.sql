@@ -12,11 +12,15 @@
 -- tests/test_admin_events.py, docs/admin.md):
 --   no filter, after, newer_than, ids, common states/topics/tenants:
 --     events_pkey walked backwards, stopping after `limit` matches;
---   a rare topic or prefix: events_topic_idx (topic COLLATE "C", id); the
+--   failed or cancelled events of a rare topic, prefix or tenant:
+--     events_stopped_topic_idx (topic COLLATE "C", id) and
+--     events_stopped_tenant_idx (tenant, id), partial on those states; the
 --     prefix is the range [prefix., prefix/) in byte order, whatever the
 --     database's collation;
---   a rare tenant: events_tenant_idx (tenant, id), tenanted rows only;
 --   running / failed: events_lease_idx / events_failed_idx when few.
+-- A rare topic or tenant in the other states has no index of its own (one over
+-- every row would be written at every claim and acknowledgement): it is read
+-- newest first through the primary key.
 -- `error` and `older_than` only filter: they read rows the other conditions
 -- (or the primary key, newest first) bring until `limit` of them match.
 -- Columns are read by name (admin._summary_from_row).
