@@ -15,7 +15,7 @@ PUBLIC_MODULES = [
     "conveyor.types", "conveyor.errors", "conveyor.config", "conveyor.retry",
     "conveyor.producer", "conveyor.producer_async", "conveyor.producer_core", "conveyor.router",
     "conveyor.outcomes", "conveyor.admin",
-    "conveyor.schema.migrator", "conveyor.worker.worker",
+    "conveyor.schema.migrator", "conveyor.worker.worker", "conveyor.middleware",
 ]
 
 # Public classes not exported from ``conveyor`` today; each is a strict xfail so

@@ -20,6 +20,7 @@ from conveyor.errors import (
     PayloadTooLargeError,
     WorkbookError,
 )
+from conveyor.middleware import HandlerResult, Middleware
 from conveyor.outcomes import Cancel, HandlerSignal, PermanentFailure, RetryAfter, Snooze
 from conveyor.producer import (
     AsyncCommittingProducer,
@@ -72,11 +73,13 @@ __all__ = [
     "EventRecord",
     "EventState",
     "EventSummary",
+    "HandlerResult",
     "HandlerSignal",
     "InvalidDatabaseUrlError",
     "InvalidInputError",
     "InvalidStateError",
     "LinearBackoff",
+    "Middleware",
     "Migration",
     "MigrationError",
     "Migrator",

@@ -8,24 +8,56 @@ it, and an application that configures logging itself adds it to its handlers::
 
     handler = logging.StreamHandler()
     handler.addFilter(EventContextFilter())
+
+How it is found: a plain handler's thread carries its event in a context
+variable; a handler on the event loop is looked up from the running task by
+the executor that started it. Setting a context variable in every handler
+task would cost the worker 2-4 us of CPU per event (asyncio copies a modified
+context at every callback), so the lookup is made only when a record is
+logged, and cached per task.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Callable
 from contextvars import ContextVar
 
 from conveyor.types import Event
 
-# Set by the worker's executor for the duration of one handler call.
+# Set for the duration of one plain handler call in a pool thread.
 CURRENT_EVENT: ContextVar[Event | None] = ContextVar("conveyor_current_event", default=None)
 
 CONTEXT_FIELDS = ("event_id", "topic", "tenant", "attempt")
 
+# Executors that can tell the event of the running task (weak: a stopped
+# worker's executor goes away with it).
+_SOURCES: list[weakref.WeakMethod[Callable[[], Event | None]]] = []
+
+
+def add_source(find: Callable[[], Event | None]) -> None:
+    """Register a bound method that returns the event of the running task, or None."""
+    _SOURCES.append(weakref.WeakMethod(find))
+
 
 def current_event() -> Event | None:
-    """The event whose handler is running in this context, or None outside handlers."""
-    return CURRENT_EVENT.get()
+    """The event whose handler is running here, or None outside handlers."""
+    event = CURRENT_EVENT.get()
+    if event is not None:
+        return event
+    for ref in list(_SOURCES):
+        find = ref()
+        if find is None:
+            try:
+                _SOURCES.remove(ref)
+            except ValueError:   # another thread removed it first
+                pass
+            continue
+        event = find()
+        if event is not None:
+            return event
+    return None
 
 
 class EventContextFilter(logging.Filter):
@@ -35,7 +67,7 @@ class EventContextFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        event = CURRENT_EVENT.get()
+        event = current_event()
         if event is not None:
             fields = vars(record)
             fields.setdefault("event_id", event.id)

@@ -34,7 +34,7 @@ def _router(callers: list[CodeType]) -> Router:
 
 
 @pytest.mark.parametrize(("topic", "function"), [("kind.async", Executor._call),
-                                                 ("kind.inline", Executor._call_inline)])
+                                                 ("kind.inline", Executor._inline)])
 async def test_the_worker_and_work_event_call_handlers_from_the_same_function(
         db: str, topic: str, function: Any) -> None:
     from_worker: list[CodeType] = []

@@ -26,6 +26,7 @@ from psycopg.rows import tuple_row
 from conveyor.config import HANDLER_TIMEOUT_DEFAULT
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import record_from_event_get_row
+from conveyor.middleware import Middleware
 from conveyor.retry import RetryPolicy
 from conveyor.router import Router
 from conveyor.testing.working_async import work_event_async as work_event_async
@@ -42,6 +43,7 @@ def work_event(
     timeout: float | None = None,
     tenants: Sequence[str] | None = None,
     schema: str = "conveyor",
+    middleware: Sequence[Middleware] = (),
 ) -> WorkedEvent | None:
     """Claim the next due event ``router`` handles, run its handler, write the outcome.
 
@@ -53,7 +55,8 @@ def work_event(
 
     ``backoff`` stands in for the worker's ``WorkerConfig.backoff``: a route's
     own ``backoff`` still wins, as in a worker. ``tenants`` limits the claim
-    like ``WorkerConfig.tenants``.
+    like ``WorkerConfig.tenants``; ``middleware`` runs around the handler as
+    the worker's does.
 
     Defaults: ``backoff`` ``BackoffPolicy()``, ``timeout`` the route's timeout or
     300 s, every tenant, schema ``"conveyor"``.
@@ -76,7 +79,7 @@ def work_event(
     if row is None:
         return None
     claim = _prepare(router, owner, row, timeout)
-    outcome = _run(claim, router, backoff)
+    outcome = _run(claim, router, backoff, middleware)
     query, params = _ack(q, owner, outcome)
     cur.execute(query, params)
     if cur.fetchone() is None:

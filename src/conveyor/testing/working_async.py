@@ -25,6 +25,7 @@ from psycopg.rows import tuple_row
 from conveyor.config import HANDLER_TIMEOUT_DEFAULT
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import record_from_event_get_row
+from conveyor.middleware import Middleware
 from conveyor.retry import RetryPolicy
 from conveyor.router import Router
 
@@ -43,6 +44,7 @@ async def work_event_async(
     timeout: float | None = None,
     tenants: Sequence[str] | None = None,
     schema: str = "conveyor",
+    middleware: Sequence[Middleware] = (),
 ) -> WorkedEvent | None:
     """Claim the next due event ``router`` handles, run its handler, write the outcome.
 
@@ -54,7 +56,8 @@ async def work_event_async(
 
     ``backoff`` stands in for the worker's ``WorkerConfig.backoff``: a route's
     own ``backoff`` still wins, as in a worker. ``tenants`` limits the claim
-    like ``WorkerConfig.tenants``.
+    like ``WorkerConfig.tenants``; ``middleware`` runs around the handler as
+    the worker's does.
 
     Defaults: ``backoff`` ``BackoffPolicy()``, ``timeout`` the route's timeout or
     300 s, every tenant, schema ``"conveyor"``.
@@ -77,7 +80,7 @@ async def work_event_async(
     if row is None:
         return None
     claim = _prepare(router, owner, row, timeout)
-    outcome = await _run_async(claim, router, backoff)
+    outcome = await _run_async(claim, router, backoff, middleware)
     query, params = _ack(q, owner, outcome)
     await cur.execute(query, params)
     if await cur.fetchone() is None:

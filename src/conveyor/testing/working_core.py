@@ -15,6 +15,7 @@ from typing import Any
 from conveyor.config import HANDLER_TIMEOUT_DEFAULT
 from conveyor.db.named_queries import Queries
 from conveyor.db.rows import event_from_claim_row
+from conveyor.middleware import Middleware
 from conveyor.retry import BackoffPolicy, RetryPolicy
 from conveyor.router import Route, Router
 from conveyor.types import Event, EventRecord, EventState
@@ -78,13 +79,15 @@ def _ack(q: Queries, owner: str, outcome: Outcome) -> tuple[str, dict[str, Any]]
         "tracebacks": [outcome.traceback]}
 
 
-async def _run_async(claim: _Claim, router: Router, backoff: RetryPolicy | None) -> Outcome:
+async def _run_async(claim: _Claim, router: Router, backoff: RetryPolicy | None,
+                     middleware: Sequence[Middleware] = ()) -> Outcome:
     """Run the claimed event through the worker's executor, as a worker of one slot would."""
     running = RunningSet(1)
     outcomes: list[Outcome] = []
     # The same precedence as the worker: the route's policy, then the caller's.
     executor = Executor(router, running, outcomes.append, handler_timeout=claim.timeout,
-                        backoff=backoff or BackoffPolicy(), timeout=claim.timeout, threads=2)
+                        backoff=backoff or BackoffPolicy(), timeout=claim.timeout, threads=2,
+                        middleware=middleware)
     running.take([claim.event])
     try:
         executor.start([claim.event])
@@ -96,9 +99,10 @@ async def _run_async(claim: _Claim, router: Router, backoff: RetryPolicy | None)
     return outcomes[0]
 
 
-def _run(claim: _Claim, router: Router, backoff: RetryPolicy | None) -> Outcome:
+def _run(claim: _Claim, router: Router, backoff: RetryPolicy | None,
+         middleware: Sequence[Middleware] = ()) -> Outcome:
     """:func:`_run_async` on an event loop of its own."""
-    return asyncio.run(_run_async(claim, router, backoff))
+    return asyncio.run(_run_async(claim, router, backoff, middleware))
 
 
 def _no_running_loop() -> None:

@@ -8,17 +8,22 @@ ended, whatever it raised.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import inspect
 import logging
 import math
 import sys
+import time
 import traceback
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor as ThreadExecutor
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.log_context import CURRENT_EVENT
+from conveyor.log_context import CURRENT_EVENT, add_source
+from conveyor.middleware import HandlerResult, Middleware, check_middleware
 from conveyor.outcomes import Cancel, PermanentFailure, RetryAfter, Snooze, reason_text
 from conveyor.retry import RetryPolicy
 from conveyor.router import Route, Router
@@ -116,8 +121,13 @@ def _call_plain(handler: Callable[[Event], Any], event: Event) -> None:
 
 
 async def _in_thread(route: Route, event: Event, pool: ThreadExecutor,
-                     on_abandoned: Callable[[Future[Any]], None] | None) -> None:
-    future = pool.submit(_call_plain, route.handler, event)
+                     on_abandoned: Callable[[Future[Any]], None] | None,
+                     context: contextvars.Context | None = None) -> None:
+    if context is None:
+        future = pool.submit(_call_plain, route.handler, event)
+    else:
+        # Middleware may have set context variables (a tracing span) for the handler.
+        future = pool.submit(context.run, _call_plain, route.handler, event)
     try:
         await asyncio.wrap_future(future)
     except asyncio.CancelledError:
@@ -171,8 +181,12 @@ def success(event: Event) -> Outcome:
 
 
 async def call_handler(route: Route, event: Event, thread_pool: ThreadExecutor | None,
-                       on_abandoned: Callable[[Future[Any]], None] | None) -> None:
-    """Call the handler the way its kind needs: awaited, in a thread, or inline."""
+                       on_abandoned: Callable[[Future[Any]], None] | None,
+                       context: contextvars.Context | None = None) -> None:
+    """Call the handler the way its kind needs: awaited, in a thread, or inline.
+
+    ``context``: the context a plain handler's thread runs in (default: none copied).
+    """
     if route.is_async:
         await route.handler(event)
     elif route.blocking:
@@ -180,9 +194,50 @@ async def call_handler(route: Route, event: Event, thread_pool: ThreadExecutor |
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, _call_plain, route.handler, event)
         else:
-            await _in_thread(route, event, thread_pool, on_abandoned)
+            await _in_thread(route, event, thread_pool, on_abandoned, context)
     else:
         route.handler(event)
+
+
+# Shared, never appended to: a call without middleware allocates no list.
+_NONE_ENTERED: list[Middleware] = []
+
+
+def _result(outcome: Outcome, raised: BaseException | None, started: float) -> HandlerResult:
+    return HandlerResult(
+        state=outcome.state, error=outcome.error, exception=raised,
+        duration=time.monotonic() - started,
+        retry_in=outcome.delay if outcome.state is EventState.PENDING else None,
+        attempt_spent=not outcome.refund)
+
+
+async def _before(hooks: Sequence[Middleware], event: Event, entered: list[Middleware]) -> None:
+    """Each hook's ``before`` in order; ``entered`` lists those that ran, for their ``after``."""
+    for hook in hooks:
+        done = hook.before(event)
+        if done is not None:
+            await done
+        entered.append(hook)
+
+
+def _after_quietly(hook: Middleware, event: Event, result: HandlerResult) -> None:
+    try:
+        done = hook.after(event, result)
+        if done is not None:   # an async hook on the inline path cannot happen: see _async_hooks
+            raise TypeError("an async after() hook needs a task; handlers ran inline")
+    except Exception:  # the outcome is decided; a hook's error must not change it
+        log.exception("middleware %r failed after event %d", hook, event.id,
+                      extra={"action": "middleware_failed", "event_id": event.id})
+
+
+async def _after_async(hook: Middleware, event: Event, result: HandlerResult) -> None:
+    try:
+        done = hook.after(event, result)
+        if done is not None:
+            await done
+    except Exception:  # the outcome is decided; a hook's error must not change it
+        log.exception("middleware %r failed after event %d", hook, event.id,
+                      extra={"action": "middleware_failed", "event_id": event.id})
 
 
 def _exit_refused(exc: BaseException, event: Event) -> None:
@@ -210,11 +265,12 @@ class Executor:
         timeout: when set, wins over every route's timeout (``work_event``'s argument).
         threads: size of the pool for plain handlers: a thread per slot, and as
             many in reserve for threads a timed-out handler leaves running.
+        middleware: hooks around every call (see :mod:`conveyor.middleware`).
     """
 
     def __init__(self, router: Router, running: RunningSet, sink: Callable[[Outcome], None], *,
                  handler_timeout: float, backoff: RetryPolicy, timeout: float | None = None,
-                 threads: int) -> None:
+                 threads: int, middleware: Sequence[Middleware] = ()) -> None:
         self._resolve = router.resolve
         self._running = running
         self._entries = running.entries     # the same dict, looked up once per batch
@@ -228,6 +284,14 @@ class Executor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inline_done: asyncio.Future[None] | None = None
         self._inline_event: Event | None = None   # the inline handler running now, if any
+        self._starting_event: Event | None = None  # the handler of a task starting eagerly
+        self._task_events: weakref.WeakKeyDictionary[asyncio.Future[None], Event] = (
+            weakref.WeakKeyDictionary())
+        add_source(self.event_of_current_task)
+        self._middleware = check_middleware(middleware)
+        # An async hook needs a task to await in: no handler is called inline then.
+        self._async_hooks = any(inspect.iscoroutinefunction(m.before)
+                                or inspect.iscoroutinefunction(m.after) for m in self._middleware)
 
     def start(self, events: list[Event]) -> None:
         """Start the handlers of claimed events whose slots are taken in ``running``."""
@@ -253,7 +317,7 @@ class Executor:
                 # The claim filter should make this impossible; give the event back untouched.
                 self._sink(Outcome.handed_back(event))
                 continue
-            if not route.is_async and not route.blocking:
+            if not route.is_async and not route.blocking and not self._async_hooks:
                 # A plain handler routed blocking=False runs to completion in one
                 # call that nothing can interrupt: it needs no task, coroutine or
                 # deadline of its own.
@@ -267,8 +331,10 @@ class Executor:
                 # Python 3.12+: the handler runs at once, up to its first real wait,
                 # with itself as the current task; one that never waits costs no
                 # scheduling round at all.
+                self._starting_event = event
                 running.task = asyncio.Task(coro, loop=loop,  # type: ignore[call-arg]
                                             eager_start=True)
+                self._starting_event = None
             else:
                 running.task = loop.create_task(coro)
             started = True
@@ -294,7 +360,37 @@ class Executor:
         for running in list(self._entries.values()):
             if running.task is task:
                 return running.event
-        return None
+        return self._starting_event
+
+    def event_of_current_task(self) -> Event | None:
+        """The event whose handler runs in the current task of this executor's loop, or None.
+
+        For the log context (see :mod:`conveyor.log_context`): looked up when a
+        record is logged, cached per task.
+        """
+        loop = self._loop
+        if loop is None:
+            return None
+        try:
+            if asyncio.get_running_loop() is not loop:
+                return None
+        except RuntimeError:   # not on an event loop's thread
+            return None
+        if self._inline_event is not None:
+            return self._inline_event
+        task = asyncio.current_task(loop)
+        if task is None:
+            return None
+        event = self._task_events.get(task)
+        if event is None:
+            for running in list(self._entries.values()):
+                if running.task is task:
+                    event = running.event
+                    break
+            else:
+                return self._starting_event
+            self._task_events[task] = event
+        return event
 
     def _finished(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
         """A completed future standing in for the task of an inline handler call."""
@@ -306,33 +402,61 @@ class Executor:
 
     def _call_inline(self, route: Route, event: Event) -> None:
         """Call a ``blocking=False`` plain handler here and hand on its outcome."""
-        token = CURRENT_EVENT.set(event)
+        if self._middleware:
+            # Hooks may set context variables for the handler: in a copy, so they
+            # stay this call's and do not weigh on the fetch loop's own context.
+            contextvars.copy_context().run(self._inline, route, event)
+        else:
+            self._inline(route, event)
+
+    def _inline(self, route: Route, event: Event) -> None:
         self._inline_event = event
+        hooks = self._middleware
+        entered: list[Middleware] = [] if hooks else _NONE_ENTERED
+        started = time.monotonic() if hooks else 0.0
+        raised: BaseException | None = None
         try:
+            if hooks:
+                for hook in hooks:
+                    hook.before(event)
+                    entered.append(hook)
             route.handler(event)
         except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
-            self._sink(outcome_of_error(exc, event, route.backoff or self._backoff))
+            raised = exc
+            outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
             if isinstance(exc, HANDLER_EXITS):
                 _exit_refused(exc, event)
         else:
-            self._sink(success(event))
+            outcome = success(event)
+        try:
+            if entered:
+                result = _result(outcome, raised, started)
+                for hook in reversed(entered):
+                    _after_quietly(hook, event, result)
         finally:
             self._inline_event = None
-            CURRENT_EVENT.reset(token)
+        self._sink(outcome)
 
     async def _call(self, route: Route, event: Event, running: Running, timeout: float) -> None:
         """One handler call in its own task, with its deadline enforced by the sweeper."""
-        CURRENT_EVENT.set(event)   # the task's own context: nothing to reset
+        hooks = self._middleware
+        entered: list[Middleware] = [] if hooks else _NONE_ENTERED
+        started = time.monotonic() if hooks else 0.0
+        raised: BaseException | None = None
         try:
+            if hooks:
+                await _before(hooks, event, entered)
             if route.is_async:
                 await route.handler(event)
             else:
-                await call_handler(route, event, self._pool, self._running.thread_abandoned)
+                await call_handler(route, event, self._pool, self._running.thread_abandoned,
+                                   contextvars.copy_context() if hooks else None)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             cancelling = task.cancelling() if task is not None else 0
             if not cancelling:
                 # The handler raised CancelledError itself: a failed attempt like any other.
+                raised = exc
                 outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
             elif running.timed_out and cancelling == 1:
                 assert task is not None
@@ -342,11 +466,16 @@ class Executor:
             else:
                 raise   # a stop or a lost lease: the worker decides what to write
         except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
+            raised = exc
             outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
             if isinstance(exc, HANDLER_EXITS):
                 _exit_refused(exc, event)
         else:
             outcome = success(event)
+        if entered:
+            result = _result(outcome, raised, started)
+            for hook in reversed(entered):
+                await _after_async(hook, event, result)
         if (event.id, event.attempt) in self._entries:
             self._sink(outcome)
 

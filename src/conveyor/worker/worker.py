@@ -28,6 +28,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -37,6 +38,7 @@ from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import CLAIM_PRIORITY
 from conveyor.errors import ConfigError
+from conveyor.middleware import Middleware
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
 from conveyor.types import Event, EventState
@@ -100,10 +102,13 @@ class Worker:
         config: tuning. Defaults to ``WorkerConfig()``.
         listen_conninfo: where the LISTEN connection goes when it must bypass a
             transaction pooler (``config.transaction_pooler``); defaults to ``conninfo``.
+        middleware: hooks around every handler call, in this order
+            (see :mod:`conveyor.middleware`). Defaults to none.
     """
 
     def __init__(self, conninfo: str, router: Router, config: WorkerConfig | None = None, *,
-                 listen_conninfo: str | None = None) -> None:
+                 listen_conninfo: str | None = None,
+                 middleware: Sequence[Middleware] = ()) -> None:
         if not router.routes:
             raise ConfigError("router has no routes: the worker would claim nothing")
         self.conninfo = conninfo
@@ -137,7 +142,7 @@ class Worker:
                                    delete_succeeded=c.retention == 0)
         self.executor = Executor(router, self.running, self.completer.add,
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,
-                                 threads=2 * c.concurrency)
+                                 threads=2 * c.concurrency, middleware=middleware)
         self.maintenance = Maintenance(self.connections.maintenance, self._q, c, self.id,
                                        self.name, router.patterns, self.running,
                                        self.completer.unacknowledged, self.stats)
