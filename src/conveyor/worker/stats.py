@@ -9,7 +9,9 @@ from dataclasses import dataclass
 class WorkerStats:
     """Counters since the worker started."""
 
-    claimed: int = 0
+    claimed: int = 0              # events claimed
+    claims: int = 0               # claim statements that returned events (claimed / claims: batch size)
+    last_claim_at: float = 0.0    # time.monotonic() of the last claim round trip, with or without rows
     succeeded: int = 0
     retried: int = 0
     failed: int = 0

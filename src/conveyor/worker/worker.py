@@ -333,7 +333,11 @@ class Worker:
             return None
         from_row = Event._from_claim_row
         events = [from_row(r) for r in rows]
-        self.stats.claimed += len(events)
+        stats = self.stats
+        stats.claimed += len(events)
+        if events:
+            stats.claims += 1
+        stats.last_claim_at = time.monotonic()
         # The slots are taken now; the handlers start on the loop's next round,
         # after the fetch loop has sent its next claim, so the database works
         # on that claim while this batch's handlers start.
