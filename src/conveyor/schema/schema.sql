@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0004 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0005 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -89,6 +89,19 @@ CREATE TABLE conveyor.workers (
     concurrency  integer     NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Paused topic patterns, per tenant or (tenant NULL) for all (0005). The
+-- workers' claim skips matching pending events while any row exists; running
+-- events finish. Persisted, so a pause survives worker restarts.
+CREATE TABLE conveyor.pauses (
+    pattern   text        NOT NULL,
+    tenant    text,                    -- NULL: every tenant's events
+    reason    text,                    -- who paused and why, free text for people
+    paused_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT pauses_pattern_check CHECK (length(pattern) BETWEEN 1 AND 102),
+    CONSTRAINT pauses_reason_check CHECK (length(reason) <= 500),
+    CONSTRAINT pauses_pattern_tenant_key UNIQUE NULLS NOT DISTINCT (pattern, tenant)
 );
 
 -- Wake-up hint: one NOTIFY per distinct topic of a statement's new pending rows.
