@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0005 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0006 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -29,13 +29,21 @@ CREATE TABLE conveyor.events (
     updated_at       timestamptz NOT NULL DEFAULT now(),
     attempted_at     timestamptz,
     finished_at      timestamptz,
+    -- The W3C trace context of the enqueuing span (0006; docs/tracing.md).
+    traceparent      text,
+    tracestate       text,
     CONSTRAINT events_state_check
         CHECK (state IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
     CONSTRAINT events_attempts_check CHECK (attempts >= 0 AND max_attempts >= 1),
     CONSTRAINT events_topic_check CHECK (length(topic) BETWEEN 1 AND 100),
     -- A running event always has an owner and a lease; nothing else does.
     CONSTRAINT events_lease_check
-        CHECK ((state = 'running') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL))
+        CHECK ((state = 'running') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
+    CONSTRAINT events_traceparent_check
+        CHECK (length(traceparent) = 55
+               AND traceparent ~ '^00-[0-9a-f]+-[0-9a-f]+-[0-9a-f][0-9a-f]$'
+               AND substr(traceparent, 36, 1) = '-'),
+    CONSTRAINT events_tracestate_check CHECK (length(tracestate) <= 512)
 );
 
 -- The claim query walks this index in order; only pending rows are in it, so
