@@ -718,3 +718,83 @@ def test_hot_query_plan_reads_no_whole_table_among_a_million_finished_rows(
     assert "events" not in _seq_scanned(row[0]), row[0]
     if index is not None:
         assert index in _index_names(row[0]), row[0]
+
+
+# ------------------------------------------------------------ pauses (0005)
+
+def _claim_unpaused(conn: Conn, owner: str, **filter_: Any) -> list[tuple[Any, ...]]:
+    params = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
+              "tenants": [], **filter_}
+    return conn.execute(Q["event_claim_unpaused"], {**params, "limit": 100, "owner": owner,
+                                                    "lease_ttl": 30}).fetchall()
+
+
+def _pause(conn: Conn, pattern: str, tenant: str | None = None) -> tuple[Any, ...]:
+    row = conn.execute(Q["pause_upsert"], {"pattern": pattern, "tenant": tenant,
+                                           "reason": None}).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+@exercises("event_claim_unpaused", "pause_upsert")
+def test_claim_unpaused_skips_exact_prefix_and_tenant_pauses(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.pauses")
+    kept = [_insert(db, "email"), _insert(db, "emails.x"), _insert(db, "sms.send", tenant="b"),
+            _insert(db, "sms.send")]
+    for topic, tenant in (("email.send", None), ("email.x.y", "a"), ("sms.send", "a"),
+                          ("billing", None)):
+        _insert(db, topic, tenant=tenant)
+    _pause(db, "email.*")
+    _pause(db, "sms.send", "a")
+    _pause(db, "billing")
+    assert sorted(r[0] for r in _claim_unpaused(db, _owner())) == kept
+
+
+@exercises("event_claim_unpaused")
+def test_claim_unpaused_with_star_paused_claims_nothing(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.pauses")
+    _insert(db, "email.send")
+    _pause(db, "*")
+    assert _claim_unpaused(db, _owner()) == []
+
+
+@exercises("event_claim_unpaused")
+def test_claim_unpaused_without_pauses_claims_what_event_claim_does(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.pauses")
+    ids = [_insert(db, "a.b", priority=p) for p in (0, 5, 1)]
+    assert [r[0] for r in _claim_unpaused(db, _owner())] != []
+    assert sorted(r[0] for r in db.execute(
+        "SELECT id FROM conveyor.events WHERE state = 'running'")) == sorted(ids)
+
+
+@exercises("pause_delete", "pause_list", "pause_any")
+def test_pause_delete_list_and_any(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.pauses")
+    assert db.execute(Q["pause_any"]).fetchone() == (False,)
+    _pause(db, "email.*", "acme")
+    _pause(db, "email.*")
+    assert [r[:2] for r in db.execute(Q["pause_list"])] == [("email.*", None),
+                                                          ("email.*", "acme")]
+    assert db.execute(Q["pause_any"]).fetchone() == (True,)
+    deleted = db.execute(Q["pause_delete"], {"pattern": "email.*", "tenant": None}).fetchall()
+    assert deleted == [("email.*",)]
+    assert [r[:2] for r in db.execute(Q["pause_list"])] == [("email.*", "acme")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", list(CLAIM_FILTERS))
+def test_claim_unpaused_plan_uses_the_claim_index_with_pauses_present(
+    million_finished_db: str, label: str,
+) -> None:
+    params = {**CLAIM_FILTERS[label], "limit": 100, "owner": _owner(), "lease_ttl": 30}
+    with psycopg.connect(million_finished_db) as conn:
+        _pause(conn, "sms.*")
+        _pause(conn, "email.send", "acme")
+        conn.execute("ANALYZE conveyor.pauses")
+        row = conn.execute("EXPLAIN (FORMAT JSON) " + Q["event_claim_unpaused"],
+                           params).fetchone()
+        assert row is not None
+        plan = row[0]
+        assert "events_claim_idx" in _index_names(plan), plan
+        assert "events" not in _seq_scanned(plan), plan
+        conn.rollback()

@@ -1,5 +1,5 @@
 # Generated from src/conveyor/admin_async.py by scripts/unasync.py; DO NOT EDIT.
-"""Operator operations: status, show, events, retry, cancel, prune.
+"""Operator operations: status, show, events, retry, cancel, prune, pause.
 
 Each method joins the transaction of the connection you pass, as the
 producers do. The statements run here; parameters, checks, decoding and the
@@ -27,6 +27,7 @@ from psycopg.rows import dict_row
 from conveyor.admin_async import AsyncAdmin as AsyncAdmin
 from conveyor.admin_core import (
     LIST_LIMIT_MAX,
+    PAUSE_NOTIFICATION,
     PRUNE_DEFAULT_STATES,
     SCHEDULED,
     WORKER_ALIVE_WITHIN,
@@ -42,16 +43,18 @@ from conveyor.admin_core import (
     _needs_estimate,
     _not_changed,
     _page,
+    _pause_params,
     _prune_params,
     _report,
     _retry_flow,
     _status,
+    pause_from_row,
 )
 from conveyor.db.execute import run
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import record_from_event_get_row
 from conveyor.errors import EventNotFoundError
-from conveyor.types import EventFilter, EventPage, EventRecord, QueueStatus
+from conveyor.types import EventFilter, EventPage, EventRecord, Pause, QueueStatus
 from conveyor.validation import check_event_id, check_schema_name, check_topic
 
 __all__ = [
@@ -256,6 +259,62 @@ class Admin:
             total = _report(progress, total + cur.rowcount)
             if cur.rowcount < PRUNE_BATCH:
                 return total
+
+    def pause(self, conn: psycopg.Connection[Any], pattern: str, *,
+                    tenant: str | None = None, reason: str | None = None) -> Pause:
+        """Stop every worker from claiming events of ``pattern``; returns the pause.
+
+        ``pattern``: an exact topic, ``"prefix.*"`` or ``"*"``, as a route is
+        written. ``tenant``: only this tenant's events; defaults to None, every
+        tenant. ``reason``: who and why, shown by ``conveyor status`` (up to
+        500 characters); defaults to None.
+
+        Joins the caller's transaction like every method here: the pause
+        exists, and the workers hear of it, only when that transaction
+        commits. Workers then claim no matching event within a second (a
+        NOTIFY, and a poll every half second as the fallback); events already
+        running finish normally. The pause is a row in the database, so it
+        holds across worker restarts until :meth:`resume`. Pausing what is
+        already paused keeps its ``paused_at`` and replaces the reason when
+        one is given.
+
+        Example::
+
+            with conn.transaction():
+                admin.pause(conn, "email.*", reason="ops: smtp relay down")
+        """
+        params = _pause_params(pattern, tenant, reason)
+        row = (run(conn, self._q["pause_upsert"], params)).fetchone()
+        assert row is not None  # an upsert always returns its row
+        self._notify_pauses(conn)
+        return pause_from_row(row)
+
+    def resume(self, conn: psycopg.Connection[Any], pattern: str, *,
+                     tenant: str | None = None) -> bool:
+        """Lift the pause of exactly ``pattern`` and ``tenant``; returns whether one existed.
+
+        It names the pause as :meth:`pause` did: resuming ``"email.*"`` leaves
+        a pause of ``"email.send"``, or of ``"email.*"`` for one tenant, in
+        place. Takes effect when the caller's transaction commits; workers
+        claim the topic again within a second. ``tenant`` defaults to None.
+        """
+        params = _pause_params(pattern, tenant)
+        cur = run(conn, self._q["pause_delete"], params)
+        if cur.fetchone() is None:
+            return False
+        self._notify_pauses(conn)
+        return True
+
+    def paused(self, conn: psycopg.Connection[Any]) -> list[Pause]:
+        """Every pause in force, by pattern, the all-tenants one before per-tenant ones."""
+        cur = run(conn, self._q["pause_list"])
+        return [pause_from_row(r) for r in cur.fetchall()]
+
+    def _notify_pauses(self, conn: psycopg.Connection[Any]) -> None:
+        # Delivered at commit, and not at all on a rollback: the workers hear
+        # of a pause exactly when it exists.
+        run(conn, self._q["event_notify"],
+                        {"channel": self._q.channel, "payload": PAUSE_NOTIFICATION})
 
     def _notify(self, conn: psycopg.Connection[Any]) -> None:
         run(conn, self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})

@@ -21,10 +21,16 @@ from conveyor.types import (
     EventPage,
     EventState,
     EventSummary,
+    Pause,
     QueueStatus,
     TopicCount,
 )
-from conveyor.validation import DELAY_MAX_SECONDS, check_event_id
+from conveyor.validation import (
+    DELAY_MAX_SECONDS,
+    check_event_id,
+    check_tenant,
+    check_topic_pattern,
+)
 
 # A worker that has not renewed its heartbeat for this long is not counted alive.
 WORKER_ALIVE_WITHIN = 30.0
@@ -314,3 +320,37 @@ def _page(rows: Sequence[Mapping[str, Any]], limit: int) -> EventPage:
     """A page from up to ``limit + 1`` rows: the extra row only says another page exists."""
     events = [_summary_from_row(r) for r in rows[:limit]]
     return EventPage(events=events, next_after=events[-1].id if len(rows) > limit else None)
+
+
+# Pauses (0005). A reason is a line for people reading `conveyor status`; the
+# table's check holds the same limit.
+PAUSE_REASON_MAX_LENGTH = 500
+PAUSE_COLUMNS = ("pattern", "tenant", "reason", "paused_at")
+# The NOTIFY payload that tells workers the pauses changed. Topics cannot
+# contain "!", so no worker mistakes it for a topic; one that predates pauses
+# at most claims once more (it finds the same events as before).
+PAUSE_NOTIFICATION = "!pause"
+
+
+def pause_from_row(row: Sequence[Any]) -> Pause:
+    """A pause_upsert or pause_list row, its columns in PAUSE_COLUMNS order."""
+    pattern, tenant, reason, paused_at = row
+    return Pause(pattern=pattern, tenant=tenant, reason=reason, paused_at=paused_at)
+
+
+def _check_reason(reason: object) -> str | None:
+    if reason is None:
+        return None
+    if not isinstance(reason, str):
+        raise InvalidInputError(f"reason must be a string, got {reason!r:.60}")
+    if len(reason) > PAUSE_REASON_MAX_LENGTH:
+        raise InvalidInputError(f"reason is {len(reason)} characters, the limit is "
+                                f"{PAUSE_REASON_MAX_LENGTH}: {reason!r:.60}")
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029" for c in reason):
+        raise InvalidInputError(f"reason contains control characters: {reason!r:.60}")
+    return reason
+
+
+def _pause_params(pattern: object, tenant: object, reason: object = None) -> dict[str, Any]:
+    return {"pattern": check_topic_pattern(pattern), "tenant": check_tenant(tenant),
+            "reason": _check_reason(reason)}

@@ -411,3 +411,23 @@ class EventPage:
 
     def to_json(self) -> dict[str, Any]:
         return {"events": [e.to_json() for e in self.events], "next_after": self.next_after}
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A paused topic pattern, as ``Admin.paused`` lists it.
+
+    Workers claim no pending event whose topic matches ``pattern`` (an exact
+    topic, ``"prefix.*"`` or ``"*"``) and, when ``tenant`` is set, whose
+    tenant is that one; with ``tenant`` None every tenant's events wait.
+    ``reason``: who paused and why, free text; None when not given.
+    """
+
+    pattern: str
+    tenant: str | None
+    reason: str | None
+    paused_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pattern": self.pattern, "tenant": self.tenant, "reason": self.reason,
+                "paused_at": self.paused_at.isoformat()}

@@ -74,6 +74,40 @@ WHERE e.id = next.id
 RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
           e.idempotency_key, e.created_at
 
+-- name: event_claim_unpaused
+-- event_claim, skipping the events a row of the pauses table holds back
+-- (0005). The worker uses it only while it knows of a pause, so an empty
+-- pauses table costs the claim nothing; the anti-join runs per candidate row
+-- of events_claim_idx, against a table of a few rows. Kept equal to
+-- event_claim but for the NOT EXISTS (tests/test_pause_queries.py).
+WITH next AS (
+    SELECT id
+    FROM {schema}.events
+    WHERE state = 'pending'
+      AND run_at <= now()
+      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
+      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.pauses AS p
+          WHERE (p.pattern = '*' OR p.pattern = events.topic
+                 OR (right(p.pattern, 2) = '.*' AND starts_with(events.topic, left(p.pattern, -1))))
+            AND (p.tenant IS NULL OR p.tenant = events.tenant))
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.events AS e
+SET state = 'running',
+    attempts = e.attempts + 1,
+    lease_owner = %(owner)s,
+    lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
+    attempted_at = now(),
+    updated_at = now()
+FROM next
+WHERE e.id = next.id
+RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
+          e.idempotency_key, e.created_at
+
 -- name: event_succeed_many
 -- Fenced: applies only where this worker still owns the same attempt. The
 -- owner test implies state = 'running' (events_lease_check), and leaving the
