@@ -65,3 +65,17 @@ def test_record_decoder_reads_every_event_get_column_by_name() -> None:
 def test_record_decoder_refuses_a_row_of_another_width() -> None:
     with pytest.raises(ValueError):
         rows.record_from_event_get_row(("too", "short"))
+
+
+def test_a_claimed_event_carries_its_trace_context(conn: psycopg.Connection[Any]) -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    conn.execute("INSERT INTO conveyor.events (topic, payload, traceparent, tracestate, priority)"
+                 " VALUES ('rows.traced', '{}', %s, 'k=v', 32000), ('rows.plain', '{}', NULL, NULL,"
+                 " 32000)", (traceparent,))
+    params = {**PARAMS["event_claim"], "all_topics": False, "topics": ["rows.traced", "rows.plain"],
+              "limit": 2}
+    claimed = {e.topic: e for e in map(rows.event_from_claim_row,
+                                       conn.execute(Q["event_claim"], params).fetchall())}
+    assert (claimed["rows.traced"].traceparent, claimed["rows.traced"].tracestate) == (
+        traceparent, "k=v")
+    assert (claimed["rows.plain"].traceparent, claimed["rows.plain"].tracestate) == (None, None)

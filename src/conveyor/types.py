@@ -46,18 +46,21 @@ FINISHED_STATES = frozenset({EventState.SUCCEEDED, EventState.FAILED, EventState
 # in exactly this order (``payload`` into ``_payload_text``, ``attempts`` into
 # ``attempt``); tests/test_rows.py holds the query, this tuple and the decoder together.
 CLAIM_COLUMNS = ("id", "tenant", "topic", "payload", "attempts", "max_attempts", "priority",
-                 "idempotency_key", "created_at")
+                 "idempotency_key", "created_at", "traceparent", "tracestate")
 
 
 class Event:
     """One claimed event, as a handler receives it.
 
     The payload is decoded from JSON on first access, so handlers that only
-    look at ``id`` or ``topic`` never pay for decoding.
+    look at ``id`` or ``topic`` never pay for decoding. ``traceparent`` and
+    ``tracestate`` are the W3C trace context of the span that enqueued it, or
+    None (docs/tracing.md).
     """
 
     __slots__ = ("_payload", "_payload_text", "attempt", "created_at", "id",
-                 "idempotency_key", "max_attempts", "priority", "tenant", "topic")
+                 "idempotency_key", "max_attempts", "priority", "tenant", "topic",
+                 "traceparent", "tracestate")
 
     def __init__(
         self,
@@ -71,6 +74,8 @@ class Event:
         priority: int = 0,
         idempotency_key: str | None = None,
         created_at: datetime | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> None:
         self.id = id
         self.topic = topic
@@ -80,6 +85,8 @@ class Event:
         self.priority = priority
         self.idempotency_key = idempotency_key
         self.created_at = created_at
+        self.traceparent = traceparent
+        self.tracestate = tracestate
         self._payload_text = payload_text
         self._payload: Any = _UNSET
 
@@ -92,7 +99,8 @@ class Event:
         """
         event = cls.__new__(cls)
         (event.id, event.tenant, event.topic, event._payload_text, event.attempt,
-         event.max_attempts, event.priority, event.idempotency_key, event.created_at) = row
+         event.max_attempts, event.priority, event.idempotency_key, event.created_at,
+         event.traceparent, event.tracestate) = row
         event._payload = _UNSET
         return event
 

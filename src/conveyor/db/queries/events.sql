@@ -72,7 +72,7 @@ SET state = 'running',
 FROM next
 WHERE e.id = next.id
 RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
-          e.idempotency_key, e.created_at
+          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
 
 -- name: event_claim_unpaused
 -- event_claim, skipping the events a row of the pauses table holds back
@@ -106,7 +106,7 @@ SET state = 'running',
 FROM next
 WHERE e.id = next.id
 RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
-          e.idempotency_key, e.created_at
+          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
 
 -- name: event_succeed_many
 -- Fenced: applies only where this worker still owns the same attempt. The
