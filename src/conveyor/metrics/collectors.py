@@ -1,0 +1,181 @@
+"""Scrape-time collectors: a worker's own counters, and the last database read.
+
+Neither queries at scrape time: :class:`WorkerCollector` reads plain
+attributes, :class:`DatabaseGauges` serves what its timer last read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from conveyor.db.named_queries import parse_named_queries, queries_for
+from conveyor.metrics.health import health, loop_lag
+
+if TYPE_CHECKING:
+    from conveyor.worker import Worker
+
+log = logging.getLogger(__name__)
+
+REFRESH_INTERVAL_DEFAULT = 15.0
+STATEMENT_TIMEOUT_DEFAULT = 5.0
+_LOCK_SQL = parse_named_queries(
+    (resources.files("conveyor.metrics") / "queries.sql").read_text("utf-8"))["metrics_try_lock"]
+
+
+def _family(kind: type[Any], name: str, doc: str, value: float,
+            labels: Mapping[str, str]) -> Metric:
+    family = kind(name, doc, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family  # type: ignore[no-any-return]
+
+
+class WorkerCollector(Collector):
+    """A worker's counters, read at scrape time (nothing per event).
+
+    ``labels``: constant labels on every series, such as ``{"tenant": "acme"}``
+    for one worker of ``worker-multi``. Defaults to none.
+    """
+
+    def __init__(self, worker: Worker, *, labels: Mapping[str, str] | None = None) -> None:
+        self.worker = worker
+        self.labels = dict(labels or {})
+
+    def collect(self) -> Iterator[Metric]:
+        w, s, lb = self.worker, self.worker.stats, self.labels
+        counters = (
+            ("conveyor_worker_claimed_events", "Events claimed.", s.claimed),
+            ("conveyor_worker_claims", "Claim statements that returned events "
+             "(claimed / claims is the batch size).", s.claims),
+            ("conveyor_worker_handed_back", "Events handed back unrun at shutdown.", s.handed_back),
+            ("conveyor_worker_leases_lost", "Events whose lease this worker lost.", s.lost),
+            ("conveyor_worker_rescued", "Other workers' expired events rescued.", s.rescued),
+            ("conveyor_worker_loop_stalls", "Times a handler blocked the event loop.",
+             s.loop_stalls),
+            ("conveyor_worker_notifications", "NOTIFY messages received.",
+             w.listener.notifications),
+            ("conveyor_worker_results_fenced", "Outcomes refused: the event was no longer "
+             "this worker's.", w.completer.stale),
+        )
+        for name, doc, value in counters:
+            yield _family(CounterMetricFamily, name, doc, value, lb)
+        reconnects = CounterMetricFamily("conveyor_worker_reconnects",
+                                         "Reconnects of each of the worker's connections.",
+                                         labels=[*lb, "connection"])
+        for managed in w.connections.all():
+            reconnects.add_metric([*lb.values(), managed.role], managed.reconnects)
+        yield reconnects
+        lag = loop_lag(w)
+        gauges: tuple[tuple[str, str, float], ...] = (
+            ("conveyor_worker_loop_stall_max_seconds", "Longest loop stall so far.",
+             s.loop_stall_max_s),
+            ("conveyor_worker_loop_lag_seconds", "Seconds since the event loop last ran.",
+             lag or 0.0),
+            ("conveyor_worker_in_flight", "Events claimed and not yet acknowledged.",
+             w.in_flight),
+            ("conveyor_worker_last_claim_age_seconds", "Seconds since the last claim round trip.",
+             time.monotonic() - s.last_claim_at if s.last_claim_at else 0.0),
+            ("conveyor_worker_healthy", "1 while /healthz answers 200.",
+             1.0 if health(w).ok else 0.0),
+        )
+        for name, doc, level in gauges:
+            yield _family(GaugeMetricFamily, name, doc, level, lb)
+
+
+class DatabaseGauges(Collector):
+    """Queue depths read from the database on a timer, by one worker per schema at a time.
+
+    Every ``interval`` seconds the refresher tries a session advisory lock; the
+    one that holds it reads the exact counts through the partial indexes
+    (Admin.status's ``status_open_counts`` and ``status_oldest_due_age``)
+    under ``statement_timeout``. The others export none of these series. A
+    scrape serves the last read, never a query.
+
+    ``interval``: seconds between reads. Defaults to 15.
+    ``statement_timeout``: limit on each read, in seconds. Defaults to 5.
+    """
+
+    def __init__(self, conninfo: str, schema: str = "conveyor", *,
+                 interval: float = REFRESH_INTERVAL_DEFAULT,
+                 statement_timeout: float = STATEMENT_TIMEOUT_DEFAULT) -> None:
+        self.conninfo = conninfo
+        self.schema = schema
+        self.interval = interval
+        self.statement_timeout = statement_timeout
+        self._q = queries_for(schema)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self.holds_lock = False
+        # Replaced whole, never mutated: a scrape thread reads one consistent snapshot.
+        self._snapshot: tuple[float, dict[tuple[str, str], int], float | None] | None = None
+
+    async def refresh_once(self) -> bool:
+        """Read the gauges if this process holds (or now takes) the lock; True when read."""
+        if self._conn is None or self._conn.closed:
+            self.holds_lock = False
+            self._conn = await psycopg.AsyncConnection.connect(
+                self.conninfo, autocommit=True, application_name="conveyor-metrics")
+            await self._conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                (str(int(self.statement_timeout * 1000)),))
+        conn = self._conn
+        if not self.holds_lock:
+            row = await (await conn.execute(_LOCK_SQL, {"schema": self.schema})).fetchone()
+            self.holds_lock = bool(row and row[0])
+            if not self.holds_lock:
+                return False
+        counts: dict[tuple[str, str], int] = {}
+        for topic, _tenant, state, n in await (
+                await conn.execute(self._q["status_open_counts"])).fetchall():
+            counts[(topic, state)] = counts.get((topic, state), 0) + n
+        row = await (await conn.execute(self._q["status_oldest_due_age"])).fetchone()
+        self._snapshot = (time.monotonic(), counts, row[0] if row else None)
+        return True
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Refresh every ``interval`` until ``stopping`` is set; then let go of the lock."""
+        try:
+            while not stopping.is_set():
+                try:
+                    await self.refresh_once()
+                except psycopg.Error as exc:
+                    log.warning("reading the database gauges failed: %s", exc,
+                                extra={"action": "metrics_refresh_failed"})
+                    await self.close()
+                try:
+                    await asyncio.wait_for(stopping.wait(), self.interval)
+                except TimeoutError:
+                    pass
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        self.holds_lock = False
+        if conn is not None:
+            await conn.close()
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._snapshot
+        if snapshot is None or not self.holds_lock:
+            return
+        read_at, counts, oldest = snapshot
+        events = GaugeMetricFamily("conveyor_events", "Events by topic and state, as last read "
+                                   "(pending = due now, scheduled = pending not yet due).",
+                                   labels=["topic", "state"])
+        for (topic, state), n in sorted(counts.items()):
+            events.add_metric([topic, state], n)
+        yield events
+        yield _family(GaugeMetricFamily, "conveyor_oldest_due_age_seconds",
+                      "Seconds the oldest due pending event has waited, as last read.",
+                      oldest or 0.0, {})
+        yield _family(GaugeMetricFamily, "conveyor_database_gauges_age_seconds",
+                      "Seconds since the database gauges were read.",
+                      time.monotonic() - read_at, {})

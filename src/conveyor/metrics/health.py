@@ -1,0 +1,73 @@
+"""Is a worker alive (``/healthz``) and ready (``/readyz``)? Read from its state, no query.
+
+Both read plain attributes only, so they answer from any thread, including
+while a handler blocks the worker's event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conveyor.worker import Worker
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One answer: ``ok`` and, when not ok, why (one line)."""
+
+    ok: bool
+    reason: str
+
+
+def loop_lag(worker: Worker) -> float | None:
+    """Seconds since the worker's event loop last ran; None when its loops are not running."""
+    watchdog = worker.watchdog
+    # The watchdog's thread exists exactly while run() is inside its main phase:
+    # it is stopped in run()'s finally, whether run() returned or raised.
+    if watchdog._thread is None:
+        return None
+    return max(0.0, time.monotonic() - watchdog._beat)
+
+
+def claim_limit(worker: Worker) -> float:
+    """Seconds without a claim round trip after which a worker with free slots is unhealthy.
+
+    The fetch loop claims at least every poll_interval; a claim may take up to
+    query_timeout; twice the poll leaves room for one slow round.
+    """
+    c = worker.config
+    return 2 * c.poll_interval + c.query_timeout
+
+
+def health(worker: Worker) -> Check:
+    """Alive: started, loops running, loop not blocked past the lease, a recent claim."""
+    if not worker.started.is_set():
+        return Check(False, "worker not started")
+    lag = loop_lag(worker)
+    if lag is None:
+        return Check(False, "worker loops ended")
+    lease = worker.config.lease_ttl
+    if lag >= lease:
+        return Check(False, f"event loop blocked for {lag:.1f}s, past the lease ({lease:g}s)")
+    since = time.monotonic() - worker.stats.last_claim_at
+    # A worker whose slots are all taken does not claim, and is not stuck for it.
+    if since > claim_limit(worker) and worker.running.free_slots() > 0:
+        return Check(False, f"no claim round trip for {since:.1f}s "
+                            f"(expected one within {claim_limit(worker):g}s)")
+    return Check(True, "ok")
+
+
+def readiness(worker: Worker) -> Check:
+    """Ready: started (so the schema is current), connected, not shutting down."""
+    if not worker.started.is_set():
+        return Check(False, "worker not started (schema not yet checked)")
+    if worker._stopping.is_set():
+        return Check(False, "worker shutting down")
+    if loop_lag(worker) is None:
+        return Check(False, "worker loops ended")
+    if not worker.connections.fetch.connected:
+        return Check(False, "worker not connected to the database")
+    return Check(True, "ok")

@@ -1,0 +1,172 @@
+"""Metrics, /healthz and /readyz of a real in-process worker against real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from conveyor import BackoffPolicy, Event, Router, Worker
+from conveyor.metrics import (
+    DatabaseGauges,
+    MetricsMiddleware,
+    MetricsServer,
+    WorkerCollector,
+    metrics_app,
+)
+from waiting import wait_until
+from worker_support import enqueue, fast_config, running
+
+SLOW = BackoffPolicy(base_delay=60, max_delay=60, jitter=0)
+
+
+async def ok(event: Event) -> None:
+    pass
+
+
+async def boom(event: Event) -> None:
+    raise ValueError("boom")
+
+
+def build(db: str, **config: Any) -> tuple[Worker, CollectorRegistry]:
+    router = Router()
+    router.add("mail.ok", ok)
+    router.add("mail.boom", boom)
+    registry = CollectorRegistry()
+    worker = Worker(db, router, fast_config(backoff=SLOW, **config),
+                    middleware=[MetricsMiddleware(registry=registry)])
+    registry.register(WorkerCollector(worker))
+    return worker, registry
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_outcome_counters_move_by_topic(db: str) -> None:
+    worker, registry = build(db)
+    async with running(worker):
+        for _ in range(3):
+            await enqueue(db, "mail.ok")
+        await enqueue(db, "mail.boom", max_attempts=1)
+        await enqueue(db, "mail.boom", max_attempts=5)
+
+        async def counted() -> bool:
+            return worker.stats.succeeded + worker.stats.failed + worker.stats.retried == 5
+        await wait_until(counted, timeout=10, what="five outcomes acknowledged")
+    total = "conveyor_events_handled_total"
+    assert sample(registry, total, topic="mail.ok", outcome="succeeded") == 3
+    assert sample(registry, total, topic="mail.boom", outcome="failed") == 1
+    assert sample(registry, total, topic="mail.boom", outcome="retried") == 1
+    assert sample(registry, "conveyor_handler_duration_seconds_count", topic="mail.ok") == 3
+    assert sample(registry, "conveyor_queue_wait_seconds_count", topic="mail.boom") == 2
+    assert sample(registry, "conveyor_worker_claimed_events_total") == 5
+
+
+async def test_healthz_and_readyz_follow_the_life_cycle(db: str) -> None:
+    worker, registry = build(db)
+    transport = httpx.ASGITransport(app=metrics_app(worker, registry))
+    async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+        assert (await client.get("/readyz")).status_code == 503
+        assert (await client.get("/healthz")).status_code == 503
+        async with running(worker):
+            # Healthy and ready from the first claim round trip on.
+            async def up() -> bool:
+                return ((await client.get("/healthz")).status_code == 200
+                        and (await client.get("/readyz")).status_code == 200)
+            await wait_until(up, timeout=5, what="/healthz and /readyz 200")
+            body = (await client.get("/metrics")).text
+            assert "conveyor_worker_reconnects_total" in body
+            worker.request_stop()
+            assert (await client.get("/readyz")).status_code == 503
+        response = await client.get("/healthz")
+        assert response.status_code == 503
+        assert "ended" in response.text
+
+
+def test_metrics_server_rejects_a_bad_port_in_one_line(db: str) -> None:
+    from conveyor.errors import InvalidInputError
+
+    worker, registry = build(db)
+    with pytest.raises(InvalidInputError, match="expected the metrics port to be 0-65535, "
+                                                "got 70000"):
+        MetricsServer(worker, registry, port=70000)
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+async def test_healthz_is_503_while_the_loop_is_blocked_past_the_lease(db: str) -> None:
+    router = Router()
+
+    async def blocking(event: Event) -> None:
+        time.sleep(1.6)   # blocks the event loop past the 1 s lease
+
+    router.add("mail.block", blocking)
+    registry = CollectorRegistry()
+    worker = Worker(db, router, fast_config(lease_ttl=1.0))
+    server = MetricsServer(worker, registry, port=0).start()
+    url = f"http://127.0.0.1:{server.port}/healthz"
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(0.1):
+            seen.append(_get(url))
+
+    try:
+        async def healthy() -> bool:
+            return await asyncio.to_thread(_get, url) == 200
+
+        async with running(worker):
+            await wait_until(healthy, timeout=5, what="/healthz 200")
+            poller = threading.Thread(target=poll)
+            poller.start()
+            await enqueue(db, "mail.block")
+
+            async def handled() -> bool:
+                return worker.stats.claimed == 1 and worker.in_flight == 0
+            await wait_until(handled, timeout=10, what="the blocking handler ended")
+            stop.set()
+            poller.join()
+            assert 503 in seen, seen
+            await wait_until(healthy, timeout=5, what="/healthz 200 again")
+    finally:
+        stop.set()
+        server.stop()
+
+
+async def test_database_gauges_are_read_by_one_process_at_a_time(db: str) -> None:
+    await enqueue(db, "mail.ok")
+    await enqueue(db, "mail.ok")
+    await enqueue(db, "mail.boom", delay=3600)
+    first, second = DatabaseGauges(db), DatabaseGauges(db)
+    try:
+        read = [await first.refresh_once(), await second.refresh_once()]
+        assert read == [True, False]
+        assert list(second.collect()) == []
+        registry = CollectorRegistry()
+        registry.register(first)
+        assert sample(registry, "conveyor_events", topic="mail.ok", state="pending") == 2
+        assert sample(registry, "conveyor_events", topic="mail.boom", state="scheduled") == 1
+        assert sample(registry, "conveyor_oldest_due_age_seconds") >= 0
+        await first.close()   # the holder exits: the other takes over on a later tick
+
+        async def taken_over() -> bool:
+            return await second.refresh_once()
+        await wait_until(taken_over, timeout=5, what="the second refresher takes the lock")
+    finally:
+        await first.close()
+        await second.close()
