@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import urllib.error
@@ -170,3 +171,56 @@ async def test_database_gauges_are_read_by_one_process_at_a_time(db: str) -> Non
     finally:
         await first.close()
         await second.close()
+
+
+def test_conveyor_worker_serves_metrics_on_its_port(db: str, tmp_path: Any) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "metrics_app.py").write_text(
+        "from conveyor import Router\n\n\nasync def noop(event):\n    pass\n\n\n"
+        "router = Router()\nrouter.add('metrics.noop', noop)\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env["PYTHONPATH"] = os.pathsep.join((str(src), str(tmp_path)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from conveyor.cli.main import main; raise SystemExit(main())",
+         "--database-url", db, "worker", "--app", "metrics_app:router",
+         "--metrics-port", str(port)], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        status = 0
+        while time.monotonic() < deadline and status != 200:
+            time.sleep(0.2)
+            with contextlib.suppress(OSError):
+                status = _get(f"http://127.0.0.1:{port}/healthz")
+        assert status == 200, proc.stderr.read() if proc.poll() is not None else status
+        assert _get(f"http://127.0.0.1:{port}/readyz") == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            body = response.read().decode()
+        assert "conveyor_worker_claims_total" in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    assert proc.returncode == 0
+
+
+def test_conveyor_worker_refuses_a_bad_metrics_port_in_one_line(db: str) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", "from conveyor.cli.main import main; raise SystemExit(main())",
+         "--database-url", db, "worker", "--app", "x:y", "--metrics-port", "99999"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "expected a port 1-65535, got '99999'" in result.stderr
+    assert "Traceback" not in result.stderr

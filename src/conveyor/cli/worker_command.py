@@ -104,7 +104,23 @@ def register_worker(sub: Sub, env: Env) -> None:
            default=HORIZON_ALERT_DEFAULT,
            help="log an alert when a transaction holds back vacuum this long; 'off' disables "
                 "the check")
+    option(p, "--metrics-port", env="METRICS_PORT", type=port, shown="off",
+           help="serve /metrics, /healthz and /readyz on this port (needs the 'metrics' "
+                "extra; see docs/observability.md)")
+    option(p, "--metrics-host", env="METRICS_HOST", default="127.0.0.1",
+           help="address the metrics port binds")
     add_event_loop_arg(p, env)
+
+
+def port(text: str) -> int:
+    """argparse type: a TCP port, 1-65535."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 1-65535, got {text!r}")
+    return number
 
 
 def retention(text: str) -> float | None:
@@ -144,14 +160,30 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
     if stop.requested:
         log.info("stopped before the worker started", extra={"action": "stopped"})
         return 0
-    worker = Worker(ctx.url(), router, config, listen_conninfo=args.listen_url)
+    metrics = None
+    middleware = []
+    if args.metrics_port is not None:
+        from conveyor.cli.metrics_serving import WorkerMetrics
+        metrics = WorkerMetrics(ctx.url(), ctx.schema)
+        middleware.append(metrics.middleware)
+    worker = Worker(ctx.url(), router, config, listen_conninfo=args.listen_url,
+                    middleware=middleware)
+    if metrics is not None:
+        metrics.serve(worker, args.metrics_host, args.metrics_port)
 
     async def serve() -> None:
         worker.install_signal_handlers()
         stop.forward_to(worker.request_stop)
-        await worker.run()
+        if metrics is None:
+            await worker.run()
+        else:
+            await metrics.run_beside(worker)
 
-    run_until_stopped(serve(), args.event_loop)
+    try:
+        run_until_stopped(serve(), args.event_loop)
+    finally:
+        if metrics is not None:
+            metrics.stop()
     stop.install()   # closing the loop restored the default handlers; the exit is under way
     s = worker.stats
     log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
