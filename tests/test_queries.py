@@ -798,3 +798,24 @@ def test_claim_unpaused_plan_uses_the_claim_index_with_pauses_present(
         assert "events_claim_idx" in _index_names(plan), plan
         assert "events" not in _seq_scanned(plan), plan
         conn.rollback()
+
+
+# ------------------------------------------------------------ traces (0006)
+
+_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@exercises("event_insert_traced", "event_insert_many_ids_traced")
+def test_traced_inserts_store_the_trace_context_in_every_row(db: Conn) -> None:
+    trace = {"traceparent": _TRACEPARENT, "tracestate": "k=v"}
+    one = db.execute(Q["event_insert_traced"], {
+        "tenant": None, "topic": "t", "payload": "{}", "priority": 0, "max_attempts": 3,
+        "idempotency_key": None, "delay": 0, **trace}).fetchone()
+    assert one is not None
+    ids = [9_000_001, 9_000_002]
+    db.execute(Q["event_insert_many_ids_traced"], {
+        "ids": ids, "tenants": [None] * 2, "topics": ["a", "b"], "payloads": ["1", "2"],
+        "priorities": [0, 0], "max_attempts": [1, 1], "keys": [None, None],
+        "delays": [0.0, 0.0], **trace})
+    for event_id in (one[0], *ids):
+        assert _row(db, event_id, "traceparent, tracestate") == (_TRACEPARENT, "k=v")

@@ -42,6 +42,7 @@ from conveyor.producer_core import COPY_THRESHOLD as COPY_THRESHOLD
 from conveyor.producer_core import EventLike as EventLike
 from conveyor.producer_core import NewEvent as NewEvent
 from conveyor.producer_core import (
+    Trace,
     _Copy,
     _NotPlain,
     _Row,
@@ -56,6 +57,7 @@ from conveyor.producer_core import (
     plain_pairs,
     prepare,
     prepare_many,
+    producer_tracing,
     single_params,
     unseen_key,
     wrap,
@@ -67,11 +69,16 @@ class Producer:
 
     Args:
         config: limits and defaults. Defaults to ``ProducerConfig()``.
+        tracing: a ``send`` span per call made inside a recording
+            OpenTelemetry span, its context stored with the events
+            (docs/tracing.md). ``True`` requires the ``otel`` extra, ``False``
+            never traces. Defaults to ``None``: traces when the extra is installed.
     """
 
-    def __init__(self, config: ProducerConfig | None = None) -> None:
+    def __init__(self, config: ProducerConfig | None = None, *, tracing: bool | None = None) -> None:
         self.config = config or ProducerConfig()
         self._q = queries_for(self.config.schema)
+        self._tracing = producer_tracing(tracing)
         # The id sequence's name, the same in every database with this schema.
         self._sequence: str | None = None
 
@@ -95,8 +102,18 @@ class Producer:
         row = prepare(self.config, NewEvent(
             topic=topic, payload=payload, tenant=tenant, idempotency_key=idempotency_key,
             delay=delay, priority=priority, max_attempts=max_attempts))
+        send = self._tracing.start(row.topic) if self._tracing is not None else None
+        if send is None:
+            return self._insert(conn, row, None)
+        with send:
+            event_id = self._insert(conn, row, send.trace)
+            send.finish(message_id=event_id)
+            return event_id
+
+    def _insert(self, conn: psycopg.Connection[Any], row: _Row, trace: Trace | None) -> int:
+        query = "event_insert" if trace is None else "event_insert_traced"
         try:
-            cur = run(conn, self._q["event_insert"], single_params(row))
+            cur = run(conn, self._q[query], single_params(row, trace))
             found = cur.fetchone()
             return int(found[0]) if found is not None else self._existing(conn, row)
         except psycopg.Error as exc:
@@ -111,8 +128,14 @@ class Producer:
         rows = prepare_many(self.config, events)
         if not rows:
             return []
-        ids, _ = self._write_many(conn, rows)
-        return ids
+        send = self._tracing.start(None) if self._tracing is not None else None
+        if send is None:
+            ids, _ = self._write_many(conn, rows, None)
+            return ids
+        with send:
+            ids, written = self._write_many(conn, rows, send.trace)
+            send.finish(count=written, topics={row.topic for row in rows})
+            return ids
 
     def enqueue_bulk(
         self,
@@ -130,20 +153,31 @@ class Producer:
         autocommit), any exception rolls back what it began and is raised as
         it was: the connection is idle again.
         """
+        send = self._tracing.start(None) if self._tracing is not None else None
+        if send is None:
+            return self._bulk(conn, events, None)
+        with send:
+            written = self._bulk(conn, events, send.trace)
+            send.finish(count=written)
+            return written
+
+    def _bulk(
+        self, conn: psycopg.Connection[Any], events: Iterable[EventLike], trace: Trace | None,
+    ) -> int:
         began = begins_transaction(conn)
         try:
             events = events if isinstance(events, list | tuple) else list(events)
             if fits_copy_plain(self.config, events):
                 try:
-                    return self._copy_plain(conn, events)
+                    return self._copy_plain(conn, events, trace)
                 except _NotPlain:
                     pass
             rows = prepare_many(self.config, events)
             if fits_copy(rows):
-                return self._copy(conn, copy_rows(self._q, rows), f"{len(rows)} events")
+                return self._copy(conn, copy_rows(self._q, rows, trace), f"{len(rows)} events")
             if not rows:
                 return 0
-            _, written = self._write_many(conn, rows)
+            _, written = self._write_many(conn, rows, trace)
             return written
         except BaseException:
             if began:
@@ -151,16 +185,17 @@ class Producer:
             raise
 
     def _write_many(
-        self, conn: psycopg.Connection[Any], rows: list[_Row],
+        self, conn: psycopg.Connection[Any], rows: list[_Row], trace: Trace | None,
     ) -> tuple[list[int], int]:
         """Write ``rows``; returns their ids in input order and how many rows are new."""
         try:
             ids = self._reserve_ids(conn, len(rows))
             if fits_copy(rows):
-                self._copy(conn, copy_with_ids(self._q, rows, ids), f"{len(rows)} events")
+                self._copy(conn, copy_with_ids(self._q, rows, ids, trace), f"{len(rows)} events")
                 return ids, len(ids)
-            params = insert_many_params(rows, ids)
-            cur = run(conn, self._q["event_insert_many_ids"], params)
+            params = insert_many_params(rows, ids, trace)
+            query = "event_insert_many_ids" if trace is None else "event_insert_many_ids_traced"
+            cur = run(conn, self._q[query], params)
             inserted = {r[0] for r in cur.fetchall()}
             return [rid if rid in inserted else self._existing(conn, row)
                     for rid, row in zip(ids, rows, strict=True)], len(inserted)
@@ -168,7 +203,7 @@ class Producer:
             raise wrap(exc, f"enqueue of {len(rows)} events") from exc
 
     def _copy_plain(
-        self, conn: psycopg.Connection[Any], events: Sequence[EventLike],
+        self, conn: psycopg.Connection[Any], events: Sequence[EventLike], trace: Trace | None,
     ) -> int:
         """COPY plain events; :class:`_NotPlain` (nothing written) at the first that is not."""
         pairs = plain_pairs(self.config, events)
@@ -176,14 +211,14 @@ class Producer:
             # Inside the caller's transaction every event is checked before a
             # byte is sent, so a refusal leaves that transaction as it was (a
             # savepoint would allow streaming, at a subtransaction per call).
-            return self._copy(conn, copy_plain(self._q, list(pairs)), "a bulk batch")
+            return self._copy(conn, copy_plain(self._q, list(pairs), trace), "a bulk batch")
         # The call begins the transaction: rows go out as they are checked, so
         # the server stores while the client encodes (about 10 % faster). An
         # autocommit COPY that stops half-way writes nothing; otherwise the
         # transaction this call began is rolled back (here for the next route
         # to start afresh; by enqueue_bulk for any error).
         try:
-            return self._copy(conn, copy_plain(self._q, pairs), "a bulk batch")
+            return self._copy(conn, copy_plain(self._q, pairs, trace), "a bulk batch")
         except _NotPlain:
             if not conn.autocommit:
                 conn.rollback()
@@ -239,8 +274,9 @@ class CommittingProducer:
             event_id = producer.enqueue("report.requested", {"month": "2026-11"})
     """
 
-    def __init__(self, conninfo: str, config: ProducerConfig | None = None) -> None:
-        self._producer = Producer(config)
+    def __init__(self, conninfo: str, config: ProducerConfig | None = None, *,
+                 tracing: bool | None = None) -> None:
+        self._producer = Producer(config, tracing=tracing)
         self._conninfo = conninfo
         self._conn: psycopg.Connection[Any] | None = None
 

@@ -12,6 +12,10 @@ connection. An event reaches the table by one of four routes:
   sending only the columns some row sets away from the table's default;
 * :func:`copy_plain`: a bulk batch of plain events (:func:`is_plain`) as bare
   ``(topic, payload)`` rows, checked while they stream: the raw COPY rate.
+
+Inside a recording span (the ``otel`` extra, :mod:`conveyor.tracing`) every
+route also writes the send span's :class:`Trace` context; outside one, the
+statements and COPY columns are exactly those above.
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from conveyor.config import MAX_ATTEMPTS_DEFAULT, ProducerConfig
 from conveyor.db.named_queries import Queries
-from conveyor.errors import DatabaseError, InvalidInputError
+from conveyor.errors import DatabaseError, InvalidInputError, MissingExtraError
 from conveyor.validation import (
     KNOWN_TOPICS,
     check_delay,
@@ -37,6 +41,9 @@ from conveyor.validation import (
     check_topic,
     encode_payload,
 )
+
+if TYPE_CHECKING:
+    from conveyor.tracing import ProducerTracing
 
 # Below this many rows a single INSERT beats the extra round trip COPY needs.
 COPY_THRESHOLD = 64
@@ -175,11 +182,38 @@ def prepare_many(config: ProducerConfig, events: Iterable[EventLike]) -> list[_R
     return rows
 
 
-def single_params(row: _Row) -> dict[str, Any]:
-    """``event_insert``'s parameters."""
-    return {"tenant": row.tenant, "topic": row.topic, "payload": row.payload,
-            "priority": row.priority, "max_attempts": row.max_attempts,
-            "idempotency_key": row.key, "delay": row.delay}
+class Trace(NamedTuple):
+    """The W3C context a traced enqueue stores in each of its rows (migration 0006)."""
+
+    traceparent: str
+    tracestate: str | None
+
+
+def producer_tracing(tracing: bool | None) -> ProducerTracing | None:
+    """The producer's tracing: off (False), required (True) or when the ``otel`` extra is there (None).
+
+    Decided once per producer: an untraced producer then pays one attribute
+    test per call, a traced one a context look-up outside a span.
+    """
+    if tracing is False:
+        return None
+    try:
+        from conveyor.tracing import ProducerTracing
+    except MissingExtraError:
+        if tracing:
+            raise
+        return None
+    return ProducerTracing()
+
+
+def single_params(row: _Row, trace: Trace | None = None) -> dict[str, Any]:
+    """``event_insert``'s parameters (``event_insert_traced``'s with a ``trace``)."""
+    params = {"tenant": row.tenant, "topic": row.topic, "payload": row.payload,
+              "priority": row.priority, "max_attempts": row.max_attempts,
+              "idempotency_key": row.key, "delay": row.delay}
+    if trace is not None:
+        params["traceparent"], params["tracestate"] = trace
+    return params
 
 
 def key_params(row: _Row) -> dict[str, Any]:
@@ -187,9 +221,10 @@ def key_params(row: _Row) -> dict[str, Any]:
     return {"tenant": row.tenant, "idempotency_key": row.key}
 
 
-def insert_many_params(rows: Sequence[_Row], ids: Sequence[int]) -> dict[str, Any]:
-    """``event_insert_many_ids``'s parameters: one array per column."""
-    return {
+def insert_many_params(rows: Sequence[_Row], ids: Sequence[int],
+                       trace: Trace | None = None) -> dict[str, Any]:
+    """``event_insert_many_ids``'s parameters: one array per column (and a ``trace``'s two)."""
+    params = {
         "ids": list(ids),
         "tenants": [r.tenant for r in rows],
         "topics": [r.topic for r in rows],
@@ -199,6 +234,9 @@ def insert_many_params(rows: Sequence[_Row], ids: Sequence[int]) -> dict[str, An
         "keys": [r.key for r in rows],
         "delays": [r.delay for r in rows],
     }
+    if trace is not None:
+        params["traceparent"], params["tracestate"] = trace
+    return params
 
 
 class _Copy(NamedTuple):
@@ -213,23 +251,32 @@ def fits_copy(rows: Sequence[_Row]) -> bool:
     return len(rows) >= COPY_THRESHOLD and all(r.key is None and r.delay == 0 for r in rows)
 
 
-def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int]) -> _Copy:
+def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int],
+                  trace: Trace | None = None) -> _Copy:
     """Rows with the ids reserved for them, every column sent."""
-    return _Copy(f"COPY {q.events_table} (id, tenant, topic, payload, priority, max_attempts)"
+    copy = _Copy(f"COPY {q.events_table} (id, tenant, topic, payload, priority, max_attempts)"
                  " FROM STDIN",
                  ((rid, r.tenant, r.topic, r.payload, r.priority, r.max_attempts)
                   for rid, r in zip(ids, rows, strict=True)))
+    return copy if trace is None else traced_copy(copy, trace)
 
 
-def copy_rows(q: Queries, rows: Sequence[_Row]) -> _Copy:
+def copy_rows(q: Queries, rows: Sequence[_Row], trace: Trace | None = None) -> _Copy:
     """Rows without ids, sending only the columns some row sets away from its default.
 
     Fewer columns are measurably cheaper to format and to parse.
     """
     columns = ["topic", "payload", *(name for name, default in COLUMN_DEFAULTS.items()
                                      if any(getattr(r, name) != default for r in rows))]
-    return _Copy(f"COPY {q.events_table} ({', '.join(columns)}) FROM STDIN",
-                 map(operator.attrgetter(*columns), rows))
+    getter = operator.attrgetter(*columns)
+    copy = _Copy(f"COPY {q.events_table} ({', '.join(columns)}) FROM STDIN", map(getter, rows))
+    return copy if trace is None else traced_copy(copy, trace)
+
+
+def traced_copy(copy: _Copy, trace: Trace) -> _Copy:
+    """``copy`` with the two trace columns appended to its column list and to every record."""
+    statement = copy.statement.replace(") FROM STDIN", ", traceparent, tracestate) FROM STDIN")
+    return _Copy(statement, (record + trace for record in copy.records))
 
 
 def fits_copy_plain(config: ProducerConfig, events: Sequence[EventLike]) -> bool:
@@ -243,9 +290,10 @@ class _NotPlain(Exception):
     """An event sets more than a topic and a payload: :func:`copy_plain` steps aside."""
 
 
-def copy_plain(q: Queries, pairs: Iterable[tuple[str, str]]) -> _Copy:
+def copy_plain(q: Queries, pairs: Iterable[tuple[str, str]], trace: Trace | None = None) -> _Copy:
     """``(topic, JSON text)`` rows, every other column left to the table's default."""
-    return _Copy(f"COPY {q.events_table} (topic, payload) FROM STDIN", pairs)
+    copy = _Copy(f"COPY {q.events_table} (topic, payload) FROM STDIN", pairs)
+    return copy if trace is None else traced_copy(copy, trace)
 
 
 def plain_pairs(config: ProducerConfig, events: Iterable[EventLike]) -> Iterator[tuple[str, str]]:

@@ -1,0 +1,31 @@
+-- Named queries for events enqueued inside a recording span: event_insert and
+-- event_insert_many_ids with the W3C trace context of the producer's send span
+-- (0006, docs/tracing.md). Separate statements so that an enqueue outside a
+-- span binds nothing more than before; tests/test_tracing_producer.py holds
+-- each equal to its twin but for the two trace columns.
+
+-- name: event_insert_traced
+INSERT INTO {schema}.events
+    (tenant, topic, payload, priority, max_attempts, idempotency_key, run_at,
+     traceparent, tracestate)
+VALUES
+    (%(tenant)s, %(topic)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+     %(idempotency_key)s, now() + %(delay)s * interval '1 second',
+     %(traceparent)s, %(tracestate)s)
+ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id
+
+-- name: event_insert_many_ids_traced
+-- One send span covers the batch, so every row carries the same context.
+INSERT INTO {schema}.events
+    (id, tenant, topic, payload, priority, max_attempts, idempotency_key, run_at,
+     traceparent, tracestate)
+SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
+       t.idempotency_key, now() + t.delay * interval '1 second',
+       %(traceparent)s, %(tracestate)s
+FROM unnest(%(ids)s::bigint[], %(tenants)s::text[], %(topics)s::text[], %(payloads)s::text[],
+            %(priorities)s::smallint[], %(max_attempts)s::int[], %(keys)s::text[],
+            %(delays)s::float8[])
+     AS t(id, tenant, topic, payload, priority, max_attempts, idempotency_key, delay)
+ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id

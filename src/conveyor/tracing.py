@@ -1,0 +1,215 @@
+"""OpenTelemetry traces through the event row (the ``otel`` extra; docs/tracing.md).
+
+An enqueue inside a recording span starts a ``send {topic}`` PRODUCER span
+and stores its W3C context in the row (``traceparent``, ``tracestate``); the
+worker's :class:`TracingMiddleware` starts a ``process {topic}`` CONSUMER
+span for every attempt, linked to that context, and a child of it on the
+first attempt. Names and attributes follow the OpenTelemetry messaging
+semantic conventions, version :data:`SEMCONV_VERSION`.
+
+Example::
+
+    from conveyor.tracing import TracingMiddleware
+
+    Worker(dsn, router, middleware=[TracingMiddleware()])
+
+Importing this module without the extra raises
+:class:`~conveyor.errors.MissingExtraError`; the rest of Conveyor never
+imports it unless asked (the producer probes for it once, when it is built).
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar, Token
+from types import TracebackType
+from typing import Any
+
+from conveyor.errors import MissingExtraError
+from conveyor.middleware import HandlerResult, Middleware
+from conveyor.producer_core import Trace
+from conveyor.types import Event, EventState
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError as exc:  # pragma: no cover - exercised in a child interpreter
+    raise MissingExtraError("conveyor.tracing", "otel", module="opentelemetry") from exc
+
+__all__ = ["SEMCONV_VERSION", "ProducerTracing", "SendSpan", "TracingMiddleware",
+           "context_of"]
+
+# The messaging semantic conventions these spans follow: "send" (it replaced
+# "publish" in 1.26) and messaging.operation.type/.name.
+SEMCONV_VERSION = "1.27.0"
+_SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+SYSTEM = "conveyor"
+
+# The columns hold W3C trace context whatever global propagator the
+# application set (B3, Jaeger): they are typed and checked as W3C (0006).
+_W3C = TraceContextTextMapPropagator()
+# events_tracestate_check; a longer one is dropped, as W3C lets a vendor do.
+TRACESTATE_MAX = 512
+
+
+def _tracer(provider: trace.TracerProvider | None) -> trace.Tracer:
+    from conveyor import __version__
+    return trace.get_tracer("conveyor", __version__, tracer_provider=provider,
+                            schema_url=_SCHEMA_URL)
+
+
+def context_of(traceparent: str | None, tracestate: str | None) -> trace.SpanContext | None:
+    """The span context a row's ``traceparent``/``tracestate`` hold, None when none is valid."""
+    if traceparent is None:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate is not None:
+        carrier["tracestate"] = tracestate
+    found = trace.get_current_span(_W3C.extract(carrier)).get_span_context()
+    return found if found.is_valid else None
+
+
+# ------------------------------------------------------------------ producer
+
+class SendSpan:
+    """The PRODUCER span of one enqueue call, current while the call runs.
+
+    ``trace`` is what its rows store: this span's own W3C context, so the
+    consumer's link points at the send.
+    """
+
+    __slots__ = ("_token", "span", "trace")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        carrier: dict[str, str] = {}
+        _W3C.inject(carrier, context=trace.set_span_in_context(span))
+        parent, state = carrier.get("traceparent"), carrier.get("tracestate") or None
+        if state is not None and len(state) > TRACESTATE_MAX:
+            state = None
+        # None when the span has no valid context (a no-op provider): nothing to store.
+        self.trace = Trace(parent, state) if parent is not None else None
+        self._token: Token[Any] | None = None
+
+    def finish(self, *, message_id: int | None = None, count: int | None = None,
+               topics: set[str] | None = None) -> None:
+        """Record what was sent: one event's id, or a batch's size and (single) topic."""
+        span = self.span
+        if message_id is not None:
+            span.set_attribute("messaging.message.id", str(message_id))
+        if count is not None:
+            span.set_attribute("messaging.batch.message_count", count)
+        if topics is not None and len(topics) == 1:
+            (topic,) = topics
+            span.set_attribute("messaging.destination.name", topic)
+            span.update_name(f"send {topic}")
+
+    def __enter__(self) -> SendSpan:
+        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if exc is not None:
+                _record_error(self.span, exc, str(exc))
+        finally:
+            self.span.end()
+            if self._token is not None:
+                otel_context.detach(self._token)
+
+
+class ProducerTracing:
+    """Starts send spans for a producer, and only inside a recording span.
+
+    Args:
+        tracer_provider: where spans go. Defaults to the global provider.
+    """
+
+    __slots__ = ("_tracer",)
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self._tracer = _tracer(tracer_provider)
+
+    def start(self, topic: str | None) -> SendSpan | None:
+        """A send span for ``topic`` (None: a batch), or None outside a recording span."""
+        if not trace.get_current_span().is_recording():
+            return None
+        attributes: dict[str, str] = {"messaging.system": SYSTEM,
+                                      "messaging.operation.type": "send",
+                                      "messaging.operation.name": "send"}
+        if topic is not None:
+            attributes["messaging.destination.name"] = topic
+        span = self._tracer.start_span("send" if topic is None else f"send {topic}",
+                                       kind=trace.SpanKind.PRODUCER, attributes=attributes)
+        return SendSpan(span)
+
+
+# ------------------------------------------------------------------ consumer
+
+class TracingMiddleware(Middleware):
+    """A ``process {topic}`` CONSUMER span around every attempt, current for the handler.
+
+    The span links to the producer's send span stored with the event; on the
+    first attempt it is also that span's child, so a request's trace runs on
+    into the work it enqueued. A retry, which may come hours later, starts a
+    trace of its own, linked back (docs/tracing.md says why).
+
+    Args:
+        tracer_provider: where spans go. Defaults to the global provider.
+    """
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self._tracer = _tracer(tracer_provider)
+        # The attempt's span and the token that made it current. before() and
+        # after() run in the handler's own context, so each attempt sees its own.
+        self._attempt: ContextVar[tuple[trace.Span, Token[Any]] | None] = ContextVar(
+            f"conveyor_tracing_{id(self)}", default=None)
+
+    def before(self, event: Event) -> None:
+        producer = context_of(event.traceparent, event.tracestate)
+        links = [trace.Link(producer)] if producer is not None else None
+        # A root unless this is the first attempt of a traced event: never
+        # whatever span happens to be current in the worker.
+        parent = otel_context.Context()
+        if producer is not None and event.attempt == 1:
+            parent = trace.set_span_in_context(trace.NonRecordingSpan(producer), parent)
+        attributes: dict[str, str | int] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": event.topic,
+            "messaging.message.id": str(event.id),
+            "conveyor.attempt": event.attempt,
+        }
+        if event.tenant is not None:
+            attributes["conveyor.tenant"] = event.tenant
+        span = self._tracer.start_span(f"process {event.topic}", context=parent,
+                                       kind=trace.SpanKind.CONSUMER, links=links,
+                                       attributes=attributes)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        self._attempt.set((span, token))
+
+    def after(self, event: Event, result: HandlerResult) -> None:
+        current = self._attempt.get()
+        if current is None:
+            return
+        span, token = current
+        self._attempt.set(None)
+        try:
+            span.set_attribute("conveyor.outcome", str(result.state))
+            if result.error is not None and result.state != EventState.SUCCEEDED:
+                if result.exception is not None:
+                    _record_error(span, result.exception, result.error)
+                else:   # a timeout: no exception object, only the recorded text
+                    span.set_attribute("error.type", "timeout")
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, result.error))
+        finally:
+            span.end()
+            otel_context.detach(token)
+
+
+def _record_error(span: trace.Span, exc: BaseException, description: str) -> None:
+    span.record_exception(exc)
+    span.set_attribute("error.type", type(exc).__qualname__)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, description))

@@ -1,0 +1,295 @@
+"""OpenTelemetry traces through the event row (conveyor.tracing), seen by the SDK's in-memory exporter.
+
+The producer's ``send`` span and the context it stores, the worker's
+``process`` span linked to it (through ``work_event`` and a real in-process
+``Worker``), and a core install that never imports OpenTelemetry.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from conveyor import NewEvent, Producer, Router, Worker
+from conveyor.db.named_queries import raw_queries
+from conveyor.errors import DatabaseError
+from conveyor.retry import BackoffPolicy
+from conveyor.testing import work_event
+from conveyor.tracing import TracingMiddleware
+from worker_support import enqueue, fast_config, running, wait_all_in
+
+REPO = Path(__file__).resolve().parents[1]
+EXPORTER = InMemorySpanExporter()
+NOW = BackoffPolicy(base_delay=0.0, max_delay=0.0, jitter=0.0)
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The global tracer provider (an SDK one, set once per process) exporting here."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    if not getattr(provider, "_conveyor_test_exporter", False):
+        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+        provider._conveyor_test_exporter = True  # type: ignore[attr-defined]
+    EXPORTER.clear()
+    yield EXPORTER
+    EXPORTER.clear()
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer("tests.tracing")
+
+
+def named(exporter: InMemorySpanExporter, prefix: str) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name.startswith(prefix)]
+
+
+def traceparent_of(span: ReadableSpan) -> str:
+    context = span.get_span_context()
+    assert context is not None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def span_ids(context: trace.SpanContext | None) -> tuple[int, int]:
+    assert context is not None
+    return context.trace_id, context.span_id
+
+
+def trace_columns(conn: psycopg.Connection[Any], topic: str) -> set[tuple[Any, Any]]:
+    return set(conn.execute("SELECT traceparent, tracestate FROM conveyor.events WHERE topic = %s",
+                            (topic,)).fetchall())
+
+
+def one_topic(topic: str, count: int, **options: Any) -> list[NewEvent]:
+    return [NewEvent(topic=topic, payload={"n": n}, **options) for n in range(count)]
+
+
+# ------------------------------------------------------------------ producer
+
+def test_enqueue_outside_a_span_stores_no_context_and_starts_no_span(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter) -> None:
+    Producer().enqueue(conn, "trace.none", {})
+    Producer().enqueue_bulk(conn, [("trace.none", {})] * 100)
+    assert trace_columns(conn, "trace.none") == {(None, None)}
+    assert spans.get_finished_spans() == ()
+
+
+def test_enqueue_in_a_span_stores_the_send_spans_context(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter) -> None:
+    with tracer().start_as_current_span("request") as request:
+        event_id = Producer().enqueue(conn, "trace.one", {"a": 1})
+    (send,) = named(spans, "send")
+    assert send.name == "send trace.one" and send.kind is SpanKind.PRODUCER
+    assert send.parent is not None and send.parent.span_id == request.get_span_context().span_id
+    assert dict(send.attributes or {}) == {
+        "messaging.system": "conveyor", "messaging.operation.type": "send",
+        "messaging.operation.name": "send", "messaging.destination.name": "trace.one",
+        "messaging.message.id": str(event_id)}
+    assert trace_columns(conn, "trace.one") == {(traceparent_of(send), None)}
+
+
+def test_the_tracestate_travels_with_the_traceparent(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter) -> None:
+    remote = trace.SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True,
+                               trace.TraceFlags(1), trace.TraceState([("congo", "t61rcWkgMzE")]))
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+    with tracer().start_as_current_span("request", context=parent):
+        Producer().enqueue(conn, "trace.state", {})
+    (send,) = named(spans, "send")
+    assert trace_columns(conn, "trace.state") == {(traceparent_of(send), "congo=t61rcWkgMzE")}
+
+
+@pytest.mark.parametrize("count", [3, 100], ids=["insert", "copy"])
+def test_enqueue_many_stores_one_context_in_every_row(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter, count: int) -> None:
+    with tracer().start_as_current_span("request"):
+        Producer().enqueue_many(conn, one_topic("trace.many", count))
+    (send,) = named(spans, "send")
+    assert send.name == "send trace.many"
+    assert (send.attributes or {})["messaging.batch.message_count"] == count
+    assert trace_columns(conn, "trace.many") == {(traceparent_of(send), None)}
+
+
+@pytest.mark.parametrize("events", [
+    [("trace.bulk", {"n": n}) for n in range(100)],                         # the plain COPY
+    one_topic("trace.bulk", 100, tenant="acme"),                            # COPY of checked rows
+    one_topic("trace.bulk", 100, delay=5),                                  # the INSERT route
+], ids=["plain", "rows", "insert"])
+def test_enqueue_bulk_stores_the_context_on_every_route(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter, events: list[Any]) -> None:
+    with tracer().start_as_current_span("request"):
+        assert Producer().enqueue_bulk(conn, events) == 100
+    (send,) = named(spans, "send")
+    assert send.kind is SpanKind.PRODUCER
+    assert (send.attributes or {})["messaging.batch.message_count"] == 100
+    assert trace_columns(conn, "trace.bulk") == {(traceparent_of(send), None)}
+
+
+def test_a_producer_built_without_tracing_stores_nothing_in_a_span(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter) -> None:
+    with tracer().start_as_current_span("request"):
+        Producer(tracing=False).enqueue(conn, "trace.off", {})
+    assert trace_columns(conn, "trace.off") == {(None, None)}
+    assert named(spans, "send") == []
+
+
+def test_a_failed_enqueue_ends_its_send_span_in_error(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter) -> None:
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        conn.execute("SELECT 1/0")
+    with tracer().start_as_current_span("request"), pytest.raises(DatabaseError):
+        Producer().enqueue(conn, "trace.fail", {})
+    (send,) = named(spans, "send")
+    assert send.status.status_code is StatusCode.ERROR
+    assert (send.attributes or {})["error.type"] == "DatabaseError"
+    assert [e.name for e in send.events] == ["exception"]
+
+
+def test_each_traced_query_is_its_twin_with_the_trace_columns() -> None:
+    def untraced(text: str) -> str:
+        text = re.sub(r",\s*traceparent, tracestate\)", ")", text)
+        text = re.sub(r",\s*%\(traceparent\)s, %\(tracestate\)s", "", text)
+        return " ".join(line for line in text.splitlines() if not line.startswith("--")).split()
+
+    queries = raw_queries()
+    for name in ("event_insert", "event_insert_many_ids"):
+        assert untraced(queries[f"{name}_traced"]) == untraced(queries[name]), name
+
+
+# ------------------------------------------------------------------ consumer
+
+def _enqueue_in_a_span(conn: psycopg.Connection[Any], spans: InMemorySpanExporter,
+                       topic: str) -> ReadableSpan:
+    with tracer().start_as_current_span("request"):
+        Producer().enqueue(conn, topic, {})
+    (send,) = named(spans, "send")
+    return send
+
+
+def test_the_process_span_is_a_child_of_and_linked_to_the_send_span(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter) -> None:
+    send = _enqueue_in_a_span(conn, spans, "trace.work")
+    seen: list[trace.Span] = []
+    router = Router()
+    router.add("trace.work", lambda event: seen.append(trace.get_current_span()))
+    worked = work_event(conn, router, middleware=[TracingMiddleware()])
+    assert worked is not None
+    (process,) = named(spans, "process")
+    assert process.name == "process trace.work" and process.kind is SpanKind.CONSUMER
+    assert [span_ids(link.context) for link in process.links] == [span_ids(send.context)]
+    assert process.parent is not None and process.parent.span_id == send.get_span_context().span_id
+    assert dict(process.attributes or {}) == {
+        "messaging.system": "conveyor", "messaging.operation.type": "process",
+        "messaging.operation.name": "process", "messaging.destination.name": "trace.work",
+        "messaging.message.id": str(worked.event.id), "conveyor.attempt": 1,
+        "conveyor.outcome": "succeeded"}
+    assert process.status.status_code is StatusCode.UNSET
+    # The handler ran inside the process span.
+    assert seen[0].get_span_context() == process.get_span_context()
+
+
+def test_a_failing_handler_ends_its_span_in_error_and_the_retry_is_linked(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter) -> None:
+    send = _enqueue_in_a_span(conn, spans, "trace.fail")
+
+    def fail(event: Any) -> None:
+        raise ValueError("boom")
+
+    router = Router()
+    router.add("trace.fail", fail)
+    for _ in range(2):
+        assert work_event(conn, router, backoff=NOW, middleware=[TracingMiddleware()]) is not None
+    first, second = sorted(named(spans, "process"),
+                           key=lambda s: dict(s.attributes or {})["conveyor.attempt"])
+    for span in (first, second):
+        assert span.status.status_code is StatusCode.ERROR
+        assert (span.attributes or {})["error.type"] == "ValueError"
+        assert [e.name for e in span.events] == ["exception"]
+        assert [span_ids(link.context) for link in span.links] == [span_ids(send.context)]
+    assert first.parent is not None and first.parent.span_id == send.get_span_context().span_id
+    # A retry starts a trace of its own, linked back to the send.
+    assert second.parent is None
+    assert (second.attributes or {})["conveyor.attempt"] == 2
+    assert second.context is not None and send.context is not None
+    assert second.context.trace_id != send.context.trace_id
+
+
+def test_an_untraced_event_gets_a_root_process_span_without_links(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter) -> None:
+    Producer().enqueue(conn, "trace.bare", {})
+    router = Router()
+    router.add("trace.bare", lambda event: None)
+    assert work_event(conn, router, middleware=[TracingMiddleware()]) is not None
+    (process,) = named(spans, "process")
+    assert process.parent is None and list(process.links) == []
+
+
+async def test_a_worker_with_the_middleware_links_each_event(
+        fresh_db: str, spans: InMemorySpanExporter) -> None:
+    with tracer().start_as_current_span("request"):
+        ids = [await enqueue(fresh_db, "trace.live", {"n": n}) for n in range(3)]
+    sends = {s.attributes["messaging.message.id"]: s for s in named(spans, "send")  # type: ignore[index]
+             if s.attributes}
+    current: dict[int, trace.SpanContext] = {}
+
+    async def handler(event: Any) -> None:
+        current[event.id] = trace.get_current_span().get_span_context()
+
+    router = Router()
+    router.add("trace.live", handler)
+    worker = Worker(fresh_db, router, fast_config(), middleware=[TracingMiddleware()])
+    async with running(worker):
+        await wait_all_in(fresh_db, {"succeeded"}, timeout=10)
+    processes = {s.attributes["messaging.message.id"]: s  # type: ignore[index]
+                 for s in named(spans, "process") if s.attributes}
+    assert sorted(processes) == sorted(str(i) for i in ids)
+    for event_id in ids:
+        process, send = processes[str(event_id)], sends[str(event_id)]
+        assert [span_ids(link.context) for link in process.links] == [span_ids(send.context)]
+        assert current[event_id] == process.get_span_context()
+
+
+# ------------------------------------------------------------------ the extra
+
+BLOCK = "import sys\nsys.modules['opentelemetry'] = None\n"
+
+
+def _child(code: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_core_import_loads_no_opentelemetry() -> None:
+    done = _child("import sys, conveyor, conveyor.worker, conveyor.testing, conveyor.cli.main\n"
+                  "conveyor.Producer()\n"
+                  "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
+    assert done.returncode == 0, done.stderr
+    # The producer probes for the extra when built, and may load it: only the
+    # imports themselves must not.
+    done = _child("import sys, conveyor, conveyor.worker, conveyor.testing, conveyor.cli.main\n"
+                  "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_without_the_extra_the_producer_works_and_tracing_says_which_extra() -> None:
+    done = _child(BLOCK + "from conveyor import Producer\nProducer()\n"
+                  "try:\n    Producer(tracing=True)\nexcept ImportError as exc:\n    print(exc)\n"
+                  "try:\n    import conveyor.tracing\nexcept ImportError as exc:\n    print(exc)\n")
+    assert done.returncode == 0, done.stderr
+    line = "conveyor.tracing needs the 'otel' extra: pip install 'conveyor[otel]'"
+    assert done.stdout.splitlines() == [line, line]
