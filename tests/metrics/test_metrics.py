@@ -224,3 +224,15 @@ def test_conveyor_worker_refuses_a_bad_metrics_port_in_one_line(db: str) -> None
     assert result.returncode != 0
     assert "expected a port 1-65535, got '99999'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_without_the_extra_the_import_fails_in_one_line() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nsys.modules['prometheus_client'] = None\n"
+            "try:\n    import conveyor.metrics\nexcept ImportError as exc:\n    print(exc)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.strip() == ("conveyor.metrics needs the 'metrics' extra: "
+                                     "pip install 'conveyor[metrics]'")
