@@ -139,3 +139,9 @@ def test_pause_to_json_names_every_field(db: psycopg.Connection[Any]) -> None:
     pause = Admin().pause(db, "*", reason="freeze")
     assert pause.to_json() == {"pattern": "*", "tenant": None, "reason": "freeze",
                                "paused_at": pause.paused_at.isoformat()}
+
+
+def test_admin_sends_the_notification_the_workers_listen_for() -> None:
+    from conveyor.admin_core import PAUSE_NOTIFICATION as sent
+    from conveyor.worker.wakeups import PAUSE_NOTIFICATION as heard
+    assert sent == heard

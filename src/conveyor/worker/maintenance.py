@@ -1,5 +1,8 @@
 """Periodic maintenance every worker does: heartbeat, lease renewal, rescue, pruning.
 
+It also re-reads whether any topic is paused, twice a second: the fallback
+for a worker that does not LISTEN (or missed the notification).
+
 It runs on a connection of its own, on a cadence of its own, and it is the
 one that measures the database clock and sends the listener's probe. Rescue
 runs on every worker, so events of a dead worker come back as long as any
@@ -32,6 +35,7 @@ from conveyor.worker.connection import (
 from conveyor.worker.deadline import with_deadline
 from conveyor.worker.running import Key, RunningSet
 from conveyor.worker.stats import WorkerStats
+from conveyor.worker.wakeups import PauseState
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,9 @@ PRUNE_BATCH = 5000
 DEAD_WORKER_ROW_AGE = 3600.0
 HORIZON_CHECK_INTERVAL = 30.0
 HORIZON_REPEAT = 300.0     # a pin that lasts is reported again this often
+# Pauses are honoured within 1 s: a re-check every half second leaves the
+# other half for the next claim. One index-free EXISTS on a table of a few rows.
+PAUSE_CHECK_INTERVAL = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +80,16 @@ class Maintenance:
         decided: (event id, attempt) of outcomes decided but not yet written:
             a lease missing for one of them is not a lost event.
         stats: the worker's counters (rescued, lost).
+        pauses: told whether any pause exists, every ``PAUSE_CHECK_INTERVAL``.
+            Defaults to None (no re-check).
     """
 
     def __init__(self, conn: ManagedConnection, queries: Queries, config: WorkerConfig,
                  owner: str, name: str, topics: list[str], running: RunningSet,
-                 decided: Callable[[], set[Key]], stats: WorkerStats) -> None:
+                 decided: Callable[[], set[Key]], stats: WorkerStats, *,
+                 pauses: PauseState | None = None) -> None:
         self.conn = conn
+        self._pauses = pauses
         self._q = queries
         self._config = config
         self._owner = owner
@@ -105,7 +116,7 @@ class Maintenance:
         stops: handlers still draining after SIGTERM must keep their leases.
         """
         c = self._config
-        next_beat = next_rescue = time.monotonic()
+        next_beat = next_rescue = next_pauses = time.monotonic()
         next_prune = time.monotonic() + self._rng.uniform(0, 60)
         # Checked often enough that a pin is reported within 1.25 x the threshold.
         horizon_every = min(HORIZON_CHECK_INTERVAL, (c.horizon_alert_after or 0) / 4) or None
@@ -117,6 +128,9 @@ class Maintenance:
                 if now >= next_beat:
                     await self._beat(conn)
                     next_beat = now + c.heartbeat_interval
+                if self._pauses is not None and now >= next_pauses:
+                    await with_deadline(conn, self.check_pauses(conn), c.query_timeout)
+                    next_pauses = now + PAUSE_CHECK_INTERVAL
                 if now >= next_rescue:
                     await self._rescue(conn)
                     next_rescue = now + c.rescue_interval * (1 - 0.2 * self._rng.random())
@@ -134,7 +148,8 @@ class Maintenance:
                 await self.conn.pause_after_failure(interruptible=False)
                 continue
             sleep_for = max(0.05, min(next_beat, next_rescue,
-                                      next_horizon if horizon_every else next_beat)
+                                      next_horizon if horizon_every else next_beat,
+                                      next_pauses if self._pauses else next_beat)
                             - time.monotonic())
             try:
                 await asyncio.wait_for(closing.wait(), timeout=sleep_for)
@@ -142,12 +157,22 @@ class Maintenance:
                 pass
 
     async def run_once(self) -> None:
-        """One pass of everything: heartbeat and clock, rescue, horizon check, pruning."""
+        """One pass of everything: heartbeat and clock, pauses, rescue, horizon check, pruning."""
         conn = await self.conn.get(give_up_on_stop=False)
         await self._beat(conn)
+        await with_deadline(conn, self.check_pauses(conn), self._config.query_timeout)
         await self._rescue(conn)
         await with_deadline(conn, self.check_horizon(conn), self._config.query_timeout)
         await self._prune(conn)
+
+    async def check_pauses(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Tell the pause state whether the pauses table holds a row."""
+        if self._pauses is None:
+            return
+        version = self._pauses.version
+        cur = await conn.execute(self._q["pause_any"])
+        row = await cur.fetchone()
+        self._pauses.checked(bool(row and row[0]), version)
 
     async def register(self) -> None:
         """Add the worker to the registry; the first heartbeat does it if the database is away."""

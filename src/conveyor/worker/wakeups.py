@@ -1,9 +1,11 @@
-"""When to claim next: notifications and the due times of delayed events.
+"""When to claim next, and how: notifications, due times of delayed events, pauses.
 
 A notification for a due-now event wakes the fetch loop at once; one for a
 delayed event (``topic|epoch``) and every retry this worker schedules put a
 due time on a heap under one timer, so a delayed event starts when it falls
-due rather than at the next poll.
+due rather than at the next poll. A ``!pause`` notification says the pauses
+table changed: :class:`PauseState` then has the worker claim with the
+statement that skips paused topics.
 
 Any role may NOTIFY the worker's channel (it needs no grant): a payload is a
 hint, and nothing in it may do more than wake the worker early.
@@ -21,6 +23,9 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 MAX_DUE_TIMES = 10_000
+# Sent by Admin.pause and Admin.resume (admin_core.PAUSE_NOTIFICATION; a test
+# holds the two equal). Topics cannot contain "!", so it names no topic.
+PAUSE_NOTIFICATION = "!pause"
 # A due time announced further ahead than this is not believed (and a timer
 # that far out would be useless: the poll comes much sooner).
 MAX_NOTIFIED_AHEAD = 366 * 24 * 3600.0
@@ -47,11 +52,15 @@ class DueTimes:
         handles: whether this worker claims a topic.
         clock_offset: the database clock minus this machine's, so a due time
             announced by the database fires the local timer on time.
+        on_pause: called on a ``!pause`` notification. Defaults to None
+            (such a notification is then ignored).
     """
 
     def __init__(self, wake: Callable[[], None], handles: Callable[[str], bool],
-                 clock_offset: Callable[[], float]) -> None:
+                 clock_offset: Callable[[], float],
+                 on_pause: Callable[[], None] | None = None) -> None:
         self._wake = wake
+        self._on_pause = on_pause
         self._handles = handles
         self._clock_offset = clock_offset
         self.heap: list[float] = []
@@ -61,6 +70,10 @@ class DueTimes:
 
     def notified(self, payload: str) -> None:
         """React to one notification: wake now, set a timer, or ignore it."""
+        if payload == PAUSE_NOTIFICATION:
+            if self._on_pause is not None:
+                self._on_pause()
+            return
         topic, _, due = payload.partition("|")
         if topic != "*" and not self._handles(topic):
             return
@@ -114,3 +127,40 @@ class DueTimes:
             self._set.discard(heapq.heappop(self.heap))
         self._wake()
         self._arm()
+
+
+class PauseState:
+    """Whether this worker must claim with the statement that skips paused topics.
+
+    ``any`` starts True (nothing known yet: skip what may be paused) and is
+    set from the pauses table by :meth:`checked`, at start and on the
+    maintenance re-check. A ``!pause`` notification sets it at once, before
+    the table is read again: the paused claim reads the table itself, so it
+    is right whatever the notification meant, and the next check turns the
+    plain claim back on once the last pause is gone. With no pause, the
+    worker's claim is exactly the statement it had before pauses existed.
+
+    Args:
+        wake: asks the fetch loop to claim now.
+    """
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self.any = True
+        # Bumped by every notification, so a check that read the table before
+        # one came in cannot turn the paused claim off after it.
+        self.version = 0
+
+    def notified(self) -> None:
+        self.any = True
+        self.version += 1
+        self._wake()   # a resume lets events wait no longer than this
+
+    def checked(self, exists: bool, version: int) -> None:
+        """The table held a pause (``exists``) when read at ``version``."""
+        if version != self.version or exists == self.any:
+            return
+        self.any = exists
+        log.debug("pauses %s: claiming with the %s statement", "in force" if exists else "lifted",
+                 "pause-aware" if exists else "plain", extra={"action": "pauses_changed"})
+        self._wake()

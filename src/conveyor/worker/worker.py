@@ -56,7 +56,7 @@ from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
 from conveyor.worker.stats import WorkerStats
-from conveyor.worker.wakeups import DueTimes
+from conveyor.worker.wakeups import DueTimes, PauseState
 from conveyor.worker.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
@@ -143,11 +143,14 @@ class Worker:
         self.executor = Executor(router, self.running, self.completer.add,
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,
                                  threads=2 * c.concurrency, middleware=middleware)
+        self.pauses = PauseState(self.wake)
         self.maintenance = Maintenance(self.connections.maintenance, self._q, c, self.id,
                                        self.name, router.patterns, self.running,
-                                       self.completer.unacknowledged, self.stats)
+                                       self.completer.unacknowledged, self.stats,
+                                       pauses=self.pauses)
         self.due_times = DueTimes(self.wake, router.handles,
-                                  lambda: self.maintenance.clock_offset)
+                                  lambda: self.maintenance.clock_offset,
+                                  on_pause=self.pauses.notified)
         self.listener = Listener(self.connections.listen, self._q.channel,
                                  on_notify=self.due_times.notified, on_connected=self.wake,
                                  ping_interval=c.listener_ping_interval,
@@ -203,6 +206,7 @@ class Worker:
             await self.connections.maintenance.close()
             raise
         await self._register()
+        await self._learn_pauses()
         tasks = [asyncio.create_task(self.maintenance.run(self._closing),
                                      name="conveyor-maintenance")]
         if self.listens:
@@ -232,6 +236,19 @@ class Worker:
             pass
         except CONNECTION_ERRORS as exc:
             # The first heartbeat registers the worker once the database is back.
+            await self.connections.maintenance.discard(exc)
+
+    async def _learn_pauses(self) -> None:
+        # Before the first claim, so a pause committed while no worker ran
+        # holds from the start; until this succeeds the worker claims with
+        # the pause-aware statement (PauseState starts so).
+        try:
+            conn = await self.connections.maintenance.get()
+            await with_deadline(conn, self.maintenance.check_pauses(conn),
+                                self.config.query_timeout)
+        except StopRequested:
+            pass
+        except CONNECTION_ERRORS as exc:
             await self.connections.maintenance.discard(exc)
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]],
@@ -313,7 +330,9 @@ class Worker:
             # Binary results: the server skips formatting ids and timestamps as
             # text and the client skips parsing them (hot path, measured: see
             # docs/benchmarks.md).
-            await with_deadline_in_task(conn, cur.execute(self._q["event_claim"], {
+            # The plain claim unless a pause may be in force (wakeups.PauseState).
+            query = self._q["event_claim_unpaused" if self.pauses.any else "event_claim"]
+            await with_deadline_in_task(conn, cur.execute(query, {
                 **self._filter, "limit": want, "owner": self.id,
                 "lease_ttl": self.config.lease_ttl}), self.config.query_timeout,
                 stopping=self._stopping)

@@ -1,0 +1,179 @@
+"""Paused topics: every worker stops claiming them within 1 s and resumes within 1 s.
+
+The poll is 30 s in the LISTEN tests, so only the "!pause" notification can
+explain the speed; the poll-only worker relies on its maintenance re-check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from conveyor import AsyncAdmin, Event, Router, Worker
+from conveyor.worker.wakeups import DueTimes
+from worker_support import enqueue, fast_config, query, running
+
+SLOW_POLL = 30.0
+HONOURED_WITHIN = 1.0
+
+
+@pytest.fixture
+def db(db: str) -> str:
+    """The module's database with no pause left by an earlier test."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("DELETE FROM conveyor.pauses")
+    return db
+
+
+def _recording_router(starts: dict[int, float]) -> Router:
+    async def handle(event: Event) -> None:
+        starts[event.id] = time.time()
+
+    router = Router()
+    router.add("*", handle)
+    return router
+
+
+async def _pause(url: str, pattern: str, **options: Any) -> float:
+    """Pause in a committed transaction; returns when it committed."""
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        await AsyncAdmin().pause(conn, pattern, **options)
+        await conn.commit()
+    return time.time()
+
+
+async def _resume(url: str, pattern: str, **options: Any) -> float:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        assert await AsyncAdmin().resume(conn, pattern, **options)
+        await conn.commit()
+    return time.time()
+
+
+async def _wait_started(starts: dict[int, float], ids: list[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(i in starts for i in ids):
+        if time.monotonic() > deadline:
+            pytest.fail(f"{sum(i in starts for i in ids)} of {len(ids)} events started "
+                        f"within {timeout}s")
+        await asyncio.sleep(0.01)
+
+
+async def _pending(url: str, ids: list[int]) -> list[int]:
+    rows = await query(url, "SELECT id FROM conveyor.events WHERE state = 'pending' "
+                            "AND id = ANY(%s) ORDER BY id", (ids,))
+    return [r["id"] for r in rows]
+
+
+async def test_committed_pause_stops_claims_at_once_while_other_topics_flow(db: str) -> None:
+    starts: dict[int, float] = {}
+    worker = Worker(db, _recording_router(starts), fast_config(poll_interval=SLOW_POLL))
+    async with running(worker):
+        await asyncio.wait_for(worker.listener.connected.wait(), 10)
+        await _pause(db, "email.*")
+        # Sent right after the commit: the "!pause" notification precedes the
+        # events' own, so the worker already knows when they wake it.
+        held = [await enqueue(db, "email.send") for _ in range(3)]
+        flowing = [await enqueue(db, "sms.send") for _ in range(3)]
+        await _wait_started(starts, flowing, 2)
+        await asyncio.sleep(HONOURED_WITHIN)
+        assert [i for i in held if i in starts] == []
+        assert await _pending(db, held) == held
+
+        resumed = await _resume(db, "email.*")
+        await _wait_started(starts, held, 2)
+        assert max(starts[i] for i in held) - resumed < HONOURED_WITHIN
+
+
+async def test_pause_of_one_tenant_holds_only_that_tenants_events(db: str) -> None:
+    starts: dict[int, float] = {}
+    worker = Worker(db, _recording_router(starts), fast_config(poll_interval=SLOW_POLL))
+    async with running(worker):
+        await asyncio.wait_for(worker.listener.connected.wait(), 10)
+        await _pause(db, "email.send", tenant="acme")
+        held = await enqueue(db, "email.send", tenant="acme")
+        flowing = [await enqueue(db, "email.send", tenant="globex"),
+                   await enqueue(db, "email.send"), await enqueue(db, "email.other", tenant="acme")]
+        await _wait_started(starts, flowing, 2)
+        await asyncio.sleep(0.5)
+        assert held not in starts
+
+
+async def test_prefix_pause_holds_the_subtopics_not_the_bare_prefix(db: str) -> None:
+    starts: dict[int, float] = {}
+    worker = Worker(db, _recording_router(starts), fast_config(poll_interval=SLOW_POLL))
+    async with running(worker):
+        await asyncio.wait_for(worker.listener.connected.wait(), 10)
+        await _pause(db, "billing.*")
+        held = [await enqueue(db, "billing.invoice"), await enqueue(db, "billing.eu.refund")]
+        flowing = [await enqueue(db, "billing"), await enqueue(db, "billingx.run")]
+        await _wait_started(starts, flowing, 2)
+        await asyncio.sleep(0.5)
+        assert [i for i in held if i in starts] == []
+
+
+async def test_a_worker_started_under_a_pause_claims_nothing_of_it(db: str) -> None:
+    held = await enqueue(db, "email.send")
+    await _pause(db, "email.send")
+    flowing = await enqueue(db, "sms.send")
+    starts: dict[int, float] = {}
+    worker = Worker(db, _recording_router(starts), fast_config(poll_interval=0.1))
+    async with running(worker):
+        await _wait_started(starts, [flowing], 5)
+        await asyncio.sleep(0.5)
+        assert held not in starts
+
+
+async def test_poll_only_worker_stops_and_resumes_within_about_a_second(db: str) -> None:
+    starts: dict[int, float] = {}
+    # The poll is short, as a poll-only worker's would be: the claims keep
+    # coming and only the pause re-check can tell them to skip the topic.
+    worker = Worker(db, _recording_router(starts), fast_config(poll_interval=0.1, listen=False))
+    async with running(worker):
+        await _wait_started(starts, [await enqueue(db, "warm.up")], 5)
+        paused = await _pause(db, "email.*")
+        await asyncio.sleep(HONOURED_WITHIN - (time.time() - paused))
+        held = [await enqueue(db, "email.send") for _ in range(3)]
+        flowing = await enqueue(db, "sms.send")
+        await _wait_started(starts, [flowing], 2)
+        await asyncio.sleep(0.5)
+        assert [i for i in held if i in starts] == []
+
+        resumed = await _resume(db, "email.*")
+        await _wait_started(starts, held, 3)
+        assert max(starts[i] for i in held) - resumed < HONOURED_WITHIN + 0.2
+
+
+async def test_running_event_of_a_paused_topic_finishes_normally(db: str) -> None:
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def handle(event: Event) -> None:
+        started.set()
+        await release.wait()
+
+    router = Router()
+    router.add("*", handle)
+    worker = Worker(db, router, fast_config(poll_interval=SLOW_POLL))
+    async with running(worker):
+        event_id = await enqueue(db, "email.send")
+        await asyncio.wait_for(started.wait(), 5)
+        await _pause(db, "email.*")
+        await asyncio.sleep(0.3)
+        release.set()
+        for _ in range(100):
+            rows = await query(db, "SELECT state FROM conveyor.events WHERE id = %s", (event_id,))
+            if rows[0]["state"] == "succeeded":
+                break
+            await asyncio.sleep(0.02)
+        assert rows[0]["state"] == "succeeded"
+
+
+async def test_pause_notification_is_no_topic_and_wakes_no_one_who_has_no_catch_all() -> None:
+    woken: list[bool] = []
+    due = DueTimes(lambda: woken.append(True), lambda topic: topic == "email.send", lambda: 0.0)
+    due.notified("!pause")
+    assert (woken, due.heap) == ([], [])
