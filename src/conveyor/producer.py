@@ -42,10 +42,10 @@ from conveyor.producer_core import COPY_THRESHOLD as COPY_THRESHOLD
 from conveyor.producer_core import EventLike as EventLike
 from conveyor.producer_core import NewEvent as NewEvent
 from conveyor.producer_core import (
-    Trace,
     _Copy,
     _NotPlain,
     _Row,
+    _Trace,
     begins_transaction,
     copy_plain,
     copy_rows,
@@ -110,7 +110,7 @@ class Producer:
             send.finish(message_id=event_id)
             return event_id
 
-    def _insert(self, conn: psycopg.Connection[Any], row: _Row, trace: Trace | None) -> int:
+    def _insert(self, conn: psycopg.Connection[Any], row: _Row, trace: _Trace | None) -> int:
         query = "event_insert" if trace is None else "event_insert_traced"
         try:
             cur = run(conn, self._q[query], single_params(row, trace))
@@ -162,7 +162,7 @@ class Producer:
             return written
 
     def _bulk(
-        self, conn: psycopg.Connection[Any], events: Iterable[EventLike], trace: Trace | None,
+        self, conn: psycopg.Connection[Any], events: Iterable[EventLike], trace: _Trace | None,
     ) -> int:
         began = begins_transaction(conn)
         try:
@@ -185,7 +185,7 @@ class Producer:
             raise
 
     def _write_many(
-        self, conn: psycopg.Connection[Any], rows: list[_Row], trace: Trace | None,
+        self, conn: psycopg.Connection[Any], rows: list[_Row], trace: _Trace | None,
     ) -> tuple[list[int], int]:
         """Write ``rows``; returns their ids in input order and how many rows are new."""
         try:
@@ -203,7 +203,7 @@ class Producer:
             raise wrap(exc, f"enqueue of {len(rows)} events") from exc
 
     def _copy_plain(
-        self, conn: psycopg.Connection[Any], events: Sequence[EventLike], trace: Trace | None,
+        self, conn: psycopg.Connection[Any], events: Sequence[EventLike], trace: _Trace | None,
     ) -> int:
         """COPY plain events; :class:`_NotPlain` (nothing written) at the first that is not."""
         pairs = plain_pairs(self.config, events)

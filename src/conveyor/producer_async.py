@@ -42,10 +42,10 @@ from conveyor.producer_core import COPY_THRESHOLD as COPY_THRESHOLD
 from conveyor.producer_core import EventLike as EventLike
 from conveyor.producer_core import NewEvent as NewEvent
 from conveyor.producer_core import (
-    Trace,
     _Copy,
     _NotPlain,
     _Row,
+    _Trace,
     begins_transaction,
     copy_plain,
     copy_rows,
@@ -110,7 +110,7 @@ class AsyncProducer:
             send.finish(message_id=event_id)
             return event_id
 
-    async def _insert(self, conn: psycopg.AsyncConnection[Any], row: _Row, trace: Trace | None) -> int:
+    async def _insert(self, conn: psycopg.AsyncConnection[Any], row: _Row, trace: _Trace | None) -> int:
         query = "event_insert" if trace is None else "event_insert_traced"
         try:
             cur = await run_async(conn, self._q[query], single_params(row, trace))
@@ -162,7 +162,7 @@ class AsyncProducer:
             return written
 
     async def _bulk(
-        self, conn: psycopg.AsyncConnection[Any], events: Iterable[EventLike], trace: Trace | None,
+        self, conn: psycopg.AsyncConnection[Any], events: Iterable[EventLike], trace: _Trace | None,
     ) -> int:
         began = begins_transaction(conn)
         try:
@@ -185,7 +185,7 @@ class AsyncProducer:
             raise
 
     async def _write_many(
-        self, conn: psycopg.AsyncConnection[Any], rows: list[_Row], trace: Trace | None,
+        self, conn: psycopg.AsyncConnection[Any], rows: list[_Row], trace: _Trace | None,
     ) -> tuple[list[int], int]:
         """Write ``rows``; returns their ids in input order and how many rows are new."""
         try:
@@ -203,7 +203,7 @@ class AsyncProducer:
             raise wrap(exc, f"enqueue of {len(rows)} events") from exc
 
     async def _copy_plain(
-        self, conn: psycopg.AsyncConnection[Any], events: Sequence[EventLike], trace: Trace | None,
+        self, conn: psycopg.AsyncConnection[Any], events: Sequence[EventLike], trace: _Trace | None,
     ) -> int:
         """COPY plain events; :class:`_NotPlain` (nothing written) at the first that is not."""
         pairs = plain_pairs(self.config, events)

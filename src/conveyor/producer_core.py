@@ -14,7 +14,7 @@ connection. An event reaches the table by one of four routes:
   ``(topic, payload)`` rows, checked while they stream: the raw COPY rate.
 
 Inside a recording span (the ``otel`` extra, :mod:`conveyor.tracing`) every
-route also writes the send span's :class:`Trace` context; outside one, the
+route also writes the send span's W3C context (:class:`_Trace`); outside one, the
 statements and COPY columns are exactly those above.
 """
 
@@ -182,7 +182,7 @@ def prepare_many(config: ProducerConfig, events: Iterable[EventLike]) -> list[_R
     return rows
 
 
-class Trace(NamedTuple):
+class _Trace(NamedTuple):
     """The W3C context a traced enqueue stores in each of its rows (migration 0006)."""
 
     traceparent: str
@@ -206,7 +206,7 @@ def producer_tracing(tracing: bool | None) -> ProducerTracing | None:
     return ProducerTracing()
 
 
-def single_params(row: _Row, trace: Trace | None = None) -> dict[str, Any]:
+def single_params(row: _Row, trace: _Trace | None = None) -> dict[str, Any]:
     """``event_insert``'s parameters (``event_insert_traced``'s with a ``trace``)."""
     params = {"tenant": row.tenant, "topic": row.topic, "payload": row.payload,
               "priority": row.priority, "max_attempts": row.max_attempts,
@@ -222,7 +222,7 @@ def key_params(row: _Row) -> dict[str, Any]:
 
 
 def insert_many_params(rows: Sequence[_Row], ids: Sequence[int],
-                       trace: Trace | None = None) -> dict[str, Any]:
+                       trace: _Trace | None = None) -> dict[str, Any]:
     """``event_insert_many_ids``'s parameters: one array per column (and a ``trace``'s two)."""
     params = {
         "ids": list(ids),
@@ -252,7 +252,7 @@ def fits_copy(rows: Sequence[_Row]) -> bool:
 
 
 def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int],
-                  trace: Trace | None = None) -> _Copy:
+                  trace: _Trace | None = None) -> _Copy:
     """Rows with the ids reserved for them, every column sent."""
     copy = _Copy(f"COPY {q.events_table} (id, tenant, topic, payload, priority, max_attempts)"
                  " FROM STDIN",
@@ -261,7 +261,7 @@ def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int],
     return copy if trace is None else traced_copy(copy, trace)
 
 
-def copy_rows(q: Queries, rows: Sequence[_Row], trace: Trace | None = None) -> _Copy:
+def copy_rows(q: Queries, rows: Sequence[_Row], trace: _Trace | None = None) -> _Copy:
     """Rows without ids, sending only the columns some row sets away from its default.
 
     Fewer columns are measurably cheaper to format and to parse.
@@ -273,7 +273,7 @@ def copy_rows(q: Queries, rows: Sequence[_Row], trace: Trace | None = None) -> _
     return copy if trace is None else traced_copy(copy, trace)
 
 
-def traced_copy(copy: _Copy, trace: Trace) -> _Copy:
+def traced_copy(copy: _Copy, trace: _Trace) -> _Copy:
     """``copy`` with the two trace columns appended to its column list and to every record."""
     statement = copy.statement.replace(") FROM STDIN", ", traceparent, tracestate) FROM STDIN")
     return _Copy(statement, (record + trace for record in copy.records))
@@ -290,7 +290,7 @@ class _NotPlain(Exception):
     """An event sets more than a topic and a payload: :func:`copy_plain` steps aside."""
 
 
-def copy_plain(q: Queries, pairs: Iterable[tuple[str, str]], trace: Trace | None = None) -> _Copy:
+def copy_plain(q: Queries, pairs: Iterable[tuple[str, str]], trace: _Trace | None = None) -> _Copy:
     """``(topic, JSON text)`` rows, every other column left to the table's default."""
     copy = _Copy(f"COPY {q.events_table} (topic, payload) FROM STDIN", pairs)
     return copy if trace is None else traced_copy(copy, trace)

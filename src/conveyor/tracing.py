@@ -26,7 +26,7 @@ from typing import Any
 
 from conveyor.errors import MissingExtraError
 from conveyor.middleware import HandlerResult, Middleware
-from conveyor.producer_core import Trace
+from conveyor.producer_core import _Trace
 from conveyor.types import Event, EventState
 
 try:
@@ -88,7 +88,7 @@ class SendSpan:
         if state is not None and len(state) > TRACESTATE_MAX:
             state = None
         # None when the span has no valid context (a no-op provider): nothing to store.
-        self.trace = Trace(parent, state) if parent is not None else None
+        self.trace = _Trace(parent, state) if parent is not None else None
         self._token: Token[Any] | None = None
 
     def finish(self, *, message_id: int | None = None, count: int | None = None,
