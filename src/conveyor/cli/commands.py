@@ -7,7 +7,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import UTC
 from typing import Any
 
 import psycopg
@@ -29,7 +30,7 @@ from conveyor.errors import (
 )
 from conveyor.producer import Producer
 from conveyor.schema.migrator import Migrator, migration_script
-from conveyor.types import QueueStatus
+from conveyor.types import Pause, QueueStatus
 
 Env = Callable[..., str | None]
 Sub = Any  # argparse's private _SubParsersAction
@@ -151,11 +152,13 @@ def _enqueue_once(ctx: Context, conn: psycopg.Connection[Any], producer: Produce
 def register_status(sub: Sub, env: Env) -> None:
     p = _add(sub, "status", "counts by state and topic, oldest pending, live workers",
              "Show how many events are in each state, per topic; the age of the oldest due\n"
-             "pending event; the workers alive; and pending topics no live worker claims.",
+             "pending event; the workers alive; pending topics no live worker claims; and\n"
+             "the topic patterns paused (`conveyor pause`).",
              run_status, examples=[
                  ("conveyor status", "the summary for a human"),
                  ("conveyor status --json | jq .counts.failed", "one figure for a script")])
-    add_json(p, "counts, by_topic, oldest_pending_age_s, workers, unhandled_topics, ...")
+    add_json(p, "counts, by_topic, oldest_pending_age_s, workers, unhandled_topics, ..., "
+                "paused: [{pattern, tenant, reason, paused_at}]")
 
 
 def format_status(status: QueueStatus) -> str:
@@ -192,12 +195,27 @@ def format_status(status: QueueStatus) -> str:
     return "\n".join(lines)
 
 
+def format_pauses(pauses: Sequence[Pause]) -> list[str]:
+    """The lines about pauses in force, oldest pattern first; none when nothing is paused."""
+    if not pauses:
+        return []
+    lines = ["", f"paused ({len(pauses)}): no worker claims these"]
+    for p in pauses:
+        who = "every tenant" if p.tenant is None else f"tenant {escape(p.tenant)}"
+        since = p.paused_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        lines.append(f"  {escape(p.pattern)} ({who}) since {since}"
+                     + (f": {escape(p.reason)}" if p.reason else ""))
+    return lines
+
+
 def run_status(ctx: Context, args: argparse.Namespace) -> int:
-    status = Admin(ctx.schema).status(ctx.connect())
+    admin, conn = Admin(ctx.schema), ctx.connect()
+    status = admin.status(conn)
+    pauses = admin.paused(conn)
     if args.json:
-        emit_json(status.to_json())
+        emit_json({**status.to_json(), "paused": [p.to_json() for p in pauses]})
     else:
-        say(format_status(status))
+        say("\n".join([format_status(status), *format_pauses(pauses)]))
     return 0
 
 

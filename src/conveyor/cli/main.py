@@ -15,7 +15,14 @@ from typing import Any
 
 import psycopg
 
-from conveyor.cli import commands, events, worker_command, worker_multi_command, workflow_command
+from conveyor.cli import (
+    commands,
+    events,
+    pause_command,
+    worker_command,
+    worker_multi_command,
+    workflow_command,
+)
 from conveyor.cli.context import Context
 from conveyor.cli.logsetup import configure
 from conveyor.cli.options import ArgumentParser, option
@@ -102,7 +109,8 @@ COMMANDS = [commands.register_migrate, worker_command.register_worker,
             commands.register_enqueue, commands.register_status, events.register_events,
             commands.register_show, events.register_retry, events.register_cancel,
             events.register_prune, commands.register_xlsx,
-            worker_multi_command.register_worker_multi, workflow_command.register_workflow]
+            worker_multi_command.register_worker_multi, workflow_command.register_workflow,
+            pause_command.register_pause, pause_command.register_resume]
 
 
 def build_parser() -> argparse.ArgumentParser:
