@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from conveyor import AsyncAdmin, Event, Router, Worker
-from conveyor.worker.wakeups import DueTimes
+from conveyor.worker.wakeups import DueTimes, PauseState
 from worker_support import enqueue, fast_config, query, running
 
 SLOW_POLL = 30.0
@@ -177,3 +177,18 @@ async def test_pause_notification_is_no_topic_and_wakes_no_one_who_has_no_catch_
     due = DueTimes(lambda: woken.append(True), lambda topic: topic == "email.send", lambda: 0.0)
     due.notified("!pause")
     assert (woken, due.heap) == ([], [])
+
+
+def test_a_check_that_read_the_table_before_a_notification_does_not_undo_it() -> None:
+    woken: list[bool] = []
+    state = PauseState(lambda: woken.append(True))
+    assert state.any, "nothing known yet: the pause-aware claim"
+    state.checked(False, state.version)
+    assert not state.any
+    read_at = state.version
+    state.notified()
+    state.checked(False, read_at)       # read before the pause committed
+    assert state.any
+    state.checked(False, state.version)
+    assert not state.any
+    assert len(woken) == 3
