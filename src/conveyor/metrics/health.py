@@ -27,9 +27,9 @@ def loop_lag(worker: Worker) -> float | None:
     watchdog = worker.watchdog
     # The watchdog's thread exists exactly while run() is inside its main phase:
     # it is stopped in run()'s finally, whether run() returned or raised.
-    if watchdog._thread is None:
+    if not watchdog.watching:
         return None
-    return max(0.0, time.monotonic() - watchdog._beat)
+    return watchdog.lag()
 
 
 def claim_limit(worker: Worker) -> float:
@@ -64,7 +64,7 @@ def readiness(worker: Worker) -> Check:
     """Ready: started (so the schema is current), connected, not shutting down."""
     if not worker.started.is_set():
         return Check(False, "worker not started (schema not yet checked)")
-    if worker._stopping.is_set():
+    if worker.stopping:
         return Check(False, "worker shutting down")
     if loop_lag(worker) is None:
         return Check(False, "worker loops ended")

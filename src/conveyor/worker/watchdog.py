@@ -57,6 +57,15 @@ class LoopWatchdog:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
 
+    @property
+    def watching(self) -> bool:
+        """Whether the watchdog runs, which it does exactly while the worker's loops do."""
+        return self._thread is not None
+
+    def lag(self) -> float:
+        """Seconds since the loop last ran its tick (0 to 0.1 while it runs freely)."""
+        return max(0.0, time.monotonic() - self._beat)
+
     def start(self) -> None:
         """Start watching the running loop (call from inside it)."""
         self._loop = asyncio.get_running_loop()

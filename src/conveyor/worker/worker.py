@@ -167,6 +167,11 @@ class Worker:
         return self.maintenance.clock_offset
 
     @property
+    def stopping(self) -> bool:
+        """Whether a stop was requested (a graceful shutdown is under way or done)."""
+        return self._stopping.is_set()
+
+    @property
     def in_flight(self) -> int:
         return len(self.running)
 
