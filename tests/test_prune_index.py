@@ -24,7 +24,7 @@ from psycopg import sql
 from conveyor import Admin, Migrator
 from conveyor.db.named_queries import queries_for
 from conveyor.schema import migrator_core as migrator_module
-from conveyor.schema.migrator import load_migrations, migration_script
+from conveyor.schema.migrator import latest_version, load_migrations, migration_script
 from conveyor.types import FINISHED_STATES, EventState
 from query_plans import plan_session, scans
 
@@ -302,7 +302,7 @@ def test_migration_0003_upgrades_a_version_2_database_with_rows(
         before = conn.execute("SELECT state, count(*) FROM conveyor.events GROUP BY state"
                               " ORDER BY state").fetchall()
         if how == "migrator":
-            assert [m.version for m in Migrator().apply(conn)] == [3, 4]
+            assert [m.version for m in Migrator().apply(conn)] == list(range(3, latest_version() + 1))
         else:
             with conn.transaction():
                 conn.execute(migration_script("conveyor").encode())
@@ -349,7 +349,7 @@ def test_migration_0003_skips_what_was_built_concurrently_by_hand(
                      " (finished_at) WHERE state IN ('succeeded', 'cancelled')")
         conn.execute("DROP INDEX CONCURRENTLY conveyor.events_finished_idx")
         built = _index_definitions(conn)
-        assert [m.version for m in Migrator().apply(conn)] == [3, 4]
+        assert [m.version for m in Migrator().apply(conn)] == list(range(3, latest_version() + 1))
         after = _index_definitions(conn)
         assert {name: after[name] for name in built} == built
         assert set(after) - set(built) == {"conveyor.events_stopped_topic_idx",
