@@ -91,8 +91,6 @@ async def test_many_workers_drain_every_event_exactly_once(db: str) -> None:
             await asyncio.sleep(0)
         return handle
 
-    ids = await enqueue_many(db, [NewEvent(topic="race.run", payload={"n": n})
-                                        for n in range(total)])
     workers = []
     for n in range(4):
         router = Router()
@@ -102,6 +100,10 @@ async def test_many_workers_drain_every_event_exactly_once(db: str) -> None:
     async with contextlib.AsyncExitStack() as stack:
         for worker in workers:
             await stack.enter_async_context(running(worker))
+        # Every worker is up and listening before the events exist: one started
+        # early could otherwise drain them all while the others connect.
+        ids = await enqueue_many(db, [NewEvent(topic="race.run", payload={"n": n})
+                                            for n in range(total)])
         final = await wait_all_in(db, {"succeeded"}, timeout=40)
     per_event = Counter(event_id for _, event_id in calls)
     assert set(per_event) == set(ids)
