@@ -6,16 +6,25 @@ never a test threshold on a shared machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
+from conveyor.config import BATCH_SIZE_DEFAULT
+from conveyor_tools.bench.baseline import RawVariant
 from conveyor_tools.bench.measure import percentile
+from conveyor_tools.bench.report import format_table
+from conveyor_tools.bench.suite import Plan, worker_commit
+
+MakeDb = Callable[..., contextlib.AbstractContextManager[str]]
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +32,36 @@ RATES = ("enqueue_single_per_s", "enqueue_batch_per_s", "enqueue_batch_in_tx_per
          "enqueue_batch_ids_per_s",
          "raw_copy_per_s", "raw_single_per_s",
          "drain_default_per_s", "drain_best_per_s", "raw_drain_same_batch_per_s",
-         "raw_drain_best_per_s")
+         "raw_drain_best_per_s",
+         "enqueue_one_tx_per_s", "raw_insert_one_tx_per_s", "enqueue_autocommit_per_s",
+         "raw_insert_autocommit_per_s", "outbox_business_per_s",
+         "outbox_business_enqueue_per_s", "outbox_business_raw_insert_per_s",
+         "raw_drain_strongest_per_s", "raw_drain_same_commit_per_s")
 OTHERS = ("wake_p50_ms", "wake_p99_ms", "raw_wake_p50_ms", "raw_wake_p99_ms", "worker_rss_mb",
           "enqueue_single_ratio",
           "enqueue_batch_ratio", "enqueue_batch_in_tx_ratio", "enqueue_batch_ids_ratio",
           "drain_default_ratio",
-          "drain_best_ratio")
+          "drain_best_ratio", "enqueue_one_tx_ratio", "enqueue_autocommit_ratio",
+          "drain_default_vs_best_ratio", "worker_cpu_us_per_event", "raw_cpu_us_per_event",
+          "worker_cpu_ratio", "drain_default_wal_ratio", "drain_best_wal_ratio")
+# ratio: (numerator, denominator), each a key or a path into the result
+QUOTIENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "enqueue_single_ratio": (("enqueue_single_per_s",), ("raw_single_per_s",)),
+    "enqueue_one_tx_ratio": (("enqueue_one_tx_per_s",), ("raw_insert_one_tx_per_s",)),
+    "enqueue_autocommit_ratio": (("enqueue_autocommit_per_s",), ("raw_insert_autocommit_per_s",)),
+    "drain_default_ratio": (("drain_default_per_s",), ("raw_drain_same_commit_per_s",)),
+    "drain_best_ratio": (("drain_best_per_s",), ("raw_drain_strongest_per_s",)),
+    "drain_default_vs_best_ratio": (("drain_default_per_s",), ("drain_best_per_s",)),
+    "worker_cpu_ratio": (("worker_cpu_us_per_event",), ("raw_cpu_us_per_event",)),
+    "drain_default_wal_ratio": (("wal_bytes_per_event", "drain_default"),
+                                ("wal_bytes_per_event", "raw_same_commit")),
+    "drain_best_wal_ratio": (("wal_bytes_per_event", "drain_best"),
+                             ("wal_bytes_per_event", "raw_strongest")),
+}
+NEW_TARGETS = {"drain_default_vs_best_ratio", "worker_cpu_ratio", "drain_default_wal_ratio",
+               "drain_best_wal_ratio", "enqueue_one_tx_ratio", "enqueue_autocommit_ratio",
+               "outbox_marginal_cost_ratio"}
+VARIANT = re.compile(r"^(mark|delete) batch=[1-9][0-9]* commit=[a-z_]+$")
 
 
 def _bench(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -40,6 +73,12 @@ def _bench(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
 
 def _positive(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _at(result: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        result = result[key]
+    return result
 
 
 def _leftovers(url: str) -> tuple[list[str], int]:
@@ -59,11 +98,20 @@ def _leftovers(url: str) -> tuple[list[str], int]:
     return schemas, others
 
 
-def test_quick_json_reports_every_figure_and_leaves_nothing_behind(fresh_db: str) -> None:
-    done = _bench(fresh_db)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)  # exactly one JSON object on stdout
-    assert isinstance(result, dict)
+@pytest.fixture(scope="module")
+def quick_run(make_db: MakeDb, template_db: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """One ``bench --quick --json`` on a database of its own: its URL and the JSON object."""
+    with make_db(prefix="conveyor_bench_", template=template_db) as url:
+        done = _bench(url)
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)  # exactly one JSON object on stdout
+        assert isinstance(result, dict)
+        yield url, result
+
+
+def test_quick_json_reports_every_figure_and_leaves_nothing_behind(
+        quick_run: tuple[str, dict[str, Any]]) -> None:
+    url, result = quick_run
     for key in RATES + OTHERS:
         assert _positive(result.get(key)), f"{key} = {result.get(key)!r}"
     settings = result["drain_best_settings"]
@@ -71,10 +119,83 @@ def test_quick_json_reports_every_figure_and_leaves_nothing_behind(fresh_db: str
     assert result["wake_missing"] == 0
     assert set(result["targets"]) >= {"drain_default_ratio", "drain_best_ratio",
                                       "enqueue_batch_ratio", "wake_p50_ms", "wake_p99_ms",
-                                      "worker_rss_mb"}
-    schemas, connections = _leftovers(fresh_db)
+                                      "worker_rss_mb"} | NEW_TARGETS
+    schemas, connections = _leftovers(url)
     assert schemas == []
     assert connections == 0
+
+
+def test_ratios_are_the_quotients_of_the_figures_they_compare(
+        quick_run: tuple[str, dict[str, Any]]) -> None:
+    _, result = quick_run
+    for ratio, (mine, theirs) in QUOTIENTS.items():
+        expected = _at(result, mine) / _at(result, theirs)
+        assert result[ratio] == pytest.approx(expected, rel=2e-3, abs=2e-4), ratio
+        assert result["targets"].get(ratio, {"value": result[ratio]})["value"] == result[ratio]
+    # The one-transaction pair is the old single-event pair under its new name.
+    assert result["enqueue_single_per_s"] == result["enqueue_one_tx_per_s"]
+    assert result["raw_single_per_s"] == result["raw_insert_one_tx_per_s"]
+
+
+def test_outbox_cost_is_what_each_event_adds_to_the_business_transaction(
+        quick_run: tuple[str, dict[str, Any]]) -> None:
+    _, result = quick_run
+    business = 1e6 / result["outbox_business_per_s"]
+    added = {shape: 1e6 / result[key] - business for shape, key in (
+        ("enqueue", "outbox_business_enqueue_per_s"),
+        ("raw_insert", "outbox_business_raw_insert_per_s"))}
+    assert result["outbox_marginal_us"] == pytest.approx(added, rel=2e-3, abs=0.05)
+    ratio = result["outbox_marginal_cost_ratio"]
+    if added["raw_insert"] > 0:
+        assert ratio == pytest.approx(added["enqueue"] / added["raw_insert"], rel=5e-3, abs=2e-4)
+    else:  # noise above the effect: no ratio, and the target is not met
+        assert ratio is None and result["targets"]["outbox_marginal_cost_ratio"]["met"] is False
+
+
+def test_strongest_raw_drain_is_the_fastest_variant_of_the_search(
+        quick_run: tuple[str, dict[str, Any]]) -> None:
+    _, result = quick_run
+    variants = result["runs"]["raw_drain_variants"]
+    assert {(v["finish"], v["commit"]) for v in variants} == {
+        (finish, commit) for finish in ("mark", "delete") for commit in ("server", "off")}
+    assert {v["batch"] for v in variants} >= {BATCH_SIZE_DEFAULT, 1000}
+    for v in variants:
+        assert VARIANT.match(v["variant"]), v
+        assert _positive(v["per_s"]) and _positive(v["wal_bytes_per_event"]), v
+    fastest = max(variants, key=lambda v: v["per_s"])
+    assert result["raw_drain_strongest_variant"] == fastest["variant"]
+    assert len(result["runs"]["raw_drain_strongest"]) == result["plan"]["reps"]
+
+
+def test_defaults_are_compared_with_the_raw_loop_at_the_workers_commit(
+        quick_run: tuple[str, dict[str, Any]]) -> None:
+    _, result = quick_run
+    commit = result["worker_synchronous_commit"]
+    assert commit == worker_commit() or (commit == "server" and worker_commit() is None)
+    assert result["raw_drain_same_commit_variant"] == (
+        f"mark batch={BATCH_SIZE_DEFAULT} commit={commit}")
+    assert len(result["runs"]["raw_drain_same_commit"]) == result["plan"]["reps"]
+    table = format_table(result)
+    assert result["raw_drain_same_commit_variant"] in table
+    assert result["raw_drain_strongest_variant"] in table
+
+
+def test_wal_and_cpu_per_event_are_plausible(quick_run: tuple[str, dict[str, Any]]) -> None:
+    """Every drained event writes at least its claim's new tuple version, and none
+    writes kilobytes (a fill counted in would: its rows and FPIs); CPU per
+    event is microseconds, not milliseconds."""
+    _, result = quick_run
+    for who, wal in result["wal_bytes_per_event"].items():
+        assert 50 < wal < 10_000, (who, wal)
+    for key in ("worker_cpu_us_per_event", "raw_cpu_us_per_event"):
+        assert 0 < result[key] < 1000, (key, result[key])
+
+
+def test_raw_variant_survives_the_command_line() -> None:
+    for variant in Plan.from_args(20_000, quick=False).raw_variants():
+        assert RawVariant.from_argv(variant.argv()) == variant
+        assert VARIANT.match(variant.label)
+    assert RawVariant.from_argv(["100"]) == RawVariant("mark", 100, None)
 
 
 def test_refuses_to_drop_a_schema_it_did_not_create(fresh_db: str) -> None:

@@ -7,12 +7,20 @@ no trigger, so it never wakes a Conveyor worker and pays for no NOTIFY.
 * enqueue: one ``INSERT`` per transaction, and ``COPY`` of 1000 rows per
   transaction;
 * drain: a loop claiming ``batch`` rows with one ``FOR UPDATE SKIP LOCKED``
-  statement (marking them ``running``), calling a no-op for each, and marking
-  the batch ``succeeded`` with a second statement; it stops when a claim comes
-  back empty. Run as ``python .../bench/baseline.py SCHEMA BATCH`` with
+  statement (marking them ``running``), calling a no-op for each, and
+  finishing the batch with a second statement: ``mark`` (``succeeded``, as
+  Conveyor does at its default retention) or ``delete`` (as Conveyor does at
+  retention 0); it stops when a claim comes back empty. Each statement
+  commits on its own (autocommit), synchronously (the server's setting) or
+  asynchronously (``SET synchronous_commit = off`` on the drainer's
+  connection, as the worker's claim and acknowledgement connections do).
+  Run as ``python .../bench/baseline.py SCHEMA BATCH [FINISH [COMMIT]]`` with
   the URL in ``CONVEYOR_BENCH_URL``: it connects, prints ``ready``, drains
   when it reads ``go``, prints one JSON line (handled, peak RSS, CPU seconds
-  of the loop) and disconnects at the next line or end of input.
+  of the loop, its own clock at the first claim and the last finish) and
+  disconnects at the next line or end of input.
+* business transaction: an ``orders`` table beside the events, for the
+  outbox's marginal cost (an order INSERT alone, or with one event).
 
 * wake-up: ``python .../bench/baseline.py wake SCHEMA FD`` LISTENs on
   ``<schema>.wake``; on each notification it claims with the same statement
@@ -32,6 +40,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -55,6 +64,13 @@ CREATE TABLE {schema}.events (
 -- The same shape as Conveyor's events_claim_idx: only pending rows, in claim order.
 CREATE INDEX events_claim_idx ON {schema}.events (priority DESC, run_at, id)
     WHERE state = 'pending';
+-- A business table: the write an outbox event rides along with.
+CREATE TABLE {schema}.orders (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    customer    text        NOT NULL,
+    amount      numeric     NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
 """
 
 _INSERT = "INSERT INTO {schema}.events (topic, payload) VALUES (%s, %s::jsonb)"
@@ -82,6 +98,50 @@ SET state = 'succeeded', finished_at = now()
 WHERE id = ANY(%s) AND state = 'running'
 """
 
+_DELETE = """
+DELETE FROM {schema}.events
+WHERE id = ANY(%s) AND state = 'running'
+"""
+
+_ORDER = "INSERT INTO {schema}.orders (customer, amount) VALUES (%s, %s) RETURNING id"
+
+FINISHES = ("mark", "delete")
+# ``None``: the server's synchronous_commit, whatever it is (``on`` by default).
+SERVER_COMMIT = None
+
+
+@dataclass(frozen=True, slots=True)
+class RawVariant:
+    """One shape of the raw drain loop: how it finishes a batch, how big, how it commits.
+
+    ``commit`` is a ``synchronous_commit`` value set on the drainer's session,
+    or ``None`` to leave the server's own.
+    """
+
+    finish: str = "mark"
+    batch: int = 100
+    commit: str | None = SERVER_COMMIT
+
+    def __post_init__(self) -> None:
+        if self.finish not in FINISHES:
+            raise ValueError(f"expected finish to be one of {FINISHES}, got {self.finish!r}")
+        if self.batch < 1:
+            raise ValueError(f"expected batch to be >= 1, got {self.batch}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.finish} batch={self.batch} commit={self.commit or 'server'}"
+
+    def argv(self) -> list[str]:
+        return [str(self.batch), self.finish, self.commit or "server"]
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> RawVariant:
+        """``BATCH [FINISH [COMMIT]]``, the inverse of :meth:`argv`."""
+        commit = argv[2] if len(argv) > 2 else "server"
+        return cls(finish=argv[1] if len(argv) > 1 else "mark", batch=int(argv[0]),
+                   commit=None if commit == "server" else commit)
+
 
 def render(template: str, schema: str) -> str:
     """A template with ``{schema}`` filled in as a quoted identifier."""
@@ -104,8 +164,12 @@ def claim_sql(schema: str) -> str:
     return render(_CLAIM, schema)
 
 
-def finish_sql(schema: str) -> str:
-    return render(_FINISH, schema)
+def finish_sql(schema: str, finish: str = "mark") -> str:
+    return render(_FINISH if finish == "mark" else _DELETE, schema)
+
+
+def order_sql(schema: str) -> str:
+    return render(_ORDER, schema)
 
 
 def copy_rows(conn: psycopg.Connection[Any], schema: str,
@@ -120,18 +184,42 @@ def _handle(row: tuple[Any, ...]) -> None:
     """The baseline's no-op handler."""
 
 
-def drain(conn: psycopg.Connection[Any], schema: str, batch: int) -> int:
-    """Claim, run and finish batches until a claim finds nothing; returns the count."""
-    claim, finish = claim_sql(schema), finish_sql(schema)
-    handled = 0
+@dataclass(slots=True)
+class DrainReport:
+    """What one drain did: events handled, and the loop's clock when it sent its first
+    claim and its last finish (``time.time()``; 0.0 when nothing was claimed)."""
+
+    handled: int = 0
+    first_claim: float = 0.0
+    last_finish: float = 0.0
+
+
+def drain(conn: psycopg.Connection[Any], schema: str, batch: int,
+          finish: str = "mark") -> DrainReport:
+    """Claim, run and finish batches until a claim finds nothing.
+
+    The clock is read just before a statement is sent, as ``now()`` in the
+    statement marks its start: a deleted row keeps no timestamp, so these
+    two readings time a ``delete`` drain over the same span the table's
+    ``attempted_at``/``finished_at`` give a ``mark`` drain.
+    """
+    claim, done = claim_sql(schema), finish_sql(schema, finish)
+    report = DrainReport(first_claim=time.time())
     while True:
         rows = conn.execute(claim, (batch,)).fetchall()
         if not rows:
-            return handled
+            return report
         for row in rows:
             _handle(row)
-        conn.execute(finish, ([r[0] for r in rows],))
-        handled += len(rows)
+        report.last_finish = time.time()
+        conn.execute(done, ([r[0] for r in rows],))
+        report.handled += len(rows)
+
+
+def set_commit(conn: psycopg.Connection[Any], commit: str | None) -> None:
+    """Give the session a ``synchronous_commit`` (``None``: keep the server's)."""
+    if commit is not None:
+        conn.execute("SELECT set_config('synchronous_commit', %s, false)", (commit,))
 
 
 def _peak_rss_mb() -> float:
@@ -173,16 +261,18 @@ def main(argv: list[str]) -> int:
     """
     if argv and argv[0] == "wake":
         return wake(argv[1], int(argv[2]))
-    schema, batch = argv[0], int(argv[1])
+    schema, variant = argv[0], RawVariant.from_argv(argv[1:])
     with psycopg.connect(os.environ[URL_ENV], autocommit=True) as conn:
+        set_commit(conn, variant.commit)
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             return 0
         cpu = time.process_time()
-        handled = drain(conn, schema, batch)
+        report = drain(conn, schema, variant.batch, variant.finish)
         cpu = time.process_time() - cpu
-        print(json.dumps({"handled": handled, "rss_mb": _peak_rss_mb(), "cpu_s": cpu}),
-              flush=True)
+        print(json.dumps({"handled": report.handled, "rss_mb": _peak_rss_mb(), "cpu_s": cpu,
+                          "first_claim": report.first_claim,
+                          "last_finish": report.last_finish}), flush=True)
         sys.stdin.readline()
     return 0
 

@@ -16,9 +16,18 @@ Timing rules (the same for Conveyor and the baseline):
   granularity enters it. The parent polls (every 50 ms, through the partial
   indexes) only to know when the drain is over, and reports the rate seen
   that way too (``wall``) as a cross-check. Every event must end
-  ``succeeded`` with exactly one attempt, or the run fails. CPU per event is
-  read from ``/proc`` for the draining process and, when the server is on
-  this machine, for its backends, over the same span.
+  ``succeeded`` with exactly one attempt, or the run fails (a drain that
+  deletes: no event may be left, and the raw loop must count every one).
+  CPU per event is read from ``/proc`` (``schedstat``, in ns) for the
+  draining process and, when the server is on this machine, for its
+  backends, over the same span.
+* WAL per drained event: ``pg_current_wal_insert_lsn()`` read inside the
+  fill's transaction just before its COMMIT, and again once the drain is
+  seen done. The fill's own WAL is all before the first reading (only its
+  commit record, tens of bytes, falls after), and nothing reaches the
+  worker before that commit, so no separate fill has to be measured and
+  subtracted. The LSN is the server's: other sessions' writes count too,
+  so the figure is only meaningful on an otherwise quiet server.
 * Wake-up latency: an idle worker, events enqueued one per transaction every
   ``gap`` seconds; latency = handler start ``time.time()`` (in the worker)
   minus ``time.time()`` right after the producer's commit returned.
@@ -41,7 +50,13 @@ from conveyor.config import ProducerConfig
 from conveyor.producer import NewEvent, Producer
 from conveyor_tools.bench import scratch
 from conveyor_tools.bench.app import NOOP_TOPIC, WAKE_TOPIC
-from conveyor_tools.bench.baseline import copy_rows, insert_sql, wake_channel
+from conveyor_tools.bench.baseline import (
+    RawVariant,
+    copy_rows,
+    insert_sql,
+    order_sql,
+    wake_channel,
+)
 from conveyor_tools.bench.processes import CpuProbe, ProcessRegistry, peak_rss_mb
 from conveyor_tools.bench.scratch import BenchError, Schemas
 
@@ -67,25 +82,117 @@ def _split(total: int, parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(parts) if base or i < extra]
 
 
-def enqueue_single(url: str, schemas: Schemas, count: int, rounds: int = 10) -> tuple[float, float]:
-    """One event per transaction: Conveyor ``enqueue`` + commit vs one raw INSERT + commit."""
+@dataclass(frozen=True, slots=True)
+class SingleRates:
+    """Events per second, one event per transaction, in two transaction shapes.
+
+    ``one_tx``: a transaction of its own (BEGIN, the INSERT, COMMIT) on a
+    connection that is not in autocommit, as an application writes an event
+    inside its own transaction. ``autocommit``: one statement on an
+    autocommit connection, no BEGIN or COMMIT sent.
+    """
+
+    one_tx: float
+    raw_one_tx: float
+    autocommit: float
+    raw_autocommit: float
+
+
+def enqueue_single(url: str, schemas: Schemas, count: int, rounds: int = 10) -> SingleRates:
+    """One event per transaction: ``Producer.enqueue`` against one raw INSERT of the same shape.
+
+    The raw INSERT returns nothing (``enqueue`` returns the id): the
+    strongest baseline, not the closest copy.
+    """
     producer = Producer(ProducerConfig(schema=schemas.conveyor))
     insert = insert_sql(schemas.raw)
-    with psycopg.connect(url) as c_conn, psycopg.connect(url) as r_conn:
-        def conveyor(k: int) -> None:
+    with psycopg.connect(url) as c_tx, psycopg.connect(url) as r_tx, \
+            psycopg.connect(url, autocommit=True) as c_auto, \
+            psycopg.connect(url, autocommit=True) as r_auto:
+        def conveyor(conn: psycopg.Connection[Any]) -> Callable[[int], None]:
+            def run(k: int) -> None:
+                for i in range(k):
+                    producer.enqueue(conn, NOOP_TOPIC, {"i": i})
+                    if not conn.autocommit:
+                        conn.commit()
+            return run
+
+        def raw(conn: psycopg.Connection[Any]) -> Callable[[int], None]:
+            def run(k: int) -> None:
+                for i in range(k):
+                    conn.execute(insert, (NOOP_TOPIC, json.dumps({"i": i})))
+                    if not conn.autocommit:
+                        conn.commit()
+            return run
+
+        fns = [conveyor(c_tx), raw(r_tx), conveyor(c_auto), raw(r_auto)]
+        for fn in fns:
+            fn(WARMUP)
+        spent = _rotate(count, rounds, fns)
+    return SingleRates(*(count / s for s in spent))
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRates:
+    """Transactions per second: a business INSERT alone, with ``enqueue``, with a raw INSERT."""
+
+    business: float
+    business_enqueue: float
+    business_raw_insert: float
+
+    def marginal_us(self, rate: float) -> float:
+        """Microseconds one event adds to a business transaction."""
+        return (1 / rate - 1 / self.business) * 1e6
+
+    @property
+    def ratio(self) -> float | None:
+        """What ``enqueue`` adds over what a plain INSERT adds; ``None`` when the
+        plain INSERT measured as adding nothing (noise larger than the effect)."""
+        raw = self.marginal_us(self.business_raw_insert)
+        return self.marginal_us(self.business_enqueue) / raw if raw > 0 else None
+
+
+def outbox_marginal(url: str, schemas: Schemas, count: int, rounds: int) -> OutboxRates:
+    """The outbox's cost inside a business transaction, ``count`` transactions of each shape.
+
+    Every transaction inserts an order (``RETURNING id``, as an application
+    needs it for its event); two of the shapes then write one event naming
+    that order, with ``Producer.enqueue`` or with a raw INSERT, before the
+    COMMIT. The extra is small against the commit's WAL flush, so the shapes
+    take turns in many short rounds (drift on a shared machine falls on all
+    three alike) over a few thousand transactions each.
+    """
+    producer = Producer(ProducerConfig(schema=schemas.conveyor))
+    order, insert = order_sql(schemas.raw), insert_sql(schemas.raw)
+    with psycopg.connect(url) as alone, psycopg.connect(url) as with_enqueue, \
+            psycopg.connect(url) as with_raw:
+        def business(conn: psycopg.Connection[Any], i: int) -> int:
+            row = conn.execute(order, (f"customer-{i % 97}", i % 1000 + 0.5)).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        def only(k: int) -> None:
             for i in range(k):
-                producer.enqueue(c_conn, NOOP_TOPIC, {"i": i})
-                c_conn.commit()
+                business(alone, i)
+                alone.commit()
+
+        def enqueue(k: int) -> None:
+            for i in range(k):
+                order_id = business(with_enqueue, i)
+                producer.enqueue(with_enqueue, NOOP_TOPIC, {"order": order_id})
+                with_enqueue.commit()
 
         def raw(k: int) -> None:
             for i in range(k):
-                r_conn.execute(insert, (NOOP_TOPIC, json.dumps({"i": i})))
-                r_conn.commit()
+                order_id = business(with_raw, i)
+                with_raw.execute(insert, (NOOP_TOPIC, json.dumps({"order": order_id})))
+                with_raw.commit()
 
-        conveyor(WARMUP)
-        raw(WARMUP)
-        c_s, r_s = _rotate(count, rounds, [conveyor, raw])
-    return count / c_s, count / r_s
+        fns = [only, enqueue, raw]
+        for fn in fns:
+            fn(WARMUP)
+        spent = _rotate(count, rounds, fns)
+    return OutboxRates(*(count / s for s in spent))
 
 
 def enqueue_batch(url: str, schemas: Schemas, count: int, batch: int = 1000,
@@ -150,7 +257,8 @@ class DrainRun:
 
     ``client_us``/``db_us`` are CPU microseconds per event of the draining process
     and of its database backends (``None`` where they cannot be read, e.g. a
-    remote server).
+    remote server). ``wal_bytes`` is WAL per event from the fill's commit to
+    the end of the drain, every session's (a quiet server makes it the drain's).
     """
 
     per_s: float
@@ -160,6 +268,7 @@ class DrainRun:
     label: str
     client_us: float | None = None
     db_us: float | None = None
+    wal_bytes: float | None = None
 
     @property
     def cpu_us(self) -> float | None:
@@ -196,7 +305,7 @@ def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, c
     time.sleep(IDLE_SETTLE)
     probe = CpuProbe(admin, worker.pid)
     deletes = retention == 0
-    scratch.fill_conveyor(url, schema, NOOP_TOPIC, count)  # one commit: its NOTIFY starts it
+    lsn = scratch.fill_conveyor(url, schema, NOOP_TOPIC, count)  # one commit: its NOTIFY starts it
     filled = time.time()
     deadline = time.monotonic() + _timeout(count)
     while scratch.unfinished(admin, schema):
@@ -205,6 +314,7 @@ def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, c
             raise BenchError(f"conveyor drain of {count} events did not finish in time")
         time.sleep(DELETE_POLL if deletes else POLL)
     seen_done = time.time()
+    wal = scratch.wal_since(admin, lsn) / count
     client_cpu, db_cpu = probe.spent(admin)
     rss = worker.peak_rss_mb()
     code = worker.stop()
@@ -217,12 +327,12 @@ def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, c
             raise BenchError(f"conveyor drain ({label}): {left} events were not deleted")
         seconds = seen_done - filled
         return DrainRun(count / seconds, seconds, count / seconds, rss, label,
-                        _per_event(client_cpu, count), _per_event(db_cpu, count))
+                        _per_event(client_cpu, count), _per_event(db_cpu, count), wal)
     stats = scratch.drain_stats(admin, schema)
     seconds = stats.check(count, f"conveyor drain ({label})")
     assert stats.first_claim is not None
     return DrainRun(count / seconds, seconds, count / (seen_done - stats.first_claim), rss, label,
-                    _per_event(client_cpu, count), _per_event(db_cpu, count))
+                    _per_event(client_cpu, count), _per_event(db_cpu, count), wal)
 
 
 def _drain_label(batch_size: int | None, concurrency: int | None, retention: float | None) -> str:
@@ -233,29 +343,45 @@ def _drain_label(batch_size: int | None, concurrency: int | None, retention: flo
 
 
 def raw_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count: int,
-              batch: int, registry: ProcessRegistry) -> DrainRun:
-    """The same for the baseline loop: connected and idle, then the events, then ``go``."""
+              variant: RawVariant, registry: ProcessRegistry) -> DrainRun:
+    """The same for the baseline loop: connected and idle, then the events, then ``go``.
+
+    A ``mark`` drain is timed from the table (first ``attempted_at`` to last
+    ``finished_at``) as Conveyor's is; a ``delete`` drain leaves no row, so
+    by the loop's own clock over the same span (sent first claim to sent
+    last finish). Its WAL is counted from the fill's commit on, as for the
+    worker, though here ``go`` comes after the commit.
+    """
     schema = schemas.raw
     scratch.reset(admin, schema)
     scratch.settle(admin, schema)
-    drainer = registry.raw_drainer(url, schema, batch)
+    drainer = registry.raw_drainer(url, schema, variant)
     drainer.start()
     drainer.wait_ready()
     probe = CpuProbe(admin, drainer.pid)
-    scratch.fill_raw(url, schema, NOOP_TOPIC, count)
+    lsn = scratch.fill_raw(url, schema, NOOP_TOPIC, count)
     drainer.go()
     report = drainer.result(_timeout(count))
     seen_done = time.time()
+    wal = scratch.wal_since(admin, lsn) / count
     client_cpu, db_cpu = probe.spent(admin)
     drainer.stop()
-    stats = scratch.drain_stats(admin, schema)
-    seconds = stats.check(count, f"raw drain (batch {batch})")
-    assert stats.first_claim is not None
     if report["handled"] != count:
-        raise BenchError(f"raw drain handled {report['handled']} of {count} events")
-    return DrainRun(count / seconds, seconds, count / (seen_done - stats.first_claim),
-                    float(report["rss_mb"]), f"batch={batch}",
-                    _per_event(client_cpu, count), _per_event(db_cpu, count))
+        raise BenchError(f"raw drain ({variant.label}) handled {report['handled']} of {count} events")
+    stats = scratch.drain_stats(admin, schema)
+    if variant.finish == "delete":
+        if stats.total:
+            raise BenchError(f"raw drain ({variant.label}): {stats.total} events were not deleted")
+        first, seconds = report["first_claim"], report["last_finish"] - report["first_claim"]
+        if seconds <= 0:
+            raise BenchError(f"raw drain ({variant.label}): no usable clock readings")
+    else:
+        seconds = stats.check(count, f"raw drain ({variant.label})")
+        assert stats.first_claim is not None
+        first = stats.first_claim
+    return DrainRun(count / seconds, seconds, count / (seen_done - first),
+                    float(report["rss_mb"]), variant.label,
+                    _per_event(client_cpu, count), _per_event(db_cpu, count), wal)
 
 
 # ------------------------------------------------------------------ wake-up

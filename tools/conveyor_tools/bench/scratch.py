@@ -106,22 +106,47 @@ def settle(conn: psycopg.Connection[Any], schema: str) -> None:
         pass  # not superuser nor pg_checkpoint: every system runs without it alike
 
 
-def fill_conveyor(url: str, schema: str, topic: str, count: int) -> None:
-    """Enqueue ``count`` no-op events with Conveyor's own batch producer, one commit."""
+def wal_lsn(conn: psycopg.Connection[Any]) -> str:
+    """Where the server inserts its next WAL record (global: every session's writes move it)."""
+    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def wal_since(conn: psycopg.Connection[Any], lsn: str) -> int:
+    """Bytes of WAL inserted since ``lsn``."""
+    row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)::bigint",
+                       (lsn,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def fill_conveyor(url: str, schema: str, topic: str, count: int) -> str:
+    """Enqueue ``count`` no-op events with Conveyor's own batch producer, one commit.
+
+    Returns the WAL position read inside the fill's transaction just before
+    its commit: the commit is what wakes a worker, so WAL from there on is the
+    drain's, apart from the commit record itself (tens of bytes for the
+    whole fill).
+    """
     producer = Producer(ProducerConfig(schema=schema))
     with psycopg.connect(url) as conn:
         for start in range(0, count, FILL_BATCH):
             stop = min(count, start + FILL_BATCH)
             producer.enqueue_many(conn, [NewEvent(topic=topic, payload={"i": i})
                                          for i in range(start, stop)])
+        lsn = wal_lsn(conn)
         conn.commit()
+    return lsn
 
 
-def fill_raw(url: str, schema: str, topic: str, count: int) -> None:
-    """COPY ``count`` rows into the baseline table, one commit."""
+def fill_raw(url: str, schema: str, topic: str, count: int) -> str:
+    """COPY ``count`` rows into the baseline table, one commit; the WAL position before it."""
     with psycopg.connect(url) as conn:
         copy_rows(conn, schema, ((topic, json.dumps({"i": i})) for i in range(count)))
+        lsn = wal_lsn(conn)  # as for Conveyor's fill, though here nothing waits on the commit
         conn.commit()
+    return lsn
 
 
 @dataclass(frozen=True, slots=True)
