@@ -19,6 +19,8 @@ import psycopg
 import pytest
 
 from conveyor.config import BATCH_SIZE_DEFAULT
+from conveyor_tools.bench import scratch
+from conveyor_tools.bench.app import NOOP_TOPIC
 from conveyor_tools.bench.baseline import RawVariant
 from conveyor_tools.bench.measure import percentile
 from conveyor_tools.bench.report import format_table
@@ -189,6 +191,24 @@ def test_wal_and_cpu_per_event_are_plausible(quick_run: tuple[str, dict[str, Any
         assert 50 < wal < 10_000, (who, wal)
     for key in ("worker_cpu_us_per_event", "raw_cpu_us_per_event"):
         assert 0 < result[key] < 1000, (key, result[key])
+
+
+@pytest.mark.parametrize("system", ["conveyor", "raw"])
+def test_fill_reads_the_wal_position_after_its_own_rows(fresh_db: str, system: str) -> None:
+    """WAL counted from the position a fill returns is the drain's: the fill's rows come before."""
+    schemas = scratch.schemas_for("conveyor_walprobe")
+    fill = scratch.fill_conveyor if system == "conveyor" else scratch.fill_raw
+    with psycopg.connect(fresh_db, autocommit=True) as admin:
+        scratch.create(admin, schemas)
+        try:
+            before = scratch.wal_lsn(admin)
+            lsn = fill(fresh_db, getattr(schemas, system), NOOP_TOPIC, 2_000)
+            after_fill = scratch.wal_since(admin, lsn)  # the commit record, little else
+            written = scratch.wal_since(admin, before) - after_fill
+        finally:
+            scratch.drop(admin, schemas)
+    assert written > 2_000 * 60  # at least a heap tuple per row
+    assert after_fill < written / 20
 
 
 def test_raw_variant_survives_the_command_line() -> None:

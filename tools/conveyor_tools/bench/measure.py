@@ -20,14 +20,17 @@ Timing rules (the same for Conveyor and the baseline):
   deletes: no event may be left, and the raw loop must count every one).
   CPU per event is read from ``/proc`` (``schedstat``, in ns) for the
   draining process and, when the server is on this machine, for its
-  backends, over the same span.
+  backends, from just before the fill's commit to the end of the drain
+  (an idle worker's heartbeats during the fill are not the drain's).
+  Before each drain every scratch table is emptied, so autovacuum finds no
+  dead rows to clean up in the middle of a later one.
 * WAL per drained event: ``pg_current_wal_insert_lsn()`` read inside the
   fill's transaction just before its COMMIT, and again once the drain is
   seen done. The fill's own WAL is all before the first reading (only its
   commit record, tens of bytes, falls after), and nothing reaches the
   worker before that commit, so no separate fill has to be measured and
   subtracted. The LSN is the server's: other sessions' writes count too,
-  so the figure is only meaningful on an otherwise quiet server.
+  so the suite reports the least of its runs (see ``suite._wal``).
 * Wake-up latency: an idle worker, events enqueued one per transaction every
   ``gap`` seconds; latency = handler start ``time.time()`` (in the worker)
   minus ``time.time()`` right after the producer's commit returned.
@@ -277,6 +280,12 @@ class DrainRun:
         return self.client_us + self.db_us
 
 
+def _reset_all(admin: psycopg.Connection[Any], schemas: Schemas) -> None:
+    """Empty every scratch table, not only the one drained next (see ``scratch.reset``)."""
+    for schema in schemas.all:
+        scratch.reset(admin, schema)
+
+
 def _timeout(count: int) -> float:
     return 60.0 + count / 200
 
@@ -296,17 +305,21 @@ def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, c
     counts the wake-up and up to one poll against Conveyor.
     """
     schema = schemas.conveyor
-    scratch.reset(admin, schema)
+    _reset_all(admin, schemas)
     scratch.settle(admin, schema)
     worker = registry.worker(url, schema, batch_size=batch_size, concurrency=concurrency,
                              retention=retention)
     worker.start()
     worker.wait_registered(admin)
     time.sleep(IDLE_SETTLE)
-    probe = CpuProbe(admin, worker.pid)
+    probes: list[CpuProbe] = []
     deletes = retention == 0
-    lsn = scratch.fill_conveyor(url, schema, NOOP_TOPIC, count)  # one commit: its NOTIFY starts it
+    # One commit: its NOTIFY starts the drain. The CPU probe starts just before
+    # it, so the worker's idle time (heartbeats) while the fill runs is not counted.
+    lsn = scratch.fill_conveyor(url, schema, NOOP_TOPIC, count,
+                                lambda: probes.append(CpuProbe(admin, worker.pid)))
     filled = time.time()
+    probe = probes[0]
     deadline = time.monotonic() + _timeout(count)
     while scratch.unfinished(admin, schema):
         worker.check_alive()
@@ -353,13 +366,15 @@ def raw_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count:
     worker, though here ``go`` comes after the commit.
     """
     schema = schemas.raw
-    scratch.reset(admin, schema)
+    _reset_all(admin, schemas)
     scratch.settle(admin, schema)
     drainer = registry.raw_drainer(url, schema, variant)
     drainer.start()
     drainer.wait_ready()
-    probe = CpuProbe(admin, drainer.pid)
-    lsn = scratch.fill_raw(url, schema, NOOP_TOPIC, count)
+    probes: list[CpuProbe] = []
+    lsn = scratch.fill_raw(url, schema, NOOP_TOPIC, count,
+                           lambda: probes.append(CpuProbe(admin, drainer.pid)))
+    probe = probes[0]
     drainer.go()
     report = drainer.result(_timeout(count))
     seen_done = time.time()

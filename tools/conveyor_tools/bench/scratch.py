@@ -12,6 +12,7 @@ from running on one database at once.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,12 +90,18 @@ def drop(conn: psycopg.Connection[Any], schemas: Schemas) -> None:
 
 
 def reset(conn: psycopg.Connection[Any], schema: str) -> None:
-    """Empty a scratch schema's events (and the worker registry, if it has one)."""
+    """Empty a scratch schema's events (and the worker registry and orders, where they exist).
+
+    A table left full of dead rows would be vacuumed by autovacuum at a
+    random moment, perhaps in the middle of another drain, whose time and
+    WAL it would then add to.
+    """
     conn.execute(sql.SQL("TRUNCATE {}").format(_table(schema)))
-    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                          (sql.Identifier(schema, "workers").as_string(),)).fetchone()
-    if exists and exists[0]:
-        conn.execute(sql.SQL("TRUNCATE {}").format(_table(schema, "workers")))
+    for name in ("workers", "orders"):
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                              (sql.Identifier(schema, name).as_string(),)).fetchone()
+        if exists and exists[0]:
+            conn.execute(sql.SQL("TRUNCATE {}").format(_table(schema, name)))
 
 
 def settle(conn: psycopg.Connection[Any], schema: str) -> None:
@@ -121,13 +128,14 @@ def wal_since(conn: psycopg.Connection[Any], lsn: str) -> int:
     return int(row[0])
 
 
-def fill_conveyor(url: str, schema: str, topic: str, count: int) -> str:
+def fill_conveyor(url: str, schema: str, topic: str, count: int,
+                  before_commit: Callable[[], None] | None = None) -> str:
     """Enqueue ``count`` no-op events with Conveyor's own batch producer, one commit.
 
     Returns the WAL position read inside the fill's transaction just before
     its commit: the commit is what wakes a worker, so WAL from there on is the
     drain's, apart from the commit record itself (tens of bytes for the
-    whole fill).
+    whole fill). ``before_commit`` runs right after that reading.
     """
     producer = Producer(ProducerConfig(schema=schema))
     with psycopg.connect(url) as conn:
@@ -135,17 +143,25 @@ def fill_conveyor(url: str, schema: str, topic: str, count: int) -> str:
             stop = min(count, start + FILL_BATCH)
             producer.enqueue_many(conn, [NewEvent(topic=topic, payload={"i": i})
                                          for i in range(start, stop)])
-        lsn = wal_lsn(conn)
-        conn.commit()
-    return lsn
+        return _commit_at(conn, before_commit)
 
 
-def fill_raw(url: str, schema: str, topic: str, count: int) -> str:
-    """COPY ``count`` rows into the baseline table, one commit; the WAL position before it."""
+def fill_raw(url: str, schema: str, topic: str, count: int,
+             before_commit: Callable[[], None] | None = None) -> str:
+    """COPY ``count`` rows into the baseline table, one commit; the WAL position before it.
+
+    As for Conveyor's fill, though here ``go`` starts the drain, not the commit.
+    """
     with psycopg.connect(url) as conn:
         copy_rows(conn, schema, ((topic, json.dumps({"i": i})) for i in range(count)))
-        lsn = wal_lsn(conn)  # as for Conveyor's fill, though here nothing waits on the commit
-        conn.commit()
+        return _commit_at(conn, before_commit)
+
+
+def _commit_at(conn: psycopg.Connection[Any], before_commit: Callable[[], None] | None) -> str:
+    lsn = wal_lsn(conn)
+    if before_commit is not None:
+        before_commit()
+    conn.commit()
     return lsn
 
 
