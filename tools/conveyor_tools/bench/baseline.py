@@ -17,8 +17,9 @@ no trigger, so it never wakes a Conveyor worker and pays for no NOTIFY.
   Run as ``python .../bench/baseline.py SCHEMA BATCH [FINISH [COMMIT]]`` with
   the URL in ``CONVEYOR_BENCH_URL``: it connects, prints ``ready``, drains
   when it reads ``go``, prints one JSON line (handled, peak RSS, CPU seconds
-  of the loop, its own clock at the first claim and the last finish) and
-  disconnects at the next line or end of input.
+  of the loop, its own clock at the first claim and the last finish, the
+  session's ``synchronous_commit``) and disconnects at the next line or end
+  of input.
 * business transaction: an ``orders`` table beside the events, for the
   outbox's marginal cost (an order INSERT alone, or with one event).
 
@@ -264,6 +265,8 @@ def main(argv: list[str]) -> int:
     schema, variant = argv[0], RawVariant.from_argv(argv[1:])
     with psycopg.connect(os.environ[URL_ENV], autocommit=True) as conn:
         set_commit(conn, variant.commit)
+        row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+        commit = row[0] if row else None
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             return 0
@@ -272,7 +275,8 @@ def main(argv: list[str]) -> int:
         cpu = time.process_time() - cpu
         print(json.dumps({"handled": report.handled, "rss_mb": _peak_rss_mb(), "cpu_s": cpu,
                           "first_claim": report.first_claim,
-                          "last_finish": report.last_finish}), flush=True)
+                          "last_finish": report.last_finish,
+                          "synchronous_commit": commit}), flush=True)
         sys.stdin.readline()
     return 0
 

@@ -383,6 +383,9 @@ def raw_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count:
     drainer.stop()
     if report["handled"] != count:
         raise BenchError(f"raw drain ({variant.label}) handled {report['handled']} of {count} events")
+    if variant.commit is not None and report["synchronous_commit"] != variant.commit:
+        raise BenchError(f"raw drain ({variant.label}) ran with synchronous_commit="
+                         f"{report['synchronous_commit']}")
     stats = scratch.drain_stats(admin, schema)
     if variant.finish == "delete":
         if stats.total:
