@@ -22,10 +22,12 @@ import functools
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -150,6 +152,23 @@ def _settings(batch_size: int, concurrency: int, retention: float | None) -> dic
             "retention": "default" if retention is None else retention}
 
 
+def _source() -> dict[str, Any] | None:
+    """The git commit of the measured ``conveyor`` and its uncommitted changes, when it is a
+    checkout: figures are cited by commit, and a dirty tree is not that commit."""
+    import conveyor
+
+    root = Path(conveyor.__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src",
+                                  "tools"], capture_output=True, text=True, timeout=10,
+                                 check=True).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None  # an installed package, or no git: nothing to cite
+    return {"commit": head, "uncommitted": sorted(line[3:] for line in changed)}
+
+
 def _environment(admin: psycopg.Connection[Any]) -> dict[str, Any]:
     row = admin.execute("SELECT current_setting('server_version'),"
                         " current_setting('synchronous_commit'), current_setting('fsync')"
@@ -158,7 +177,8 @@ def _environment(admin: psycopg.Connection[Any]) -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {"postgresql": row[0], "synchronous_commit": row[1], "fsync": row[2],
             "python": platform.python_version(), "cpus": os.cpu_count(),
-            "load_avg_1m_end": round(load[0], 2), "psycopg": psycopg.__version__}
+            "load_avg_1m_end": round(load[0], 2), "psycopg": psycopg.__version__,
+            "source": _source()}
 
 
 class Suite:
