@@ -7,8 +7,9 @@ raw figure is the strongest raw loop of its kind, and the table names it):
   and the worker's own commit setting (asynchronous: its claim and ack
   connections run ``synchronous_commit=off``);
 * drain at the best settings >= 0.9 x the strongest raw drain: the fastest
-  of the raw loops searched (mark or DELETE, synchronous or asynchronous
-  commit, batch 100/500/1000), named in ``raw_drain_strongest_variant``;
+  of the raw loops (mark or DELETE, synchronous or asynchronous commit,
+  batch 100/500/1000; the few fastest of a one-run search measured again
+  beside Conveyor's best), named in ``raw_drain_strongest_variant``;
 * drain at defaults >= 0.8 x drain at the best settings;
 * worker CPU per event (the client process alone) <= 1.5 x the raw loop's
   that the defaults are compared with;

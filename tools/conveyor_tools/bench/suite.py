@@ -8,11 +8,14 @@ with the former. Then a search: one drain per candidate worker setting (the
 defaults' median standing for the defaults) and one per raw variant (mark or
 DELETE, synchronous or asynchronous commit, each batch size). Last, the best
 Conveyor setting is drained ``reps`` more times, alternating with the
-strongest raw variant of the search and with the raw mark loop at batch
-1000 and the server's commit (``raw_drain_best_per_s``, kept for runs of
-before); ``drain_best_ratio`` compares with the strongest. Every pair is
-measured side by side because the load on a shared machine drifts; the
-first mover rotates every repetition.
+fastest few raw variants of the search (the finalists) and with the raw
+mark loop at batch 1000 and the server's commit (``raw_drain_best_per_s``,
+kept for runs of before). The strongest raw loop is the finalist with the
+highest median there, and ``drain_best_ratio`` compares with it: a single
+drain of 20,000 events varies by a quarter on a shared machine, so the
+search alone picks among the top variants nearly at random. Every pair is
+measured side by side because the load drifts; the first mover rotates
+every repetition.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Plan:
     candidates: tuple[Settings, ...]
     wake_samples: int
     raw_batches: tuple[int, ...] = (100, 500, RAW_BEST_BATCH)
+    finalists: int = 3
     outbox_events: int = 3_000
     outbox_rounds: int = 30
     wake_warmup: int = 10
@@ -76,8 +80,8 @@ class Plan:
             n = min(events, 2_000)
             return cls(events=n, single_events=n, batch_events=max(n, 10_000), reps=1,
                        candidates=((500, 1000, None), (500, 1000, 0)), wake_samples=50,
-                       raw_batches=(RAW_SAME_BATCH, RAW_BEST_BATCH), outbox_events=300,
-                       outbox_rounds=10, quick=True)
+                       raw_batches=(RAW_SAME_BATCH, RAW_BEST_BATCH), finalists=2,
+                       outbox_events=300, outbox_rounds=10, quick=True)
         # One event per transaction is commit-bound (~0.4 ms each, far more on a busy
         # box); 5,000 of each shape give a stable ratio without dominating the run.
         # The outbox's extra INSERT is a tenth of a commit: 3,000 transactions of
@@ -190,6 +194,7 @@ class Suite:
         self.registry = ProcessRegistry()
         self._candidate_log: list[dict[str, Any]] = []
         self._variant_log: list[dict[str, Any]] = []
+        self._finalist_log: list[dict[str, Any]] = []
 
     def run(self) -> dict[str, Any]:
         started = time.time()
@@ -279,12 +284,14 @@ class Suite:
                 "raw_drain_strongest": [_run_json(r) for r in raw_strongest],
                 "drain_candidates": self._candidate_log,
                 "raw_drain_variants": self._variant_log,
+                "raw_drain_finalists": self._finalist_log,
             },
             "plan": {"events": p.events, "single_events": p.single_events,
                      "batch_events": p.batch_events, "reps": p.reps, "quick": p.quick,
                      "wake_gap_ms": p.wake_gap * 1000, "wake_warmup": p.wake_warmup,
                      "raw_same_batch": RAW_SAME_BATCH, "raw_best_batch": RAW_BEST_BATCH,
-                     "raw_batches": list(p.raw_batches), "outbox_events": p.outbox_events,
+                     "raw_batches": list(p.raw_batches), "raw_finalists": p.finalists,
+                     "outbox_events": p.outbox_events,
                      "outbox_rounds": p.outbox_rounds},
         }
 
@@ -331,13 +338,13 @@ class Suite:
 
     def _best(self, admin: psycopg.Connection[Any], default: list[DrainRun]
               ) -> tuple[Settings, list[DrainRun], RawVariant, dict[RawVariant, list[DrainRun]]]:
-        """The fastest worker settings and the strongest raw loop, then the two side by side.
+        """The fastest worker settings and the strongest raw loop, measured side by side.
 
         The search runs each candidate and each raw variant once, taking
-        turns so drift falls on both. The raw runs it compares with are
-        measured again beside the winner's own runs, not taken from the
-        search: on a shared machine the load drifts within a minute, and the
-        best of a dozen single runs is biased upward by its luck.
+        turns so drift falls on both. The raw runs compared with are measured
+        again beside the winner's own runs, not taken from the search: on a
+        shared machine the load drifts within a minute, and the best of a
+        dozen single runs is biased upward by its luck.
         """
         self.say("search the best worker settings and the strongest raw loop")
         tried: dict[Settings, list[DrainRun]] = {DEFAULT: default}
@@ -349,14 +356,17 @@ class Suite:
                 tried[settings] = [self._conveyor(admin, settings)]
             if i < len(variants):
                 raws[variants[i]] = self._raw(admin, variants[i])
+        winner = max(tried, key=lambda k: _median(tried[k]))
+        finalists = sorted(raws, key=lambda v: raws[v].per_s, reverse=True)[:self.plan.finalists]
+        self.say(f"drain at the best settings x {self.plan.reps}, beside the raw finalists")
+        runs, by_variant = self._phase(admin, lambda: self._conveyor(admin, winner),
+                                       [*finalists, RAW_BEST_SERVER_COMMIT])
+        strongest = max(finalists, key=lambda v: _median(by_variant[v]))
         self._candidate_log = [{**_settings(*k), "per_s": [r.per_s for r in v]}
                                for k, v in tried.items()]
         self._variant_log = [_variant_json(v, r) for v, r in raws.items()]
-        winner = max(tried, key=lambda k: _median(tried[k]))
-        strongest = max(raws, key=lambda v: raws[v].per_s)
-        self.say(f"drain at the best settings x {self.plan.reps}, beside the strongest raw loop")
-        runs, by_variant = self._phase(admin, lambda: self._conveyor(admin, winner),
-                                       [strongest, RAW_BEST_SERVER_COMMIT])
+        self._finalist_log = [{"variant": v.label, "per_s": [r.per_s for r in by_variant[v]],
+                               "median_per_s": _median(by_variant[v])} for v in finalists]
         return winner, runs, strongest, by_variant
 
 
