@@ -76,6 +76,13 @@ def catalog(url: str, schema: str, *, include_version_table: bool = True) -> dic
                 JOIN pg_class c ON c.oid = t.tgrelid
                 JOIN pg_namespace n ON n.oid = c.relnamespace
                 WHERE n.nspname = %(schema)s AND NOT t.tgisinternal ORDER BY 1"""),
+            "domains": rows("""
+                SELECT t.typname, format_type(t.typbasetype, t.typtypmod), k.conname,
+                       pg_get_constraintdef(k.oid), k.convalidated
+                FROM pg_type t
+                JOIN pg_namespace n ON n.oid = t.typnamespace
+                LEFT JOIN pg_constraint k ON k.contypid = t.oid
+                WHERE n.nspname = %(schema)s AND t.typtype = 'd' ORDER BY 1, 3"""),
             "functions": rows("""
                 SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc p
                 JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -336,7 +343,7 @@ def test_schema_snapshot_matches_migrations(empty_db: str, fresh_db: str) -> Non
     assert catalog(empty_db, "conveyor") == expected
     # Guard against an empty comparison passing vacuously.
     assert {"events", "workers"} <= {r[0] for r in expected["relations"]}
-    assert len(expected["indexes"]) >= 6 and expected["triggers"]
+    assert len(expected["indexes"]) >= 6 and len(expected["domains"]) >= 4
 
 
 def test_reserved_pg_schema_name_is_refused_before_any_sql(empty_db: str) -> None:

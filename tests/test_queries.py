@@ -97,6 +97,17 @@ def db(conn: Conn) -> Conn:
 
 # ----------------------------------------------------------------- inserts
 
+@exercises("event_insert_plain")
+def test_event_insert_plain_writes_the_tables_defaults(db: Conn) -> None:
+    row = db.execute(Q["event_insert_plain"], {
+        "tenant": "acme", "topic": "p.x", "payload": '{"k": 1}', "priority": 3,
+        "max_attempts": 4}).fetchone()
+    assert row is not None
+    assert _row(db, row[0], "tenant, topic, payload, priority, max_attempts, state, attempts,"
+                            " idempotency_key, run_at <= now()") == (
+        "acme", "p.x", {"k": 1}, 3, 4, "pending", 0, None, True)
+
+
 @exercises("event_insert")
 def test_event_insert_returns_new_id_and_nothing_on_key_conflict(db: Conn) -> None:
     first = _insert(db, key="k", tenant="a")
@@ -286,6 +297,57 @@ def test_rescue_requeues_expired_and_parks_last_attempts(db: Conn) -> None:
     assert _row(db, retry, "lease_owner, jsonb_array_length(errors)") == (None, 1)
     assert _row(db, last, "finished_at IS NOT NULL") == (True,)
     assert _row(db, alive, "state") == ("running",)
+
+
+def _heard(listener: Conn, conn: Conn, work: Callable[[], Any], *, commit: bool = True) -> list[str]:
+    """The payloads ``listener`` hears on the schema's channel after ``work`` in one transaction."""
+    work()
+    if commit:
+        conn.commit()
+    else:
+        conn.rollback()
+    return sorted(n.payload for n in listener.notifies(timeout=0.5))
+
+
+@exercises("event_wake_topics")
+def test_inserts_wake_their_topics_in_their_own_statements(fresh_db: str) -> None:
+    """0007 dropped the insert trigger: the producer's statements send the NOTIFY."""
+    with psycopg.connect(fresh_db, autocommit=True) as listener, psycopg.connect(fresh_db) as conn:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(Q.channel)))
+        assert _heard(listener, conn, lambda: _insert(conn, "a.now")) == ["a.now"]
+        later = _heard(listener, conn, lambda: _insert(conn, "a.later", delay=3600))
+        assert len(later) == 1 and later[0].startswith("a.later|"), later
+        due = float(later[0].partition("|")[2])
+        assert abs(due - (time.time() + 3600)) < 60, due
+        # A key that exists already inserts nothing and wakes nobody.
+        _insert(conn, "a.key", key="k1")
+        conn.commit()
+        list(listener.notifies(timeout=0.3))
+        assert _heard(listener, conn, lambda: _insert(conn, "a.key", key="k1")) == []
+
+        def many() -> None:
+            sequence = conn.execute(Q["event_sequence"], {"table": Q.events_table}).fetchone()
+            ids = conn.execute(Q["event_reserve_ids"], {
+                "sequence": sequence[0], "count": 3}).fetchone()[0]
+            conn.execute(Q["event_insert_many_ids"], {
+                "ids": ids, "tenants": [None] * 3, "topics": ["m.x", "m.x", "m.y"],
+                "payloads": ["{}"] * 3, "priorities": [0] * 3, "max_attempts": [3] * 3,
+                "keys": [None] * 3, "delays": [0, 0, 60]}).fetchall()
+        heard = _heard(listener, conn, many)
+        assert heard[0] == "m.x" and heard[1].startswith("m.y|") and len(heard) == 2, heard
+
+        def copied() -> None:
+            conn.execute(Q["event_wake_topics"], {"topics": ["c.one", "c.two"]}).fetchone()
+        assert _heard(listener, conn, copied) == ["c.one", "c.two"]
+        assert _heard(listener, conn, lambda: _insert(conn, "r.x"), commit=False) == []
+
+        def opted_out() -> None:
+            conn.execute("SELECT set_config('conveyor.notify', 'off', true)")
+            _insert(conn, "o.x")
+            copied()
+        assert _heard(listener, conn, opted_out) == []
+        # The opt-out was for that transaction only.
+        assert _heard(listener, conn, lambda: _insert(conn, "o.y")) == ["o.y"]
 
 
 @exercises("event_notify")

@@ -58,7 +58,7 @@ from conveyor.producer_core import (
     prepare,
     prepare_many,
     producer_tracing,
-    single_params,
+    single_insert,
     unseen_key,
     wrap,
 )
@@ -111,9 +111,9 @@ class Producer:
             return event_id
 
     def _insert(self, conn: psycopg.Connection[Any], row: _Row, trace: _Trace | None) -> int:
-        query = "event_insert" if trace is None else "event_insert_traced"
+        query, params = single_insert(row, trace)
         try:
-            cur = run(conn, self._q[query], single_params(row, trace))
+            cur = run(conn, self._q[query], params)
             found = cur.fetchone()
             return int(found[0]) if found is not None else self._existing(conn, row)
         except psycopg.Error as exc:
@@ -225,13 +225,23 @@ class Producer:
             raise
 
     def _copy(self, conn: psycopg.Connection[Any], copy: _Copy, what: str) -> int:
-        """Run one COPY; returns how many records it sent."""
+        """Run one COPY and the wake-up for its topics; returns how many records it sent.
+
+        COPY returns nothing to hang a NOTIFY on, so the topics are gathered on
+        the way out and named in one statement after it, in the same
+        transaction (on an autocommit connection, right after the COPY's own).
+        """
         written = 0
+        topics: set[str] = set()
+        seen, at = topics.add, copy.topic_at
         try:
             with conn.cursor().copy(copy.statement) as out:
                 write = out.write_row
                 for written, record in enumerate(copy.records, 1):  # noqa: B007
+                    seen(record[at])
                     write(record)
+            if topics:
+                run(conn, self._q["event_wake_topics"], {"topics": list(topics)})
         except psycopg.Error as exc:
             raise wrap(exc, f"enqueue of {what}") from exc
         return written

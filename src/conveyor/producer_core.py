@@ -206,14 +206,23 @@ def producer_tracing(tracing: bool | None) -> ProducerTracing | None:
     return ProducerTracing()
 
 
-def single_params(row: _Row, trace: _Trace | None = None) -> dict[str, Any]:
-    """``event_insert``'s parameters (``event_insert_traced``'s with a ``trace``)."""
+def single_insert(row: _Row, trace: _Trace | None = None) -> tuple[str, dict[str, Any]]:
+    """The named query that writes one event, and its parameters.
+
+    An event with no idempotency key and no delay (the common one) takes
+    ``event_insert_plain``: fewer parameters to send and no ON CONFLICT.
+    """
+    if trace is None and row.key is None and row.delay == 0:
+        return "event_insert_plain", {"tenant": row.tenant, "topic": row.topic,
+                                      "payload": row.payload, "priority": row.priority,
+                                      "max_attempts": row.max_attempts}
     params = {"tenant": row.tenant, "topic": row.topic, "payload": row.payload,
               "priority": row.priority, "max_attempts": row.max_attempts,
               "idempotency_key": row.key, "delay": row.delay}
-    if trace is not None:
-        params["traceparent"], params["tracestate"] = trace
-    return params
+    if trace is None:
+        return "event_insert", params
+    params["traceparent"], params["tracestate"] = trace
+    return "event_insert_traced", params
 
 
 def key_params(row: _Row) -> dict[str, Any]:
@@ -240,10 +249,11 @@ def insert_many_params(rows: Sequence[_Row], ids: Sequence[int],
 
 
 class _Copy(NamedTuple):
-    """One COPY: its statement and the records it sends."""
+    """One COPY: its statement, the records it sends, where a record holds its topic."""
 
     statement: str
     records: Iterable[tuple[Any, ...]]
+    topic_at: int = 0
 
 
 def fits_copy(rows: Sequence[_Row]) -> bool:
@@ -257,7 +267,7 @@ def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int],
     copy = _Copy(f"COPY {q.events_table} (id, tenant, topic, payload, priority, max_attempts)"
                  " FROM STDIN",
                  ((rid, r.tenant, r.topic, r.payload, r.priority, r.max_attempts)
-                  for rid, r in zip(ids, rows, strict=True)))
+                  for rid, r in zip(ids, rows, strict=True)), topic_at=2)
     return copy if trace is None else traced_copy(copy, trace)
 
 
@@ -276,7 +286,7 @@ def copy_rows(q: Queries, rows: Sequence[_Row], trace: _Trace | None = None) -> 
 def traced_copy(copy: _Copy, trace: _Trace) -> _Copy:
     """``copy`` with the two trace columns appended to its column list and to every record."""
     statement = copy.statement.replace(") FROM STDIN", ", traceparent, tracestate) FROM STDIN")
-    return _Copy(statement, (record + trace for record in copy.records))
+    return copy._replace(statement=statement, records=(record + trace for record in copy.records))
 
 
 def fits_copy_plain(config: ProducerConfig, events: Sequence[EventLike]) -> bool:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from conveyor import BackoffPolicy, Event, RetryAfter, Router, Snooze, Worker
+from conveyor import BackoffPolicy, Event, NewEvent, RetryAfter, Router, Snooze, Worker
 from waiting import wait_until
-from worker_support import enqueue, event_row, fast_config, query, running
+from worker_support import enqueue, enqueue_many, event_row, fast_config, query, running
 
 SLOW_POLL = 30.0
 
@@ -149,10 +149,9 @@ async def test_many_far_future_events_do_not_delay_a_near_one(db: str) -> None:
     worker = Worker(db, _timed_router("remind.*", starts), fast_config(poll_interval=SLOW_POLL))
     async with running(worker):
         await _idle(worker)
-        # One statement, 10,000 distinct topics: the trigger sends one NOTIFY per topic.
-        await query(db, "INSERT INTO conveyor.events (topic, payload, run_at) "
-                        "SELECT 'remind.user-' || g, '{}', now() + interval '1 day' "
-                        "FROM generate_series(1, 10000) AS g")
+        # One statement, 10,000 distinct topics: it sends one NOTIFY per topic.
+        await enqueue_many(db, [NewEvent(topic=f"remind.user-{g}", payload={}, delay=86_400)
+                                for g in range(1, 10_001)])
 
         async def all_heard() -> bool:
             return worker.listener.notifications >= 10_000

@@ -2,7 +2,9 @@
 
 A file holds blocks that start with ``-- name: <query_name>``; the SQL until
 the next such line belongs to that name. The schema enters only as
-``psycopg.sql.Identifier`` after validation, in place of ``{schema}``.
+``psycopg.sql.Identifier`` after validation, in place of ``{schema}``, and
+the schema's NOTIFY channel as a ``psycopg.sql.Literal`` in place of
+``{channel}``.
 """
 
 from __future__ import annotations
@@ -57,13 +59,14 @@ class Queries:
         except KeyError:
             pass
         body = raw_queries()[name]
-        text = sql.SQL(body).format(schema=sql.Identifier(self.schema)).as_string()
+        text = sql.SQL(body).format(schema=sql.Identifier(self.schema),
+                                    channel=sql.Literal(self.channel)).as_string()
         self._rendered[name] = text
         return text
 
     @property
     def channel(self) -> str:
-        """The NOTIFY channel the insert trigger uses for this schema."""
+        """The NOTIFY channel of this schema's wake-ups (``<schema>.events``)."""
         return f"{self.schema}.events"
 
     @property

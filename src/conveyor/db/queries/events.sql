@@ -2,29 +2,71 @@
 -- schema identifier; parameters are always bound, never formatted in.
 
 -- name: event_insert
--- One event. With an idempotency key that already exists nothing is inserted
+-- One event, and its wake-up in the same statement (0007 dropped the insert
+-- trigger, whose per-statement cost exceeded the insert's). With an
+-- idempotency key that already exists nothing is inserted, nobody is woken
 -- and no row comes back; the caller then looks the first event up.
+-- The NOTIFY is delivered at COMMIT and dropped by a ROLLBACK; its payload is
+-- the topic, and for a delayed event also its due time in epoch seconds
+-- ("topic|1767225600.5"), so an idle worker can set a timer. A transaction
+-- that set conveyor.notify = 'off' sends none (docs/producing.md). Numbers are
+-- cast to the columns' base types: a parameter typed as a domain would run
+-- the domain's input function on every execution.
 INSERT INTO {schema}.events
     (tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
 VALUES
-    (%(tenant)s, %(topic)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+    (%(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s, %(max_attempts)s::int,
      %(idempotency_key)s, now() + %(delay)s * interval '1 second')
 ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id
+RETURNING id,
+    CASE WHEN current_setting('conveyor.notify', true) IS DISTINCT FROM 'off' THEN
+        pg_notify({channel}, CASE WHEN run_at <= now() THEN topic
+                                  ELSE topic || '|' || extract(epoch FROM run_at)::text END)
+    END
+
+-- name: event_insert_plain
+-- event_insert for the common event: no idempotency key, no delay. Fewer
+-- parameters and no ON CONFLICT make it measurably cheaper on both sides,
+-- and a due event's wake-up is its topic.
+INSERT INTO {schema}.events (tenant, topic, payload, priority, max_attempts)
+VALUES (%(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s, %(max_attempts)s::int)
+RETURNING id,
+    CASE WHEN current_setting('conveyor.notify', true) IS DISTINCT FROM 'off' THEN
+        pg_notify({channel}, topic)
+    END
 
 -- name: event_insert_many_ids
 -- Many events with ids reserved up front, from parallel arrays. Rows whose key
--- already exists are skipped; the caller looks those keys up.
-INSERT INTO {schema}.events
-    (id, tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
-SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
-       t.idempotency_key, now() + t.delay * interval '1 second'
-FROM unnest(%(ids)s::bigint[], %(tenants)s::text[], %(topics)s::text[], %(payloads)s::text[],
-            %(priorities)s::smallint[], %(max_attempts)s::int[], %(keys)s::text[],
-            %(delays)s::float8[])
-     AS t(id, tenant, topic, payload, priority, max_attempts, idempotency_key, delay)
-ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id
+-- already exists are skipped; the caller looks those keys up. One wake-up per
+-- topic of the new rows, with the topic's earliest due time when that is
+-- later (see event_insert). `woken` runs because the final SELECT joins it;
+-- its count() makes it exactly one row, so the join keeps every id.
+WITH new AS (
+    INSERT INTO {schema}.events
+        (id, tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
+    SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
+           t.idempotency_key, now() + t.delay * interval '1 second'
+    FROM unnest(%(ids)s::bigint[], %(tenants)s::text[], %(topics)s::text[], %(payloads)s::text[],
+                %(priorities)s::smallint[], %(max_attempts)s::int[], %(keys)s::text[],
+                %(delays)s::float8[])
+         AS t(id, tenant, topic, payload, priority, max_attempts, idempotency_key, delay)
+    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, topic, run_at
+), woken AS (
+    SELECT count(pg_notify({channel},
+                           CASE WHEN due.run_at <= now() THEN due.topic
+                                ELSE due.topic || '|' || extract(epoch FROM due.run_at)::text END))
+    FROM (SELECT topic, min(run_at) AS run_at FROM new GROUP BY topic) AS due
+    WHERE current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
+)
+SELECT new.id FROM new, woken
+
+-- name: event_wake_topics
+-- The wake-up after a COPY of due events, which returns nothing to hang a
+-- pg_notify() on: one NOTIFY per topic, delivered at COMMIT like the others.
+SELECT count(pg_notify({channel}, topic))
+FROM unnest(%(topics)s::text[]) AS topic
+WHERE current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
 
 -- name: event_sequence
 -- The identity sequence behind events.id; looked up once per producer.

@@ -9,23 +9,36 @@ INSERT INTO {schema}.events
     (tenant, topic, payload, priority, max_attempts, idempotency_key, run_at,
      traceparent, tracestate)
 VALUES
-    (%(tenant)s, %(topic)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+    (%(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s, %(max_attempts)s::int,
      %(idempotency_key)s, now() + %(delay)s * interval '1 second',
-     %(traceparent)s, %(tracestate)s)
+     %(traceparent)s::text, %(tracestate)s::text)
 ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id
+RETURNING id,
+    CASE WHEN current_setting('conveyor.notify', true) IS DISTINCT FROM 'off' THEN
+        pg_notify({channel}, CASE WHEN run_at <= now() THEN topic
+                                  ELSE topic || '|' || extract(epoch FROM run_at)::text END)
+    END
 
 -- name: event_insert_many_ids_traced
 -- One send span covers the batch, so every row carries the same context.
-INSERT INTO {schema}.events
-    (id, tenant, topic, payload, priority, max_attempts, idempotency_key, run_at,
-     traceparent, tracestate)
-SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
-       t.idempotency_key, now() + t.delay * interval '1 second',
-       %(traceparent)s, %(tracestate)s
-FROM unnest(%(ids)s::bigint[], %(tenants)s::text[], %(topics)s::text[], %(payloads)s::text[],
-            %(priorities)s::smallint[], %(max_attempts)s::int[], %(keys)s::text[],
-            %(delays)s::float8[])
-     AS t(id, tenant, topic, payload, priority, max_attempts, idempotency_key, delay)
-ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id
+WITH new AS (
+    INSERT INTO {schema}.events
+        (id, tenant, topic, payload, priority, max_attempts, idempotency_key, run_at,
+         traceparent, tracestate)
+    SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
+           t.idempotency_key, now() + t.delay * interval '1 second',
+           %(traceparent)s::text, %(tracestate)s::text
+    FROM unnest(%(ids)s::bigint[], %(tenants)s::text[], %(topics)s::text[], %(payloads)s::text[],
+                %(priorities)s::smallint[], %(max_attempts)s::int[], %(keys)s::text[],
+                %(delays)s::float8[])
+         AS t(id, tenant, topic, payload, priority, max_attempts, idempotency_key, delay)
+    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, topic, run_at
+), woken AS (
+    SELECT count(pg_notify({channel},
+                           CASE WHEN due.run_at <= now() THEN due.topic
+                                ELSE due.topic || '|' || extract(epoch FROM due.run_at)::text END))
+    FROM (SELECT topic, min(run_at) AS run_at FROM new GROUP BY topic) AS due
+    WHERE current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
+)
+SELECT new.id FROM new, woken
