@@ -23,6 +23,7 @@ from conveyor.worker import Worker
 WORKER_EXPECTED = {
     "concurrency": (1, 10_000, "1", "10000"),
     "batch_size": (1, 10_000, "1", "10000"),
+    "max_batch_size": (1, 10_000, "1", "10000"),
     "poll_interval": (0.01, 86_400.0, "0.01s", "1d"),
     "lease_ttl": (0.1, 604_800.0, "0.1s", "7d"),
     "heartbeat_interval": (0.01, 86_400.0, "0.01s", "1d"),
@@ -42,7 +43,7 @@ PRODUCER_EXPECTED = {
     "max_payload_depth": (1, 500, "1", "500"),
     "max_attempts": (1, 1000, "1", "1000"),
 }
-INTEGER_FIELDS = {"concurrency", "batch_size", "max_payload_bytes", "max_payload_depth",
+INTEGER_FIELDS = {"concurrency", "batch_size", "max_batch_size", "max_payload_bytes", "max_payload_depth",
                   "max_attempts"}
 
 
@@ -53,6 +54,7 @@ PARTNERS: dict[str, dict[str, float]] = {
     "heartbeat_interval": {"lease_ttl": 604_800.0},
     "reconnect_min": {"reconnect_max": 86_400.0},
     "reconnect_max": {"reconnect_min": 0.01},
+    "max_batch_size": {"batch_size": 1},
 }
 
 
@@ -63,6 +65,15 @@ def _build(field: str, value: Any) -> object:
 
 
 ALL_EXPECTED = {**WORKER_EXPECTED, **PRODUCER_EXPECTED}
+
+
+def test_max_batch_size_below_batch_size_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigError, match=r"^expected max_batch_size to be >= batch_size "
+                                          r"\(100\), got 99$"):
+        WorkerConfig(max_batch_size=99)
+    assert WorkerConfig(max_batch_size=100).claim_limit == 100
+    assert WorkerConfig().claim_limit == 200            # None: up to concurrency
+    assert WorkerConfig(concurrency=10, batch_size=50).claim_limit == 50
 
 
 def test_the_module_ranges_are_the_documented_ones() -> None:
@@ -117,6 +128,9 @@ def test_non_finite_durations_are_refused_as_such(field: str, value: float) -> N
 @pytest.mark.parametrize("field", sorted(INTEGER_FIELDS))
 @pytest.mark.parametrize("value", [True, 2.0, "3", None])
 def test_counts_must_be_integers(field: str, value: Any) -> None:
+    if field == "max_batch_size" and value is None:
+        assert WorkerConfig(max_batch_size=None).max_batch_size is None  # None: up to concurrency
+        return
     low_text, high_text = ALL_EXPECTED[field][2:]
     with pytest.raises(ConfigError) as caught:
         _build(field, value)

@@ -8,8 +8,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from conveyor.schema import migrator_core as migrator_module
 from conveyor import Producer
+from conveyor.schema import migrator_core as migrator_module
 from conveyor.schema.migrator import Migrator, load_migrations
 
 ROWS = 20_000

@@ -48,6 +48,7 @@ WORKER_RANGES: dict[str, tuple[float, float]] = {
     # A thread per slot (twice that at most) and one claim of up to this many rows.
     "concurrency": (1, 10_000),
     "batch_size": (1, 10_000),
+    "max_batch_size": (1, 10_000),
     "poll_interval": (0.01, _DAY),
     "lease_ttl": (0.1, 7 * _DAY),
     "heartbeat_interval": (0.01, _DAY),
@@ -71,7 +72,7 @@ PRODUCER_RANGES: dict[str, tuple[float, float]] = {
     "max_payload_depth": (1, 500),
     "max_attempts": (1, 1000),
 }
-_COUNTS = frozenset({"concurrency", "batch_size", "max_payload_bytes", "max_payload_depth",
+_COUNTS = frozenset({"concurrency", "batch_size", "max_batch_size", "max_payload_bytes", "max_payload_depth",
                      "max_attempts"})
 
 
@@ -148,7 +149,14 @@ class WorkerConfig:
             than it has free slots; a slot is held until the result is acknowledged,
             so twice the batch size keeps claims and acknowledgements overlapping.
             Defaults to 200.
-        batch_size: most events claimed by one query. Defaults to 100.
+        batch_size: events claimed by one query while the worker keeps up: the
+            first claim after a wake-up, and the acknowledgement batch that is
+            written at once. Defaults to 100.
+        max_batch_size: most events claimed by one query. While a backlog makes
+            claims come back full, each claim asks for up to twice as many as the
+            last, up to the free slots and this; the first short claim goes back
+            to ``batch_size``. ``None``: up to ``concurrency``. Set it to
+            ``batch_size`` to keep every claim at that size. Defaults to ``None``.
         poll_interval: seconds between fallback polls when no NOTIFY arrives
             (jittered by up to 10 %). Defaults to 5.0.
         lease_ttl: seconds a claim stays valid without a heartbeat; an event whose
@@ -201,6 +209,7 @@ class WorkerConfig:
     name: str | None = None
     concurrency: int = CONCURRENCY_DEFAULT
     batch_size: int = BATCH_SIZE_DEFAULT
+    max_batch_size: int | None = None
     poll_interval: float = POLL_INTERVAL_DEFAULT
     lease_ttl: float = LEASE_TTL_DEFAULT
     heartbeat_interval: float = HEARTBEAT_INTERVAL_DEFAULT
@@ -236,8 +245,12 @@ class WorkerConfig:
                     raise ConfigError(str(exc)) from None
         for name in WORKER_RANGES:
             value = getattr(self, name)
-            if value is not None or name not in ("retention", "horizon_alert_after"):
+            if value is not None or name not in ("retention", "horizon_alert_after",
+                                                 "max_batch_size"):
                 _check_range(name, value, WORKER_RANGES)
+        if self.max_batch_size is not None and self.max_batch_size < self.batch_size:
+            raise ConfigError(f"expected max_batch_size to be >= batch_size ({self.batch_size}), "
+                              f"got {self.max_batch_size!r}")
         if self.reconnect_max < self.reconnect_min:
             raise ConfigError(
                 f"expected reconnect_max to be >= reconnect_min ({self.reconnect_min}), "
@@ -248,6 +261,13 @@ class WorkerConfig:
                 f"expected heartbeat_interval to be < lease_ttl ({self.lease_ttl}), "
                 f"got {self.heartbeat_interval!r}"
             )
+
+    @property
+    def claim_limit(self) -> int:
+        """The largest claim: ``max_batch_size``, or ``concurrency`` when it is ``None``."""
+        if self.max_batch_size is not None:
+            return self.max_batch_size
+        return max(self.batch_size, self.concurrency)
 
     @property
     def rescue_bound(self) -> float:

@@ -11,7 +11,7 @@ import pytest
 
 from conveyor import BackoffPolicy, Event, NewEvent, RetryAfter, Router, Snooze, Worker
 from waiting import wait_until
-from worker_support import enqueue, enqueue_many, event_row, fast_config, query, running
+from worker_support import enqueue, enqueue_many, event_row, fast_config, running
 
 SLOW_POLL = 30.0
 

@@ -63,7 +63,11 @@ def register_worker(sub: Sub, env: Env) -> None:
     option(p, "--concurrency", env="CONCURRENCY", type=positive_int, default=CONCURRENCY_DEFAULT,
            help="handlers running at once")
     option(p, "--batch-size", env="BATCH_SIZE", type=positive_int, default=BATCH_SIZE_DEFAULT,
-           help="events claimed per query")
+           help="events claimed per query while the worker keeps up")
+    option(p, "--max-batch-size", env="MAX_BATCH_SIZE", type=positive_int, default=None,
+           help="most events claimed per query: with a backlog, claims grow from "
+                "--batch-size toward the free slots up to this (default: --concurrency; "
+                "equal to --batch-size keeps claims fixed)")
     option(p, "--poll-interval", env="POLL_INTERVAL", type=duration, unit="s",
            default=POLL_INTERVAL_DEFAULT, help="fallback poll when no NOTIFY arrives")
     option(p, "--lease-ttl", env="LEASE_TTL", type=duration, unit="s", default=LEASE_TTL_DEFAULT,
@@ -145,7 +149,8 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
     try:
         config = WorkerConfig(
             schema=ctx.schema, name=args.name, concurrency=args.concurrency,
-            batch_size=args.batch_size, poll_interval=args.poll_interval,
+            batch_size=args.batch_size, max_batch_size=args.max_batch_size,
+            poll_interval=args.poll_interval,
             lease_ttl=args.lease_ttl, shutdown_timeout=args.shutdown_timeout,
             handler_timeout=args.handler_timeout, rescue_interval=args.rescue_interval,
             heartbeat_interval=min(HEARTBEAT_INTERVAL_DEFAULT, args.lease_ttl / 3),

@@ -41,7 +41,8 @@ class Completer:
         self._q = queries
         self._cursor = CursorCache()
         self._owner = owner
-        self._flush_size = flush_size
+        # Raised by the worker while its claims grow with a backlog (Worker._fetch_loop).
+        self.flush_size = flush_size
         self._interval = interval
         self._on_acked = on_acked
         self._query_timeout = query_timeout
@@ -84,7 +85,7 @@ class Completer:
                 stop_wait.cancel()
                 sig_wait.cancel()
                 continue
-            if len(self._buffer) < self._flush_size and not stopping.is_set():
+            if len(self._buffer) < self.flush_size and not stopping.is_set():
                 await asyncio.sleep(self._interval)
             await self.flush()
 

@@ -302,18 +302,33 @@ class Worker:
         c = self.config
         running = self.running
         threshold = max(1, min(c.batch_size, c.concurrency) // 4)
+        size, limit = c.batch_size, c.claim_limit
         while not self._stopping.is_set():
             free = running.free_slots()
             if free < threshold:
                 await running.wait_for_slot()
                 continue
-            want = min(free, c.batch_size)
+            want = min(free, size)
             self._wake.clear()
             claimed = await self._claim(want, defer=True)
             if claimed is None:
                 continue
             if len(claimed) == want:
+                # A full claim: the backlog is deeper than one batch. Fewer,
+                # larger statements drain it faster (each claim and each
+                # acknowledgement costs a round trip and a statement start), so
+                # the next claim may take up to twice as many, up to the free
+                # slots (River caps a fetch at them too) and max_batch_size; the
+                # acknowledgements are written in batches as large.
+                if size < limit:
+                    size = min(size * 2, limit)
+                    self.completer.flush_size = size
                 continue
+            if size != c.batch_size:
+                # Caught up: single events and small bursts go back to small
+                # claims and to acknowledgements flushed at batch_size.
+                size = c.batch_size
+                self.completer.flush_size = size
             await self._idle_wait()
 
     async def _idle_wait(self) -> None:
