@@ -42,7 +42,7 @@ import os
 import re
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -52,6 +52,7 @@ from psycopg.conninfo import conninfo_to_dict
 from conveyor.config import WorkerConfig
 from conveyor.db.connect import UNPARSEABLE, connect_async, describe
 from conveyor.errors import ConfigError, ConveyorError
+from conveyor.middleware import Middleware
 from conveyor.outcomes import PermanentFailure
 from conveyor.router import Route, Router
 from conveyor.schema.migrator import AsyncMigrator
@@ -282,15 +283,19 @@ class MultiTenantWorker:
         app: one :class:`~conveyor.router.Router` for every tenant, or a function
             building a tenant's router from its :class:`TenantDatabase`.
         config: tuning. Defaults to ``MultiTenantConfig()``.
+        middleware: hooks around every handler call of every tenant's worker
+            (docs/middleware.md), in order. Defaults to none.
     """
 
     def __init__(self, tenants: TenantSource | Iterable[TenantDatabase | str],
-                 app: Router | RouterFactory, config: MultiTenantConfig | None = None) -> None:
+                 app: Router | RouterFactory, config: MultiTenantConfig | None = None, *,
+                 middleware: Sequence[Middleware] = ()) -> None:
         self.source = _as_source(tenants)
         if not isinstance(app, Router) and not callable(app):
             raise ConfigError(f"app must be a Router or a function returning one, got {app!r:.60}")
         self.app = app
         self.config = config or MultiTenantConfig()
+        self.middleware = tuple(middleware)
         self._base_name = self.config.worker.name or f"{socket.gethostname()}:{os.getpid()}"
         self._states: dict[str, TenantState] = {}
         self._stopping = asyncio.Event()
@@ -383,7 +388,8 @@ class MultiTenantWorker:
 
     def _worker(self, tenant: TenantDatabase) -> Worker:
         config = dataclasses.replace(self.config.worker, name=f"{self._base_name}/{tenant.name}")
-        return Worker(tenant.conninfo, tenant_router(tenant, self.app), config)
+        return Worker(tenant.conninfo, tenant_router(tenant, self.app), config,
+                      middleware=self.middleware)
 
     async def _prepare(self, tenant: TenantDatabase) -> TenantState | None:
         try:

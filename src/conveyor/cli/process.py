@@ -31,6 +31,7 @@ from typing import Any
 from conveyor.cli.context import Context
 from conveyor.cli.options import option
 from conveyor.errors import InvalidInputError, MissingExtraError
+from conveyor.middleware import Middleware
 from conveyor.router import Router
 
 log = logging.getLogger(__name__)
@@ -210,3 +211,23 @@ def leave_stuck_handler_threads(ctx: Context) -> None:
         ctx.close()
         logging.shutdown()
         os._exit(0)
+
+
+def add_tracing_arg(parser: argparse.ArgumentParser) -> None:
+    """``--tracing``, shared by ``worker`` and ``worker-multi``."""
+    parser.add_argument(
+        "--tracing", action="store_true",
+        help="a 'process {topic}' OpenTelemetry span around every handler call, linked to "
+             "the span that enqueued the event; spans go to the tracer provider your app "
+             "(or opentelemetry-instrument) set up (needs the 'otel' extra; docs/tracing.md)")
+
+
+def tracing_middleware(args: argparse.Namespace) -> list[Middleware]:
+    """``[TracingMiddleware()]`` when ``--tracing`` was given; a one-line error without the extra."""
+    if not args.tracing:
+        return []
+    try:
+        from conveyor.tracing import TracingMiddleware
+    except ImportError as exc:   # MissingExtraError: its message says what to install
+        raise InvalidInputError(f"--tracing: {exc}") from None
+    return [TracingMiddleware()]

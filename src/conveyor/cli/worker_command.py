@@ -12,9 +12,11 @@ from conveyor.cli.options import add_command, boolean, label, option
 from conveyor.cli.process import (
     StopSignals,
     add_event_loop_arg,
+    add_tracing_arg,
     leave_stuck_handler_threads,
     load_router,
     run_until_stopped,
+    tracing_middleware,
 )
 from conveyor.config import (
     BATCH_SIZE_DEFAULT,
@@ -113,6 +115,7 @@ def register_worker(sub: Sub, env: Env) -> None:
                 "extra; see docs/observability.md)")
     option(p, "--metrics-host", env="METRICS_HOST", default="127.0.0.1",
            help="address the metrics port binds")
+    add_tracing_arg(p)
     add_event_loop_arg(p, env)
 
 
@@ -144,6 +147,7 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
         raise InvalidInputError(
             "no database for the worker: set --database-url or CONVEYOR_DATABASE_URL, or pass "
             "--embedded to run on the embedded PostgreSQL")
+    middleware = tracing_middleware(args)   # a missing extra is refused before the import
     stop = StopSignals().install()   # before the app's import, which may take a while
     router = load_router(args.app)
     try:
@@ -166,7 +170,6 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
         log.info("stopped before the worker started", extra={"action": "stopped"})
         return 0
     metrics = None
-    middleware = []
     if args.metrics_port is not None:
         from conveyor.cli.metrics_serving import WorkerMetrics
         metrics = WorkerMetrics(ctx.url(), ctx.schema)

@@ -11,9 +11,11 @@ from conveyor.cli.options import add_command, label, option
 from conveyor.cli.process import (
     StopSignals,
     add_event_loop_arg,
+    add_tracing_arg,
     import_target,
     leave_stuck_handler_threads,
     run_until_stopped,
+    tracing_middleware,
 )
 from conveyor.config import (
     HANDLER_TIMEOUT_DEFAULT,
@@ -70,6 +72,7 @@ def register_worker_multi(sub: Sub, env: Env) -> None:
            help="default limit for one handler call")
     option(p, "--name", env="WORKER_NAME", type=label, shown="host:pid",
            help="label shown by status, '/<tenant>' appended")
+    add_tracing_arg(p)
     add_event_loop_arg(p, env)
 
 
@@ -92,6 +95,7 @@ def _tenant_source(args: argparse.Namespace) -> TenantSource:
 def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
     try:
         source = _tenant_source(args)      # before the app's import: refuse at once
+        middleware = tracing_middleware(args)
         stop = StopSignals().install()
         app = load_app(import_target(args.app))
         config = MultiTenantConfig(
@@ -106,7 +110,7 @@ def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
     if stop.requested:
         log.info("stopped before the worker started", extra={"action": "stopped"})
         return 0
-    worker = MultiTenantWorker(source, app, config)
+    worker = MultiTenantWorker(source, app, config, middleware=middleware)
 
     async def serve() -> None:
         worker.install_signal_handlers()
