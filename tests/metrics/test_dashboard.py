@@ -117,4 +117,4 @@ def test_the_dashboard_is_a_grafana_dashboard_with_a_datasource_variable() -> No
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         assert panel["targets"], panel["title"]
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
