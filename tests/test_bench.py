@@ -267,3 +267,21 @@ def test_quick_consumer_bench_reports_every_figure() -> None:
     assert result["plan"]["quick"] is True
     assert set(result["targets"]) >= {"xlsx_speedup_100k", "xlsx_100k_rss_mb", "xlsx_rss_growth_mb",
                                       "hostile_all_refused"}
+
+
+def test_quick_observability_measures_metrics_and_tracing_beside_a_plain_worker(
+        make_db: MakeDb, template_db: str) -> None:
+    with make_db(prefix="conveyor_bench_", template=template_db) as url:
+        done = _bench(url, "--observability")
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        assert _leftovers(url) == ([], 0)
+    for kind in ("plain", "metrics", "tracing"):
+        row = result[f"drain_{kind}"]
+        assert _positive(row["per_s"]) and _positive(row["worker_cpu_us_per_event"]), row
+        assert len(row["runs_per_s"]) == 1
+    for kind in ("metrics", "tracing"):
+        assert result[f"drain_{kind}_ratio"] == pytest.approx(
+            result[f"drain_{kind}"]["per_s"] / result["drain_plain"]["per_s"], rel=1e-3)
+        target = result["targets"][f"drain_{kind}_ratio"]
+        assert target["met"] == (target["value"] >= float(target["target"].split()[1]))

@@ -30,15 +30,28 @@ def register(sub: Any) -> None:
                    help="benchmark the consumers instead (needs no database): XLSX aggregation "
                         "vs openpyxl, hostile files, SMTP mails/s with and without connection "
                         "reuse; needs the test extras (openpyxl, XlsxWriter, aiosmtpd, trustme)")
+    p.add_argument("--observability", action="store_true",
+                   help="measure what --metrics-port and --tracing cost a draining worker "
+                        "instead: drains at defaults with each, alternating with a plain "
+                        "worker; needs the metrics and otel extras and the OpenTelemetry SDK")
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
-    """``conveyor bench [--json] [--events N] [--quick] [--consumers]``."""
+    """``conveyor bench [--json] [--events N] [--quick] [--consumers | --observability]``."""
     if args.consumers:  # no database: never touch ctx.url()
         from conveyor_tools.bench.consumers import run as run_consumers
 
         return run_consumers(args)
     from conveyor_tools.bench.report import complete, format_table, rounded
+    if args.observability:
+        from conveyor_tools.bench import observability
+        from conveyor_tools.bench.suite import stderr_progress
+
+        found = observability.run(ctx.url(), ctx.schema,
+                                  events=min(args.events, 5_000) if args.quick else args.events,
+                                  reps=1 if args.quick else 5, say=stderr_progress)
+        print(json.dumps(rounded(found)) if args.json else observability.format_table(found))
+        return 0
     from conveyor_tools.bench.suite import Plan, Suite, stderr_progress
 
     plan = Plan.from_args(args.events, args.quick)

@@ -296,19 +296,21 @@ def _per_event(seconds: float | None, count: int) -> float | None:
 
 def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count: int,
                    registry: ProcessRegistry, *, batch_size: int | None = None,
-                   concurrency: int | None = None, retention: float | None = None) -> DrainRun:
+                   concurrency: int | None = None, retention: float | None = None,
+                   **options: Any) -> DrainRun:
     """Start an idle worker, then commit ``count`` events at once; time first claim to last ack.
 
     With ``retention=0`` the worker deletes each event as it acknowledges it,
     so no row keeps its timestamps: the drain is then timed from the fill's
     commit to the moment no event is left (polled every 2 ms), which also
-    counts the wake-up and up to one poll against Conveyor.
+    counts the wake-up and up to one poll against Conveyor. ``options`` go to
+    :class:`~conveyor_tools.bench.processes.WorkerProcess` (``app``, ``flags``).
     """
     schema = schemas.conveyor
     _reset_all(admin, schemas)
     scratch.settle(admin, schema)
     worker = registry.worker(url, schema, batch_size=batch_size, concurrency=concurrency,
-                             retention=retention)
+                             retention=retention, **options)
     worker.start()
     worker.wait_registered(admin)
     time.sleep(IDLE_SETTLE)

@@ -63,13 +63,17 @@ class WorkerProcess:
     ``batch_size``/``concurrency``/``retention`` left as ``None`` keep the command's defaults
     (``WorkerConfig()``'s). ``launcher`` replaces ``-m conveyor.cli.main``,
     e.g. with ``-m cProfile -o out.prof -m conveyor.cli.main`` for profiling.
+    ``app`` and ``flags`` (e.g. ``--tracing``) change what the worker serves and how.
     """
 
     def __init__(self, url: str, schema: str, *, batch_size: int | None = None,
                  concurrency: int | None = None, retention: float | None = None,
                  wake_fd: int | None = None,
-                 launcher: Sequence[str] = ("-m", "conveyor.cli.main")) -> None:
+                 launcher: Sequence[str] = ("-m", "conveyor.cli.main"),
+                 app: str = APP, flags: Sequence[str] = ()) -> None:
         self.url = url
+        self.app = app
+        self.flags = list(flags)
         self.schema = schema
         self.batch_size = batch_size
         self.concurrency = concurrency
@@ -81,7 +85,7 @@ class WorkerProcess:
 
     def command(self) -> list[str]:
         cmd = [sys.executable, *self.launcher, "--schema", self.schema,
-               "--log-level", "warning", "worker", "--app", APP]
+               "--log-level", "warning", "worker", "--app", self.app, *self.flags]
         if self.batch_size is not None:
             cmd += ["--batch-size", str(self.batch_size)]
         if self.concurrency is not None:
