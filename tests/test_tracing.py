@@ -293,3 +293,35 @@ def test_without_the_extra_the_producer_works_and_tracing_says_which_extra() -> 
     assert done.returncode == 0, done.stderr
     line = "conveyor.tracing needs the 'otel' extra: pip install 'conveyor[otel]'"
     assert done.stdout.splitlines() == [line, line]
+
+
+def test_before_an_sdk_is_set_up_the_middleware_does_nothing_and_follows_it_once_it_is() -> None:
+    """With only the API (the global provider a proxy) every span would be a no-op: the
+    middleware skips the work; an SDK set up later (an app importing late) is followed
+    from the next event on."""
+    done = _child(
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import"
+        " InMemorySpanExporter\n"
+        "from conveyor.middleware import HandlerResult\n"
+        "from conveyor.tracing import TracingMiddleware\n"
+        "from conveyor.types import Event, EventState\n"
+        "tp = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'\n"
+        "event = Event(id=7, topic='t.x', payload_text='{}', traceparent=tp)\n"
+        "done = HandlerResult(EventState.SUCCEEDED, None, None, 0.001, None, True)\n"
+        "middleware = TracingMiddleware()\n"
+        "middleware.before(event)\n"
+        "print(trace.get_current_span().get_span_context().is_valid)\n"
+        "middleware.after(event, done)\n"
+        "exporter = InMemorySpanExporter()\n"
+        "provider = TracerProvider()\n"
+        "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+        "trace.set_tracer_provider(provider)\n"
+        "middleware.before(event)\n"
+        "print(trace.get_current_span().get_span_context().trace_id == int(tp[3:35], 16))\n"
+        "middleware.after(event, done)\n"
+        "print([s.name for s in exporter.get_finished_spans()])\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False", "True", "['process t.x']"]

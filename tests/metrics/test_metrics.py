@@ -236,3 +236,50 @@ def test_without_the_extra_the_import_fails_in_one_line() -> None:
                             timeout=60)
     assert result.stdout.strip() == ("conveyor.metrics needs the 'metrics' extra: "
                                      "pip install 'conveyor[metrics]'")
+
+
+def test_the_histograms_and_counter_match_prometheus_clients_own() -> None:
+    """MetricsMiddleware keeps its own counts; fed the same values, prometheus_client's
+    Counter and Histogram (the oracle) must expose the same samples."""
+    import datetime
+
+    from prometheus_client import Counter, Histogram
+
+    from conveyor.metrics.middleware import DURATION_BUCKETS, WAIT_BUCKETS, MetricsMiddleware
+    from conveyor.middleware import HandlerResult
+    from conveyor.types import Event, EventState
+
+    ours = CollectorRegistry()
+    middleware = MetricsMiddleware(registry=ours, tenant_label=True)
+    oracle = CollectorRegistry()
+    handled = Counter("conveyor_events_handled_total", "x", ("topic", "tenant", "outcome"),
+                      registry=oracle)
+    took = Histogram("conveyor_handler_duration_seconds", "x", ("topic", "tenant"),
+                     buckets=DURATION_BUCKETS, registry=oracle)
+    created = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=42)
+    cases = [("a.x", None, EventState.SUCCEEDED, True, 0.0005),
+             ("a.x", None, EventState.SUCCEEDED, True, 0.001),      # on a bound: le="0.001"
+             ("a.x", "acme", EventState.PENDING, True, 0.002),
+             ("a.x", "acme", EventState.PENDING, False, 7.0),
+             ("b.y", None, EventState.FAILED, True, 400.0)]         # past the last bound
+    for topic, tenant, state, spent, duration in cases:
+        event = Event(id=1, topic=topic, payload_text="{}", tenant=tenant, created_at=created)
+        middleware.after(event, HandlerResult(state, None, None, duration, None, spent))
+        outcome = ("retried" if spent else "snoozed") if state is EventState.PENDING else state
+        handled.labels(topic, tenant or "", str(outcome)).inc()
+        took.labels(topic, tenant or "").observe(duration)
+
+    def samples(registry: CollectorRegistry, prefix: str) -> dict[tuple[Any, ...], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in registry.collect() for s in family.samples
+                if s.name.startswith(prefix) and not s.name.endswith("_created")}
+
+    for prefix in ("conveyor_events_handled", "conveyor_handler_duration_seconds"):
+        assert samples(ours, prefix) == samples(oracle, prefix), prefix
+    # The queue wait: a.x's two events were created 42 s before their handlers
+    # started, in the (30, 60] bucket; b.y's 400 s call started before it was created.
+    def wait_le(topic: str, le: str) -> float | None:
+        return ours.get_sample_value("conveyor_queue_wait_seconds_bucket",
+                                     {"topic": topic, "tenant": "", "le": le})
+    assert (wait_le("a.x", "30.0"), wait_le("a.x", "60.0"), wait_le("a.x", "+Inf")) == (0, 2, 2)
+    assert wait_le("b.y", str(WAIT_BUCKETS[0])) == 1
