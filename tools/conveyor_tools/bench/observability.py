@@ -5,8 +5,8 @@ mover rotated every repetition: a plain ``conveyor worker``; one with
 ``--metrics-port`` (the metrics middleware counting every outcome and
 timing every call, the per-worker collector, the database gauges' refresher
 and the HTTP server thread); one with ``--tracing`` serving an app that sets
-up the OpenTelemetry SDK (a recorded ``process`` span per event, linked and
-batched by a ``BatchSpanProcessor`` whose exporter drops them). Rates are
+up the OpenTelemetry SDK with no exporter (a recorded ``process`` span per
+event, linked to its producer's context, sent nowhere). Rates are
 timed from the table as in the main benchmark; CPU per event is the worker
 process's own. Targets: metrics >= 0.95 and tracing >= 0.85 of the plain
 drain.
