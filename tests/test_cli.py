@@ -8,7 +8,6 @@ line on stderr, no traceback, non-zero exit" is about what a user sees.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import signal
@@ -25,6 +24,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from cli_support import no_conveyor_env, restore_logging  # noqa: F401 - autouse fixtures
 from conveyor.cli.main import main
 from conveyor.schema.migrator import load_migrations
 
@@ -32,23 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 UNREACHABLE = "postgresql://root@127.0.0.1:1/x"
 
 Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """main() configures the root logger; give other tests theirs back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-@pytest.fixture(autouse=True)
-def _no_conveyor_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("CONVEYOR_") and name != "CONVEYOR_TEST_DATABASE_URL":
-            monkeypatch.delenv(name)
 
 
 def _invoke(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:

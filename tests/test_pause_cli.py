@@ -7,37 +7,20 @@ command, since "one line, no traceback" is about what a user sees.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from cli_support import no_conveyor_env, restore_logging  # noqa: F401 - autouse fixtures
 from conveyor.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """main() configures the root logger; give other tests theirs back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-@pytest.fixture(autouse=True)
-def _no_conveyor_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("CONVEYOR_") and name != "CONVEYOR_TEST_DATABASE_URL":
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture

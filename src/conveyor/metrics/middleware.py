@@ -22,17 +22,22 @@ WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 
                 3600.0, 14400.0, 86400.0)
 
 
-def outcome_name(result: HandlerResult) -> str:
+def _outcome(state: EventState, attempt_spent: bool) -> str:
     """``succeeded``, ``retried``, ``snoozed``, ``failed`` (parked) or ``cancelled``."""
-    if result.state is EventState.PENDING:
-        return "retried" if result.attempt_spent else "snoozed"
-    return str(result.state)
+    if state is EventState.PENDING:
+        return "retried" if attempt_spent else "snoozed"
+    return str(state)
 
 
-# outcome_name() by (state, attempt_spent), looked up once per event instead.
-_OUTCOME_NAMES = {(state, spent): "retried" if state is EventState.PENDING and spent
-                  else "snoozed" if state is EventState.PENDING else str(state)
+# The outcome label by (state, attempt_spent), computed once: str() of the
+# enum per event was a measurable share of after().
+_OUTCOME_NAMES = {(state, spent): _outcome(state, spent)
                   for state in EventState for spent in (True, False)}
+
+
+def outcome_name(result: HandlerResult) -> str:
+    """The ``outcome`` label of an attempt's result."""
+    return _OUTCOME_NAMES[result.state, result.attempt_spent]
 
 
 class _Series:
@@ -67,7 +72,7 @@ class MetricsMiddleware(Middleware, Collector):
     The counts are kept here, under one lock, and exported as prometheus_client
     metric families at scrape time: a Counter and two Histograms updated per
     event cost about 4 us (three locks, a label look-up, a linear bucket scan),
-    this about 1.
+    this under 2 (measured with timeit on 2026-12-01).
     """
 
     def __init__(self, *, registry: CollectorRegistry | None = None,
@@ -85,7 +90,7 @@ class MetricsMiddleware(Middleware, Collector):
         created = event.created_at
         duration = result.duration
         wait = max(0.0, time.time() - duration - created.timestamp()) if created else None
-        outcome = _OUTCOME_NAMES[result.state, result.attempt_spent]
+        outcome = outcome_name(result)
         with self._lock:
             series = self._series.get(key)
             if series is None:
