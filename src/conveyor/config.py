@@ -264,7 +264,8 @@ class WorkerConfig:
 
     @property
     def claim_limit(self) -> int:
-        """The largest claim: ``max_batch_size``, or ``concurrency`` when it is ``None``."""
+        """The largest claim: ``max_batch_size``; when that is ``None``, ``concurrency``
+        (or ``batch_size`` if it is larger)."""
         if self.max_batch_size is not None:
             return self.max_batch_size
         return max(self.batch_size, self.concurrency)
