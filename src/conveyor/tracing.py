@@ -51,7 +51,8 @@ SYSTEM = "conveyor"
 _W3C = TraceContextTextMapPropagator()
 # The fields of a version-00 traceparent, for context_of's fast path.
 _HEX = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-# events_tracestate_check; a longer one is dropped, as W3C lets a vendor do.
+# The tracestate domain's limit (tracestate_check, 0007); a longer one is dropped, as W3C
+# lets a vendor do.
 TRACESTATE_MAX = 512
 
 
