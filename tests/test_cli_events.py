@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import no_conveyor_env, restore_logging
 from test_cli import (
     REPO,
     Run,
     _invoke,
-    _no_conveyor_env,
-    _restore_logging,
     assert_one_line_error,
     child_env,
     cli,
@@ -28,7 +27,7 @@ from test_cli import (
     row,
 )
 
-__all__ = ["_no_conveyor_env", "_restore_logging", "cli", "error_db"]  # shared fixtures
+__all__ = ["cli", "error_db", "no_conveyor_env", "restore_logging"]  # shared fixtures
 
 
 def _fail(url: str, event_id: int, error: str = "boom") -> None:

@@ -7,10 +7,11 @@ import json
 import psycopg
 import pytest
 
+from cli_support import no_conveyor_env, restore_logging
 from conveyor.schema.migrator import load_migrations
-from test_cli import Run, _invoke, _no_conveyor_env, _restore_logging, cli, row
+from test_cli import Run, _invoke, cli, row
 
-__all__ = ["_no_conveyor_env", "_restore_logging", "cli"]  # fixtures shared with test_cli
+__all__ = ["cli", "no_conveyor_env", "restore_logging"]  # fixtures shared with test_cli
 
 
 def _json(run: Run, *args: str) -> dict[str, object]:

@@ -13,6 +13,7 @@ import re
 
 import pytest
 
+from cli_support import no_conveyor_env, restore_logging
 from conveyor.cli.main import build_parser
 from conveyor.cli.options import format_seconds
 from conveyor.config import (
@@ -24,15 +25,13 @@ from conveyor.config import (
 )
 from test_cli import (
     _invoke,
-    _no_conveyor_env,
-    _restore_logging,
     assert_one_line_error,
     child_env,
     conveyor,
     error_db,
 )
 
-__all__ = ["_no_conveyor_env", "_restore_logging", "error_db"]  # fixtures shared with test_cli
+__all__ = ["error_db", "no_conveyor_env", "restore_logging"]  # fixtures shared with test_cli
 
 
 def _help(capsys: pytest.CaptureFixture[str], *args: str) -> str:

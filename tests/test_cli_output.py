@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import no_conveyor_env, restore_logging
 from conveyor.cli.main import EXIT_BROKEN_PIPE
 from conveyor.cli.output import escape, escape_lines
 from test_cli import (
     REPO,
     Run,
-    _no_conveyor_env,
-    _restore_logging,
     assert_one_line_error,
     child_env,
     cli,
@@ -32,7 +31,7 @@ from test_cli import (
     execute,
 )
 
-__all__ = ["_no_conveyor_env", "_restore_logging", "cli", "error_db"]  # shared fixtures
+__all__ = ["cli", "error_db", "no_conveyor_env", "restore_logging"]  # shared fixtures
 
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J\rconveyor: retry succeeded"
 FORBIDDEN = ("\x1b", "\x07", "\r", "\x9b", "\u202e")
