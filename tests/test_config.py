@@ -72,7 +72,8 @@ def test_max_batch_size_below_batch_size_is_refused_naming_both() -> None:
                                           r"\(100\), got 99$"):
         WorkerConfig(max_batch_size=99)
     assert WorkerConfig(max_batch_size=100).claim_limit == 100
-    assert WorkerConfig().claim_limit == 200            # None: up to concurrency
+    assert WorkerConfig().claim_limit == 100            # None: up to half of concurrency
+    assert WorkerConfig(concurrency=1000, batch_size=100).claim_limit == 500
     assert WorkerConfig(concurrency=10, batch_size=50).claim_limit == 50
 
 
@@ -129,7 +130,7 @@ def test_non_finite_durations_are_refused_as_such(field: str, value: float) -> N
 @pytest.mark.parametrize("value", [True, 2.0, "3", None])
 def test_counts_must_be_integers(field: str, value: Any) -> None:
     if field == "max_batch_size" and value is None:
-        assert WorkerConfig(max_batch_size=None).max_batch_size is None  # None: up to concurrency
+        assert WorkerConfig(max_batch_size=None).max_batch_size is None  # None: half of concurrency
         return
     low_text, high_text = ALL_EXPECTED[field][2:]
     with pytest.raises(ConfigError) as caught:

@@ -155,8 +155,10 @@ class WorkerConfig:
         max_batch_size: most events claimed by one query. While a backlog makes
             claims come back full, each claim asks for up to twice as many as the
             last, up to the free slots and this; the first short claim goes back
-            to ``batch_size``. ``None``: up to ``concurrency``. Set it to
-            ``batch_size`` to keep every claim at that size. Defaults to ``None``.
+            to ``batch_size``. ``None``: up to half of ``concurrency`` (at least
+            ``batch_size``), so that the next claim is on its way while a batch
+            runs and is acknowledged. Set it to ``batch_size`` to keep every
+            claim at that size. Defaults to ``None``.
         poll_interval: seconds between fallback polls when no NOTIFY arrives
             (jittered by up to 10 %). Defaults to 5.0.
         lease_ttl: seconds a claim stays valid without a heartbeat; an event whose
@@ -264,11 +266,18 @@ class WorkerConfig:
 
     @property
     def claim_limit(self) -> int:
-        """The largest claim: ``max_batch_size``; when that is ``None``, ``concurrency``
-        (or ``batch_size`` if it is larger)."""
+        """The largest claim: ``max_batch_size``; when that is ``None``, half of
+        ``concurrency`` (or ``batch_size`` if it is larger).
+
+        Half, not all: a claim as large as the slots leaves none free until its
+        whole batch is acknowledged, so claim, handlers and acknowledgement run
+        one after the other. With half, the database claims the next batch
+        while this one runs (2026-12-01: 78,000 against 57,000 events/s at the
+        default 100/200 on a 20,000-event backlog, docs/benchmarks.md).
+        """
         if self.max_batch_size is not None:
             return self.max_batch_size
-        return max(self.batch_size, self.concurrency)
+        return max(self.batch_size, self.concurrency // 2)
 
     @property
     def rescue_bound(self) -> float:

@@ -68,8 +68,9 @@ def register_worker(sub: Sub, env: Env) -> None:
            help="events claimed per query while the worker keeps up")
     option(p, "--max-batch-size", env="MAX_BATCH_SIZE", type=positive_int, default=None,
            help="most events claimed per query: with a backlog, claims grow from "
-                "--batch-size toward the free slots up to this (default: --concurrency; "
-                "equal to --batch-size keeps claims fixed)")
+                "--batch-size toward the free slots up to this (default: half of "
+                "--concurrency, so the next claim runs while a batch does; equal to "
+                "--batch-size keeps claims fixed)")
     option(p, "--poll-interval", env="POLL_INTERVAL", type=duration, unit="s",
            default=POLL_INTERVAL_DEFAULT, help="fallback poll when no NOTIFY arrives")
     option(p, "--lease-ttl", env="LEASE_TTL", type=duration, unit="s", default=LEASE_TTL_DEFAULT,
