@@ -17,6 +17,7 @@ import psycopg
 
 from conveyor.cli import (
     commands,
+    dashboard_command,
     events,
     pause_command,
     worker_command,
@@ -110,7 +111,8 @@ COMMANDS = [commands.register_migrate, worker_command.register_worker,
             commands.register_show, events.register_retry, events.register_cancel,
             events.register_prune, commands.register_xlsx,
             worker_multi_command.register_worker_multi, workflow_command.register_workflow,
-            pause_command.register_pause, pause_command.register_resume]
+            pause_command.register_pause, pause_command.register_resume,
+            dashboard_command.register_dashboard]
 
 
 def build_parser() -> argparse.ArgumentParser:
