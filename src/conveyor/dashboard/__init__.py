@@ -3,6 +3,16 @@
 Mount :func:`dashboard_app` in your ASGI app, or run ``conveyor dashboard``.
 """
 
+from conveyor.errors import MissingExtraError
+
+try:
+    import jinja2  # noqa: F401 - probed here so a missing one names the extra
+    import multipart  # noqa: F401 - python-multipart: Starlette's form parser
+    import psycopg_pool  # noqa: F401
+    import starlette  # noqa: F401
+except ImportError as exc:
+    raise MissingExtraError("the dashboard", "dashboard", module=exc.name) from exc
+
 from conveyor.dashboard.app import DashboardConfig, dashboard_app
 from conveyor.dashboard.security import Action, Unauthenticated, allow_all, basic_auth, read_only
 

@@ -74,7 +74,10 @@ class DashboardConfig:
     pool_size: int = POOL_SIZE_DEFAULT
 
     def __post_init__(self) -> None:
-        check_schema_name(self.schema)
+        try:
+            check_schema_name(self.schema)
+        except InvalidInputError as exc:
+            raise ConfigError(str(exc)) from None
         timeout = self.statement_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
                 or not math.isfinite(timeout) or not 0.01 <= timeout <= 3600:

@@ -1,0 +1,253 @@
+"""The dashboard over HTTP (no browser): access, CSRF, bad input, timeouts, mounting.
+
+Each test serves the real Starlette app over httpx's ASGI transport against a
+fresh database; what an action did is read back from the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from conveyor import Producer
+from conveyor.cli.dashboard_command import access
+from conveyor.dashboard import (
+    Action,
+    DashboardConfig,
+    Unauthenticated,
+    allow_all,
+    basic_auth,
+    dashboard_app,
+    read_only,
+)
+from conveyor.errors import ConfigError
+
+TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def _seed(url: str) -> dict[str, int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        producer = Producer()
+        ok = producer.enqueue(conn, "email.send", {"to": "a@example.com", "secret": "hunter2"})
+        bad = producer.enqueue(conn, "email.send", {"to": "b@example.com"})
+        conn.execute(
+            "UPDATE conveyor.events SET state = 'failed', attempts = max_attempts, finished_at = now(),"
+            " last_error = 'SMTP 451 <b>bold</b>' WHERE id = %s", (bad,))
+    return {"pending": ok, "failed": bad}
+
+
+def _state(url: str, event_id: int) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT state FROM conveyor.events WHERE id = %s", (event_id,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+@asynccontextmanager
+async def _client(app: Starlette, **kwargs: Any) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash.test",
+                                     **kwargs) as client:
+            yield client
+    finally:
+        await app.state.conveyor_dashboard.close()
+
+
+async def _token(client: httpx.AsyncClient, path: str = "/") -> str:
+    page = await client.get(path)
+    assert page.status_code == 200, page.text
+    found = TOKEN.search(page.text)
+    assert found is not None, "the page has no form with a CSRF token"
+    assert client.cookies.get("conveyor_csrf") == found.group(1)
+    return found.group(1)
+
+
+def _app(url: str, **kwargs: Any) -> Starlette:
+    return dashboard_app(url, kwargs.pop("config", DashboardConfig()), **kwargs)
+
+
+async def test_read_only_by_default_shows_no_action_and_refuses_one(fresh_db: str) -> None:
+    ids = _seed(fresh_db)
+    async with _client(_app(fresh_db)) as client:
+        page = await client.get(f"/events/{ids['failed']}")
+        assert page.status_code == 200
+        assert "SMTP 451 &lt;b&gt;bold&lt;/b&gt;" in page.text      # escaped, never markup
+        assert "<form" not in page.text
+        cookie = page.cookies.get("conveyor_csrf")
+        assert cookie
+        refused = await client.post(f"/events/{ids['failed']}/retry", data={"csrf_token": cookie})
+        assert refused.status_code == 403
+        assert "does not allow retry" in refused.text
+    assert _state(fresh_db, ids["failed"]) == "failed"
+
+
+async def test_an_action_needs_the_token_of_its_cookie(fresh_db: str) -> None:
+    ids = _seed(fresh_db)
+    async with _client(_app(fresh_db, authorize=allow_all)) as client:
+        token = await _token(client)
+        missing = await client.post(f"/events/{ids['failed']}/retry")
+        wrong = await client.post(f"/events/{ids['failed']}/retry", data={"csrf_token": "x" * 43})
+        foreign = await client.post(f"/events/{ids['failed']}/retry", data={"csrf_token": token},
+                                    headers={"origin": "http://evil.example"})
+        assert [r.status_code for r in (missing, wrong, foreign)] == [403, 403, 403]
+        assert _state(fresh_db, ids["failed"]) == "failed"
+        done = await client.post(f"/events/{ids['failed']}/retry", data={"csrf_token": token},
+                                 headers={"origin": "http://dash.test"})
+        assert done.status_code == 303
+        assert done.headers["location"].endswith(f"/events/{ids['failed']}?done=retried&n={ids['failed']}")
+        shown = await client.get(done.headers["location"])
+        assert f"Event {ids['failed']} will run again now." in shown.text
+    assert _state(fresh_db, ids["failed"]) == "pending"
+
+
+async def test_basic_auth_asks_for_credentials_and_read_only_keeps_actions_out(fresh_db: str) -> None:
+    ids = _seed(fresh_db)
+    good = {"authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}
+    bad = {"authorization": "Basic " + base64.b64encode(b"ops:wrong").decode()}
+    async with _client(_app(fresh_db, authorize=basic_auth("ops:s3cret"))) as client:
+        anonymous = await client.get("/")
+        assert anonymous.status_code == 401
+        assert anonymous.headers["www-authenticate"].startswith("Basic")
+        assert (await client.get("/", headers=bad)).status_code == 401
+        page = await client.get("/", headers=good)
+        assert page.status_code == 200
+        token = TOKEN.search(page.text)
+        assert token is not None
+        client.cookies.set("conveyor_csrf", token.group(1))
+        retried = await client.post(f"/events/{ids['failed']}/cancel", headers=good,
+                                    data={"csrf_token": token.group(1)})
+        assert retried.status_code == 303
+    assert _state(fresh_db, ids["failed"]) == "cancelled"
+    viewer = basic_auth("ops:s3cret", actions=False)
+    async with _client(_app(fresh_db, authorize=viewer)) as client:
+        page = await client.get("/", headers=good)
+        assert page.status_code == 200 and "<form" not in page.text
+
+
+async def test_an_async_authorize_decides_each_action(fresh_db: str) -> None:
+    ids = _seed(fresh_db)
+    asked: list[Action] = []
+
+    async def authorize(request: Any, action: Action) -> bool:
+        await asyncio.sleep(0)
+        asked.append(action)
+        if request.headers.get("x-user") is None:
+            raise Unauthenticated()
+        return action in (Action.VIEW, Action.CANCEL)
+
+    async with _client(_app(fresh_db, authorize=authorize)) as client:
+        assert (await client.get("/")).status_code == 401
+        client.headers["x-user"] = "alice"
+        token = await _token(client, f"/events/{ids['pending']}")
+        page = await client.get(f"/events/{ids['failed']}")
+        assert ">Cancel</button>" in page.text and ">Retry</button>" not in page.text
+        refused = await client.post(f"/events/{ids['failed']}/retry", data={"csrf_token": token})
+        assert refused.status_code == 403
+        done = await client.post(f"/events/{ids['pending']}/cancel", data={"csrf_token": token})
+        assert done.status_code == 303
+    assert Action.RETRY in asked and Action.CANCEL in asked
+    assert _state(fresh_db, ids["failed"]) == "failed"
+    assert _state(fresh_db, ids["pending"]) == "cancelled"
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ("topic=bad%20topic!", "malformed topic pattern 'bad topic!'"),
+    ("tenant=Not_A_Label", "invalid tenant 'Not_A_Label'"),
+    ("state=sleeping", "unknown state 'sleeping' in states"),
+    ("within=3y", "invalid created-within choice '3y'"),
+])
+async def test_a_bad_filter_answers_400_naming_the_value(fresh_db: str, query: str, message: str) -> None:
+    async with _client(_app(fresh_db)) as client:
+        page = await client.get(f"/events?{query}")
+    assert page.status_code == 400
+    assert message in page.text.replace("&#39;", "'"), page.text
+
+
+async def test_unknown_event_is_404_and_payloads_can_be_hidden(fresh_db: str) -> None:
+    ids = _seed(fresh_db)
+    async with _client(_app(fresh_db, config=DashboardConfig(hide_payloads=True))) as client:
+        assert (await client.get("/events/999999")).status_code == 404
+        page = await client.get(f"/events/{ids['pending']}")
+    assert page.status_code == 200
+    assert "hunter2" not in page.text and "Hidden by the dashboard" in page.text
+    async with _client(_app(fresh_db)) as client:
+        assert "hunter2" in (await client.get(f"/events/{ids['pending']}")).text
+
+
+async def test_a_query_cut_by_the_statement_timeout_is_said_so(fresh_db: str) -> None:
+    _seed(fresh_db)
+    config = DashboardConfig(statement_timeout=0.2)
+    with psycopg.connect(fresh_db) as locker:
+        # A lock the listing must wait for: the wait is what the timeout cuts.
+        locker.execute("LOCK TABLE conveyor.events IN ACCESS EXCLUSIVE MODE")
+        async with _client(_app(fresh_db, config=config)) as client:
+            page = await client.get("/events")
+        locker.rollback()
+    assert page.status_code == 503
+    assert "statement timeout" in page.text and "0.2 s" in page.text
+
+
+async def test_mounted_under_a_prefix_every_link_and_the_cookie_keep_it(fresh_db: str) -> None:
+    ids = _seed(fresh_db)
+    host = Starlette(routes=[Mount("/ops/queue", app=_app(fresh_db, authorize=allow_all))])
+    host.state.conveyor_dashboard = host.routes[0].app.state.conveyor_dashboard  # type: ignore[attr-defined]
+    async with _client(host) as client:
+        page = await client.get("/ops/queue/")
+        assert page.status_code == 200
+        links = re.findall(r'(?:href|action)="([^"]+)"', page.text)
+        assert links and all(link.startswith("http://dash.test/ops/queue/") for link in links), links
+        assert "Path=/ops/queue" in page.headers["set-cookie"]
+        css = await client.get("/ops/queue/static/dashboard.css")
+        assert css.status_code == 200 and "--bad" in css.text
+        token = TOKEN.search(page.text)
+        assert token is not None
+        done = await client.post("/ops/queue/pauses", data={"csrf_token": token.group(1),
+                                                             "pattern": "email.*", "reason": "relay down"})
+        assert done.status_code == 303 and done.headers["location"].startswith("http://dash.test/ops/queue/")
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT pattern, reason FROM conveyor.pauses").fetchall() == [
+            ("email.*", "relay down")]
+    assert _state(fresh_db, ids["failed"]) == "failed"
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"statement_timeout": 0}, "expected statement_timeout to be 0.01-3600 seconds, got 0"),
+    ({"statement_timeout": float("nan")}, "got nan"),
+    ({"page_size": 0}, "expected page_size to be an integer 1-500, got 0"),
+    ({"pool_size": True}, "expected pool_size to be an integer 1-100, got True"),
+    ({"schema": "bad schema"}, "bad schema"),
+])
+def test_config_refuses_bad_values_naming_them(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        DashboardConfig(**fields)
+
+
+def _args(**kwargs: Any) -> argparse.Namespace:
+    base = {"insecure_local": False, "basic_auth": None, "read_only": False, "host": "127.0.0.1"}
+    return argparse.Namespace(**{**base, **kwargs})
+
+
+def test_the_command_refuses_to_serve_actions_to_anyone() -> None:
+    with pytest.raises(ConfigError, match="needs --basic-auth USER:PASSWORD, --read-only, or"):
+        access(_args())
+    with pytest.raises(ConfigError, match=re.escape("refused on --host '0.0.0.0'")):
+        access(_args(insecure_local=True, host="0.0.0.0"))
+    with pytest.raises(ConfigError, match="cannot be combined"):
+        access(_args(insecure_local=True, read_only=True))
+    with pytest.raises(ConfigError, match="USER:PASSWORD"):
+        access(_args(basic_auth="nopassword"))
+    assert access(_args(insecure_local=True, host="::1")) is allow_all
+    assert access(_args(insecure_local=True, host="localhost")) is allow_all
+    assert access(_args(read_only=True, host="0.0.0.0")) is read_only
