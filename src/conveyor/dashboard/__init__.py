@@ -7,7 +7,7 @@ from conveyor.errors import MissingExtraError
 
 try:
     import jinja2  # noqa: F401 - probed here so a missing one names the extra
-    import multipart  # noqa: F401 - python-multipart: Starlette's form parser
+    import python_multipart  # noqa: F401 - Starlette's form parser
     import psycopg_pool  # noqa: F401
     import starlette  # noqa: F401
 except ImportError as exc:
