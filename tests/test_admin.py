@@ -91,7 +91,7 @@ def _register_worker(conn: psycopg.Connection[Any], topics: list[str],
     worker_id = str(uuid.uuid4())
     conn.execute(Q["worker_register"], {"id": worker_id, "name": "w", "host": "h", "pid": 1,
                                         "topics": topics, "tenants": None,
-                                        "concurrency": 1})
+                                        "concurrency": 7})
     if stale:
         conn.execute("UPDATE conveyor.workers SET heartbeat_at = now() - interval '1 hour'"
                      " WHERE id = %s", (worker_id,))
@@ -155,7 +155,9 @@ def test_status_counts_only_workers_with_recent_heartbeat(db: psycopg.Connection
     _register_worker(db, ["b.*"], stale=True)
     status = Admin().status(db)
     assert [w.id for w in status.workers] == [alive]
+    assert status.workers[0].concurrency == 7
     assert status.to_json()["workers_alive"] == 1
+    assert status.to_json()["workers"][0]["concurrency"] == 7
 
 
 def test_status_lists_pending_topics_no_alive_worker_handles(

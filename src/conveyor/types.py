@@ -199,6 +199,7 @@ class WorkerInfo:
     started_at: datetime
     heartbeat_at: datetime
     tenants: list[str] | None = None
+    concurrency: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +239,7 @@ class QueueStatus:
                 {"id": w.id, "name": w.name, "host": w.host, "pid": w.pid,
                  "topics": w.topics, "tenants": w.tenants,
                  "started_at": w.started_at.isoformat(),
-                 "heartbeat_at": w.heartbeat_at.isoformat()}
+                 "heartbeat_at": w.heartbeat_at.isoformat(), "concurrency": w.concurrency}
                 for w in self.workers
             ],
             "unhandled_topics": list(self.unhandled_topics),

@@ -20,7 +20,7 @@ DELETE FROM {schema}.workers
 WHERE heartbeat_at < now() - %(older_than)s * interval '1 second'
 
 -- name: worker_list_alive
-SELECT id::text, name, host, pid, topics, started_at, heartbeat_at, tenants
+SELECT id::text, name, host, pid, topics, started_at, heartbeat_at, tenants, concurrency
 FROM {schema}.workers
 WHERE heartbeat_at > now() - %(within)s * interval '1 second'
 ORDER BY started_at
