@@ -7,8 +7,8 @@ from conveyor.errors import MissingExtraError
 
 try:
     import jinja2  # noqa: F401 - probed here so a missing one names the extra
-    import python_multipart  # noqa: F401 - Starlette's form parser
     import psycopg_pool  # noqa: F401
+    import python_multipart  # noqa: F401 - Starlette's form parser
     import starlette  # noqa: F401
 except ImportError as exc:
     raise MissingExtraError("the dashboard", "dashboard", module=exc.name) from exc
