@@ -1,0 +1,371 @@
+"""The dashboard in Debian's chromium: what an operator sees and does, checked against the database.
+
+Each test serves ``dashboard_app`` on a fresh migrated database, drives it
+through the browser, and reads the rows afterwards with psycopg: a page that
+says "done" proves nothing on its own. Plain ``def`` tests only, as
+browser_support explains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from playwright.sync_api import Dialog, Page, expect
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from browser_support import browser, page, phone_page, screenshot, serve_asgi
+from conveyor import Producer
+from conveyor.dashboard import DashboardConfig, allow_all, dashboard_app, read_only
+from conveyor.dashboard.security import Authorize
+
+__all__ = ["browser", "page", "phone_page"]  # shared fixtures
+
+Conn = psycopg.Connection[Any]
+THIN_SPACE = "\u2009"
+WORKER = "6f1c2a4e-3b5d-4c7e-9f80-1a2b3c4d5e6f"
+# Error text and traceback as a handler could raise them: markup must come out as text.
+HOSTILE_ERROR = "SMTPDataError: 554 <script>alert(1)</script> rejected"
+HOSTILE_TRACEBACK = ('Traceback (most recent call last):\n  File "mail.py", line 12, in send\n'
+                     "    raise SMTPDataError('<script>alert(1)</script>')\n"
+                     "SMTPDataError: <script>alert(1)</script>")
+
+
+# -- serving ---------------------------------------------------------------------
+
+
+def _closing_pool(app: Any) -> ASGIApp:
+    """``app`` with a lifespan that closes its pool at shutdown, inside the server's own loop."""
+    async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await app.state.conveyor_dashboard.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    return asgi
+
+
+@contextlib.contextmanager
+def served(db_url: str, authorize: Authorize = allow_all) -> Iterator[str]:
+    app = dashboard_app(db_url, DashboardConfig(schema="conveyor"), authorize=authorize)
+    with serve_asgi(_closing_pool(app)) as base_url:
+        yield base_url
+
+
+# -- seeding and reading the database ----------------------------------------------
+
+
+def _enqueue(db_url: str, topic: str, count: int, *, delay: float = 0.0) -> list[int]:
+    with psycopg.connect(db_url) as conn:
+        if delay:
+            producer = Producer()
+            return [producer.enqueue(conn, topic, {"n": n}, delay=delay) for n in range(count)]
+        return Producer().enqueue_many(conn, [(topic, {"n": n}) for n in range(count)])
+
+
+def _set_state(db_url: str, ids: list[int], state: str) -> None:
+    """Moves events to a finished or running state as the worker would leave them."""
+    with psycopg.connect(db_url) as conn:
+        if state == "running":
+            conn.execute("UPDATE conveyor.events SET state = 'running', attempts = 1, attempted_at = now(),"
+                         " lease_owner = %s, lease_expires_at = now() + interval '5 minutes'"
+                         " WHERE id = ANY(%s)", (WORKER, ids))
+        else:
+            conn.execute("UPDATE conveyor.events SET state = %s, attempts = 1, attempted_at = now(),"
+                         " finished_at = now() WHERE id = ANY(%s)", (state, ids))
+
+
+def _fail(db_url: str, ids: list[int], error: str = "SMTP 451: try again later",
+          traceback: str | None = "Traceback (most recent call last):\n  ...\nTimeoutError") -> None:
+    """Fails events for good: every attempt spent, one history entry per attempt (as events.sql)."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            """UPDATE conveyor.events
+               SET state = 'failed', attempts = max_attempts, attempted_at = now(),
+                   finished_at = now(), updated_at = now(), last_error = %(error)s,
+                   created_at = now() - max_attempts * interval '1 minute',
+                   errors = (SELECT jsonb_agg(jsonb_build_object(
+                                 'attempt', a, 'at', now() - (max_attempts - a) * interval '1 minute',
+                                 'error', %(error)s::text, 'traceback', %(traceback)s::text,
+                                 'worker', %(worker)s::text) ORDER BY a)
+                             FROM generate_series(1, max_attempts) AS a)
+               WHERE id = ANY(%(ids)s)""",
+            {"error": error, "traceback": traceback, "worker": WORKER, "ids": ids})
+
+
+def _states(db_url: str, ids: list[int]) -> dict[int, str]:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT id, state FROM conveyor.events WHERE id = ANY(%s)", (ids,))
+        return dict(rows.fetchall())
+
+
+def _pauses(db_url: str) -> list[tuple[str, str | None, str | None]]:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute("SELECT pattern, tenant, reason FROM conveyor.pauses ORDER BY pattern").fetchall()
+
+
+def _csrf_cookie(page: Page) -> str:
+    tokens = [c["value"] for c in page.context.cookies() if c["name"] == "conveyor_csrf"]
+    assert len(tokens) == 1, page.context.cookies()
+    return tokens[0]
+
+
+def _digits(text: str) -> str:
+    return re.sub(r"\D", "", text)
+
+
+# -- the overview ----------------------------------------------------------------
+
+
+def _seed_overview(db_url: str) -> dict[str, int]:
+    """Events in every state over four topics; returns the count each card must show."""
+    due = _enqueue(db_url, "email.send", 4) + _enqueue(db_url, "sms.send", 3)
+    scheduled = _enqueue(db_url, "email.digest", 2, delay=3600)
+    running = _enqueue(db_url, "webhook.deliver", 1)
+    failed = _enqueue(db_url, "email.send", 3)
+    succeeded = _enqueue(db_url, "webhook.deliver", 5)
+    cancelled = _enqueue(db_url, "sms.send", 1)
+    _set_state(db_url, running, "running")
+    _fail(db_url, failed)
+    _set_state(db_url, succeeded, "succeeded")
+    _set_state(db_url, cancelled, "cancelled")
+    return {"pending": len(due), "scheduled": len(scheduled), "running": len(running),
+            "failed": len(failed), "succeeded": len(succeeded), "cancelled": len(cancelled)}
+
+
+def test_overview_shows_the_counts_by_state_and_the_topics(page: Page, fresh_db: str) -> None:
+    expected = _seed_overview(fresh_db)
+    with served(fresh_db) as base_url:
+        page.goto(base_url + "/")
+        shown = {state: page.locator(f".cards .card.state-{state} .value").inner_text()
+                 for state in expected}
+        topics = page.locator("section:has(h2:text-is('Topics')) tbody tr td:first-child")
+        topic_names = topics.all_inner_texts()
+        screenshot(page, "dashboard-overview")
+    assert shown == {state: str(count) for state, count in expected.items()}
+    assert topic_names == ["email.digest", "email.send", "sms.send", "webhook.deliver"]
+    with psycopg.connect(fresh_db) as conn:
+        counted = conn.execute("SELECT state, count(*) FROM conveyor.events GROUP BY state")
+        in_db: dict[str, int] = dict(counted.fetchall())
+    assert in_db == {"pending": expected["pending"] + expected["scheduled"], "running": 1, "failed": 3,
+                     "succeeded": 5, "cancelled": 1}
+
+
+@pytest.mark.xfail(strict=True, reason="overview.html: the topics table has no .table-wrap and no "
+                   "column hidden below 800 px, so at 390 px it is 574 px wide and the page scrolls sideways")
+def test_overview_fits_a_phone_without_horizontal_scrolling(phone_page: Page, fresh_db: str) -> None:
+    expected = _seed_overview(fresh_db)
+    with served(fresh_db) as base_url:
+        phone_page.goto(base_url + "/")
+        failed_card = phone_page.locator(".cards .card.state-failed .value").inner_text()
+        widths = phone_page.evaluate(
+            "[document.documentElement.scrollWidth, window.innerWidth]")
+        screenshot(phone_page, "dashboard-overview-phone")
+    assert failed_card == str(expected["failed"])
+    assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in a {widths[1]} px window"
+
+
+# -- the events list ---------------------------------------------------------------
+
+
+def _rows(page: Page) -> list[tuple[int, str, str]]:
+    cells = page.locator("table.events tbody tr").evaluate_all(
+        "rows => rows.map(r => [r.cells[0].innerText, r.cells[1].innerText, r.cells[3].innerText])")
+    return [(int(i), topic.strip(), state.strip()) for i, topic, state in cells]
+
+
+def test_events_filter_by_state_and_topic_pattern_pages_without_repeats(page: Page, fresh_db: str) -> None:
+    matching = _enqueue(fresh_db, "email.send", 45) + _enqueue(fresh_db, "email.digest", 20)
+    other_topics = _enqueue(fresh_db, "sms.send", 10) + _enqueue(fresh_db, "emailer.send", 5)
+    pending_email = _enqueue(fresh_db, "email.send", 10)
+    _fail(fresh_db, matching + other_topics)
+    with served(fresh_db) as base_url:
+        page.goto(base_url + "/events")
+        page.check("input[name=state][value=failed]")
+        page.fill("input[name=topic]", "email.*")
+        page.get_by_role("button", name="Filter").click()
+        page.wait_for_url(re.compile(r"/events\?.*state=failed"))
+        expect(page.locator("input[name=topic]")).to_have_value("email.*")
+        screenshot(page, "dashboard-events-filtered")
+        pages = [_rows(page)]
+        while page.get_by_role("link", name="Older →").count():
+            page.get_by_role("link", name="Older →").click()
+            page.wait_for_load_state()
+            pages.append(_rows(page))
+            assert len(pages) < 10, "the pager does not end"
+        screenshot(page, "dashboard-events-last-page")
+    seen = [event_id for rows in pages for event_id, _, _ in rows]
+    assert [len(rows) for rows in pages] == [50, 15]
+    assert all(state == "failed" and re.fullmatch(r"email\.[a-z]+", topic)
+               for rows in pages for _, topic, state in rows), pages
+    assert len(seen) == len(set(seen)) and seen == sorted(seen, reverse=True)
+    assert set(seen) == set(matching)
+    states = _states(fresh_db, matching + other_topics + pending_email)
+    assert {states[i] for i in matching + other_topics} == {"failed"}
+    assert {states[i] for i in pending_email} == {"pending"}
+
+
+def test_bulk_retry_of_1000_failed_events_retries_exactly_those(page: Page, fresh_db: str) -> None:
+    targets = _enqueue(fresh_db, "email.send", 1000)
+    bystanders = _enqueue(fresh_db, "sms.send", 30)
+    _fail(fresh_db, targets + bystanders)
+    with served(fresh_db) as base_url:
+        page.goto(base_url + "/events")
+        page.check("input[name=state][value=failed]")
+        page.fill("input[name=topic]", "email.send")
+        page.get_by_role("button", name="Filter").click()
+        page.wait_for_url(re.compile(r"topic=email\.send"))
+        page.get_by_role("link", name="Retry all matching…").click()
+        page.wait_for_url(re.compile(r"/bulk/retry\?"))
+        big = page.locator("p.big").inner_text()
+        submit = page.locator("form.confirm button[type=submit]")
+        label = submit.inner_text()
+        screenshot(page, "dashboard-bulk-retry-confirm")
+        submit.click()
+        page.wait_for_url(re.compile(r"/events\?.*done=bulk_retry"))
+        notice = page.locator("p.notice").inner_text()
+        screenshot(page, "dashboard-bulk-retry-done")
+    assert f"1{THIN_SPACE}000 events can run again now" in big and _digits(big) == "1000"
+    assert label == f"Retry 1{THIN_SPACE}000 events"
+    assert "events will run again now" in notice and _digits(notice) == "1000"
+    with psycopg.connect(fresh_db) as conn:
+        rows = conn.execute(
+            "SELECT topic, state, run_at <= now() AS due, count(*) FROM conveyor.events"
+            " GROUP BY 1, 2, 3 ORDER BY 1").fetchall()
+        retried = {i for (i,) in conn.execute(
+            "SELECT id FROM conveyor.events WHERE state = 'pending' AND run_at <= now()").fetchall()}
+    assert rows == [("email.send", "pending", True, 1000), ("sms.send", "failed", True, 30)]
+    assert retried == set(targets)
+
+
+# -- one event -------------------------------------------------------------------
+
+
+def test_event_detail_escapes_the_error_and_retry_makes_it_pending(page: Page, fresh_db: str) -> None:
+    [event_id] = _enqueue(fresh_db, "email.send", 1)
+    _fail(fresh_db, [event_id], error=HOSTILE_ERROR, traceback=HOSTILE_TRACEBACK)
+    dialogs: list[str] = []
+
+    def on_dialog(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    with served(fresh_db) as base_url:
+        page.goto(f"{base_url}/events/{event_id}")
+        page.locator("article.attempt-error").first.locator("summary").click()
+        text = page.locator("main").text_content() or ""
+        source = page.content()
+        scripts = page.locator("script").count()
+        screenshot(page, "dashboard-event-failed")
+        page.get_by_role("button", name="Retry", exact=True).click()
+        page.wait_for_url(re.compile(rf"/events/{event_id}\?done=retried"))
+        notice = page.locator("p.notice").inner_text()
+        badge = page.locator("h1 .badge").inner_text()
+        screenshot(page, "dashboard-event-retried")
+    assert dialogs == []
+    assert scripts == 0
+    assert HOSTILE_ERROR in text and "SMTPDataError: <script>alert(1)</script>" in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in source
+    assert notice == f"Event {event_id} will run again now." and badge == "pending"
+    with psycopg.connect(fresh_db) as conn:
+        row = conn.execute("SELECT state, run_at <= now() FROM conveyor.events WHERE id = %s",
+                           (event_id,)).fetchone()
+    assert row == ("pending", True)
+
+
+# -- pauses ------------------------------------------------------------------------
+
+
+def test_pause_form_pauses_the_pattern_and_resume_removes_it(page: Page, fresh_db: str) -> None:
+    reason = "SMTP relay down (ops, INC-42)"
+    with served(fresh_db) as base_url:
+        page.goto(base_url + "/")
+        form = page.get_by_role("form", name="Pause a topic")
+        form.locator("input[name=pattern]").fill("email.*")
+        form.locator("input[name=reason]").fill(reason)
+        form.get_by_role("button", name="Pause").click()
+        page.wait_for_url(re.compile(r"/\?done=paused"))
+        paused_rows = page.locator("h2:text-is('Paused') + table tbody tr").all_inner_texts()
+        notice = page.locator("p.notice").inner_text()
+        in_db_while_paused = _pauses(fresh_db)
+        screenshot(page, "dashboard-paused")
+        page.get_by_role("button", name="Resume").click()
+        page.wait_for_url(re.compile(r"/\?done=resumed"))
+        after_notice = page.locator("p.notice").inner_text()
+        empty = page.locator("h2:text-is('Paused') + p.empty").inner_text()
+    assert notice == "Paused email.*."
+    assert len(paused_rows) == 1 and "email.*" in paused_rows[0] and reason in paused_rows[0]
+    assert in_db_while_paused == [("email.*", None, reason)]
+    assert after_notice == "Resumed email.*." and empty == "Nothing is paused."
+    assert _pauses(fresh_db) == []
+
+
+# -- who may act -------------------------------------------------------------------
+
+
+def test_read_only_shows_no_action_and_refuses_action_posts(page: Page, fresh_db: str) -> None:
+    [event_id] = _enqueue(fresh_db, "email.send", 1)
+    _fail(fresh_db, [event_id])
+    with served(fresh_db, authorize=read_only) as base_url:
+        page.goto(base_url + "/")
+        overview_forms = page.locator("form").count()
+        page.goto(base_url + "/events?state=failed")
+        bulk_links = page.locator("a[href*='/bulk/']").count()
+        post_forms_on_list = page.locator("form[method=post]").count()
+        page.goto(f"{base_url}/events/{event_id}")
+        buttons = page.locator("main button").count()
+        screenshot(page, "dashboard-event-read-only")
+        token = _csrf_cookie(page)
+        answers = {
+            "retry": page.request.post(f"{base_url}/events/{event_id}/retry",
+                                       form={"csrf_token": token}, max_redirects=0),
+            "cancel": page.request.post(f"{base_url}/events/{event_id}/cancel",
+                                        form={"csrf_token": token}, max_redirects=0),
+            "bulk retry": page.request.post(f"{base_url}/bulk/retry/run", max_redirects=0,
+                                            form={"csrf_token": token, "state": "failed"}),
+            "pause": page.request.post(f"{base_url}/pauses", max_redirects=0,
+                                       form={"csrf_token": token, "pattern": "email.*"}),
+        }
+        statuses = {name: answer.status for name, answer in answers.items()}
+        refusals = {name: "Not allowed" in answer.text() for name, answer in answers.items()}
+    assert (overview_forms, bulk_links, post_forms_on_list, buttons) == (0, 0, 0, 0)
+    assert statuses == {"retry": 403, "cancel": 403, "bulk retry": 403, "pause": 403}
+    assert all(refusals.values()), refusals     # refused as not allowed, not for the token
+    assert _states(fresh_db, [event_id]) == {event_id: "failed"}
+    assert _pauses(fresh_db) == []
+
+
+def test_action_post_without_the_csrf_token_is_refused(page: Page, fresh_db: str) -> None:
+    [event_id] = _enqueue(fresh_db, "email.send", 1)
+    _fail(fresh_db, [event_id])
+    with served(fresh_db) as base_url:
+        page.goto(f"{base_url}/events/{event_id}")
+        token = _csrf_cookie(page)
+        url = f"{base_url}/events/{event_id}/retry"
+        refused = {
+            "no token": page.request.post(url, form={}, max_redirects=0),
+            "wrong token": page.request.post(url, form={"csrf_token": "x" * 43}, max_redirects=0),
+            "right token, foreign origin": page.request.post(
+                url, form={"csrf_token": token}, headers={"Origin": "https://evil.example"},
+                max_redirects=0),
+        }
+        statuses = {name: answer.status for name, answer in refused.items()}
+        bodies = {name: answer.text() for name, answer in refused.items()}
+        state_after_refusals = _states(fresh_db, [event_id])[event_id]
+        # The same POST with the cookie's token goes through: the refusals were the token's doing.
+        accepted = page.request.post(url, form={"csrf_token": token}, max_redirects=0).status
+    assert statuses == {name: 403 for name in refused}
+    assert all("Stale or foreign form" in body for body in bodies.values())
+    assert state_after_refusals == "failed"
+    assert accepted == 303 and _states(fresh_db, [event_id]) == {event_id: "pending"}
