@@ -42,7 +42,7 @@ from conveyor.dashboard.security import (
     read_only,
 )
 from conveyor.errors import ConfigError, ConveyorError, EventNotFoundError, InvalidInputError
-from conveyor.types import EventFilter, EventState
+from conveyor.types import EventFilter, EventRecord, EventState
 from conveyor.validation import check_schema_name
 
 STATEMENT_TIMEOUT_DEFAULT = 5.0
@@ -178,11 +178,44 @@ def _number(value: int) -> str:
     return f"{value:,}".replace(",", "\u2009")
 
 
+def _moment(value: datetime | str | None) -> datetime | None:
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _timeline(event: EventRecord) -> list[tuple[datetime | None, str, bool]]:
+    """(when, what, whether it went wrong) for the event page, oldest first."""
+    entries: list[tuple[datetime | None, str, bool]] = [(event.created_at, "created", False)]
+    for err in event.errors:
+        by = f" on {_short(err.worker)}" if err.worker else ""
+        entries.append((_moment(err.at), f"attempt {err.attempt} failed{by}", True))
+    if event.attempted_at is not None:
+        entries.append((event.attempted_at, f"attempt {event.attempts} started", False))
+    if event.finished_at is not None:
+        entries.append((event.finished_at, event.state.value, event.state is EventState.FAILED))
+    elif event.state is EventState.PENDING:
+        entries.append((event.run_at, "due", False))
+    # Stable: an attempt's failure stays after its start when both share a moment.
+    epoch = datetime.min.replace(tzinfo=UTC)
+    return sorted(entries, key=lambda entry: entry[0] or epoch)
+
+
+def _short(worker: str | None) -> str:
+    """A worker as a person reads it: a name as it is, a bare UUID by its first part."""
+    if worker and len(worker) == 36 and worker.count("-") == 4:
+        return worker[:8]
+    return worker or "-"
+
+
 def _environment() -> Environment:
     env = Environment(loader=PackageLoader("conveyor.dashboard", "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True),
-                      trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(duration=_duration, utc=_utc, number=_number)
+                      trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.do"])
+    env.filters.update(duration=_duration, utc=_utc, number=_number, short=_short)
     return env
 
 
@@ -233,7 +266,8 @@ class _Pages:
         notice = request.query_params.get("done")
         message = None
         if notice in NOTICES:
-            message = NOTICES[notice].format(n=request.query_params.get("n", ""),
+            n = request.query_params.get("n", "")
+            message = NOTICES[notice].format(n=_number(int(n)) if n.isdigit() else n,
                                              what=request.query_params.get("what", ""))
         body = self.env.get_template(template).render(
             request=request, csrf_field=CSRF_FIELD, csrf_token=token, can=can, notice=message,
@@ -336,7 +370,7 @@ class _Pages:
             record = await self.admin.show(conn, event_id)
         payload = json.dumps(record.payload, indent=2, ensure_ascii=False, sort_keys=True)
         return await self._render(request, "event.html", event=record, payload=payload,
-                                  payload_bytes=len(payload.encode()))
+                                  payload_bytes=len(payload.encode()), timeline=_timeline(record))
 
     # -- actions ---------------------------------------------------------------
 
