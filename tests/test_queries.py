@@ -881,3 +881,25 @@ def test_traced_inserts_store_the_trace_context_in_every_row(db: Conn) -> None:
         "delays": [0.0, 0.0], **trace})
     for event_id in (one[0], *ids):
         assert _row(db, event_id, "traceparent, tracestate") == (_TRACEPARENT, "k=v")
+
+
+@exercises("event_counts_add", "event_counts_series", "event_counts_prune")
+def test_event_counts_add_up_series_by_bucket_and_prune(db: Conn) -> None:
+    now = db.execute("SELECT floor(extract(epoch FROM now()) / 60) * 60").fetchone()[0]
+    minutes = [float(now) - 120, float(now) - 60, float(now) - 60]
+    rows = {"minutes": minutes, "topics": ["a.x", "a.x", "b.y"], "succeeded": [5, 7, 1],
+            "retried": [0, 2, 0], "failed": [1, 0, 3], "cancelled": [0, 0, 1]}
+    db.execute(Q["event_counts_add"], rows)
+    db.execute(Q["event_counts_add"], rows)          # a second worker adds to the same rows
+    stored = db.execute("SELECT extract(epoch FROM minute)::bigint, topic, succeeded, retried, failed,"
+                        " cancelled FROM conveyor.event_counts ORDER BY 1, 2").fetchall()
+    assert stored == [(int(now) - 120, "a.x", 10, 0, 2, 0), (int(now) - 60, "a.x", 14, 4, 0, 0),
+                      (int(now) - 60, "b.y", 2, 0, 6, 2)]
+    series = db.execute(Q["event_counts_series"], {"span": 3600, "step": 60}).fetchall()
+    assert series == [(int(now) - 120, 10, 0, 2, 0), (int(now) - 60, 16, 4, 6, 2)]
+    assert db.execute(Q["event_counts_series"], {"span": 3600, "step": 3600}).fetchall()[0][1:] == (
+        26, 4, 8, 2)
+    db.execute("UPDATE conveyor.event_counts SET minute = minute - interval '9 days'"
+               " WHERE topic = 'b.y'")
+    db.execute(Q["event_counts_prune"], {"keep": 8 * 86_400})
+    assert db.execute("SELECT DISTINCT topic FROM conveyor.event_counts").fetchall() == [("a.x",)]

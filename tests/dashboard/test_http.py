@@ -251,3 +251,21 @@ def test_the_command_refuses_to_serve_actions_to_anyone() -> None:
     assert access(_args(insecure_local=True, host="::1")) is allow_all
     assert access(_args(insecure_local=True, host="localhost")) is allow_all
     assert access(_args(read_only=True, host="0.0.0.0")) is read_only
+
+
+async def test_the_overview_charts_the_counts_the_workers_wrote(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO conveyor.event_counts (minute, topic, succeeded, retried, failed)"
+                     " VALUES (date_trunc('minute', now()) - interval '5 minutes', 'email.send',"
+                     " 1200, 7, 30),"
+                     " (date_trunc('minute', now()) - interval '3 hours', 'email.send', 500, 0, 0)")
+    async with _client(_app(fresh_db)) as client:
+        hour = await client.get("/")
+        day = await client.get("/?span=24h")
+        bad = await client.get("/?span=1y")
+    assert hour.status_code == 200 and day.status_code == 200
+    assert "1\u2009200 succeeded, 7 retried, 30 failed" in hour.text          # the bar's title
+    assert "2.4 % failed" in hour.text                                        # 30 of 1,230
+    assert 'aria-label="Outcomes per minute: 1200 succeeded, 7 retried, 30 failed"' in hour.text
+    assert 'aria-label="Outcomes per 15 min: 1700 succeeded, 7 retried, 30 failed"' in day.text
+    assert bad.status_code == 400 and "invalid chart span &#39;1y&#39;" in bad.text

@@ -31,7 +31,7 @@ def db(module_db: str) -> Iterator[str]:
     """
     with psycopg.connect(module_db, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '5s'")
-        conn.execute("TRUNCATE conveyor.events, conveyor.workers RESTART IDENTITY")
+        conn.execute("TRUNCATE conveyor.events, conveyor.workers, conveyor.event_counts RESTART IDENTITY")
     yield module_db
     with psycopg.connect(module_db, autocommit=True) as conn:
         deadline = time.monotonic() + 3

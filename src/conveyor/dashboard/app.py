@@ -30,6 +30,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from conveyor.admin_async import AsyncAdmin
+from conveyor.dashboard import charts
 from conveyor.dashboard.security import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -41,6 +42,7 @@ from conveyor.dashboard.security import (
     csrf_token,
     read_only,
 )
+from conveyor.db.named_queries import queries_for
 from conveyor.errors import ConfigError, ConveyorError, EventNotFoundError, InvalidInputError
 from conveyor.types import EventFilter, EventRecord, EventState
 from conveyor.validation import check_schema_name
@@ -254,6 +256,7 @@ class _Pages:
         self.config = config
         self.db = _Database(conninfo, config)
         self.admin = AsyncAdmin(config.schema)
+        self.queries = queries_for(config.schema)
         self.authorize = authorize
         self.env = _environment()
 
@@ -340,9 +343,17 @@ class _Pages:
     # -- pages ---------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
+        span = request.query_params.get("span") or "1h"
+        if span not in charts.SPANS:
+            raise InvalidInputError(f"invalid chart span {span!r}: expected one of {', '.join(charts.SPANS)}")
+        seconds, step, _ = charts.SPANS[span]
         async with self.db.connection() as conn:
             status = await self.admin.status(conn)
             pauses = await self.admin.paused(conn)
+            cur = await conn.execute(self.queries["event_counts_series"], {"span": seconds, "step": step})
+            series = await cur.fetchall()
+            clock = await (await conn.execute(self.queries["clock_now"])).fetchone()
+        chart = charts.build(series, span, float(clock[0]) if clock else datetime.now(UTC).timestamp())
         topics: dict[str, dict[str, int]] = {}
         for count in status.by_topic:
             row = topics.setdefault(count.topic, {})
@@ -350,7 +361,7 @@ class _Pages:
             if count.scheduled:
                 row["scheduled"] = row.get("scheduled", 0) + count.scheduled
         return await self._render(request, "overview.html", status=status, pauses=pauses,
-                                  topics=sorted(topics.items()),
+                                  topics=sorted(topics.items()), chart=chart, spans=list(charts.SPANS),
                                   estimated=set(status.estimated_states))
 
     async def events(self, request: Request) -> Response:

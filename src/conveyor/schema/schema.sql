@@ -130,6 +130,18 @@ CREATE TABLE conveyor.pauses (
     CONSTRAINT pauses_pattern_tenant_key UNIQUE NULLS NOT DISTINCT (pattern, tenant)
 );
 
+-- Outcomes per minute and topic, added by the workers at each heartbeat (0008):
+-- the dashboard's throughput and failure charts. Pruned after eight days.
+CREATE TABLE conveyor.event_counts (
+    minute    timestamptz NOT NULL,
+    topic     text        NOT NULL,
+    succeeded bigint      NOT NULL DEFAULT 0,
+    retried   bigint      NOT NULL DEFAULT 0,
+    failed    bigint      NOT NULL DEFAULT 0,
+    cancelled bigint      NOT NULL DEFAULT 0,
+    CONSTRAINT event_counts_pkey PRIMARY KEY (minute, topic)
+) WITH (fillfactor = 70);
+
 -- Wake-ups: no trigger (0007). The producer's INSERT statements call
 -- pg_notify('conveyor.events', <topic>[|<due epoch>]) themselves, delivered
 -- at COMMIT (conveyor/db/queries/events.sql, docs/producing.md).

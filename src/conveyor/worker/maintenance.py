@@ -34,7 +34,7 @@ from conveyor.worker.connection import (
 )
 from conveyor.worker.deadline import with_deadline
 from conveyor.worker.running import Key, RunningSet
-from conveyor.worker.stats import WorkerStats
+from conveyor.worker.stats import OutcomeTally, WorkerStats
 from conveyor.worker.wakeups import PauseState
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ CLOCK_SKEW_WARNING = 60.0
 RESCUE_BATCH = 1000
 PRUNE_BATCH = 5000
 DEAD_WORKER_ROW_AGE = 3600.0
+# Outcome counts (event_counts) are kept for the dashboard's charts this long.
+COUNTS_KEPT = 8 * 86_400.0
 HORIZON_CHECK_INTERVAL = 30.0
 HORIZON_REPEAT = 300.0     # a pin that lasts is reported again this often
 # Pauses are honoured within 1 s: a re-check every half second leaves the
@@ -82,13 +84,16 @@ class Maintenance:
         stats: the worker's counters (rescued, lost).
         pauses: told whether any pause exists, every ``PAUSE_CHECK_INTERVAL``.
             Defaults to None (no re-check).
+        tally: the outcomes the worker has written, added to ``event_counts``
+            at each heartbeat. Defaults to None (nothing counted).
     """
 
     def __init__(self, conn: ManagedConnection, queries: Queries, config: WorkerConfig,
                  owner: str, name: str, topics: list[str], running: RunningSet,
                  decided: Callable[[], set[Key]], stats: WorkerStats, *,
-                 pauses: PauseState | None = None) -> None:
+                 pauses: PauseState | None = None, tally: OutcomeTally | None = None) -> None:
         self.conn = conn
+        self.tally = tally
         self._pauses = pauses
         self._q = queries
         self._config = config
@@ -191,6 +196,24 @@ class Maintenance:
         lost = await with_deadline(conn, self.heartbeat(conn), bound)
         self._stats.lost += self._running.lose(lost, self._decided())
         await with_deadline(conn, self._measure_clock(conn), bound)
+        await with_deadline(conn, self.flush_counts(conn), bound)
+
+    async def flush_counts(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Add the outcomes tallied since the last flush to ``event_counts``.
+
+        On any error the counts go back into the tally for the next heartbeat:
+        a chart may lag, but no count is added twice or dropped while the
+        worker lives.
+        """
+        tally = self.tally
+        if not tally:
+            return
+        taken = tally.take()
+        try:
+            await conn.execute(self._q["event_counts_add"], OutcomeTally.params(taken))
+        except BaseException:
+            tally.put_back(taken)
+            raise
 
     async def _rescue(self, conn: psycopg.AsyncConnection[Any]) -> None:
         requeued, parked = await with_deadline(conn, self.rescue(conn), self._config.query_timeout)
@@ -258,6 +281,7 @@ class Maintenance:
     async def prune(self, conn: psycopg.AsyncConnection[Any]) -> int:
         """Delete succeeded and cancelled events older than the retention."""
         await conn.execute(self._q["worker_prune_dead"], {"older_than": DEAD_WORKER_ROW_AGE})
+        await conn.execute(self._q["event_counts_prune"], {"keep": COUNTS_KEPT})
         if self._config.retention is None:
             return 0
         states = [s.value for s in FINISHED_STATES if s is not EventState.FAILED]

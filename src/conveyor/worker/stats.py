@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -21,3 +22,50 @@ class WorkerStats:
     rescued: int = 0
     loop_stalls: int = 0          # times a handler blocked the event loop (see LoopWatchdog)
     loop_stall_max_s: float = 0.0
+
+
+# The order of each tally's counts, as event_counts_add takes them.
+SUCCEEDED, RETRIED, FAILED, CANCELLED = range(4)
+
+
+class OutcomeTally:
+    """Outcomes written since the last flush, by (minute, topic): the rows the
+    heartbeat adds to ``event_counts`` (migration 0008, the dashboard's charts).
+
+    ``minute`` is an epoch second on the database's clock, a whole minute.
+    """
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[int, str], list[int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._counts)
+
+    def add(self, minute: int, topic: str, kind: int, n: int = 1) -> None:
+        row = self._counts.get((minute, topic))
+        if row is None:
+            row = self._counts[minute, topic] = [0, 0, 0, 0]
+        row[kind] += n
+
+    def take(self) -> dict[tuple[int, str], list[int]]:
+        """Everything tallied, sorted by (minute, topic); the tally starts again empty."""
+        taken, self._counts = self._counts, {}
+        return dict(sorted(taken.items()))
+
+    def put_back(self, taken: dict[tuple[int, str], list[int]]) -> None:
+        """Merge counts whose write failed back in, for the next flush."""
+        for (minute, topic), row in taken.items():
+            for kind, n in enumerate(row):
+                if n:
+                    self.add(minute, topic, kind, n)
+
+    @staticmethod
+    def params(taken: dict[tuple[int, str], list[int]]) -> dict[str, list[Any]]:
+        """``event_counts_add``'s parameters for what :meth:`take` returned."""
+        return {"minutes": [float(m) for m, _ in taken], "topics": [t for _, t in taken],
+                "succeeded": [r[SUCCEEDED] for r in taken.values()],
+                "retried": [r[RETRIED] for r in taken.values()],
+                "failed": [r[FAILED] for r in taken.values()],
+                "cancelled": [r[CANCELLED] for r in taken.values()]}

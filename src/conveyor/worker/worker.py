@@ -55,13 +55,16 @@ from conveyor.worker.executor import Executor, Outcome
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
-from conveyor.worker.stats import WorkerStats
+from conveyor.worker.stats import CANCELLED, FAILED, RETRIED, SUCCEEDED, OutcomeTally, WorkerStats
 from conveyor.worker.wakeups import DueTimes, PauseState
 from conveyor.worker.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
 
 _PRIORITY = operator.itemgetter(CLAIM_PRIORITY)
+# Which count of the outcome tally each written state adds to (PENDING: a retry).
+_TALLIED = {EventState.SUCCEEDED: SUCCEEDED, EventState.PENDING: RETRIED,
+            EventState.FAILED: FAILED, EventState.CANCELLED: CANCELLED}
 # A loop that has not run for this long (or a quarter of the lease, if less) is
 # reported: every handler and the heartbeat wait on it.
 LOOP_STALL_WARNING = 1.0
@@ -117,6 +120,7 @@ class Worker:
         self.id = str(uuid.uuid4())
         self.name = c.name or f"{socket.gethostname()}:{os.getpid()}"
         self.stats = WorkerStats()
+        self.tally = OutcomeTally()   # outcomes by minute and topic, for event_counts (0008)
         self._q = queries_for(c.schema)
         tenants = c.tenants
         claim_filter = {**router.claim_filter(), "all_tenants": tenants is None,
@@ -147,7 +151,7 @@ class Worker:
         self.maintenance = Maintenance(self.connections.maintenance, self._q, c, self.id,
                                        self.name, router.patterns, self.running,
                                        self.completer.unacknowledged, self.stats,
-                                       pauses=self.pauses)
+                                       pauses=self.pauses, tally=self.tally)
         self.due_times = DueTimes(self.wake, router.handles,
                                   lambda: self.maintenance.clock_offset,
                                   on_pause=self.pauses.notified)
@@ -291,6 +295,8 @@ class Worker:
             conn = await asyncio.wait_for(
                 self.connections.maintenance.get(give_up_on_stop=False), 5)
             # Short: the registry row expires on its own, the exit must not wait.
+            # The last outcomes' counts first (the dashboard's charts), as briefly.
+            await with_deadline(conn, self.maintenance.flush_counts(conn), 2)
             await with_deadline(conn, self.maintenance.unregister(conn), 2)
         except _UNREGISTER_ERRORS:
             pass
@@ -401,10 +407,19 @@ class Worker:
         s = self.stats
         release = self.running.release
         succeeded = EventState.SUCCEEDED
+        tally = self.tally
+        # The minute on the database's clock the dashboard's charts count these in.
+        minute = int((time.time() + self.maintenance.clock_offset) // 60 * 60)
         if len(done) == len(batch) and all(o.state is succeeded for o in batch):
             # The common flush: plain successes, every one written.
+            topics: dict[str, int] = {}
             for outcome in batch:
-                release((outcome.event_id, outcome.attempt))
+                entry = release((outcome.event_id, outcome.attempt))
+                if entry is not None:
+                    topic = entry.event.topic
+                    topics[topic] = topics.get(topic, 0) + 1
+            for topic, n in topics.items():
+                tally.add(minute, topic, SUCCEEDED, n)
             s.succeeded += len(batch)
             self.running.freed.set()
             return
@@ -413,6 +428,9 @@ class Worker:
             entry = release((outcome.event_id, outcome.attempt))
             if outcome.event_id not in done:
                 continue
+            kind = _TALLIED.get(outcome.state)
+            if kind is not None and not outcome.refund and entry is not None:
+                tally.add(minute, entry.event.topic, kind)
             if outcome.state is EventState.PENDING and outcome.delay is not None:
                 # Armed after the write, so the timer can never fire before run_at.
                 self.due_times.wake_at(now + outcome.delay)
