@@ -40,5 +40,8 @@ def db(module_db: str) -> Iterator[str]:
             if row is None or row[0] == 0:
                 break
             if time.monotonic() > deadline:
-                pytest.fail(f"{row[0]} worker connections still open after the test")
+                rows = conn.execute("SELECT application_name, state, left(query, 80), backend_start "
+                                    "FROM pg_stat_activity WHERE datname = current_database() "
+                                    "AND application_name LIKE 'conveyor-%'").fetchall()
+                pytest.fail(f"{row[0]} worker connections still open after the test: {rows}")
             time.sleep(0.02)

@@ -140,6 +140,7 @@ class ManagedConnection:
         self.conninfo = conninfo
         self.role = role
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._connecting = asyncio.Lock()
         self._backoff = Backoff(reconnect_min, reconnect_max)
         self._stopping = stopping
         self._kwargs = connect_kwargs
@@ -163,19 +164,31 @@ class ManagedConnection:
             if give_up_on_stop and self._stopping.is_set():
                 raise StopRequested(f"{self.role} connection not needed: stopping")
             try:
-                conn = await connect_async(
-                    self.conninfo, autocommit=True,
-                    application_name=f"conveyor-{self.role}", **self._kwargs)
-                await self._mode.settle(conn, self.role)
-                if self._mode.pooled:
-                    conn.prepare_threshold = None
-                elif self._settings:
-                    # One round trip for all of them: a fleet reconnecting after a
-                    # restart, or a worker replacing a killed one, starts sooner.
-                    await conn.execute(
-                        "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(self._settings)),
-                        [part for item in self._settings.items() for part in item])
-                self._conn = conn
+                # One connection attempt at a time: two callers finding no
+                # connection (the fetch loop and a probe, the heartbeat and the
+                # listener's probe) would otherwise both connect, and the one
+                # overwritten would stay open, unused, until the process exits.
+                async with self._connecting:
+                    if self._conn is not None and not self._conn.closed:
+                        return self._conn
+                    conn = await connect_async(
+                        self.conninfo, autocommit=True,
+                        application_name=f"conveyor-{self.role}", **self._kwargs)
+                    try:
+                        await self._mode.settle(conn, self.role)
+                        if self._mode.pooled:
+                            conn.prepare_threshold = None
+                        elif self._settings:
+                            # One round trip for all of them: a fleet reconnecting after a
+                            # restart, or a worker replacing a killed one, starts sooner.
+                            await conn.execute(
+                                "SELECT " + ", ".join(["set_config(%s, %s, false)"]
+                                                      * len(self._settings)),
+                                [part for item in self._settings.items() for part in item])
+                    except BaseException:
+                        await conn.close()
+                        raise
+                    self._conn = conn
             except InvalidDatabaseUrlError:
                 raise   # no retry can make a URL parse
             except CONNECTION_ERRORS as exc:
