@@ -9,6 +9,7 @@ would show up as a sequential scan.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -524,3 +525,34 @@ async def test_async_retry_and_cancel_matching(aconn: psycopg.AsyncConnection[An
     assert await admin.cancel_matching(aconn, EventFilter(topic="x.*")) == [pending, failed]
     with pytest.raises(InvalidInputError, match="give at least one filter"):
         await admin.cancel_matching(aconn, EventFilter())
+
+
+def test_payload_path_filters_by_a_predicate_and_bulk_actions_follow_it(db: Conn) -> None:
+    producer = Producer()
+    acme = producer.enqueue(db, "bill.x", {"customer": "acme", "amount": 120})
+    big = producer.enqueue(db, "bill.x", {"customer": "globex", "amount": 900, "refund": True})
+    producer.enqueue(db, "bill.x", {"customer": "globex", "amount": 5})
+    for event_id in (acme, big):
+        _set(db, event_id, state="failed", finished_at="now")
+    admin = Admin()
+
+    def matching(path: str, **fields: Any) -> list[int]:
+        return _ids(admin.events(db, EventFilter(payload=path, **fields)))
+
+    assert matching('$.customer == "acme"') == [acme]
+    assert matching("$.amount > 100") == [big, acme]
+    assert matching("exists($.refund)") == [big]
+    assert matching("$.customer") == []                 # not a predicate: matches nothing
+    assert matching("$.amount > 100", states=("pending",)) == []
+    assert admin.retry_matching(db, EventFilter(payload="$.amount > 100", states=("failed",))) == [
+        big, acme]
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("$.customer ==", "invalid payload path '$.customer ==': syntax error"),
+    ("", "expected payload to be a non-empty string, got ''"),
+    ("$.a\x00", "payload contains a NUL character"),
+])
+def test_a_bad_payload_path_is_refused_naming_it(db: Conn, path: str, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        Admin().events(db, EventFilter(payload=path))

@@ -85,6 +85,15 @@ def test_events_filters(cli: Run, fresh_db: str) -> None:
     assert _ids(_json(cli, "events", "--newer-than", "1d")) == [c, b]
 
 
+def test_events_payload_filter_and_its_next_page_hint(cli: Run) -> None:
+    small = enqueue(cli, "bill.x", '{"amount": 5}')
+    big = [enqueue(cli, "bill.x", json.dumps({"amount": 500 + i})) for i in range(3)]
+    assert _ids(_json(cli, "events", "--payload", "$.amount > 100")) == big[::-1]
+    assert _ids(_json(cli, "events", "--payload", "$.amount < 100")) == [small]
+    code, _, err = cli("events", "--payload", "$.amount > 100", "--limit", "2")
+    assert code == 0 and "--payload '$.amount > 100'" in err
+
+
 def test_events_pages_with_after_and_says_how_to_go_on(cli: Run) -> None:
     ids = [enqueue(cli, "a.b") for _ in range(5)]
     page = _json(cli, "events", "--limit", "2")
@@ -129,6 +138,7 @@ def test_events_text_escapes_stored_errors(cli: Run, fresh_db: str) -> None:
     (["cancel"], "give event ids"),
     (["retry", "--state", "running"], "'running' events cannot be retried"),
     (["cancel", "1", "x"], "invalid event id 'x'"),
+    (["events", "--payload", "$.a =="], "invalid payload path '$.a =='"),
 ])
 def test_bad_listing_or_bulk_arguments_are_one_line(error_db: str, args: list[str],
                                                     needle: str) -> None:

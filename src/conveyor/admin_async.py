@@ -52,7 +52,7 @@ from conveyor.admin_core import (
 from conveyor.db.execute import run_async
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import record_from_event_get_row
-from conveyor.errors import EventNotFoundError
+from conveyor.errors import EventNotFoundError, InvalidInputError
 from conveyor.types import EventFilter, EventPage, EventRecord, Pause, QueueStatus
 from conveyor.validation import check_event_id, check_schema_name, check_topic
 
@@ -84,7 +84,14 @@ async def _fetch_async(conn: psycopg.AsyncConnection[Any], query: str,
                        params: dict[str, Any]) -> Rows:
     """Rows by column name; unprepared, so each call is planned for its own values."""
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(query, params, prepare=False)
+    try:
+        await cur.execute(query, params, prepare=False)
+    except (psycopg.errors.SyntaxError, psycopg.errors.InvalidTextRepresentation) as exc:
+        # The one value the server parses for us: a payload path PostgreSQL rejects.
+        if params.get("payload") is None:
+            raise
+        raise InvalidInputError(f"invalid payload path {params['payload']!r}: "
+                                f"{exc.diag.message_primary or exc}") from None
     return await cur.fetchall()
 
 

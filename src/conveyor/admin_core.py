@@ -248,7 +248,7 @@ def _list_params(filter: EventFilter, after: int | None, limit: int, *,
         "topic": exact, "topic_from": prefix,
         "topic_to": None if prefix is None else prefix[:-1] + "/",
         "tenant": filter.tenant, "older_than": filter.older_than,
-        "newer_than": filter.newer_than, "error": filter.error,
+        "newer_than": filter.newer_than, "error": filter.error, "payload": filter.payload,
         "scheduled_pending_only": scheduled_pending_only, "limit": limit,
     }
 

@@ -268,6 +268,9 @@ class EventFilter:
     ``older_than`` / ``newer_than``: seconds; ``created_at`` before
     ``now() - older_than`` / at or after ``now() - newer_than``; default None.
     ``error``: a case-insensitive substring of ``last_error``; defaults to None.
+    ``payload``: a SQL/JSON path predicate the payload must satisfy (PostgreSQL's
+    ``@@``), e.g. ``'$.customer == "acme"'`` or ``'exists($.refund)'``;
+    defaults to None. A path that is not a predicate matches nothing.
     ``ids``: only these event ids; defaults to empty (no id restriction).
 
     Every value is checked on creation: a bad one raises
@@ -281,6 +284,7 @@ class EventFilter:
     newer_than: float | None = None
     error: str | None = None
     ids: tuple[int, ...] = ()
+    payload: str | None = None
 
     def __post_init__(self) -> None:
         # Frozen: the normalised values (tuples, plain strings, floats) are set
@@ -293,7 +297,8 @@ class EventFilter:
             object.__setattr__(self, "tenant", _filter_field("tenant", self.tenant, check_tenant))
         for name in ("older_than", "newer_than"):
             object.__setattr__(self, name, _filter_seconds(name, getattr(self, name)))
-        object.__setattr__(self, "error", _filter_error(self.error))
+        object.__setattr__(self, "error", _filter_text("error", self.error))
+        object.__setattr__(self, "payload", _filter_text("payload", self.payload))
         object.__setattr__(self, "ids", _filter_ids(self.ids))
 
     def is_empty(self) -> bool:
@@ -347,23 +352,24 @@ def _filter_seconds(name: str, value: object) -> float | None:
     return seconds
 
 
-def _filter_error(error: object) -> str | None:
-    if error is None:
+def _filter_text(name: str, value: object) -> str | None:
+    """A free-text filter field (``error``, ``payload``): non-empty, bounded, storable."""
+    if value is None:
         return None
-    if not isinstance(error, str) or not error:
-        raise InvalidInputError(f"expected error to be a non-empty string, got {_show(error)}")
-    if len(error) > ERROR_FILTER_MAX_LENGTH:
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"expected {name} to be a non-empty string, got {_show(value)}")
+    if len(value) > ERROR_FILTER_MAX_LENGTH:
         raise InvalidInputError(
-            f"error is {len(error)} characters, the limit is {ERROR_FILTER_MAX_LENGTH}:"
-            f" {_show(error)}")
-    if "\x00" in error:
-        raise InvalidInputError(f"error contains a NUL character: {_show(error)}")
+            f"{name} is {len(value)} characters, the limit is {ERROR_FILTER_MAX_LENGTH}:"
+            f" {_show(value)}")
+    if "\x00" in value:
+        raise InvalidInputError(f"{name} contains a NUL character: {_show(value)}")
     try:
-        error.encode("utf-8")
+        value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidInputError(
-            f"error is not valid Unicode (lone surrogate): {_show(error)}") from None
-    return str(error)
+            f"{name} is not valid Unicode (lone surrogate): {_show(value)}") from None
+    return value
 
 
 def _filter_ids(ids: object) -> tuple[int, ...]:

@@ -167,6 +167,7 @@ async def test_an_async_authorize_decides_each_action(fresh_db: str) -> None:
     ("tenant=Not_A_Label", "invalid tenant 'Not_A_Label'"),
     ("state=sleeping", "unknown state 'sleeping' in states"),
     ("within=3y", "invalid created-within choice '3y'"),
+    ("payload=%24.a%20%3D%3D", "invalid payload path '$.a =='"),
 ])
 async def test_a_bad_filter_answers_400_naming_the_value(fresh_db: str, query: str, message: str) -> None:
     async with _client(_app(fresh_db)) as client:
@@ -269,3 +270,18 @@ async def test_the_overview_charts_the_counts_the_workers_wrote(fresh_db: str) -
     assert 'aria-label="Outcomes per minute: 1200 succeeded, 7 retried, 30 failed"' in hour.text
     assert 'aria-label="Outcomes per 15 min: 1700 succeeded, 7 retried, 30 failed"' in day.text
     assert bad.status_code == 400 and "invalid chart span &#39;1y&#39;" in bad.text
+
+
+async def test_the_payload_filter_lists_matches_and_is_off_when_payloads_are_hidden(fresh_db: str) -> None:
+    ids = _seed(fresh_db)
+    query = "/events?payload=" + "%24.to%20%3D%3D%20%22b%40example.com%22"     # $.to == "b@example.com"
+    async with _client(_app(fresh_db)) as client:
+        page = await client.get(query)
+    assert page.status_code == 200
+    assert f'href="http://dash.test/events/{ids["failed"]}"' in page.text
+    assert f'href="http://dash.test/events/{ids["pending"]}"' not in page.text
+    async with _client(_app(fresh_db, config=DashboardConfig(hide_payloads=True))) as client:
+        hidden = await client.get(query)
+        form = await client.get("/events")
+    assert hidden.status_code == 400 and "the payload filter is off" in hidden.text
+    assert 'name="payload"' not in form.text

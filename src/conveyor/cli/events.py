@@ -27,7 +27,7 @@ from conveyor.validation import check_event_id
 Sub = Any  # argparse's private _SubParsersAction
 
 STATES = [s.value for s in EventState]
-FILTERS = ("states", "topic", "tenant", "older_than", "newer_than", "error")
+FILTERS = ("states", "topic", "tenant", "older_than", "newer_than", "error", "payload")
 # Text output lists the ids of a bulk action up to this many; --json lists all.
 IDS_SHOWN = 20
 ERROR_WIDTH = 60
@@ -45,6 +45,9 @@ def add_filter_options(p: argparse.ArgumentParser) -> None:
                        help="created within this, e.g. 15m")
     group.add_argument("--error", metavar="TEXT",
                        help="whose last error contains TEXT (case-insensitive)")
+    group.add_argument("--payload", metavar="JSONPATH",
+                       help="whose payload satisfies this SQL/JSON path predicate, e.g. "
+                            "'$.customer == \"acme\"' or 'exists($.refund)'")
 
 
 def has_filter(args: argparse.Namespace) -> bool:
@@ -55,7 +58,8 @@ def filter_from(args: argparse.Namespace, *, states: Sequence[str] = (),
                 ids: Sequence[int] = ()) -> EventFilter:
     return EventFilter(states=tuple(states or args.states or ()), topic=args.topic,
                        tenant=args.tenant, older_than=args.older_than,
-                       newer_than=args.newer_than, error=args.error, ids=tuple(ids))
+                       newer_than=args.newer_than, error=args.error, ids=tuple(ids),
+                       payload=args.payload)
 
 
 def parse_ids(texts: Sequence[str]) -> list[int]:
@@ -125,7 +129,7 @@ def next_page_command(args: argparse.Namespace, after: int) -> str:
     for state in args.states or ():
         words += ["--state", state]
     for flag, value in (("--topic", args.topic), ("--tenant", args.tenant),
-                        ("--error", args.error)):
+                        ("--error", args.error), ("--payload", args.payload)):
         if value is not None:
             words += [flag, value]
     for flag, seconds in (("--older-than", args.older_than), ("--newer-than", args.newer_than)):

@@ -221,7 +221,8 @@ def _environment() -> Environment:
     return env
 
 
-def _filter_from(params: QueryParams | FormData) -> tuple[EventFilter, dict[str, Any]]:
+def _filter_from(params: QueryParams | FormData, *, hide_payloads: bool = False
+                 ) -> tuple[EventFilter, dict[str, Any]]:
     """The EventFilter a query string or form names, and the form's values to show again.
 
     Raises InvalidInputError naming the field and the value that is wrong.
@@ -230,13 +231,16 @@ def _filter_from(params: QueryParams | FormData) -> tuple[EventFilter, dict[str,
     topic = str(params.get("topic") or "").strip() or None
     tenant = str(params.get("tenant") or "").strip() or None
     error = str(params.get("error") or "").strip() or None
+    payload = str(params.get("payload") or "").strip() or None
+    if payload is not None and hide_payloads:
+        raise InvalidInputError("the payload filter is off: this dashboard hides payloads")
     within = str(params.get("within") or "")
     if within and within not in WITHIN:
         raise InvalidInputError(f"invalid created-within choice {within!r}: expected one of "
                                 f"{', '.join(WITHIN)}")
     shown = {"state": list(states), "topic": topic or "", "tenant": tenant or "",
-             "error": error or "", "within": within}
-    return EventFilter(states=states, topic=topic, tenant=tenant, error=error,
+             "error": error or "", "payload": payload or "", "within": within}
+    return EventFilter(states=states, topic=topic, tenant=tenant, error=error, payload=payload,
                        newer_than=WITHIN.get(within)), shown
 
 
@@ -365,7 +369,7 @@ class _Pages:
                                   estimated=set(status.estimated_states))
 
     async def events(self, request: Request) -> Response:
-        filter, shown = _filter_from(request.query_params)
+        filter, shown = _filter_from(request.query_params, hide_payloads=self.config.hide_payloads)
         after = request.query_params.get("after") or None
         async with self.db.connection() as conn:
             page = await self.admin.events(conn, filter, after=int(after) if after and after.isdigit()
@@ -405,7 +409,7 @@ class _Pages:
 
     async def bulk_confirm(self, request: Request) -> Response:
         kind = self._bulk_kind(request)
-        filter, shown = _filter_from(request.query_params)
+        filter, shown = _filter_from(request.query_params, hide_payloads=self.config.hide_payloads)
         async with self.db.connection() as conn:
             ids = await self._bulk(conn, kind, filter, dry_run=True)
         return await self._render(request, "confirm.html", kind=kind, count=len(ids), shown=shown,
@@ -414,7 +418,7 @@ class _Pages:
     def bulk_run(self, kind: str) -> Handler:
         async def run(request: Request) -> Response:
             form = await request.form()
-            filter, shown = _filter_from(form)
+            filter, shown = _filter_from(form, hide_payloads=self.config.hide_payloads)
             async with self.db.connection() as conn:
                 ids = await self._bulk(conn, kind, filter, dry_run=False)
             return self._back(request, "events", _query(shown, done=f"bulk_{kind}", n=len(ids)))

@@ -21,8 +21,9 @@
 -- A rare topic or tenant in the other states has no index of its own (one over
 -- every row would be written at every claim and acknowledgement): it is read
 -- newest first through the primary key.
--- `error` and `older_than` only filter: they read rows the other conditions
--- (or the primary key, newest first) bring until `limit` of them match.
+-- `error`, `payload` (a SQL/JSON path predicate) and `older_than` only
+-- filter: they read rows the other conditions (or the primary key, newest
+-- first) bring until `limit` of them match.
 -- Columns are read by name (admin._summary_from_row).
 SELECT id, tenant, topic, state, attempts, max_attempts, priority, run_at,
        created_at, updated_at, last_error
@@ -39,6 +40,7 @@ WHERE (%(after)s::bigint IS NULL OR id < %(after)s::bigint)
   AND (%(newer_than)s::float8 IS NULL
        OR created_at >= now() - %(newer_than)s::float8 * interval '1 second')
   AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
+  AND (%(payload)s::jsonpath IS NULL OR payload @@ %(payload)s::jsonpath)
   -- retry_matching takes pending events only while they are scheduled (not yet due).
   AND (NOT %(scheduled_pending_only)s::boolean OR state <> 'pending' OR run_at > now())
 ORDER BY id DESC
