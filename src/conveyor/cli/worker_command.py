@@ -111,13 +111,18 @@ def register_worker(sub: Sub, env: Env) -> None:
            default=HORIZON_ALERT_DEFAULT,
            help="log an alert when a transaction holds back vacuum this long; 'off' disables "
                 "the check")
-    option(p, "--metrics-port", env="METRICS_PORT", type=port, shown="off",
-           help="serve /metrics, /healthz and /readyz on this port (needs the 'metrics' "
-                "extra; see docs/observability.md)")
-    option(p, "--metrics-host", env="METRICS_HOST", default="127.0.0.1",
-           help="address the metrics port binds")
+    add_metrics_args(p)
     add_tracing_arg(p)
     add_event_loop_arg(p, env)
+
+
+def add_metrics_args(p: argparse.ArgumentParser, *, every_tenant: bool = False) -> None:
+    option(p, "--metrics-port", env="METRICS_PORT", type=port, shown="off",
+           help="serve /metrics, /healthz and /readyz on this port (needs the 'metrics' "
+                "extra; see docs/observability.md)"
+                + ("; healthy and ready while every tenant's worker is" if every_tenant else ""))
+    option(p, "--metrics-host", env="METRICS_HOST", default="127.0.0.1",
+           help="address the metrics port binds")
 
 
 def port(text: str) -> int:

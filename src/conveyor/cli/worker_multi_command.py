@@ -17,6 +17,7 @@ from conveyor.cli.process import (
     run_until_stopped,
     tracing_middleware,
 )
+from conveyor.cli.worker_command import add_metrics_args
 from conveyor.config import (
     HANDLER_TIMEOUT_DEFAULT,
     HEARTBEAT_INTERVAL_DEFAULT,
@@ -72,6 +73,7 @@ def register_worker_multi(sub: Sub, env: Env) -> None:
            help="default limit for one handler call")
     option(p, "--name", env="WORKER_NAME", type=label, shown="host:pid",
            help="label shown by status, '/<tenant>' appended")
+    add_metrics_args(p, every_tenant=True)
     add_tracing_arg(p)
     add_event_loop_arg(p, env)
 
@@ -110,14 +112,28 @@ def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
     if stop.requested:
         log.info("stopped before the worker started", extra={"action": "stopped"})
         return 0
+    metrics = None
+    if args.metrics_port is not None:
+        from conveyor.cli.metrics_serving import TenantsMetrics
+        metrics = TenantsMetrics(ctx.schema)
+        middleware.append(metrics.middleware)
     worker = MultiTenantWorker(source, app, config, middleware=middleware)
+    if metrics is not None:
+        metrics.serve(worker, args.metrics_host, args.metrics_port)
 
     async def serve() -> None:
         worker.install_signal_handlers()
         stop.forward_to(worker.request_stop)
-        await worker.run()
+        if metrics is None:
+            await worker.run()
+        else:
+            await metrics.run_beside(worker)
 
-    run_until_stopped(serve(), args.event_loop)
+    try:
+        run_until_stopped(serve(), args.event_loop)
+    finally:
+        if metrics is not None:
+            metrics.stop()
     stop.install()   # closing the loop restored the default handlers; the exit is under way
     log.info("multi-tenant worker exiting", extra={"action": "exit"})
     leave_stuck_handler_threads(ctx)

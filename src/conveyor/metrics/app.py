@@ -9,6 +9,7 @@ which must then say 503, not time out.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -19,26 +20,36 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from conveyor.errors import InvalidInputError
-from conveyor.metrics.health import Check, health, readiness
+from conveyor.metrics.health import Check, checks_for
 
 if TYPE_CHECKING:
+    from conveyor.multitenant import MultiTenantWorker
     from conveyor.worker import Worker
 
+Checks = dict[str, Callable[[], Check]]
 
-def _answer(path: str, worker: Worker, registry: CollectorRegistry
+
+def _checks(target: Worker | MultiTenantWorker) -> Checks:
+    alive, ready = checks_for(target)
+    return {"/healthz": alive, "/readyz": ready}
+
+
+def _answer(path: str, checks: Checks, registry: CollectorRegistry
             ) -> tuple[int, str, bytes] | None:
     """Status, content type and body for one path; None for an unknown path."""
     if path == "/metrics":
         return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
-    checks = {"/healthz": health, "/readyz": readiness}
     if path not in checks:
         return None
-    check: Check = checks[path](worker)
+    check = checks[path]()
     return (200 if check.ok else 503), "text/plain; charset=utf-8", f"{check.reason}\n".encode()
 
 
-def metrics_app(worker: Worker, registry: CollectorRegistry | None = None) -> Starlette:
-    """A Starlette app serving ``/metrics``, ``/healthz`` and ``/readyz`` for ``worker``.
+def metrics_app(worker: Worker | MultiTenantWorker,
+                registry: CollectorRegistry | None = None) -> Starlette:
+    """A Starlette app serving ``/metrics``, ``/healthz`` and ``/readyz`` for ``worker``
+    (a :class:`~conveyor.Worker`, or a :class:`~conveyor.multitenant.MultiTenantWorker`:
+    healthy and ready when every tenant's worker is).
 
     Example::
 
@@ -47,10 +58,11 @@ def metrics_app(worker: Worker, registry: CollectorRegistry | None = None) -> St
     ``registry``: what ``/metrics`` exports. Defaults to prometheus_client's ``REGISTRY``.
     """
     registry = REGISTRY if registry is None else registry
+    checks = _checks(worker)
 
     def endpoint(path: str) -> Any:
         async def answer(request: Request) -> Response:
-            status, content_type, body = _answer(path, worker, registry) or (404, "", b"")
+            status, content_type, body = _answer(path, checks, registry) or (404, "", b"")
             return Response(body, status_code=status, media_type=content_type)
         return answer
 
@@ -66,11 +78,11 @@ class MetricsServer:
     beyond the machine is a choice to make explicitly.
     """
 
-    def __init__(self, worker: Worker, registry: CollectorRegistry, *, port: int,
+    def __init__(self, worker: Worker | MultiTenantWorker, registry: CollectorRegistry, *, port: int,
                  host: str = "127.0.0.1") -> None:
         if not 0 <= port <= 65535:
             raise InvalidInputError(f"expected the metrics port to be 0-65535, got {port}")
-        handler = _handler_class(worker, registry)
+        handler = _handler_class(_checks(worker), registry)
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
@@ -95,10 +107,10 @@ class MetricsServer:
         self._server.server_close()
 
 
-def _handler_class(worker: Worker, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+def _handler_class(checks: Checks, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            answer = _answer(self.path.split("?", 1)[0], worker, registry)
+            answer = _answer(self.path.split("?", 1)[0], checks, registry)
             status, content_type, body = answer or (404, "text/plain", b"not found\n")
             self.send_response(status)
             self.send_header("Content-Type", content_type)

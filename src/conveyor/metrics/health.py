@@ -7,10 +7,12 @@ while a handler blocks the worker's event loop.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from conveyor.multitenant import MultiTenantWorker
     from conveyor.worker import Worker
 
 
@@ -71,3 +73,41 @@ def readiness(worker: Worker) -> Check:
     if not worker.connections.fetch.connected:
         return Check(False, "worker not connected to the database")
     return Check(True, "ok")
+
+
+def _tenant_checks(multi: MultiTenantWorker, check: Callable[[Worker], Check]) -> Check:
+    """Every tenant's answer: ok only when all are ok; the reason names the ones that are not."""
+    if not multi.started.is_set():
+        return Check(False, "multi-tenant worker not started")
+    failing = []
+    for name, state in sorted(multi.tenants.items()):
+        if state.worker is None or not state.running:
+            failing.append(f"{name}: {state.error or 'worker not running'}")
+            continue
+        answer = check(state.worker)
+        if not answer.ok:
+            failing.append(f"{name}: {answer.reason}")
+    if failing:
+        return Check(False, "; ".join(failing))
+    return Check(True, f"ok ({len(multi.tenants)} tenants)")
+
+
+def tenants_health(multi: MultiTenantWorker) -> Check:
+    """``/healthz`` of ``worker-multi``: every tenant's worker alive (see :func:`health`)."""
+    return _tenant_checks(multi, health)
+
+
+def tenants_readiness(multi: MultiTenantWorker) -> Check:
+    """``/readyz`` of ``worker-multi``: every tenant's worker ready (see :func:`readiness`)."""
+    return _tenant_checks(multi, readiness)
+
+
+def checks_for(target: Worker | MultiTenantWorker) -> tuple[Callable[[], Check], Callable[[], Check]]:
+    """(health, readiness) of a worker or of a multi-tenant worker, as callables."""
+    from conveyor.multitenant import MultiTenantWorker
+
+    if isinstance(target, MultiTenantWorker):
+        multi = target
+        return (lambda: tenants_health(multi)), (lambda: tenants_readiness(multi))
+    worker = target
+    return (lambda: health(worker)), (lambda: readiness(worker))
