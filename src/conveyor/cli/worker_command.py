@@ -26,6 +26,7 @@ from conveyor.config import (
     HORIZON_ALERT_DEFAULT,
     LEASE_TTL_DEFAULT,
     POLL_INTERVAL_DEFAULT,
+    QUERY_TIMEOUT_DEFAULT,
     RESCUE_INTERVAL_DEFAULT,
     RETENTION_DEFAULT,
     SHUTDOWN_TIMEOUT_DEFAULT,
@@ -79,6 +80,10 @@ def register_worker(sub: Sub, env: Env) -> None:
            default=SHUTDOWN_TIMEOUT_DEFAULT, help="grace for running handlers on SIGTERM")
     option(p, "--handler-timeout", env="HANDLER_TIMEOUT", type=duration, unit="s",
            default=HANDLER_TIMEOUT_DEFAULT, help="default limit for one handler call")
+    option(p, "--query-timeout", env="QUERY_TIMEOUT", type=duration, unit="s",
+           default=QUERY_TIMEOUT_DEFAULT,
+           help="longest wait for one worker statement before its connection is replaced "
+                "(also how long /healthz tolerates no claim, with twice --poll-interval)")
     option(p, "--rescue-interval", env="RESCUE_INTERVAL", type=duration, unit="s",
            default=RESCUE_INTERVAL_DEFAULT, help="scan for expired leases this often")
     option(p, "--backoff-base", env="BACKOFF_BASE", type=duration, unit="s",
@@ -169,7 +174,7 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
             backoff=BackoffPolicy(base_delay=args.backoff_base,
                                   max_delay=max(args.backoff_max, args.backoff_base)),
             listen=args.listen, transaction_pooler=args.transaction_pooler,
-            horizon_alert_after=args.horizon_alert)
+            horizon_alert_after=args.horizon_alert, query_timeout=args.query_timeout)
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
     if stop.requested:
