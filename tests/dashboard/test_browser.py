@@ -366,3 +366,58 @@ def test_action_post_without_the_csrf_token_is_refused(page: Page, fresh_db: str
     assert all("Stale or foreign form" in body for body in bodies.values())
     assert state_after_refusals == "failed"
     assert accepted == 303 and _states(fresh_db, [event_id]) == {event_id: "pending"}
+
+
+# -- the outcome chart and the payload filter ---------------------------------------
+
+
+def test_the_chart_draws_the_counts_and_switches_to_a_day(page: Page, fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:
+        conn.execute("INSERT INTO conveyor.event_counts (minute, topic, succeeded, retried, failed)"
+                     " SELECT date_trunc('minute', now()) - m * interval '1 minute', 'email.send',"
+                     " 100 + m, m % 3, CASE WHEN m = 7 THEN 40 ELSE 0 END"
+                     " FROM generate_series(0, 29) AS m")
+    with served(fresh_db) as base_url:
+        page.goto(base_url + "/")
+        heading = page.locator(".chart-box h2").inner_text()
+        bars = page.locator("svg.chart g.bar").count()
+        drawn = page.locator("svg.chart rect.ok").count()
+        failed_bars = page.locator("svg.chart rect.fail").count()
+        facts = page.locator(".chart-facts").inner_text()
+        axis = page.locator("svg.chart text.unit").text_content()
+        box = page.locator("svg.chart").bounding_box()
+        screenshot(page, "dashboard-chart-hour")
+        page.get_by_role("link", name="24h").click()
+        page.wait_for_url(re.compile(r"span=24h"))
+        day_heading = page.locator(".chart-box h2").inner_text()
+        day_bars = page.locator("svg.chart g.bar").count()
+        screenshot(page, "dashboard-chart-day")
+    assert heading == "Outcomes, last hour" and day_heading == "Outcomes, last 24 hours"
+    assert (bars, drawn, failed_bars, day_bars) == (60, 30, 1, 96)
+    total = sum(100 + m for m in range(30))
+    assert f"{total:,}".replace(",", THIN_SPACE) + " succeeded" in facts
+    assert "40 failed" in facts and axis == "events per minute"
+    assert box is not None and box["width"] > 1000 and box["height"] > 150
+
+
+def test_the_payload_filter_finds_events_by_a_json_path(page: Page, fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:
+        producer = Producer()
+        acme = [producer.enqueue(conn, "bill.send", {"customer": "acme", "n": n}) for n in range(3)]
+        other = [producer.enqueue(conn, "bill.send", {"customer": "globex", "n": n}) for n in range(4)]
+    _fail(fresh_db, acme[:2] + other[:1])
+    with served(fresh_db) as base_url:
+        page.goto(base_url + "/events")
+        page.locator("input[name=payload]").fill('$.customer == "acme"')
+        page.get_by_role("button", name="Filter").click()
+        page.wait_for_url(re.compile(r"payload="))
+        listed = [int(t) for t in page.locator("table.events tbody td:first-child").all_inner_texts()]
+        page.get_by_role("link", name="Retry all matching…").click()
+        confirm = page.locator("p.big").inner_text()
+        page.get_by_role("button", name=re.compile(r"^Retry 2 events$")).click()
+        page.wait_for_url(re.compile(r"done=bulk_retry"))
+    assert listed == sorted(acme, reverse=True)
+    assert confirm.startswith("2 events")
+    assert _states(fresh_db, acme + other) == {
+        acme[0]: "pending", acme[1]: "pending", acme[2]: "pending",
+        other[0]: "failed", other[1]: "pending", other[2]: "pending", other[3]: "pending"}

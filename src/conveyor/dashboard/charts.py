@@ -39,6 +39,7 @@ class Bar:
 class Tick:
     position: float
     label: str
+    anchor: str = "middle"      # SVG text-anchor: the outer labels stay inside the chart
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +116,12 @@ def build(rows: Sequence[Sequence[Any]], span: str, now: float) -> Chart:
                         title=f"{when}: {_label(s)} succeeded, {_label(r)} retried, "
                               f"{_label(f)} failed, {_label(c)} cancelled"))
     y_ticks = [Tick(base - plot_h * k / 2, _label(top * k // 2)) for k in range(3)]
-    x_ticks = []
-    for i in (0, len(buckets) // 2, len(buckets) - 1):
-        label = datetime.fromtimestamp(buckets[i], UTC).strftime("%H:%M")
-        x_ticks.append(Tick(LEFT + (i + 0.5) * slot, label))
+    def clock(i: int) -> str:
+        return datetime.fromtimestamp(buckets[i], UTC).strftime("%H:%M")
+
+    middle = len(buckets) // 2
+    x_ticks = [Tick(LEFT, clock(0), "start"), Tick(LEFT + (middle + 0.5) * slot, clock(middle)),
+               Tick(WIDTH - RIGHT, clock(len(buckets) - 1), "end")]
     totals = [sum(c[k] for c in counts) for k in range(4)]
     return Chart(span=span, unit=unit, bars=bars, y_ticks=y_ticks, x_ticks=x_ticks,
                  succeeded=totals[0], retried=totals[1], failed=totals[2], cancelled=totals[3])
