@@ -167,6 +167,7 @@ async def test_an_async_authorize_decides_each_action(fresh_db: str) -> None:
     ("tenant=Not_A_Label", "invalid tenant 'Not_A_Label'"),
     ("state=sleeping", "unknown state 'sleeping' in states"),
     ("within=3y", "invalid created-within choice '3y'"),
+    ("before=2w", "invalid created-before choice '2w'"),
     ("payload=%24.a%20%3D%3D", "invalid payload path '$.a =='"),
 ])
 async def test_a_bad_filter_answers_400_naming_the_value(fresh_db: str, query: str, message: str) -> None:
@@ -285,3 +286,15 @@ async def test_the_payload_filter_lists_matches_and_is_off_when_payloads_are_hid
         form = await client.get("/events")
     assert hidden.status_code == 400 and "the payload filter is off" in hidden.text
     assert 'name="payload"' not in form.text
+
+
+async def test_created_before_and_within_make_a_time_range(fresh_db: str) -> None:
+    ids = _seed(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("UPDATE conveyor.events SET created_at = now() - interval '3 days' WHERE id = %s",
+                     (ids["failed"],))
+    async with _client(_app(fresh_db)) as client:
+        old = await client.get("/events?before=24h&within=7d")
+        new = await client.get("/events?within=24h")
+    assert f"/events/{ids['failed']}\"" in old.text and f"/events/{ids['pending']}\"" not in old.text
+    assert f"/events/{ids['pending']}\"" in new.text and f"/events/{ids['failed']}\"" not in new.text

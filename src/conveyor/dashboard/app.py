@@ -235,13 +235,15 @@ def _filter_from(params: QueryParams | FormData, *, hide_payloads: bool = False
     if payload is not None and hide_payloads:
         raise InvalidInputError("the payload filter is off: this dashboard hides payloads")
     within = str(params.get("within") or "")
-    if within and within not in WITHIN:
-        raise InvalidInputError(f"invalid created-within choice {within!r}: expected one of "
-                                f"{', '.join(WITHIN)}")
+    before = str(params.get("before") or "")
+    for label, choice in (("created-within", within), ("created-before", before)):
+        if choice and choice not in WITHIN:
+            raise InvalidInputError(f"invalid {label} choice {choice!r}: expected one of "
+                                    f"{', '.join(WITHIN)}")
     shown = {"state": list(states), "topic": topic or "", "tenant": tenant or "",
-             "error": error or "", "payload": payload or "", "within": within}
+             "error": error or "", "payload": payload or "", "within": within, "before": before}
     return EventFilter(states=states, topic=topic, tenant=tenant, error=error, payload=payload,
-                       newer_than=WITHIN.get(within)), shown
+                       newer_than=WITHIN.get(within), older_than=WITHIN.get(before)), shown
 
 
 def _query(shown: dict[str, Any], **extra: Any) -> str:
