@@ -438,7 +438,7 @@ def _list(conn: Conn, **params: Any) -> list[Any]:
     base: dict[str, Any] = {
         "after": None, "ids": [], "states": [], "topic": None, "topic_from": None,
         "topic_to": None, "tenant": None, "older_than": None, "newer_than": None,
-        "error": None, "scheduled_pending_only": False, "limit": 10}
+        "error": None, "payload": None, "scheduled_pending_only": False, "limit": 10}
     return conn.execute(Q["event_list"], {**base, **params}).fetchall()
 
 
@@ -468,7 +468,7 @@ def test_event_list_columns_are_the_summary_decoders_fields(db: Conn) -> None:
     cur = db.execute(Q["event_list"], {
         "after": None, "ids": [], "states": [], "topic": None, "topic_from": None,
         "topic_to": None, "tenant": None, "older_than": None, "newer_than": None,
-        "error": None, "scheduled_pending_only": False, "limit": 1})
+        "error": None, "payload": None, "scheduled_pending_only": False, "limit": 1})
     assert cur.description is not None
     names = [c.name for c in cur.description]
     assert names == list(EventSummary.__dataclass_fields__)

@@ -65,9 +65,10 @@ CREATE TABLE conveyor.events (
 );
 
 -- The claim query walks this index in order; only pending rows are in it, so
--- millions of finished rows cost the claim nothing.
+-- millions of finished rows cost the claim nothing. Topic and tenant ride
+-- along (0009): status counts the backlog from the index alone.
 CREATE INDEX events_claim_idx
-    ON conveyor.events (priority DESC, run_at, id)
+    ON conveyor.events (priority DESC, run_at, id) INCLUDE (topic, tenant)
     WHERE state = 'pending';
 
 -- The rescuer looks for running events whose lease has expired.

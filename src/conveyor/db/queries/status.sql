@@ -11,10 +11,11 @@
 -- Exact counts of pending events (per topic and tenant, for the
 -- unhandled-topics check), split into due now ('pending') and not yet due
 -- ('scheduled', run_at in the future: not a state of its own), and of running
--- and failed events (per topic). Each branch reads one partial index
--- (events_claim_idx, which holds run_at, events_lease_idx, events_failed_idx)
--- and the rows it points to, so the cost follows those states, never the
--- succeeded rows.
+-- and failed events (per topic). Each branch reads one partial index, so
+-- the cost follows those states, never the succeeded rows: events_claim_idx
+-- holds run_at, topic and tenant (0009), an index-only scan; events_lease_idx
+-- and the rows it points to (running: at most the workers' slots);
+-- events_failed_idx (topic), an index-only scan.
 SELECT topic, tenant,
        CASE WHEN run_at <= now() THEN 'pending' ELSE 'scheduled' END AS state,
        count(*) AS n
@@ -69,8 +70,27 @@ LEFT JOIN pg_stats AS s
 WHERE c.oid = %(table)s::regclass
 
 -- name: status_oldest_due_age
--- Seconds since the oldest due pending event became due; read through
--- events_claim_idx (pending rows only).
-SELECT extract(epoch FROM now() - min(run_at))::float8
-FROM {schema}.events
-WHERE state = 'pending' AND run_at <= now()
+-- Seconds since the oldest due pending event became due. events_claim_idx is
+-- ordered by priority first, so min(run_at) over it would read every due
+-- entry (35-44 ms at 200,000 pending); this walks the priorities in use
+-- instead (a recursive skip scan: one index probe per distinct priority) and
+-- takes the first due entry of each, which is that priority's oldest: 0.3 ms.
+WITH RECURSIVE priorities AS (
+    (SELECT priority FROM {schema}.events WHERE state = 'pending'
+     ORDER BY priority DESC, run_at, id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.priority FROM {schema}.events AS e
+            WHERE e.state = 'pending' AND e.priority < p.priority
+            ORDER BY e.priority DESC, e.run_at, e.id LIMIT 1)
+    FROM priorities AS p
+    WHERE p.priority IS NOT NULL
+)
+SELECT extract(epoch FROM now() - min(oldest.run_at))::float8
+FROM priorities AS p
+CROSS JOIN LATERAL (
+    SELECT e.run_at FROM {schema}.events AS e
+    WHERE e.state = 'pending' AND e.priority = p.priority AND e.run_at <= now()
+    ORDER BY e.priority DESC, e.run_at, e.id
+    LIMIT 1
+) AS oldest
+WHERE p.priority IS NOT NULL
