@@ -556,3 +556,32 @@ def test_payload_path_filters_by_a_predicate_and_bulk_actions_follow_it(db: Conn
 def test_a_bad_payload_path_is_refused_naming_it(db: Conn, path: str, message: str) -> None:
     with pytest.raises(InvalidInputError, match=re.escape(message)):
         Admin().events(db, EventFilter(payload=path))
+
+
+COUNTED_FILTERS = [
+    {"states": ("failed",)}, {"topic": "email.*"}, {"states": ("failed", "cancelled")},
+    {"tenant": "acme"}, {"topic": "*"}, {"error": "smtp"}, {"payload": "$.n == 1"},
+]
+
+
+@pytest.mark.parametrize("fields", COUNTED_FILTERS, ids=[str(f) for f in COUNTED_FILTERS])
+@pytest.mark.parametrize("action", ["retry", "cancel"])
+def test_count_matching_is_what_the_dry_run_lists(db: Conn, fields: dict[str, Any],
+                                                  action: str) -> None:
+    _sample(db)
+    admin = Admin()
+    flow = admin.retry_matching if action == "retry" else admin.cancel_matching
+    try:
+        listed = flow(db, EventFilter(**fields), dry_run=True)
+    except InvalidInputError as exc:        # a state the action cannot change: refused alike
+        with pytest.raises(InvalidInputError, match=re.escape(str(exc))):
+            admin.count_matching(db, EventFilter(**fields), action=action)
+        return
+    assert admin.count_matching(db, EventFilter(**fields), action=action) == len(listed)
+
+
+def test_count_matching_refuses_an_empty_filter_and_an_unknown_action(db: Conn) -> None:
+    with pytest.raises(InvalidInputError, match="give at least one filter"):
+        Admin().count_matching(db, EventFilter(), action="retry")
+    with pytest.raises(InvalidInputError, match="unknown bulk action 'delete'"):
+        Admin().count_matching(db, EventFilter(states=("failed",)), action="delete")

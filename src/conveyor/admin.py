@@ -38,6 +38,7 @@ from conveyor.admin_core import (
     _check_after,
     _check_filter,
     _check_limit,
+    _count_step,
     _estimate_params,
     _list_params,
     _needs_estimate,
@@ -223,6 +224,18 @@ class Admin:
         :meth:`retry_matching`. A running event's late result is discarded.
         """
         return _run_flow(conn, _cancel_flow(self._q, filter, dry_run, MATCH_BATCH))
+
+    def count_matching(self, conn: psycopg.Connection[Any], filter: EventFilter, *,
+                             action: str) -> int:
+        """How many events ``retry_matching`` (``action="retry"``) or
+        ``cancel_matching`` (``"cancel"``) would change now, counted in one statement.
+
+        The same filter, states and refusals as those methods; what a bulk
+        action's confirmation shows. Rows may change state before the action
+        runs: its own result is the exact number changed.
+        """
+        rows = _fetch(conn, *_count_step(self._q, filter, action))
+        return int(rows[0]["n"])
 
     def cancel(self, conn: psycopg.Connection[Any], event_id: int) -> None:
         """Cancel a pending, running or failed event; a running one's result is discarded.

@@ -37,6 +37,7 @@ from conveyor.admin_core import (
     _check_after,
     _check_filter,
     _check_limit,
+    _count_step,
     _estimate_params,
     _list_params,
     _needs_estimate,
@@ -222,6 +223,18 @@ class AsyncAdmin:
         :meth:`retry_matching`. A running event's late result is discarded.
         """
         return await _run_flow_async(conn, _cancel_flow(self._q, filter, dry_run, MATCH_BATCH))
+
+    async def count_matching(self, conn: psycopg.AsyncConnection[Any], filter: EventFilter, *,
+                             action: str) -> int:
+        """How many events ``retry_matching`` (``action="retry"``) or
+        ``cancel_matching`` (``"cancel"``) would change now, counted in one statement.
+
+        The same filter, states and refusals as those methods; what a bulk
+        action's confirmation shows. Rows may change state before the action
+        runs: its own result is the exact number changed.
+        """
+        rows = await _fetch_async(conn, *_count_step(self._q, filter, action))
+        return int(rows[0]["n"])
 
     async def cancel(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:
         """Cancel a pending, running or failed event; a running one's result is discarded.
