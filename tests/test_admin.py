@@ -7,6 +7,7 @@ than written by hand, except for timestamps that a test must move into the past.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -553,3 +554,72 @@ async def test_status_reports_topic_pending_only_for_tenants_no_worker_serves(
     finally:
         worker.request_stop()
         await asyncio.wait_for(running, 30)
+
+
+# --------------------------------------------------------------- reschedule
+
+def _due(conn: psycopg.Connection[Any], event_id: int) -> tuple[Any, ...]:
+    row = conn.execute("SELECT run_at, state, max_attempts, finished_at FROM conveyor.events"
+                       " WHERE id = %s", (event_id,)).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_reschedule_to_a_moment_or_a_delay(db: psycopg.Connection[Any]) -> None:
+    at = datetime(2031, 3, 30, 9, 0, tzinfo=timezone(timedelta(hours=2)))
+    pending = Producer().enqueue(db, "x")
+    assert Admin().reschedule(db, pending, run_at=at) == at
+    assert _due(db, pending)[:2] == (at, "pending")
+    assert _claim(db, str(uuid.uuid4())) == []              # no longer due
+    later = Admin().reschedule(db, pending, delay=90)
+    row = db.execute("SELECT extract(epoch FROM run_at - now()) FROM conveyor.events WHERE id = %s",
+                     (pending,)).fetchone()
+    assert row is not None and 89.9 < row[0] < 90.1 and later == _due(db, pending)[0]
+
+
+def test_reschedule_brings_a_failed_event_back_with_an_attempt(db: psycopg.Connection[Any]) -> None:
+    event_id = _make(db, "failed", max_attempts=1)
+    Admin().reschedule(db, event_id, delay=0)
+    _, state, max_attempts, finished_at = _due(db, event_id)
+    assert (state, max_attempts, finished_at) == ("pending", 2, None)
+    assert [r[0] for r in _claim(db, str(uuid.uuid4()))] == [event_id]
+
+
+def test_reschedule_wakes_the_workers_with_the_due_time(
+        db: psycopg.Connection[Any], shared_db_url: str) -> None:
+    at = datetime.now(UTC) + timedelta(hours=1)
+    event_id = Producer().enqueue(db, "wake.me", delay=60)
+    with psycopg.connect(shared_db_url, autocommit=True) as listener:
+        listener.execute('LISTEN "conveyor.events"')
+        db.execute("SELECT 1")
+        Admin().reschedule(db, event_id, run_at=at)
+        db.commit()
+        heard = [n.payload for n in listener.notifies(timeout=2, stop_after=2)]
+    # The enqueue's own wake-up (due in a minute), then the reschedule's.
+    assert len(heard) == 2 and heard[1].startswith("wake.me|")
+    assert abs(float(heard[1].split("|")[1]) - at.timestamp()) < 0.001
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({}, InvalidInputError, "give run_at or delay to reschedule to, not neither"),
+    ({"run_at": datetime(2031, 1, 1, tzinfo=UTC), "delay": 5}, InvalidInputError,
+     "not both"),
+    ({"run_at": datetime(2031, 1, 1)}, InvalidInputError, "run_at must be timezone-aware"),
+    ({"delay": -1}, InvalidInputError, "delay must be from"),
+])
+def test_reschedule_refuses_bad_times(db: psycopg.Connection[Any], kwargs: dict[str, Any],
+                                      error: type[Exception], message: str) -> None:
+    event_id = Producer().enqueue(db, "x")
+    with pytest.raises(error, match=message):
+        Admin().reschedule(db, event_id, **kwargs)
+
+
+@pytest.mark.parametrize("state", ["succeeded", "running"])
+def test_reschedule_refuses_succeeded_and_running_events(db: psycopg.Connection[Any],
+                                                          state: str) -> None:
+    event_id = _make(db, state)
+    with pytest.raises(InvalidStateError, match=f"event {event_id} is {state}; only pending, "
+                                                "failed or cancelled events can be rescheduled"):
+        Admin().reschedule(db, event_id, delay=10)
+    with pytest.raises(EventNotFoundError):
+        Admin().reschedule(db, 987_654_321, delay=10)

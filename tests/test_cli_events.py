@@ -300,3 +300,37 @@ def test_every_bulk_command_has_help_with_examples(capsys: pytest.CaptureFixture
     for command in ("events", "retry", "cancel", "prune"):
         code, out, _ = _invoke(capsys, [command, "--help"])
         assert code == 0 and "examples:" in out, command
+
+
+# ---------------------------------------------------------------- reschedule
+
+def test_reschedule_at_a_moment_and_in_a_while(cli: Run, fresh_db: str) -> None:
+    event_id = enqueue(cli, "report.build")
+    code, out, err = cli("reschedule", str(event_id), "--at", "2031-03-30T09:00:00+02:00")
+    assert (code, out, err) == (0, f"event {event_id} is due at 2031-03-30 07:00:00 UTC\n", "")
+    assert row(fresh_db, "SELECT run_at = '2031-03-30T07:00:00Z' FROM conveyor.events") == (True,)
+    done = _json(cli, "reschedule", str(event_id), "--in", "2h")
+    assert done["id"] == event_id and isinstance(done["run_at"], str)
+    assert row(fresh_db, "SELECT round(extract(epoch FROM run_at - now())) FROM conveyor.events") == (
+        7200,)
+    _fail(fresh_db, event_id)
+    assert cli("reschedule", str(event_id), "--in", "0s")[0] == 0
+    assert row(fresh_db, "SELECT state, max_attempts FROM conveyor.events") == ("pending", 6)
+
+
+def test_enqueue_at_a_moment(cli: Run, fresh_db: str) -> None:
+    event_id = enqueue(cli, "report.build", "{}", "--at", "2031-03-30T07:00:00Z")
+    assert row(fresh_db, "SELECT id, run_at = '2031-03-30T07:00:00Z' FROM conveyor.events") == (
+        event_id, True)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["reschedule", "1"], "one of the arguments --at --in is required"),
+    (["reschedule", "1", "--at", "2031-03-30T09:00:00"], "has no UTC offset"),
+    (["reschedule", "1", "--at", "tomorrow"], "invalid time 'tomorrow'"),
+    (["reschedule", "1", "--at", "2031-03-30T09:00Z", "--in", "1h"], "not allowed with argument"),
+    (["reschedule", "987654321", "--in", "1h"], "event 987654321 not found"),
+    (["enqueue", "a.b", "{}", "--at", "2031-01-01T00:00Z", "--delay", "1h"], "not allowed with argument"),
+])
+def test_bad_reschedule_arguments_are_one_line(error_db: str, args: list[str], needle: str) -> None:
+    assert_one_line_error(conveyor("--database-url", error_db, *args), needle)

@@ -6,9 +6,11 @@ LISTEN/NOTIFY uses a ``fresh_db`` of its own.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -228,6 +230,53 @@ def test_delayed_event_runs_at_now_plus_delay(conn: psycopg.Connection[Any]) -> 
 
 def test_undelayed_event_is_due_now(conn: psycopg.Connection[Any]) -> None:
     assert _delay_of(conn, Producer().enqueue(conn, "x")) == 0
+
+
+def _run_at(conn: psycopg.Connection[Any], ids: list[int]) -> list[datetime]:
+    rows = conn.execute("SELECT run_at FROM conveyor.events WHERE id = ANY(%s) ORDER BY id", (ids,))
+    return [r[0] for r in rows.fetchall()]
+
+
+AT = datetime(2031, 3, 30, 1, 30, tzinfo=timezone(timedelta(hours=2)))
+
+
+def test_run_at_is_stored_as_that_moment_on_every_path(conn: psycopg.Connection[Any]) -> None:
+    producer = Producer()
+    single = producer.enqueue(conn, "x", run_at=AT)
+    keyed = producer.enqueue(conn, "x", run_at=AT, idempotency_key="k1")
+    many = producer.enqueue_many(conn, [NewEvent(topic="x", run_at=AT + timedelta(minutes=i))
+                                        for i in range(COPY_THRESHOLD + 5)])
+    written = producer.enqueue_bulk(conn, [{"topic": "y", "run_at": AT}] * (COPY_THRESHOLD + 2))
+    assert _run_at(conn, [single, keyed]) == [AT, AT]
+    assert _run_at(conn, many) == [AT + timedelta(minutes=i) for i in range(COPY_THRESHOLD + 5)]
+    assert written == COPY_THRESHOLD + 2
+    assert conn.execute("SELECT count(*) FROM conveyor.events WHERE topic = 'y' AND run_at = %s",
+                        (AT,)).fetchone() == (COPY_THRESHOLD + 2,)
+
+
+def test_run_at_in_the_past_is_due_now_and_wakes_without_a_due_time(
+        conn: psycopg.Connection[Any]) -> None:
+    past = datetime.now(UTC) - timedelta(hours=1)
+    event_id = Producer().enqueue(conn, "x", run_at=past)
+    assert _run_at(conn, [event_id]) == [past]
+    row = conn.execute("SELECT run_at <= now() FROM conveyor.events WHERE id = %s",
+                       (event_id,)).fetchone()
+    assert row == (True,)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"run_at": datetime(2031, 1, 1)}, "run_at must be timezone-aware (a naive datetime names no moment)"),
+    ({"run_at": "2031-01-01T00:00:00Z"},
+     "run_at must be a timezone-aware datetime, got '2031-01-01T00:00:00Z'"),
+    ({"run_at": AT, "delay": 5}, "give delay or run_at, not both: delay=5"),
+])
+def test_a_bad_run_at_is_refused_naming_it(conn: psycopg.Connection[Any], kwargs: dict[str, Any],
+                                           message: str) -> None:
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        Producer().enqueue(conn, "x", **kwargs)
+    with pytest.raises(InvalidInputError, match=re.escape("event #1: " + message)):
+        Producer().enqueue_many(conn, [NewEvent(topic="x"), NewEvent(topic="x", **kwargs)])
+    assert conn.execute("SELECT count(*) FROM conveyor.events").fetchone() == (0,)
 
 
 def test_priority_is_stored(conn: psycopg.Connection[Any]) -> None:

@@ -59,7 +59,8 @@ def _insert(conn: Conn, topic: str = "t", *, tenant: str | None = None, key: str
             delay: float = 0, priority: int = 0, max_attempts: int = 3) -> int | None:
     row = conn.execute(Q["event_insert"], {
         "tenant": tenant, "topic": topic, "payload": '{"k": 1}', "priority": priority,
-        "max_attempts": max_attempts, "idempotency_key": key, "delay": delay}).fetchone()
+        "max_attempts": max_attempts, "idempotency_key": key, "delay": delay,
+        "run_at": None}).fetchone()
     return None if row is None else int(row[0])
 
 
@@ -128,7 +129,8 @@ def test_insert_many_uses_reserved_ids_and_skips_key_conflicts(db: Conn) -> None
     inserted = db.execute(Q["event_insert_many_ids"], {
         "ids": ids, "tenants": [None] * 3, "topics": ["a", "b", "c"],
         "payloads": ["1", "2", "3"], "priorities": [0, 1, 2], "max_attempts": [1, 1, 1],
-        "keys": [None, "taken", "fresh"], "delays": [0.0, 0.0, 5.0]}).fetchall()
+        "keys": [None, "taken", "fresh"], "delays": [0.0, 0.0, 5.0],
+        "run_ats": [None, None, None]}).fetchall()
     assert sorted(r[0] for r in inserted) == [ids[0], ids[2]]
     assert _row(db, ids[2], "topic, payload, idempotency_key") == ("c", 3, "fresh")
 
@@ -332,7 +334,7 @@ def test_inserts_wake_their_topics_in_their_own_statements(fresh_db: str) -> Non
             conn.execute(Q["event_insert_many_ids"], {
                 "ids": ids, "tenants": [None] * 3, "topics": ["m.x", "m.x", "m.y"],
                 "payloads": ["{}"] * 3, "priorities": [0] * 3, "max_attempts": [3] * 3,
-                "keys": [None] * 3, "delays": [0, 0, 60]}).fetchall()
+                "keys": [None] * 3, "delays": [0, 0, 60], "run_ats": [None] * 3}).fetchall()
         heard = _heard(listener, conn, many)
         assert heard[0] == "m.x" and heard[1].startswith("m.y|") and len(heard) == 2, heard
 
@@ -399,6 +401,20 @@ def test_retry_reopens_failed_and_refuses_running(db: Conn) -> None:
     assert db.execute(Q["event_retry"], {"id": failed}).fetchall() == [(failed,)]
     assert db.execute(Q["event_retry"], {"id": running}).fetchall() == []
     assert _row(db, failed, "state, max_attempts, finished_at") == ("pending", 2, None)
+
+
+@exercises("event_reschedule")
+def test_reschedule_moves_the_due_time_and_refuses_running(db: Conn) -> None:
+    failed, running = _insert(db, max_attempts=1), _insert(db)
+    owner = _owner()
+    _claim(db, owner)
+    _settle(db, owner, [failed], [1], ["failed"], errors=["x"])
+    rows = db.execute(Q["event_reschedule"], {"id": failed, "run_at": None, "delay": 60}).fetchall()
+    assert [(r[0], r[1], r[4]) for r in rows] == [(failed, "t", False)]
+    assert db.execute(Q["event_reschedule"], {"id": running, "run_at": None, "delay": 0}
+                      ).fetchall() == []
+    assert _row(db, failed, "state, max_attempts, round(extract(epoch FROM run_at - now()))") == (
+        "pending", 2, 60)
 
 
 @exercises("event_retry_failed")
@@ -872,13 +888,13 @@ def test_traced_inserts_store_the_trace_context_in_every_row(db: Conn) -> None:
     trace = {"traceparent": _TRACEPARENT, "tracestate": "k=v"}
     one = db.execute(Q["event_insert_traced"], {
         "tenant": None, "topic": "t", "payload": "{}", "priority": 0, "max_attempts": 3,
-        "idempotency_key": None, "delay": 0, **trace}).fetchone()
+        "idempotency_key": None, "delay": 0, "run_at": None, **trace}).fetchone()
     assert one is not None
     ids = [9_000_001, 9_000_002]
     db.execute(Q["event_insert_many_ids_traced"], {
         "ids": ids, "tenants": [None] * 2, "topics": ["a", "b"], "payloads": ["1", "2"],
         "priorities": [0, 0], "max_attempts": [1, 1], "keys": [None, None],
-        "delays": [0.0, 0.0], **trace})
+        "delays": [0.0, 0.0], "run_ats": [None, None], **trace})
     for event_id in (one[0], *ids):
         assert _row(db, event_id, "traceparent, tracestate") == (_TRACEPARENT, "k=v")
 

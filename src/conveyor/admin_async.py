@@ -18,7 +18,8 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -46,6 +47,7 @@ from conveyor.admin_core import (
     _pause_params,
     _prune_params,
     _report,
+    _reschedule_params,
     _retry_flow,
     _status,
     pause_from_row,
@@ -184,6 +186,30 @@ class AsyncAdmin:
             raise _not_changed(self._q, event_id, await cur.fetchone(), "retried",
                                "failed, cancelled or pending")
         await self._notify(conn)
+
+    async def reschedule(self, conn: psycopg.AsyncConnection[Any], event_id: int, *,
+                         run_at: datetime | None = None, delay: float | None = None) -> datetime:
+        """Make a pending, failed or cancelled event due at ``run_at`` (a timezone-aware
+        datetime) or ``delay`` seconds from now (give one); returns its new due time.
+
+        A failed or cancelled event becomes pending again, with one more
+        attempt if all are spent (as :meth:`retry`). The workers hear of it at
+        commit: a due event is claimed at once, a later one when it falls due.
+        Raises InvalidStateError for a running or succeeded event,
+        EventNotFoundError for an unknown id.
+        """
+        event_id = check_event_id(event_id)
+        params = _reschedule_params(event_id, run_at, delay)
+        cur = await run_async(conn, self._q["event_reschedule"], params)
+        row = await cur.fetchone()
+        if row is None:
+            cur = await run_async(conn, self._q["event_state"], {"id": event_id})
+            raise _not_changed(self._q, event_id, await cur.fetchone(), "rescheduled",
+                               "pending, failed or cancelled")
+        _id, topic, due, due_epoch, due_now = row
+        await run_async(conn, self._q["event_notify"], {
+            "channel": self._q.channel, "payload": topic if due_now else f"{topic}|{due_epoch}"})
+        return cast(datetime, due)
 
     async def retry_failed(self, conn: psycopg.AsyncConnection[Any],
                            topic: str | None = None) -> list[int]:

@@ -27,7 +27,9 @@ from conveyor.types import (
 )
 from conveyor.validation import (
     DELAY_MAX_SECONDS,
+    check_delay,
     check_event_id,
+    check_run_at,
     check_tenant,
     check_topic_pattern,
 )
@@ -185,6 +187,15 @@ def _not_changed(q: Queries, event_id: int, state_row: Sequence[Any] | None, act
         return EventNotFoundError(f"event {event_id} not found")
     return InvalidStateError(
         f"event {event_id} is {state_row[0]}; only {allowed} events can be {action}")
+
+
+def _reschedule_params(event_id: int, run_at: object, delay: object) -> dict[str, Any]:
+    """``event_reschedule``'s parameters: exactly one of an aware ``run_at`` and a ``delay``."""
+    if (run_at is None) == (delay is None):
+        raise InvalidInputError("give run_at or delay to reschedule to, not "
+                                + ("both" if run_at is not None else "neither"))
+    return {"id": event_id, "run_at": check_run_at(run_at),
+            "delay": 0.0 if delay is None else check_delay(delay)}
 
 
 def _report(progress: Callable[[int], None] | None, total: int) -> int:

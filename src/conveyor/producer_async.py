@@ -25,6 +25,7 @@ Every input is checked before any SQL runs; a refusal raises
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -93,15 +94,18 @@ class AsyncProducer:
         delay: float = 0.0,
         priority: int = 0,
         max_attempts: int | None = None,
+        run_at: datetime | None = None,
     ) -> int:
         """Write one event in ``conn``'s current transaction; returns its id.
 
         With an ``idempotency_key`` that already exists for the tenant, returns
-        the first event's id and writes nothing.
+        the first event's id and writes nothing. ``run_at``: when it becomes
+        due, a timezone-aware datetime, instead of a ``delay`` in seconds (the
+        database's clock decides when either has come).
         """
         row = prepare(self.config, NewEvent(
             topic=topic, payload=payload, tenant=tenant, idempotency_key=idempotency_key,
-            delay=delay, priority=priority, max_attempts=max_attempts))
+            delay=delay, priority=priority, max_attempts=max_attempts, run_at=run_at))
         send = self._tracing.start(row.topic) if self._tracing is not None else None
         if send is None:
             return await self._insert(conn, row, None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
@@ -37,6 +38,7 @@ from conveyor.validation import (
     check_idempotency_key,
     check_max_attempts,
     check_priority,
+    check_run_at,
     check_tenant,
     check_topic,
     encode_payload,
@@ -68,6 +70,8 @@ class NewEvent:
         priority: higher runs first. Defaults to 0.
         max_attempts: attempts before it is parked ``failed``. Defaults to the
             producer's ``max_attempts``.
+        run_at: when the event becomes due, a timezone-aware datetime, instead
+            of a ``delay``. Defaults to None (``delay`` decides).
     """
 
     topic: str
@@ -77,10 +81,11 @@ class NewEvent:
     delay: float = 0.0
     priority: int = 0
     max_attempts: int | None = None
+    run_at: datetime | None = None
 
     def __init__(self, *, topic: str, payload: Any = None, tenant: str | None = None,
                  idempotency_key: str | None = None, delay: float = 0.0, priority: int = 0,
-                 max_attempts: int | None = None) -> None:
+                 max_attempts: int | None = None, run_at: datetime | None = None) -> None:
         # hot path, measured: see docs/benchmarks.md (the slots' own setters,
         # not the frozen dataclass's object.__setattr__ per field; still immutable)
         _set_topic(self, topic)
@@ -90,13 +95,14 @@ class NewEvent:
         _set_delay(self, delay)
         _set_priority(self, priority)
         _set_max_attempts(self, max_attempts)
+        _set_run_at(self, run_at)
 
 
 _slot_setters = {f.name: NewEvent.__dict__[f.name].__set__ for f in fields(NewEvent)}
 _set_topic, _set_payload = _slot_setters["topic"], _slot_setters["payload"]
 _set_tenant, _set_key = _slot_setters["tenant"], _slot_setters["idempotency_key"]
 _set_delay, _set_priority = _slot_setters["delay"], _slot_setters["priority"]
-_set_max_attempts = _slot_setters["max_attempts"]
+_set_max_attempts, _set_run_at = _slot_setters["max_attempts"], _slot_setters["run_at"]
 
 EventLike = NewEvent | Mapping[str, Any] | tuple[str, Any]
 
@@ -123,7 +129,7 @@ def is_plain(event: NewEvent) -> bool:
     checks, which refuse or convert it.
     """
     return (event.tenant is None and event.idempotency_key is None and event.max_attempts is None
-            and type(event.priority) is int and event.priority == 0
+            and event.run_at is None and type(event.priority) is int and event.priority == 0
             and type(event.delay) in (float, int) and event.delay == 0)
 
 
@@ -138,6 +144,7 @@ class _Row:
     max_attempts: int
     key: str | None
     delay: float
+    run_at: datetime | None = None   # absolute due time; wins over delay (which is then 0)
 
 
 def prepare(config: ProducerConfig, event: NewEvent, index: int | None = None) -> _Row:
@@ -153,12 +160,19 @@ def prepare(config: ProducerConfig, event: NewEvent, index: int | None = None) -
             max_attempts=check_max_attempts(
                 config.max_attempts if event.max_attempts is None else event.max_attempts),
             key=check_idempotency_key(event.idempotency_key),
-            delay=check_delay(event.delay),
+            delay=_one_due_time(check_delay(event.delay), event.run_at),
+            run_at=check_run_at(event.run_at),
         )
     except InvalidInputError as exc:
         if index is None:
             raise
         raise type(exc)(f"event #{index}: {exc}") from None
+
+
+def _one_due_time(delay: float, run_at: object) -> float:
+    if run_at is not None and delay:
+        raise InvalidInputError(f"give delay or run_at, not both: delay={delay:g}, run_at={run_at!r}")
+    return delay
 
 
 def prepare_many(config: ProducerConfig, events: Iterable[EventLike]) -> list[_Row]:
@@ -209,16 +223,16 @@ def producer_tracing(tracing: bool | None) -> ProducerTracing | None:
 def single_insert(row: _Row, trace: _Trace | None = None) -> tuple[str, dict[str, Any]]:
     """The named query that writes one event, and its parameters.
 
-    An event with no idempotency key and no delay (the common one) takes
+    An event with no idempotency key and no delay or run_at (the common one) takes
     ``event_insert_plain``: fewer parameters to send and no ON CONFLICT.
     """
-    if trace is None and row.key is None and row.delay == 0:
+    if trace is None and row.key is None and row.delay == 0 and row.run_at is None:
         return "event_insert_plain", {"tenant": row.tenant, "topic": row.topic,
                                       "payload": row.payload, "priority": row.priority,
                                       "max_attempts": row.max_attempts}
     params = {"tenant": row.tenant, "topic": row.topic, "payload": row.payload,
               "priority": row.priority, "max_attempts": row.max_attempts,
-              "idempotency_key": row.key, "delay": row.delay}
+              "idempotency_key": row.key, "delay": row.delay, "run_at": row.run_at}
     if trace is None:
         return "event_insert", params
     params["traceparent"], params["tracestate"] = trace
@@ -242,6 +256,7 @@ def insert_many_params(rows: Sequence[_Row], ids: Sequence[int],
         "max_attempts": [r.max_attempts for r in rows],
         "keys": [r.key for r in rows],
         "delays": [r.delay for r in rows],
+        "run_ats": [r.run_at for r in rows],
     }
     if trace is not None:
         params["traceparent"], params["tracestate"] = trace
@@ -258,7 +273,8 @@ class _Copy(NamedTuple):
 
 def fits_copy(rows: Sequence[_Row]) -> bool:
     """Whether ``rows`` may go by COPY: enough of them, and none needing ``ON CONFLICT`` or now()."""
-    return len(rows) >= COPY_THRESHOLD and all(r.key is None and r.delay == 0 for r in rows)
+    return len(rows) >= COPY_THRESHOLD and all(r.key is None and r.delay == 0 and r.run_at is None
+                                               for r in rows)
 
 
 def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int],

@@ -10,6 +10,7 @@ import json
 import math
 import re
 import threading
+from datetime import datetime
 from decimal import Decimal
 from json import encoder as _json_encoder
 from typing import Any
@@ -163,6 +164,18 @@ def check_delay(delay: object) -> float:
     if not 0 <= seconds <= DELAY_MAX_SECONDS:
         raise InvalidInputError(f"delay must be from {_DELAY_RANGE}, got {delay!r}")
     return seconds
+
+
+def check_run_at(run_at: object) -> datetime | None:
+    """An absolute due time: a timezone-aware datetime (a naive one names no moment)."""
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime):
+        raise InvalidInputError(f"run_at must be a timezone-aware datetime, got {_show(run_at)}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise InvalidInputError(
+            f"run_at must be timezone-aware (a naive datetime names no moment), got {run_at!r}")
+    return run_at
 
 
 def check_priority(priority: object) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from conveyor.admin import SCHEDULED, Admin
-from conveyor.cli.context import Context, duration, positive_int
+from conveyor.cli.context import Context, duration, moment, positive_int
 from conveyor.cli.options import add_command, add_json, usage_error
 from conveyor.cli.output import emit_json, escape, escape_lines, say
 from conveyor.cli.progress import Ticker
@@ -94,8 +94,12 @@ def register_enqueue(sub: Sub, env: Env) -> None:
     p.add_argument("payload", nargs="?", default="{}", help="JSON payload (default: {})")
     p.add_argument("--tenant", help="owning tenant, a DNS label such as 'acme'")
     p.add_argument("--key", help="idempotency key")
-    p.add_argument("--delay", type=duration, default=0.0, metavar="DURATION",
-                   help="run no earlier than this from now, e.g. 30s or 5m")
+    due = p.add_mutually_exclusive_group()
+    due.add_argument("--delay", type=duration, default=0.0, metavar="DURATION",
+                     help="run no earlier than this from now, e.g. 30s or 5m")
+    due.add_argument("--at", type=moment, default=None, metavar="TIME",
+                     help="run no earlier than this moment, ISO 8601 with its offset, e.g. "
+                          "2031-03-30T09:00:00+02:00")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default: 0)")
     p.add_argument("--max-attempts", type=positive_int, default=None, metavar="N",
                    help="attempts before the event is parked failed (default: 5)")
@@ -141,7 +145,8 @@ def _enqueue_once(ctx: Context, conn: psycopg.Connection[Any], producer: Produce
                                {"tenant": args.tenant, "idempotency_key": args.key}).fetchone()
             event_id = producer.enqueue(conn, args.topic, payload, tenant=args.tenant,
                                         idempotency_key=args.key, delay=args.delay,
-                                        priority=args.priority, max_attempts=args.max_attempts)
+                                        priority=args.priority, max_attempts=args.max_attempts,
+                                        run_at=args.at)
     finally:
         conn.isolation_level = None
     return event_id, existing is not None

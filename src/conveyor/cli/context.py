@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -80,3 +81,18 @@ def duration(text: str) -> float:
         return parse_duration(text)
     except InvalidInputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def moment(text: str) -> datetime:
+    """argparse type: an ISO 8601 date and time with its UTC offset (``2031-03-30T09:00+02:00``,
+    ``...Z``); a time without an offset names no moment and is refused."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid time {text!r}: expected ISO 8601 with an offset, e.g. "
+            "2031-03-30T09:00:00+02:00 or 2031-03-30T07:00:00Z") from None
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid time {text!r}: it has no UTC offset (add Z or +HH:MM)")
+    return value

@@ -18,7 +18,7 @@ from typing import Any
 
 from conveyor.admin import PRUNE_DEFAULT_STATES, Admin
 from conveyor.cli import progress
-from conveyor.cli.context import Context, duration, positive_int
+from conveyor.cli.context import Context, duration, moment, positive_int
 from conveyor.cli.options import add_command, add_json, format_seconds, usage_error
 from conveyor.cli.output import emit_json, escape, note, say
 from conveyor.types import FINISHED_STATES, EventFilter, EventState, EventSummary
@@ -217,6 +217,37 @@ def run_cancel(ctx: Context, args: argparse.Namespace) -> int:
                 admin.cancel(conn, event_id)
         changed = ids
     return _report(args, changed, "cancel", "cancelled", "cancelled", by_filter)
+
+
+def register_reschedule(sub: Sub, env: Any) -> None:
+    p = add_command(
+        sub, "reschedule", "make an event due at another time",
+        "Make a pending, failed or cancelled event due at --at (a moment with its UTC\n"
+        "offset) or --in (a duration from now). A failed or cancelled event becomes\n"
+        "pending again, with one more attempt if all are spent, as `conveyor retry`\n"
+        "grants. Workers hear of it when the command commits.", run_reschedule,
+        examples=[("conveyor reschedule 42 --in 2h", "two hours from now"),
+                  ("conveyor reschedule 42 --at 2031-03-30T09:00:00+02:00 --json",
+                   "at that moment; print {\"id\", \"run_at\"}")])
+    p.add_argument("id", metavar="ID", help="the event's id")
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at", type=moment, metavar="TIME",
+                      help="ISO 8601 date and time with its offset (Z or +HH:MM)")
+    when.add_argument("--in", dest="delay", type=duration, metavar="DURATION",
+                      help="from now, e.g. 90s, 2h or 1d")
+    add_json(p, '{"id", "run_at"}')
+
+
+def run_reschedule(ctx: Context, args: argparse.Namespace) -> int:
+    event_id = check_event_id(args.id)
+    conn = ctx.connect()
+    with conn.transaction():
+        due = Admin(ctx.schema).reschedule(conn, event_id, run_at=args.at, delay=args.delay)
+    if args.json:
+        emit_json({"id": event_id, "run_at": due.isoformat()})
+    else:
+        say(f"event {event_id} is due at {due.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC")
+    return 0
 
 
 def _report(args: argparse.Namespace, ids: list[int], verb: str, done: str, each: str,

@@ -109,6 +109,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
 COMMANDS = [commands.register_migrate, worker_command.register_worker,
             commands.register_enqueue, commands.register_status, events.register_events,
             commands.register_show, events.register_retry, events.register_cancel,
+            events.register_reschedule,
             events.register_prune, commands.register_xlsx,
             worker_multi_command.register_worker_multi, workflow_command.register_workflow,
             pause_command.register_pause, pause_command.register_resume,

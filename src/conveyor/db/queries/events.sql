@@ -8,7 +8,8 @@
 -- and no row comes back; the caller then looks the first event up.
 -- The NOTIFY is delivered at COMMIT and dropped by a ROLLBACK; its payload is
 -- the topic, and for a delayed event also its due time in epoch seconds
--- ("topic|1767225600.5"), so an idle worker can set a timer. A transaction
+-- ("topic|1767225600.5"), so an idle worker can set a timer. `run_at`, an
+-- absolute due time, wins over `delay` (the producer sends one or the other). A transaction
 -- that set conveyor.notify = 'off' sends none (docs/producing.md). Numbers are
 -- cast to the columns' base types: a parameter typed as a domain would run
 -- the domain's input function on every execution.
@@ -16,7 +17,8 @@ INSERT INTO {schema}.events
     (tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
 VALUES
     (%(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s, %(max_attempts)s::int,
-     %(idempotency_key)s, now() + %(delay)s * interval '1 second')
+     %(idempotency_key)s,
+     COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'))
 ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id,
     CASE WHEN current_setting('conveyor.notify', true) IS DISTINCT FROM 'off' THEN
@@ -45,11 +47,11 @@ WITH new AS (
     INSERT INTO {schema}.events
         (id, tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
     SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
-           t.idempotency_key, now() + t.delay * interval '1 second'
+           t.idempotency_key, COALESCE(t.run_at, now() + t.delay * interval '1 second')
     FROM unnest(%(ids)s::bigint[], %(tenants)s::text[], %(topics)s::text[], %(payloads)s::text[],
                 %(priorities)s::smallint[], %(max_attempts)s::int[], %(keys)s::text[],
-                %(delays)s::float8[])
-         AS t(id, tenant, topic, payload, priority, max_attempts, idempotency_key, delay)
+                %(delays)s::float8[], %(run_ats)s::timestamptz[])
+         AS t(id, tenant, topic, payload, priority, max_attempts, idempotency_key, delay, run_at)
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, topic, run_at
 ), woken AS (
@@ -290,6 +292,21 @@ SET state = 'pending',
     updated_at = now()
 WHERE id = %(id)s AND state IN ('pending', 'failed', 'cancelled')
 RETURNING id
+
+-- name: event_reschedule
+-- Operator reschedule: due at `run_at` (or `delay` seconds from now) instead;
+-- a failed or cancelled event becomes pending again, with one more attempt
+-- if all are spent, as event_retry grants. The wake-up comes from the caller,
+-- which knows the topic and due time from RETURNING.
+UPDATE {schema}.events
+SET state = 'pending',
+    run_at = COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'),
+    max_attempts = GREATEST(max_attempts, attempts + 1),
+    finished_at = NULL,
+    updated_at = now()
+WHERE id = %(id)s AND state IN ('pending', 'failed', 'cancelled')
+RETURNING id, topic, run_at, extract(epoch FROM run_at)::float8 AS due_epoch,
+          run_at <= now() AS due_now
 
 -- name: event_retry_failed
 UPDATE {schema}.events

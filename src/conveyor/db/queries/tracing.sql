@@ -10,7 +10,8 @@ INSERT INTO {schema}.events
      traceparent, tracestate)
 VALUES
     (%(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s, %(max_attempts)s::int,
-     %(idempotency_key)s, now() + %(delay)s * interval '1 second',
+     %(idempotency_key)s,
+     COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'),
      %(traceparent)s::text, %(tracestate)s::text)
 ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id,
@@ -26,12 +27,12 @@ WITH new AS (
         (id, tenant, topic, payload, priority, max_attempts, idempotency_key, run_at,
          traceparent, tracestate)
     SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
-           t.idempotency_key, now() + t.delay * interval '1 second',
+           t.idempotency_key, COALESCE(t.run_at, now() + t.delay * interval '1 second'),
            %(traceparent)s::text, %(tracestate)s::text
     FROM unnest(%(ids)s::bigint[], %(tenants)s::text[], %(topics)s::text[], %(payloads)s::text[],
                 %(priorities)s::smallint[], %(max_attempts)s::int[], %(keys)s::text[],
-                %(delays)s::float8[])
-         AS t(id, tenant, topic, payload, priority, max_attempts, idempotency_key, delay)
+                %(delays)s::float8[], %(run_ats)s::timestamptz[])
+         AS t(id, tenant, topic, payload, priority, max_attempts, idempotency_key, delay, run_at)
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, topic, run_at
 ), woken AS (
