@@ -378,3 +378,40 @@ def test_migrate_on_a_dict_row_connection_applies_nothing_twice(fresh_db: str) -
     with psycopg.connect(fresh_db, autocommit=True, row_factory=dict_row) as conn:
         assert Migrator().apply(conn) == []
         assert Migrator().applied_versions(conn) == [m.version for m in load_migrations()]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conveyor.cli.main", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_sql_from_to_prints_one_release_at_a_time_and_adds_up_to_the_whole(
+        empty_db: str, fresh_db: str) -> None:
+    """The Alembic route: one revision per Conveyor release, each the migrations it brought."""
+    latest = latest_version()
+    first = _cli("migrate", "--sql", "--to", "7")
+    rest = _cli("migrate", "--sql", "--from", "8", "--to", str(latest))
+    assert first.returncode == 0 and rest.returncode == 0, (first.stderr, rest.stderr)
+    assert "-- migration 0007_cheaper_writes" in first.stdout
+    assert "-- migration 0008" not in first.stdout and "-- migration 0007" not in rest.stdout
+    run_script(empty_db, first.stdout)
+    check = _cli("--database-url", empty_db, "migrate", "--check")
+    assert check.returncode == 1
+    assert check.stderr.startswith("conveyor: schema 'conveyor' is behind: pending 0008_event_counts")
+    run_script(empty_db, rest.stdout)
+    assert catalog(empty_db, "conveyor") == catalog(fresh_db, "conveyor")
+    current = _cli("--database-url", empty_db, "migrate", "--check", "--json")
+    assert current.returncode == 0, current.stderr
+    assert current.stdout == '{"schema": "conveyor", "current": true, "pending": []}\n'
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["migrate", "--sql", "--from", "9", "--to", "3"], "first migration (9) to be at most the last (3)"),
+    (["migrate", "--sql", "--to", "999"], "expected last migration to be 1-"),
+    (["migrate", "--from", "2"], "--from and --to choose what --sql prints; add --sql"),
+    (["migrate", "--sql", "--check"], "--json and --check do not apply with --sql"),
+])
+def test_migrate_range_and_check_refuse_what_makes_no_sense(args: list[str], needle: str) -> None:
+    done = _cli(*args)
+    assert done.returncode in (1, 2) and needle in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stdout == ""

@@ -16,7 +16,7 @@ import psycopg
 from conveyor.admin import SCHEDULED, Admin
 from conveyor.cli.context import Context, duration, moment, positive_int
 from conveyor.cli.options import add_command, add_json, usage_error
-from conveyor.cli.output import emit_json, escape, escape_lines, say
+from conveyor.cli.output import emit_json, escape, escape_lines, note, say
 from conveyor.cli.progress import Ticker
 from conveyor.config import (
     ProducerConfig,
@@ -51,20 +51,44 @@ def register_migrate(sub: Sub, env: Env) -> None:
              examples=[("conveyor migrate", "create or upgrade the schema 'conveyor'"),
                        ("conveyor migrate --json", "the same; print the versions applied"),
                        ("conveyor --schema jobs migrate --sql > conveyor.sql",
-                        "the SQL for your own migration tool")])
+                        "the SQL for your own migration tool"),
+                       ("conveyor migrate --sql --from 9 --to 9",
+                        "only migration 9: the body of one Alembic revision"),
+                       ("conveyor migrate --check", "exit 1 while migrations are pending")])
     p.add_argument("--sql", action="store_true",
                    help="print the full migration script and touch no database")
-    add_json(p, '{"schema", "applied": [{"version", "name"}], "version"}')
+    p.add_argument("--from", dest="first", type=positive_int, default=1, metavar="N",
+                   help="with --sql: start at migration N (default: 1)")
+    p.add_argument("--to", dest="last", type=positive_int, default=None, metavar="M",
+                   help="with --sql: end at migration M (default: the latest)")
+    p.add_argument("--check", action="store_true",
+                   help="apply nothing: exit 0 when the schema is current, 1 (naming the "
+                        "pending migrations) when it is not")
+    add_json(p, '{"schema", "applied": [{"version", "name"}], "version"}; with --check '
+                '{"schema", "current", "pending"}')
 
 
 def run_migrate(ctx: Context, args: argparse.Namespace) -> int:
     if args.sql:
-        if args.json:
-            usage_error(args, "--json does not apply with --sql, which prints SQL")
-        sys.stdout.write(migration_script(ctx.schema))
+        if args.json or args.check:
+            usage_error(args, "--json and --check do not apply with --sql, which prints SQL")
+        sys.stdout.write(migration_script(ctx.schema, args.first, args.last))
         return 0
+    if args.first != 1 or args.last is not None:
+        usage_error(args, "--from and --to choose what --sql prints; add --sql")
     conn = ctx.connect(check_schema=False)
     migrator = Migrator(ctx.schema)
+    if args.check:
+        pending = migrator.pending(conn)
+        if args.json:
+            emit_json({"schema": ctx.schema, "current": not pending,
+                       "pending": [{"version": m.version, "name": m.name} for m in pending]})
+        elif pending:
+            note(f"schema {ctx.schema!r} is behind: pending "
+                 + ", ".join(f"{m.version:04d}_{m.name}" for m in pending))
+        else:
+            say(f"schema {ctx.schema!r} is current")
+        return 1 if pending else 0
     applied = migrator.apply(conn)
     if args.json:
         emit_json({"schema": ctx.schema,

@@ -14,7 +14,7 @@ from importlib import resources
 from psycopg import sql
 
 from conveyor.db.named_queries import queries_for
-from conveyor.errors import MigrationError
+from conveyor.errors import InvalidInputError, MigrationError
 from conveyor.validation import check_schema_name
 
 _FILE_RE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
@@ -50,12 +50,21 @@ def latest_version() -> int:
     return load_migrations()[-1].version
 
 
-def migration_script(schema: str) -> str:
-    """All migrations as one SQL script, for teams that run their own tool."""
+def migration_script(schema: str, first: int = 1, last: int | None = None) -> str:
+    """The migrations ``first`` to ``last`` (default: the latest) as one SQL script,
+    for teams that run their own tool (one Alembic revision per Conveyor release)."""
+    latest = latest_version()
+    last = latest if last is None else last
+    for name, value in (("first", first), ("last", last)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= latest:
+            raise InvalidInputError(f"expected {name} migration to be 1-{latest}, got {value!r}")
+    if first > last:
+        raise InvalidInputError(f"expected the first migration ({first}) to be at most the last "
+                                f"({last})")
     q = queries_for(schema)
     lock = q["migration_lock"].replace("%(schema)s", sql.Literal(schema).as_string())
     parts = [
-        f"-- Conveyor schema {schema!r}, migrations 1..{latest_version()}.",
+        f"-- Conveyor schema {schema!r}, migrations {first}..{last}.",
         "-- Run it inside one transaction (migration tools do; with psql use --single-transaction).",
         "-- The advisory lock below is released when that transaction ends.",
         lock + ";",
@@ -63,6 +72,8 @@ def migration_script(schema: str) -> str:
         q["migration_create_table"] + ";",
     ]
     for m in load_migrations():
+        if not first <= m.version <= last:
+            continue
         # Each migration runs only if its version is not recorded yet, so the
         # script can be applied again (or to a partly migrated database) safely.
         tag = f"$conveyor_{m.version:04d}$"
