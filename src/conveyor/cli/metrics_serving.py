@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -12,30 +13,29 @@ from conveyor.metrics import DatabaseGauges, MetricsMiddleware, MetricsServer, W
 from conveyor.multitenant import MultiTenantWorker
 from conveyor.worker import Worker
 
+Refresher = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
-class WorkerMetrics:
-    """One registry per worker process; the gauges refresher runs beside the worker."""
 
-    def __init__(self, url: str, schema: str, *, labels: Mapping[str, str] | None = None,
-                 tenant_label: bool = False) -> None:
+class _Served:
+    """A registry on a port, and a gauges refresher that runs as long as the worker does."""
+
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.labels = dict(labels or {})
-        self.middleware = MetricsMiddleware(registry=self.registry, tenant_label=tenant_label)
-        self.gauges = DatabaseGauges(url, schema)
-        self.registry.register(self.gauges)
         self._server: MetricsServer | None = None
+        self._refresh: Refresher | None = None
 
-    def serve(self, worker: Worker, host: str, port: int) -> None:
-        """Register the worker's collector and start answering on ``host:port``."""
-        self.registry.register(WorkerCollector(worker, labels=self.labels))
-        self._server = MetricsServer(worker, self.registry, port=port, host=host).start()
+    def _start(self, target: Worker | MultiTenantWorker, refresh: Refresher, host: str,
+               port: int) -> None:
+        self._refresh = refresh
+        self._server = MetricsServer(target, self.registry, port=port, host=host).start()
 
-    async def run_beside(self, worker: Worker) -> None:
-        """Run the worker, refreshing the gauges until it ends."""
+    async def run_beside(self, target: Worker | MultiTenantWorker) -> None:
+        """Run ``target``, refreshing the gauges until it ends."""
+        assert self._refresh is not None, "serve() first"
         done = asyncio.Event()
-        refresher = asyncio.create_task(self.gauges.run(done), name="conveyor-metrics")
+        refresher = asyncio.create_task(self._refresh(done), name="conveyor-metrics")
         try:
-            await worker.run()
+            await target.run()
         finally:
             done.set()
             with contextlib.suppress(Exception):
@@ -47,7 +47,24 @@ class WorkerMetrics:
             self._server = None
 
 
-class TenantsMetrics:
+class WorkerMetrics(_Served):
+    """One registry per worker process; the gauges refresher runs beside the worker."""
+
+    def __init__(self, url: str, schema: str, *, labels: Mapping[str, str] | None = None,
+                 tenant_label: bool = False) -> None:
+        super().__init__()
+        self.labels = dict(labels or {})
+        self.middleware = MetricsMiddleware(registry=self.registry, tenant_label=tenant_label)
+        self.gauges = DatabaseGauges(url, schema)
+        self.registry.register(self.gauges)
+
+    def serve(self, worker: Worker, host: str, port: int) -> None:
+        """Register the worker's collector and start answering on ``host:port``."""
+        self.registry.register(WorkerCollector(worker, labels=self.labels))
+        self._start(worker, self.gauges.run, host, port)
+
+
+class TenantsMetrics(_Served):
     """``worker-multi --metrics-port``: one registry for every tenant database's worker.
 
     Handler outcomes (the middleware) are counted by topic over all tenants;
@@ -56,35 +73,13 @@ class TenantsMetrics:
     """
 
     def __init__(self, schema: str) -> None:
-        from conveyor.metrics.tenants import TenantGauges
-
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.middleware = MetricsMiddleware(registry=self.registry)
         self.schema = schema
-        self._gauges: TenantGauges | None = None
-        self._make_gauges = TenantGauges
-        self._server: MetricsServer | None = None
 
     def serve(self, multi: MultiTenantWorker, host: str, port: int) -> None:
-        from conveyor.metrics.tenants import TenantsCollector
+        from conveyor.metrics.tenants import TenantGauges, TenantsCollector
 
-        self._gauges = self._make_gauges(multi, self.schema)
-        self.registry.register(TenantsCollector(multi, self._gauges.by_tenant))
-        self._server = MetricsServer(multi, self.registry, port=port, host=host).start()
-
-    async def run_beside(self, multi: MultiTenantWorker) -> None:
-        """Run the multi-tenant worker, refreshing every tenant's gauges until it ends."""
-        assert self._gauges is not None, "serve() first"
-        done = asyncio.Event()
-        refresher = asyncio.create_task(self._gauges.run(done), name="conveyor-metrics")
-        try:
-            await multi.run()
-        finally:
-            done.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(refresher, 5)
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        gauges = TenantGauges(multi, self.schema)
+        self.registry.register(TenantsCollector(multi, gauges.by_tenant))
+        self._start(multi, gauges.run, host, port)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from conveyor.cli.context import Context
 from conveyor.cli.options import option
@@ -165,6 +165,40 @@ def _build_router(spec: str, factory: Callable[..., object]) -> Router:
 def _describe_error(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class Runnable(Protocol):
+    """What ``worker`` and ``worker-multi`` run: a Worker or a MultiTenantWorker."""
+
+    def install_signal_handlers(self) -> None: ...
+    def request_stop(self) -> None: ...
+    async def run(self) -> None: ...
+
+
+class Beside(Protocol):
+    """Metrics served beside a runnable (cli.metrics_serving)."""
+
+    async def run_beside(self, target: Any) -> None: ...
+    def stop(self) -> None: ...
+
+
+def serve_until_stopped(target: Runnable, stop: StopSignals, event_loop: str,
+               metrics: Beside | None = None) -> None:
+    """Run ``target`` until it stops (SIGTERM, SIGINT), with its metrics beside it if any."""
+    async def serve() -> None:
+        target.install_signal_handlers()
+        stop.forward_to(target.request_stop)
+        if metrics is None:
+            await target.run()
+        else:
+            await metrics.run_beside(target)
+
+    try:
+        run_until_stopped(serve(), event_loop)
+    finally:
+        if metrics is not None:
+            metrics.stop()
+    stop.install()   # closing the loop restored the default handlers; the exit is under way
 
 
 def run_until_stopped(main: Coroutine[Any, Any, None], event_loop: str = "auto") -> None:

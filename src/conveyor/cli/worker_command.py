@@ -15,7 +15,7 @@ from conveyor.cli.process import (
     add_tracing_arg,
     leave_stuck_handler_threads,
     load_router,
-    run_until_stopped,
+    serve_until_stopped,
     tracing_middleware,
 )
 from conveyor.config import (
@@ -190,20 +190,7 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
     if metrics is not None:
         metrics.serve(worker, args.metrics_host, args.metrics_port)
 
-    async def serve() -> None:
-        worker.install_signal_handlers()
-        stop.forward_to(worker.request_stop)
-        if metrics is None:
-            await worker.run()
-        else:
-            await metrics.run_beside(worker)
-
-    try:
-        run_until_stopped(serve(), args.event_loop)
-    finally:
-        if metrics is not None:
-            metrics.stop()
-    stop.install()   # closing the loop restored the default handlers; the exit is under way
+    serve_until_stopped(worker, stop, args.event_loop, metrics)
     s = worker.stats
     log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
              s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})

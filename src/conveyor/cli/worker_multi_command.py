@@ -14,7 +14,7 @@ from conveyor.cli.process import (
     add_tracing_arg,
     import_target,
     leave_stuck_handler_threads,
-    run_until_stopped,
+    serve_until_stopped,
     tracing_middleware,
 )
 from conveyor.cli.worker_command import add_metrics_args
@@ -121,20 +121,7 @@ def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
     if metrics is not None:
         metrics.serve(worker, args.metrics_host, args.metrics_port)
 
-    async def serve() -> None:
-        worker.install_signal_handlers()
-        stop.forward_to(worker.request_stop)
-        if metrics is None:
-            await worker.run()
-        else:
-            await metrics.run_beside(worker)
-
-    try:
-        run_until_stopped(serve(), args.event_loop)
-    finally:
-        if metrics is not None:
-            metrics.stop()
-    stop.install()   # closing the loop restored the default handlers; the exit is under way
+    serve_until_stopped(worker, stop, args.event_loop, metrics)
     log.info("multi-tenant worker exiting", extra={"action": "exit"})
     leave_stuck_handler_threads(ctx)
     return 0
