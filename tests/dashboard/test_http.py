@@ -298,3 +298,25 @@ async def test_created_before_and_within_make_a_time_range(fresh_db: str) -> Non
         new = await client.get("/events?within=24h")
     assert f"/events/{ids['failed']}\"" in old.text and f"/events/{ids['pending']}\"" not in old.text
     assert f"/events/{ids['pending']}\"" in new.text and f"/events/{ids['failed']}\"" not in new.text
+
+
+async def test_the_bulk_confirmation_counts_in_one_statement(fresh_db: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO conveyor.events (topic, payload, state, attempts, max_attempts,"
+                     " finished_at) SELECT 'mass.fail', '{}', 'failed', 1, 1, now()"
+                     " FROM generate_series(1, 2500)")
+    statements: list[str] = []
+    original = psycopg.AsyncCursor.execute
+
+    async def recording(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        statements.append(str(query))
+        return await original(self, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", recording)
+    async with _client(_app(fresh_db, authorize=allow_all)) as client:
+        page = await client.get("/bulk/retry?state=failed&topic=mass.*")
+    assert page.status_code == 200 and "2\u2009500 events can run again" in page.text
+    # Admin.count_matching: one count, not the action's batches of 1,000 as a dry run.
+    on_events = [s for s in statements if "conveyor\".events" in s or "conveyor.events" in s]
+    assert len(on_events) == 1 and "count(*)" in on_events[0], on_events

@@ -413,8 +413,8 @@ class _Pages:
         kind = self._bulk_kind(request)
         filter, shown = _filter_from(request.query_params, hide_payloads=self.config.hide_payloads)
         async with self.db.connection() as conn:
-            ids = await self._bulk(conn, kind, filter, dry_run=True)
-        return await self._render(request, "confirm.html", kind=kind, count=len(ids), shown=shown,
+            count = await self.admin.count_matching(conn, filter, action=kind)
+        return await self._render(request, "confirm.html", kind=kind, count=count, shown=shown,
                                   filter_query=_query(shown))
 
     def bulk_run(self, kind: str) -> Handler:
@@ -422,7 +422,7 @@ class _Pages:
             form = await request.form()
             filter, shown = _filter_from(form, hide_payloads=self.config.hide_payloads)
             async with self.db.connection() as conn:
-                ids = await self._bulk(conn, kind, filter, dry_run=False)
+                ids = await self._bulk(conn, kind, filter)
             return self._back(request, "events", _query(shown, done=f"bulk_{kind}", n=len(ids)))
         return run
 
@@ -432,10 +432,10 @@ class _Pages:
             raise InvalidInputError(f"unknown bulk action {kind!r}: expected retry or cancel")
         return kind
 
-    async def _bulk(self, conn: psycopg.AsyncConnection[Any], kind: str, filter: EventFilter, *,
-                    dry_run: bool) -> list[int]:
+    async def _bulk(self, conn: psycopg.AsyncConnection[Any], kind: str, filter: EventFilter
+                    ) -> list[int]:
         run = self.admin.retry_matching if kind == "retry" else self.admin.cancel_matching
-        return await run(conn, filter, dry_run=dry_run)
+        return await run(conn, filter)
 
     async def pause(self, request: Request) -> Response:
         form = await request.form()
