@@ -18,14 +18,13 @@ rounds (every page once per round, so drift on a shared machine falls on all
 of them): the overview (1 h and 24 h charts), the events list unfiltered and
 by state, state + prefix, an exact topic, a tenant, state + error text, a
 page 20 "Older" links deep, and one event. Reported apart, outside the
-requirement: the bulk-retry confirmation (its dry run reads every match in
-batches of ``MATCH_BATCH``) and a very rare exact topic. Last, ``EXPLAIN
-(ANALYZE, BUFFERS)`` of every statement behind those pages, with the
-parameters the dashboard builds (``_filter_from`` and ``_list_params``
-themselves, and the bulk flow's own steps). ``--what-if`` adds the fixes
-proposed for the statements that miss (a covering claim index, a skip scan,
-one count for the bulk confirmation), each timed and EXPLAINed in a
-transaction rolled back, so the seeded schema keeps the migrations' shape.
+requirement: the bulk-retry confirmation (one count of the matches,
+``Admin.count_matching``) and a very rare exact topic. Last, ``EXPLAIN
+(ANALYZE, BUFFERS)`` of every statement behind those pages, recorded as the
+app runs them (its own text and parameters, nothing rebuilt here).
+``--what-if`` adds fixes proposed for statements that miss, each timed and
+EXPLAINed in a transaction rolled back, so the seeded schema keeps the
+migrations' shape.
 
     .venv/bin/python benchmarks/dashboard_scale.py [--database-url postgresql://...]
         [--schema conveyor_scale] [--reuse] [--what-if] [--json PATH]
@@ -50,7 +49,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Generator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,15 +56,9 @@ from urllib.parse import urlsplit
 import httpx
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
-from starlette.datastructures import QueryParams
 
-from conveyor.admin_async import EXACT_FINISHED_LIMIT, MATCH_BATCH
-from conveyor.admin_core import WORKER_ALIVE_WITHIN, _estimate_params, _list_params, _retry_flow
 from conveyor.dashboard import DashboardConfig, allow_all, dashboard_app
-from conveyor.dashboard.app import _filter_from
-from conveyor.dashboard.charts import SPANS
-from conveyor.db.named_queries import Queries, queries_for
+from conveyor.db.named_queries import queries_for, raw_queries
 from conveyor.schema.migrator import Migrator
 
 DATABASE_URL_DEFAULT = "postgresql://root@127.0.0.1:5432/test"
@@ -479,109 +471,63 @@ def explain(conn: psycopg.Connection[Any], name: str, query: str,
     return {"statement": name, "params": params, **times, "plan": lines}
 
 
-def _page_params(path: str, limit: int) -> dict[str, Any]:
-    """event_list's parameters for a dashboard URL, built by the dashboard's own code."""
-    query = QueryParams(urlsplit(path).query)
-    event_filter, _ = _filter_from(query)
-    after = query.get("after")
-    return _list_params(event_filter, int(after) if after else None, limit + 1)
+async def _record_pages(url: str, schema: str, paths: dict[str, str]
+                        ) -> dict[str, list[tuple[str, Any]]]:
+    """The statements (text, parameters) each page runs, recorded as the app executes them.
 
+    The parameters are the app's own, built by its own code: nothing here
+    rebuilds them, so a plan is always that of the page as it is.
+    """
+    app = dashboard_app(url, DashboardConfig(schema=schema), authorize=allow_all)
+    recorded: dict[str, list[tuple[str, Any]]] = {}
+    current: list[tuple[str, Any]] = []
+    original = psycopg.AsyncCursor.execute
 
-def overview_plans(conn: psycopg.Connection[Any], q: Queries, span: str) -> list[dict[str, Any]]:
-    seconds, step, _ = SPANS[span]
-    statements: list[tuple[str, dict[str, Any] | None]] = [
-        ("status_open_counts", None),
-        ("status_finished_sample", {"limit": EXACT_FINISHED_LIMIT + 1}),
-        ("status_table_estimate", _estimate_params(q)),
-        ("status_oldest_due_age", None),
-        ("worker_list_alive", {"within": WORKER_ALIVE_WITHIN}),
-        ("pause_list", None),
-        ("event_counts_series", {"span": seconds, "step": step}),
-        ("clock_now", None),
-    ]
-    return [explain(conn, name, q[name], params) for name, params in statements]
+    async def execute(self: psycopg.AsyncCursor[Any], query: Any, params: Any = None,
+                      **kwargs: Any) -> Any:
+        text = query if isinstance(query, str) else query.as_string(self.connection)
+        if not text.lstrip().upper().startswith(("SET ", "BEGIN", "COMMIT", "ROLLBACK")):
+            current.append((text, params))
+        return await original(self, query, params, **kwargs)
 
-
-def _steps(flow: Generator[tuple[str, dict[str, Any]], list[dict[str, Any]], list[int]],
-           conn: psycopg.Connection[Any]) -> tuple[list[dict[str, Any]], list[float], int]:
-    """Drive a bulk flow as AsyncAdmin does: every step's params, its time, the ids at the end."""
-    steps, walls = [], []
+    psycopg.AsyncCursor.execute = execute  # type: ignore[method-assign]
     try:
-        step = next(flow)
-        while True:
-            steps.append(step[1])
-            t0 = time.perf_counter()
-            cur = conn.cursor(row_factory=dict_row)
-            cur.execute(step[0], step[1], prepare=False)
-            rows = cur.fetchall()
-            walls.append((time.perf_counter() - t0) * 1000)
-            step = flow.send(rows)
-    except StopIteration as stop:
-        return steps, walls, len(stop.value)
-
-
-def bulk_plans(conn: psycopg.Connection[Any], q: Queries, path: str) -> dict[str, Any]:
-    event_filter, _ = _filter_from(QueryParams(urlsplit(path).query))
-    steps, walls, matched = _steps(_retry_flow(q, event_filter, True, MATCH_BATCH), conn)
-    plans = [explain(conn, "event_list (first batch)", q["event_list"], steps[0])]
-    if len(steps) > 1:
-        plans.append(explain(conn, "event_list (last batch)", q["event_list"], steps[-1]))
-    return {"batches": len(steps), "matched": matched, "batch_ms": _summary(walls),
-            "batches_total_ms": round(sum(walls), 1), "statements": plans}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://scale") as client:
+            for name, path in paths.items():
+                current.clear()
+                (await client.get(path)).raise_for_status()
+                recorded[name] = list(current)
+    finally:
+        psycopg.AsyncCursor.execute = original  # type: ignore[method-assign]
+        await app.state.conveyor_dashboard.close()
+    return recorded
 
 
 def all_plans(url: str, schema: str, timed: dict[str, Any], detail_id: int) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) of every statement every timed page ran."""
     q = queries_for(schema)
-    limit = timed["page_size"]
-    plans: dict[str, Any] = {}
+    names = {q[name]: name for name in raw_queries()}
+    paths = {"overview": "/", "overview_24h": "/?span=24h",
+             **{name: page["path"] for name, page in {**timed["pages"], **timed["extras"]}.items()
+                if name.startswith(("events", "bulk"))},
+             "event_detail": f"/events/{detail_id}"}
+    recorded = asyncio.run(_record_pages(url, schema, paths))
     with psycopg.connect(url, autocommit=True) as conn:
         refresh_workers(conn, schema)
-        plans["overview"] = overview_plans(conn, q, "1h")
-        plans["overview_24h"] = [p for p in overview_plans(conn, q, "24h")
-                                 if p["statement"] == "event_counts_series"]
-        for name, page in {**timed["pages"], **timed["extras"]}.items():
-            path = page["path"]
-            if name.startswith("events"):
-                plans[name] = [explain(conn, "event_list", q["event_list"], _page_params(path, limit))]
-        plans["event_detail"] = [explain(conn, "event_get", q["event_get"], {"id": detail_id})]
-        plans["bulk_retry_confirm"] = bulk_plans(conn, q, dict(EXTRAS)["bulk_retry_confirm"])
-    return plans
+        return {page: [explain(conn, names.get(text, text.strip().splitlines()[0][:60]), text, params)
+                       for text, params in statements]
+                for page, statements in recorded.items()}
 
 
 # -- what the proposed fixes would do -------------------------------------------------
 
 # Each fix is made in a transaction that is rolled back: the seeded schema keeps
 # the shape the migrations give it. (name, DDL run first, query, its parameters.)
-CLAIM_IDX_COVERING = [
-    "DROP INDEX {schema}.events_claim_idx",
-    "CREATE INDEX events_claim_idx ON {schema}.events (priority DESC, run_at, id)"
-    " INCLUDE (topic, tenant) WHERE state = 'pending'",
-]
 PENDING_STATUS_IDX = [
     "CREATE INDEX events_pending_status_idx ON {schema}.events (topic, tenant, run_at)"
     " WHERE state = 'pending'",
 ]
-# status_oldest_due_age as a skip scan: the oldest due run_at of each priority
-# is the first entry of its range of events_claim_idx (priority DESC, run_at, id),
-# so the cost follows the number of priorities in use, not the due backlog.
-OLDEST_DUE_SKIP_SCAN = """
-WITH RECURSIVE priorities AS (
-    (SELECT priority FROM {schema}.events WHERE state = 'pending'
-     ORDER BY priority DESC, run_at, id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT e.priority FROM {schema}.events AS e
-            WHERE e.state = 'pending' AND e.priority < p.priority
-            ORDER BY e.priority DESC, e.run_at, e.id LIMIT 1)
-    FROM priorities AS p WHERE p.priority IS NOT NULL)
-SELECT extract(epoch FROM now() - min(oldest.run_at))::float8
-FROM priorities AS p
-CROSS JOIN LATERAL (SELECT e.run_at FROM {schema}.events AS e
-                    WHERE e.state = 'pending' AND e.priority = p.priority AND e.run_at <= now()
-                    ORDER BY e.priority DESC, e.run_at, e.id LIMIT 1) AS oldest
-WHERE p.priority IS NOT NULL
-"""
-
-
 def _timed_runs(conn: psycopg.Connection[Any], query: str, params: dict[str, Any] | None,
                 runs: int = 5) -> tuple[dict[str, Any], Any]:
     walls, rows = [], None
@@ -606,30 +552,13 @@ def what_if(conn: psycopg.Connection[Any], schema: str, name: str, ddl: list[str
 
 
 def what_ifs(url: str, schema: str) -> dict[str, Any]:
-    """The fixes proposed for the statements that miss, each next to the statement as it is."""
+    """Proposed fixes, each next to the statement as it is (0009's covering claim index,
+    the skip scan of the oldest due age and Admin.count_matching are in Conveyor now)."""
     q = queries_for(schema)
-    bulk = dict(EXTRAS)["bulk_retry_confirm"]
-    event_filter, _ = _filter_from(QueryParams(urlsplit(bulk).query))
-    states = list(event_filter.states)
-
-    def count_params(limit: int | None) -> dict[str, Any]:
-        return _list_params(event_filter, None, 0, states=states, scheduled_pending_only=True) | {
-            "limit": limit}
-
-    count_matching = "SELECT count(*) FROM (" + q["event_list"] + ") AS matching"
     cases: list[tuple[str, list[str], str, dict[str, Any] | None]] = [
         ("status_open_counts as it is", [], q["status_open_counts"], None),
-        ("status_open_counts, events_claim_idx INCLUDE (topic, tenant)", CLAIM_IDX_COVERING,
-         q["status_open_counts"], None),
         ("status_open_counts, a partial index (topic, tenant, run_at) of pending events",
          PENDING_STATUS_IDX, q["status_open_counts"], None),
-        ("status_oldest_due_age as it is", [], q["status_oldest_due_age"], None),
-        ("status_oldest_due_age as a skip scan over priorities", [],
-         _render(OLDEST_DUE_SKIP_SCAN, schema), None),
-        ("bulk confirm: one count(*) over event_list, no limit", [], count_matching,
-         count_params(None)),
-        (f"bulk confirm: count up to {MATCH_BATCH + 1} (then say 'more than')", [], count_matching,
-         count_params(MATCH_BATCH + 1)),
     ]
     with psycopg.connect(url, autocommit=True) as conn:
         return {name: what_if(conn, schema, name, ddl, query, params)
@@ -693,13 +622,10 @@ def report(r: dict[str, Any]) -> str:
             statuses = "" if set(page["statuses"]) == {200} else f"  statuses {page['statuses']}"
             lines.append(f"{name:<30} {page['p50_ms']:>8} {page['p95_ms']:>8} {page['max_ms']:>8}"
                          f" {page['runs']:>5}  {'yes' if page['p95_under_300ms'] else 'NO'}{statuses}")
-    bulk = r["explain"]["bulk_retry_confirm"]
-    lines.append(f"bulk retry confirm: {bulk['matched']:,} matches in {bulk['batches']} batches of"
-                 f" event_list, {bulk['batches_total_ms']} ms of statements")
     lines.append(f"requirement (every page p95 < {TARGET_P95_MS:g} ms): "
                  f"{'met' if r['requirement_met'] else 'NOT met'}")
     for page, statements in r["explain"].items():
-        for plan in statements if isinstance(statements, list) else statements["statements"]:
+        for plan in statements:
             lines.append(f"  {page}: {plan['statement']} {plan.get('execution_ms', '?')} ms"
                          f" (planning {plan.get('planning_ms', '?')} ms)")
     for name, fix in (r["what_if"] or {}).items():
