@@ -13,6 +13,10 @@ Example::
         ...
 
     router.add("billing.*", handle_billing)
+
+    @router.task("report.build")          # a typed task: report.enqueue(conn, 2026, 11)
+    async def report(year: int, month: int) -> None:
+        ...
 """
 
 from __future__ import annotations
@@ -20,14 +24,19 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.retry import RetryPolicy
 from conveyor.types import Event
 from conveyor.validation import check_topic_pattern
 
+if TYPE_CHECKING:
+    from conveyor.tasks import Task
+
 Handler = Callable[[Event], Any] | Callable[[Event], Awaitable[Any]]
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +122,21 @@ class Router:
         def register(handler: Handler) -> Handler:
             self.add(pattern, handler, timeout=timeout, blocking=blocking, backoff=backoff)
             return handler
+
+        return register
+
+    def task(
+        self, topic: str, *, timeout: float | None = None, blocking: bool = True,
+        backoff: RetryPolicy | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Decorator: route ``topic`` to the function and return it as a typed :class:`Task`
+        (``task.enqueue(conn, *args, **kwargs)``; see :mod:`conveyor.tasks`)."""
+        from conveyor.tasks import Task
+
+        def register(fn: Callable[P, R]) -> Task[P, R]:
+            task = Task(fn, topic)
+            self.add(topic, task.handler(), timeout=timeout, blocking=blocking, backoff=backoff)
+            return task
 
         return register
 
