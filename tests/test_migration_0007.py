@@ -10,7 +10,7 @@ import pytest
 
 from conveyor import Producer
 from conveyor.schema import migrator_core as migrator_module
-from conveyor.schema.migrator import Migrator, load_migrations
+from conveyor.schema.migrator import Migrator, load_migrations, migration_script
 
 ROWS = 20_000
 GOOD = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -53,7 +53,10 @@ def test_0007_changes_the_catalog_only(version_6: str) -> None:
     with psycopg.connect(version_6, autocommit=True) as conn:
         storage, rows = _storage(conn), _snapshot(conn)
         assert len(rows) == ROWS
-        assert [m.version for m in Migrator().apply(conn)] == [7]
+        # 0007 alone, as an upgrade from version 6 applies it (0009 rebuilds an index on purpose).
+        with conn.transaction():
+            conn.execute(migration_script("conveyor", 7, 7).encode())
+        assert Migrator().applied_versions(conn) == list(range(1, 8))
         assert _storage(conn) == storage, "the table or an index was rewritten"
         assert _snapshot(conn) == rows
         assert conn.execute("SELECT count(*) FROM pg_trigger"

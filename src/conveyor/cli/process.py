@@ -167,6 +167,26 @@ def _describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+def add_metrics_args(p: argparse.ArgumentParser, *, every_tenant: bool = False) -> None:
+    option(p, "--metrics-port", env="METRICS_PORT", type=port, shown="off",
+           help="serve /metrics, /healthz and /readyz on this port (needs the 'metrics' "
+                "extra; see docs/observability.md)"
+                + ("; healthy and ready while every tenant's worker is" if every_tenant else ""))
+    option(p, "--metrics-host", env="METRICS_HOST", default="127.0.0.1",
+           help="address the metrics port binds")
+
+
+def port(text: str) -> int:
+    """argparse type: a TCP port, 1-65535."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 1-65535, got {text!r}")
+    return number
+
+
 class Runnable(Protocol):
     """What ``worker`` and ``worker-multi`` run: a Worker or a MultiTenantWorker."""
 

@@ -12,6 +12,7 @@ from conveyor.cli.options import add_command, boolean, label, option
 from conveyor.cli.process import (
     StopSignals,
     add_event_loop_arg,
+    add_metrics_args,
     add_tracing_arg,
     leave_stuck_handler_threads,
     load_router,
@@ -119,26 +120,6 @@ def register_worker(sub: Sub, env: Env) -> None:
     add_metrics_args(p)
     add_tracing_arg(p)
     add_event_loop_arg(p, env)
-
-
-def add_metrics_args(p: argparse.ArgumentParser, *, every_tenant: bool = False) -> None:
-    option(p, "--metrics-port", env="METRICS_PORT", type=port, shown="off",
-           help="serve /metrics, /healthz and /readyz on this port (needs the 'metrics' "
-                "extra; see docs/observability.md)"
-                + ("; healthy and ready while every tenant's worker is" if every_tenant else ""))
-    option(p, "--metrics-host", env="METRICS_HOST", default="127.0.0.1",
-           help="address the metrics port binds")
-
-
-def port(text: str) -> int:
-    """argparse type: a TCP port, 1-65535."""
-    try:
-        number = int(text)
-    except ValueError:
-        number = -1
-    if not 1 <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 1-65535, got {text!r}")
-    return number
 
 
 def retention(text: str) -> float | None:

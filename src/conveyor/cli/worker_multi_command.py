@@ -11,13 +11,13 @@ from conveyor.cli.options import add_command, label, option
 from conveyor.cli.process import (
     StopSignals,
     add_event_loop_arg,
+    add_metrics_args,
     add_tracing_arg,
     import_target,
     leave_stuck_handler_threads,
     serve_until_stopped,
     tracing_middleware,
 )
-from conveyor.cli.worker_command import add_metrics_args
 from conveyor.config import (
     HANDLER_TIMEOUT_DEFAULT,
     HEARTBEAT_INTERVAL_DEFAULT,
