@@ -320,3 +320,15 @@ async def test_the_bulk_confirmation_counts_in_one_statement(fresh_db: str,
     # Admin.count_matching: one count, not the action's batches of 1,000 as a dry run.
     on_events = [s for s in statements if "conveyor\".events" in s or "conveyor.events" in s]
     assert len(on_events) == 1 and "count(*)" in on_events[0], on_events
+
+
+async def test_the_timeline_puts_an_attempts_start_before_its_failure(fresh_db: str) -> None:
+    ids = _seed(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("UPDATE conveyor.events SET attempted_at = now(), finished_at = now(),"
+                     " errors = jsonb_build_array("
+                     "jsonb_build_object('attempt', attempts, 'at', now()::text, 'error', 'x'))"
+                     " WHERE id = %s", (ids["failed"],))
+    async with _client(_app(fresh_db)) as client:
+        page = (await client.get(f"/events/{ids['failed']}")).text
+    assert page.index("attempt 5 started") < page.index("attempt 5 failed") < page.index("> failed</li>")

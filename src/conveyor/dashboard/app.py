@@ -192,11 +192,11 @@ def _moment(value: datetime | str | None) -> datetime | None:
 def _timeline(event: EventRecord) -> list[tuple[datetime | None, str, bool]]:
     """(when, what, whether it went wrong) for the event page, oldest first."""
     entries: list[tuple[datetime | None, str, bool]] = [(event.created_at, "created", False)]
+    if event.attempted_at is not None:
+        entries.append((event.attempted_at, f"attempt {event.attempts} started", False))
     for err in event.errors:
         by = f" on {_short(err.worker)}" if err.worker else ""
         entries.append((_moment(err.at), f"attempt {err.attempt} failed{by}", True))
-    if event.attempted_at is not None:
-        entries.append((event.attempted_at, f"attempt {event.attempts} started", False))
     if event.finished_at is not None:
         entries.append((event.finished_at, event.state.value, event.state is EventState.FAILED))
     elif event.state is EventState.PENDING:
