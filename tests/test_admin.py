@@ -49,7 +49,8 @@ def _settle(conn: psycopg.Connection[Any], owner: str, event_id: int, attempt: i
             state: str, error: str | None = None, delay: float | None = None) -> None:
     rows = conn.execute(Q["event_settle_many"], {
         "owner": owner, "ids": [event_id], "attempts": [attempt], "states": [state],
-        "delays": [delay], "refunds": [0], "errors": [error], "tracebacks": [None]}).fetchall()
+        "delays": [delay], "refunds": [0], "errors": [error], "tracebacks": [None],
+        "results": [None]}).fetchall()
     assert rows == [(event_id,)]
 
 
@@ -464,7 +465,8 @@ async def _aclaim_fail(aconn: psycopg.AsyncConnection[Any], event_id: int) -> No
                                            "limit": 10, "owner": owner, "lease_ttl": 30})
     await aconn.execute(Q["event_settle_many"], {
         "owner": owner, "ids": [event_id], "attempts": [1], "states": ["failed"],
-        "delays": [None], "refunds": [0], "errors": ["boom"], "tracebacks": [None]})
+        "delays": [None], "refunds": [0], "errors": ["boom"], "tracebacks": [None],
+        "results": [None]})
 
 
 async def test_async_status_counts_states(adb: psycopg.AsyncConnection[Any]) -> None:

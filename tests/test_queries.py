@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -79,7 +80,7 @@ def _settle(conn: Conn, owner: str, ids: list[int], attempts: list[int], states:
     return [r[0] for r in conn.execute(Q["event_settle_many"], {
         "owner": owner, "ids": ids, "attempts": attempts, "states": states,
         "delays": delays or [None] * n, "refunds": refunds or [0] * n,
-        "errors": errors or [None] * n, "tracebacks": [None] * n})]
+        "errors": errors or [None] * n, "tracebacks": [None] * n, "results": [None] * n})]
 
 
 def _row(conn: Conn, event_id: int, columns: str) -> tuple[Any, ...]:
@@ -368,7 +369,7 @@ def test_get_and_state_read_one_event(db: Conn) -> None:
     event_id = _insert(db, tenant="acme")
     row = db.execute(Q["event_get"], {"id": event_id}).fetchone()
     assert row is not None and row[:5] == (event_id, "acme", "t", {"k": 1}, "pending")
-    assert len(row) == 18
+    assert len(row) == 19 and row[18] is None          # no stored result
     assert db.execute(Q["event_state"], {"id": event_id}).fetchone() == ("pending",)
     assert db.execute(Q["event_state"], {"id": -1}).fetchone() is None
 
@@ -389,7 +390,7 @@ def test_find_filters_by_topic_tenant_and_state_each_only_when_given(db: Conn) -
     assert ids(state="running") == []
     row = db.execute(Q["event_find"], {"topic": "u", "by_tenant": False, "tenant": None,
                                        "state": "pending"}).fetchone()
-    assert row is not None and len(row) == 19 and 55 < row[18] <= 60
+    assert row is not None and len(row) == 20 and 55 < row[19] <= 60
 
 
 @exercises("event_retry")
@@ -781,7 +782,7 @@ HOT_QUERIES: dict[str, tuple[dict[str, Any], str | None]] = {
                                      "owner": str(uuid.UUID(int=1))}, None),
     "event_settle_many": ({"ids": [1], "attempts": [1], "states": ["failed"], "delays": [None],
                            "refunds": [0], "errors": ["x"], "tracebacks": [None],
-                           "owner": str(uuid.UUID(int=1))}, None),
+                           "results": [None], "owner": str(uuid.UUID(int=1))}, None),
     "status_oldest_due_age": ({}, "events_claim_idx"),
 }
 
@@ -925,3 +926,118 @@ def test_event_counts_add_up_series_by_bucket_and_prune(db: Conn) -> None:
                " WHERE topic = 'b.y'")
     db.execute(Q["event_counts_prune"], {"keep": 8 * 86_400})
     assert db.execute("SELECT DISTINCT topic FROM conveyor.event_counts").fetchall() == [("a.x",)]
+
+
+# ------------------------------------------------------------ results (0010)
+
+@exercises("event_result")
+def test_settle_stores_a_result_and_event_result_reads_it(db: Conn) -> None:
+    stored, plain = _insert(db), _insert(db)
+    owner = _owner()
+    _claim(db, owner)
+    done = [r[0] for r in db.execute(Q["event_settle_many"], {
+        "owner": owner, "ids": [stored, plain], "attempts": [1, 1],
+        "states": ["succeeded", "failed"], "delays": [None, None], "refunds": [0, 0],
+        "errors": [None, "boom"], "tracebacks": [None, None],
+        "results": ['{"total": 42, "items": [1, 2]}', None]})]
+    assert sorted(done) == sorted([stored, plain])
+    result = db.execute(Q["event_result"], {"id": stored}).fetchone()
+    assert result is not None and result[:4] == (stored, "succeeded", {"total": 42, "items": [1, 2]},
+                                                 None)
+    assert db.execute(Q["event_result"], {"id": plain}).fetchone()[1:4] == ("failed", None, "boom")
+    assert db.execute(Q["event_result"], {"id": -1}).fetchone() is None
+
+
+def test_the_result_domain_refuses_more_than_one_mib(db: Conn) -> None:
+    event_id = _insert(db)
+    with pytest.raises(psycopg.errors.CheckViolation, match="event_result"):
+        db.execute("UPDATE conveyor.events SET result = to_jsonb(repeat('x', 1048576)) WHERE id = %s",
+                   (event_id,))
+
+
+@exercises("event_notify_finished")
+def test_notify_finished_names_each_event_on_the_results_channel(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as listener, \
+            psycopg.connect(fresh_db, autocommit=True) as conn:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(Q.results_channel)))
+        conn.execute(Q["event_notify_finished"], {"channel": Q.results_channel, "ids": [7, 9]})
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=2)] == ["7", "9"]
+    assert Q.results_channel == "conveyor.results"
+
+
+# --------------------------------------------------------------- cron (0011)
+
+def _declare(conn: Conn, name: str = "r", expression: str = "* * * * *",
+             catch_up: float = 300.0) -> None:
+    conn.execute(Q["cron_declare"], {"names": [name], "expressions": [expression],
+                                     "timezones": ["UTC"], "topics": ["report.build"],
+                                     "catch_ups": [catch_up], "now": None})
+
+
+def _fire(conn: Conn, fire_ats: list[datetime], name: str = "r") -> int:
+    row = conn.execute(Q["cron_fire"], {
+        "name": name, "table": Q.events_table, "fire_ats": fire_ats, "tenant": None,
+        "topic": "report.build", "payload": '{"kind": "daily"}', "priority": 0,
+        "max_attempts": 5}).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@exercises("cron_declare", "cron_lock", "cron_list", "cron_remove")
+def test_declare_starts_a_schedule_now_and_updates_only_a_changed_definition(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.cron_schedules")
+    _declare(db)
+    first = db.execute("SELECT fired_through, xmin::text, now() FROM conveyor.cron_schedules").fetchone()
+    assert first is not None and first[0] == first[2]
+    _declare(db)                                      # unchanged: no new row version
+    assert db.execute("SELECT xmin::text FROM conveyor.cron_schedules").fetchone() == (first[1],)
+    _declare(db, expression="*/5 * * * *")
+    assert db.execute("SELECT expression FROM conveyor.cron_schedules").fetchone() == ("*/5 * * * *",)
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    locked = db.execute(Q["cron_lock"], {"name": "r", "now": now}).fetchone()
+    assert locked == (first[0], now)
+    assert db.execute(Q["cron_lock"], {"name": "nope", "now": None}).fetchone() is None
+    listed = db.execute(Q["cron_list"]).fetchall()
+    assert [(r[0], r[1], r[3]) for r in listed] == [("r", "*/5 * * * *", "report.build")]
+    assert listed[0][-1] == 0.0                       # never fired: nothing overdue yet
+    assert db.execute(Q["cron_remove"], {"name": "r"}).fetchone() == ("r",)
+    assert db.execute(Q["cron_remove"], {"name": "r"}).fetchone() is None
+
+
+@exercises("cron_fire", "cron_advance")
+def test_fire_enqueues_each_slot_once_and_advance_moves_the_cursor(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.cron_schedules")
+    db.execute("DELETE FROM conveyor.cron_slots")
+    _declare(db)
+    slots = [datetime(2026, 12, 1, 12, m, tzinfo=UTC) for m in (1, 2)]
+    assert _fire(db, slots) == 2
+    assert _fire(db, [slots[1], datetime(2026, 12, 1, 12, 3, tzinfo=UTC)]) == 1   # 12:02 fired once
+    events = db.execute("SELECT e.id, e.topic, e.payload, e.idempotency_key, s.fire_at"
+                        " FROM conveyor.events e JOIN conveyor.cron_slots s ON s.event_id = e.id"
+                        " ORDER BY s.fire_at").fetchall()
+    assert [e[3] for e in events] == ["cron:r@2026-12-01T12:01:00Z", "cron:r@2026-12-01T12:02:00Z",
+                                      "cron:r@2026-12-01T12:03:00Z"]
+    assert {(e[1], str(e[2])) for e in events} == {("report.build", "{'kind': 'daily'}")}
+    # Declared at now(): the cursor starts there; advancing it to a later instant moves it.
+    through = db.execute("SELECT now() + interval '90 seconds'").fetchone()[0]
+    db.execute(Q["cron_advance"], {"name": "r", "through": through,
+                                   "next_fire_at": datetime(2026, 12, 1, 12, 4, tzinfo=UTC),
+                                   "fired": 1, "last_fired_at": slots[1], "missed": 4})
+    db.execute(Q["cron_advance"], {"name": "r", "through": through - timedelta(hours=1),
+                                   "next_fire_at": None, "fired": 0, "last_fired_at": None,
+                                   "missed": 0})
+    row = db.execute("SELECT fired_through, last_fired_at, missed, last_missed_at"
+                     " FROM conveyor.cron_schedules").fetchone()
+    # The cursor never goes back; counts add up.
+    assert row == (through, slots[1], 4, through)
+
+
+@exercises("cron_slots_prune")
+def test_slots_prune_deletes_old_slots_a_batch_at_a_time(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.cron_slots")
+    db.execute("INSERT INTO conveyor.cron_slots (schedule, fire_at)"
+               " SELECT 'r', now() - n * interval '1 hour' FROM generate_series(0, 49) AS n")
+    db.execute(Q["cron_slots_prune"], {"keep": 86_400, "limit": 20})
+    assert db.execute("SELECT count(*) FROM conveyor.cron_slots").fetchone() == (30,)
+    db.execute(Q["cron_slots_prune"], {"keep": 86_400, "limit": 20})
+    assert db.execute("SELECT count(*) FROM conveyor.cron_slots").fetchone() == (25,)

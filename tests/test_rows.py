@@ -26,6 +26,8 @@ PARAMS: dict[str, dict[str, Any]] = {
     "event_get": {"id": 0},
     "event_find": {"topic": None, "by_tenant": False, "tenant": None, "state": None},
     "worker_list_alive": {"within": 30.0},
+    "event_result": {"id": 0},
+    "cron_list": {},
 }
 
 

@@ -18,6 +18,7 @@ from conveyor.errors import (
     MigrationError,
     MissingExtraError,
     PayloadTooLargeError,
+    WaitTimeoutError,
     WorkbookError,
 )
 from conveyor.middleware import HandlerResult, Middleware
@@ -38,6 +39,7 @@ from conveyor.types import (
     EventFilter,
     EventPage,
     EventRecord,
+    EventResult,
     EventState,
     EventSummary,
     Pause,
@@ -72,6 +74,7 @@ __all__ = [
     "EventNotFoundError",
     "EventPage",
     "EventRecord",
+    "EventResult",
     "EventState",
     "EventSummary",
     "HandlerResult",
@@ -98,6 +101,7 @@ __all__ = [
     "Router",
     "Snooze",
     "TopicCount",
+    "WaitTimeoutError",
     "WorkbookError",
     "Worker",
     "WorkerConfig",

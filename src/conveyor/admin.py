@@ -18,11 +18,13 @@ Example::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator, Sequence
 from datetime import datetime
 from typing import Any, cast
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from conveyor.admin_async import AsyncAdmin as AsyncAdmin
@@ -31,6 +33,7 @@ from conveyor.admin_core import (
     PAUSE_NOTIFICATION,
     PRUNE_DEFAULT_STATES,
     SCHEDULED,
+    WAIT_RECHECK,
     WORKER_ALIVE_WITHIN,
     Rows,
     Step,
@@ -39,6 +42,7 @@ from conveyor.admin_core import (
     _check_after,
     _check_filter,
     _check_limit,
+    _check_wait_timeout,
     _count_step,
     _estimate_params,
     _list_params,
@@ -55,9 +59,21 @@ from conveyor.admin_core import (
 )
 from conveyor.db.execute import run
 from conveyor.db.named_queries import queries_for
-from conveyor.db.rows import record_from_event_get_row
-from conveyor.errors import EventNotFoundError, InvalidInputError
-from conveyor.types import EventFilter, EventPage, EventRecord, Pause, QueueStatus
+from conveyor.db.rows import (
+    record_from_event_get_row,
+    result_from_event_result_row,
+    schedule_from_row,
+)
+from conveyor.errors import EventNotFoundError, InvalidInputError, WaitTimeoutError
+from conveyor.types import (
+    EventFilter,
+    EventPage,
+    EventRecord,
+    EventResult,
+    Pause,
+    QueueStatus,
+    ScheduleInfo,
+)
 from conveyor.validation import check_event_id, check_schema_name, check_topic
 
 __all__ = [
@@ -278,6 +294,63 @@ class Admin:
                 return
             raise _not_changed(self._q, event_id, state, "cancelled",
                                "pending, running or failed")
+        # Delivered at commit: whoever waits for this event hears of its end.
+        run(conn, self._q["event_notify"],
+                        {"channel": self._q.results_channel, "payload": str(event_id)})
+
+    def result(self, conn: psycopg.Connection[Any], event_id: int) -> EventResult:
+        """Where one event stands and what its handler returned.
+
+        ``value`` holds the decoded return value once the event succeeded on a
+        route added with ``store_result=True`` (docs/results.md); ``finished``
+        tells whether it reached a final state. Raises EventNotFoundError for
+        an unknown id (also once retention has pruned the event).
+        """
+        event_id = check_event_id(event_id)
+        row = (run(conn, self._q["event_result"], {"id": event_id})).fetchone()
+        if row is None:
+            raise EventNotFoundError(f"event {event_id} not found")
+        return result_from_event_result_row(row)
+
+    def wait(self, conn: psycopg.Connection[Any], event_id: int, *,
+                   timeout: float = 30.0) -> EventResult:
+        """Wait until the event succeeded, failed (parked) or was cancelled; return its result.
+
+        Listens for the announcement a worker sends when it writes the end of
+        an event of a ``store_result`` route (and :meth:`cancel` sends at
+        commit), so it answers within milliseconds without polling; it also
+        reads the event again every few seconds, for ends nobody announces
+        (a route without ``store_result``, a bulk cancel).
+
+        ``conn`` must be in autocommit mode (a LISTEN inside a transaction
+        would start only at its commit); it is left listening to nothing new.
+        ``timeout``: seconds, defaults to 30. Raises WaitTimeoutError when
+        the event is still unfinished after it, EventNotFoundError for an
+        unknown id.
+        """
+        event_id = check_event_id(event_id)
+        timeout = _check_wait_timeout(timeout)
+        if not conn.autocommit:
+            raise InvalidInputError("wait() needs a connection in autocommit mode (LISTEN inside "
+                                    "a transaction starts only at commit), got autocommit=False")
+        deadline = time.monotonic() + timeout
+        channel = sql.Identifier(self._q.results_channel)
+        conn.execute(sql.SQL("LISTEN {}").format(channel))
+        try:
+            while True:
+                found = self.result(conn, event_id)
+                if found.finished:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeoutError(f"event {event_id} did not finish within {timeout:g}s; "
+                                           f"it is {found.state}")
+                wanted = str(event_id)
+                for note in conn.notifies(timeout=min(left, WAIT_RECHECK)):
+                    if note.payload == wanted:
+                        break
+        finally:
+            conn.execute(sql.SQL("UNLISTEN {}").format(channel))
 
     def prune(self, conn: psycopg.Connection[Any], older_than: float,
                     states: Sequence[str] | None = None, *, dry_run: bool = False,
@@ -355,6 +428,23 @@ class Admin:
         """Every pause in force, by pattern, the all-tenants one before per-tenant ones."""
         cur = run(conn, self._q["pause_list"])
         return [pause_from_row(r) for r in cur.fetchall()]
+
+    def schedules(self, conn: psycopg.Connection[Any]) -> list[ScheduleInfo]:
+        """Every cron schedule a worker has declared, by name, with its next slot and
+        whether it is overdue (no scheduler is firing it); see docs/cron.md."""
+        cur = run(conn, self._q["cron_list"])
+        return [schedule_from_row(r) for r in cur.fetchall()]
+
+    def remove_schedule(self, conn: psycopg.Connection[Any], name: str) -> bool:
+        """Forget a cron schedule no worker declares any more; ``True`` if it existed.
+
+        A worker that still declares it puts it back within a minute (starting
+        from then, without firing the slots in between).
+        """
+        if not isinstance(name, str) or not name:
+            raise InvalidInputError(f"expected a schedule name, got {name!r:.60}")
+        cur = run(conn, self._q["cron_remove"], {"name": name})
+        return cur.fetchone() is not None
 
     def _notify_pauses(self, conn: psycopg.Connection[Any]) -> None:
         # Delivered at commit, and not at all on a rollback: the workers hear

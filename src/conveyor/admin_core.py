@@ -37,6 +37,11 @@ from conveyor.validation import (
 # A worker that has not renewed its heartbeat for this long is not counted alive.
 WORKER_ALIVE_WITHIN = 30.0
 
+# Admin.wait() reads the event again at least this often (seconds), for ends
+# no notification announces; and waits at most this long in one call.
+WAIT_RECHECK = 5.0
+WAIT_TIMEOUT_MAX = 7 * 86_400.0
+
 
 # The states whose counts may be estimates; pending, running and failed are
 # always exact (each has a partial index holding only its rows).
@@ -229,6 +234,14 @@ def _check_limit(limit: object) -> int:
         raise InvalidInputError(
             f"expected limit to be an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r:.60}")
     return limit
+
+
+def _check_wait_timeout(timeout: object) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+            or not 0 < timeout <= WAIT_TIMEOUT_MAX:
+        raise InvalidInputError(f"expected timeout to be seconds above 0 and at most "
+                                f"{WAIT_TIMEOUT_MAX:.0f}, got {timeout!r:.60}")
+    return float(timeout)
 
 
 def _check_after(after: object) -> int | None:

@@ -12,6 +12,7 @@ Every error Conveyor raises on purpose derives from :class:`ConveyorError`::
     ├── MigrationError         the schema is missing, too new, or a migration failed
     ├── EventNotFoundError     no event has that id
     ├── InvalidStateError      the event is in a state that forbids the operation
+    ├── WaitTimeoutError       Admin.wait() ran out of time (also a TimeoutError)
     ├── EmbeddedServerError    the embedded PostgreSQL could not be started
     ├── MissingExtraError      an optional part's extra is not installed (also an ImportError)
     ├── WorkbookError          a spreadsheet is corrupt, hostile or lacks required columns
@@ -64,6 +65,10 @@ class EventNotFoundError(ConveyorError, LookupError):
 
 class InvalidStateError(ConveyorError):
     """The event's state does not allow the requested operation."""
+
+
+class WaitTimeoutError(ConveyorError, TimeoutError):
+    """The awaited event did not reach a final state within the timeout."""
 
 
 class EmbeddedServerError(ConveyorError):

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from conveyor.cron import CATCH_UP_DEFAULT, Schedule
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.retry import RetryPolicy
 from conveyor.types import Event
@@ -37,6 +38,11 @@ if TYPE_CHECKING:
 Handler = Callable[[Event], Any] | Callable[[Event], Awaitable[Any]]
 P = ParamSpec("P")
 R = TypeVar("R")
+
+# Bytes of JSON text a stored result may take: by default, and at most (the
+# column's domain refuses more, migration 0010).
+RESULT_LIMIT_DEFAULT = 64 * 1024
+RESULT_LIMIT_MAX = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,9 @@ class Route:
             default) rather than inline on the event loop.
         backoff: delays between this route's failed attempts; ``None`` uses the
             worker's ``backoff``.
+        store_result: whether the handler's return value is stored with its
+            event as JSON (:meth:`conveyor.Admin.result`, :meth:`conveyor.Admin.wait`).
+        result_limit: the most bytes of JSON text a stored result may take.
     """
 
     pattern: str
@@ -61,6 +70,8 @@ class Route:
     is_async: bool
     blocking: bool
     backoff: RetryPolicy | None = None
+    store_result: bool = False
+    result_limit: int = RESULT_LIMIT_DEFAULT
 
     def matches(self, topic: str) -> bool:
         if self.pattern == "*":
@@ -80,10 +91,40 @@ class Router:
     def __init__(self) -> None:
         self._routes: list[Route] = []
         self._cache: dict[str, Route | None] = {}
+        self._schedules: list[Schedule] = []
 
     @property
     def routes(self) -> tuple[Route, ...]:
         return tuple(self._routes)
+
+    @property
+    def schedules(self) -> tuple[Schedule, ...]:
+        """The cron schedules declared with :meth:`cron`, in order."""
+        return tuple(self._schedules)
+
+    def cron(self, expression: str, topic: str, payload: Any = None, *, name: str | None = None,
+             tz: str = "UTC", catch_up: float = CATCH_UP_DEFAULT, tenant: str | None = None,
+             priority: int = 0, max_attempts: int = 5) -> Schedule:
+        """Enqueue an event on ``topic`` at every slot of ``expression``; returns the schedule.
+
+        ``expression``: five cron fields (minute hour day month weekday), or
+        six with seconds first; read in ``tz``, an IANA zone (default UTC),
+        with Debian cron's rules across daylight saving changes.
+        ``catch_up``: seconds a slot may be late and still fire (default 300);
+        older ones are skipped and counted. ``name`` keys the schedule in the
+        database (default ``"<topic> <expression>"``, plus the zone when not
+        UTC). Every worker running this router fires it, each slot once in
+        all; the workers need not route ``topic`` themselves. Needs the
+        ``cron`` extra (cronsim). See docs/cron.md.
+        """
+        schedule = Schedule.define(expression, topic, payload, name=name, tz=tz,
+                                   catch_up=catch_up, tenant=tenant, priority=priority,
+                                   max_attempts=max_attempts)
+        if any(s.name == schedule.name for s in self._schedules):
+            raise ConfigError(f"cron schedule {schedule.name!r} is already declared; "
+                              f"give the second one a name=")
+        self._schedules.append(schedule)
+        return schedule
 
     def add(
         self,
@@ -93,8 +134,15 @@ class Router:
         timeout: float | None = None,
         blocking: bool = True,
         backoff: RetryPolicy | None = None,
+        store_result: bool = False,
+        result_limit: int = RESULT_LIMIT_DEFAULT,
     ) -> Route:
-        """Add a rule; ``blocking=False`` runs a plain callable inline on the loop."""
+        """Add a rule; ``blocking=False`` runs a plain callable inline on the loop.
+
+        ``store_result=True`` keeps what the handler returns (JSON, at most
+        ``result_limit`` bytes, 64 KiB by default, 1 MiB at most) with the
+        event; see docs/results.md.
+        """
         try:
             pattern = check_topic_pattern(pattern)
         except InvalidInputError as exc:
@@ -103,31 +151,39 @@ class Router:
             raise ConfigError(f"handler for {pattern!r} is not callable: {handler!r:.60}")
         if timeout is not None and not timeout > 0:
             raise ConfigError(f"expected timeout for {pattern!r} to be > 0, got {timeout!r}")
+        if isinstance(result_limit, bool) or not isinstance(result_limit, int) \
+                or not 1 <= result_limit <= RESULT_LIMIT_MAX:
+            raise ConfigError(f"expected result_limit for {pattern!r} to be an int from 1 to "
+                              f"{RESULT_LIMIT_MAX}, got {result_limit!r}")
         if any(r.pattern == pattern for r in self._routes):
             raise ConfigError(f"topic pattern {pattern!r} is already routed")
         is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
             getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
         )
-        route = Route(pattern, handler, timeout, is_async, blocking, backoff)
+        route = Route(pattern, handler, timeout, is_async, blocking, backoff,
+                      bool(store_result), result_limit)
         self._routes.append(route)
         self._cache.clear()
         return route
 
     def route(
         self, pattern: str, *, timeout: float | None = None, blocking: bool = True,
-        backoff: RetryPolicy | None = None,
+        backoff: RetryPolicy | None = None, store_result: bool = False,
+        result_limit: int = RESULT_LIMIT_DEFAULT,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`."""
 
         def register(handler: Handler) -> Handler:
-            self.add(pattern, handler, timeout=timeout, blocking=blocking, backoff=backoff)
+            self.add(pattern, handler, timeout=timeout, blocking=blocking, backoff=backoff,
+                     store_result=store_result, result_limit=result_limit)
             return handler
 
         return register
 
     def task(
         self, topic: str, *, timeout: float | None = None, blocking: bool = True,
-        backoff: RetryPolicy | None = None,
+        backoff: RetryPolicy | None = None, store_result: bool = False,
+        result_limit: int = RESULT_LIMIT_DEFAULT,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Decorator: route ``topic`` to the function and return it as a typed :class:`Task`
         (``task.enqueue(conn, *args, **kwargs)``; see :mod:`conveyor.tasks`)."""
@@ -135,7 +191,8 @@ class Router:
 
         def register(fn: Callable[P, R]) -> Task[P, R]:
             task = Task(fn, topic)
-            self.add(topic, task.handler(), timeout=timeout, blocking=blocking, backoff=backoff)
+            self.add(topic, task.handler(), timeout=timeout, blocking=blocking, backoff=backoff,
+                     store_result=store_result, result_limit=result_limit)
             return task
 
         return register

@@ -125,12 +125,12 @@ class Task(Generic[P, R]):
         """The route handler: async for an async function, plain for a plain one."""
         fn, arguments = self.fn, self.arguments
         if inspect.iscoroutinefunction(fn):
-            async def run_async(event: Event) -> None:
+            async def run_async(event: Event) -> Any:
                 args, kwargs = arguments(event)
-                await fn(*args, **kwargs)
+                return await fn(*args, **kwargs)
             return run_async
 
-        def run(event: Event) -> None:
+        def run(event: Event) -> Any:
             args, kwargs = arguments(event)
-            fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         return run

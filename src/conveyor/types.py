@@ -156,6 +156,7 @@ class EventRecord:
     updated_at: datetime
     attempted_at: datetime | None
     finished_at: datetime | None
+    result: Any = None   # a store_result route's return value, decoded (docs/results.md)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -171,6 +172,36 @@ class EventRecord:
                 value = value.value
             out[name] = value
         return out
+
+
+FINAL_STATES = frozenset({EventState.SUCCEEDED, EventState.FAILED, EventState.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class EventResult:
+    """Where one event stands and what its handler returned, as
+    :meth:`conveyor.Admin.result` and :meth:`conveyor.Admin.wait` read it.
+
+    Attributes:
+        id: the event's id.
+        state: its state now.
+        value: the decoded JSON its handler returned, once it succeeded on a
+            route with ``store_result=True``; None otherwise (and when the
+            handler returned None).
+        error: the last attempt's error, None while none failed.
+        finished_at: when it reached a final state, None before.
+    """
+
+    id: int
+    state: EventState
+    value: Any
+    error: str | None
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the event is succeeded, failed (parked) or cancelled."""
+        return self.state in FINAL_STATES
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +276,53 @@ class QueueStatus:
             "unhandled_topics": list(self.unhandled_topics),
             "estimated_states": list(self.estimated_states),
         }
+
+
+# A schedule whose next slot is this many seconds past is reported overdue: a
+# running scheduler fires a slot within about a second.
+SCHEDULE_OVERDUE_AFTER = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """One cron schedule as the database knows it (``Admin.schedules``, ``conveyor status``).
+
+    Attributes:
+        name, expression, timezone, topic, catch_up: its definition, as the
+            workers declaring it last wrote it.
+        fired_through: every slot up to this instant is settled (fired or skipped).
+        next_fire_at: its next slot, as the last worker to fire it computed it.
+        last_fired_at: the last slot that enqueued an event.
+        missed: slots skipped so far because they were past the catch-up window.
+        last_missed_at: when the last of those was found.
+        overdue_s: seconds the next slot is past (0 when it is still ahead).
+    """
+
+    name: str
+    expression: str
+    timezone: str
+    topic: str
+    catch_up: float
+    fired_through: datetime
+    next_fire_at: datetime | None
+    last_fired_at: datetime | None
+    missed: int
+    last_missed_at: datetime | None
+    overdue_s: float
+
+    @property
+    def overdue(self) -> bool:
+        """Whether no worker has fired its next slot for SCHEDULE_OVERDUE_AFTER seconds:
+        no scheduler declaring it is running."""
+        return self.overdue_s > SCHEDULE_OVERDUE_AFTER
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = value.isoformat() if isinstance(value, datetime) else value
+        out["overdue"] = self.overdue
+        return out
 
 
 # An error filter longer than this is surely a paste of something else.

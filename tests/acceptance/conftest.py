@@ -29,8 +29,8 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``conveyor worker`` processes; every one is killed at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(url: str, *args: str) -> WorkerProcess:
-        worker = WorkerProcess(url, tmp_path / f"worker-{len(started)}.log", *args)
+    def start(url: str, *args: str, **kwargs: str) -> WorkerProcess:
+        worker = WorkerProcess(url, tmp_path / f"worker-{len(started)}.log", *args, **kwargs)
         started.append(worker)
         return worker
 

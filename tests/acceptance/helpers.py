@@ -36,12 +36,12 @@ def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None
 class WorkerProcess:
     """One ``conveyor worker`` subprocess; its output goes to a log file."""
 
-    def __init__(self, url: str, log_path: Path, *args: str) -> None:
+    def __init__(self, url: str, log_path: Path, *args: str, app: str = APP) -> None:
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "conveyor.cli.main", "--database-url", url,
-             "worker", "--app", APP, *args],
+             "worker", "--app", app, *args],
             cwd=REPO, env=cli_env({LEDGER_ENV: url}), stdout=self._log,
             stderr=subprocess.STDOUT)
 

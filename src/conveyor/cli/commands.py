@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -30,7 +30,7 @@ from conveyor.errors import (
 )
 from conveyor.producer import Producer
 from conveyor.schema.migrator import Migrator, migration_script
-from conveyor.types import Pause, QueueStatus
+from conveyor.types import Pause, QueueStatus, ScheduleInfo
 
 Env = Callable[..., str | None]
 Sub = Any  # argparse's private _SubParsersAction
@@ -231,20 +231,44 @@ def format_pauses(pauses: Sequence[Pause]) -> list[str]:
     lines = ["", f"paused ({len(pauses)}): no worker claims these"]
     for p in pauses:
         who = "every tenant" if p.tenant is None else f"tenant {escape(p.tenant)}"
-        since = p.paused_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        lines.append(f"  {escape(p.pattern)} ({who}) since {since}"
+        lines.append(f"  {escape(p.pattern)} ({who}) since {_utc(p.paused_at)}"
                      + (f": {escape(p.reason)}" if p.reason else ""))
     return lines
+
+
+def format_schedules(schedules: Sequence[ScheduleInfo]) -> list[str]:
+    """The lines about cron schedules, by name; none when there are none."""
+    if not schedules:
+        return []
+    lines = ["", f"cron schedules ({len(schedules)}):"]
+    for s in schedules:
+        zone = "" if s.timezone == "UTC" else f" {s.timezone}"
+        nxt = _utc(s.next_fire_at) if s.next_fire_at else "-"
+        line = (f"  {escape(s.name)}: {escape(s.expression)}{escape(zone)} -> {escape(s.topic)}, "
+                f"next {nxt}")
+        if s.overdue:
+            line += f", OVERDUE by {s.overdue_s:.0f}s: no running worker fires it"
+        if s.missed:
+            line += f", {s.missed} slot(s) skipped past the catch-up window"
+        lines.append(line)
+    return lines
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def run_status(ctx: Context, args: argparse.Namespace) -> int:
     admin, conn = Admin(ctx.schema), ctx.connect()
     status = admin.status(conn)
     pauses = admin.paused(conn)
+    schedules = admin.schedules(conn)
     if args.json:
-        emit_json({**status.to_json(), "paused": [p.to_json() for p in pauses]})
+        emit_json({**status.to_json(), "paused": [p.to_json() for p in pauses],
+                   "schedules": [s.to_json() for s in schedules]})
     else:
-        say("\n".join([format_status(status), *format_pauses(pauses)]))
+        say("\n".join([format_status(status), *format_pauses(pauses),
+                       *format_schedules(schedules)]))
     return 0
 
 
@@ -252,10 +276,11 @@ def run_status(ctx: Context, args: argparse.Namespace) -> int:
 
 def register_show(sub: Sub, env: Env) -> None:
     p = _add(sub, "show", "one event with its error history",
-             "Print one event: state, attempts, schedule, lease, payload and the error of\n"
-             "every failed attempt (with tracebacks). Control characters and terminal\n"
-             "escape sequences in stored text are shown escaped (ESC as \\x1b); --json\n"
-             "prints the stored values exactly.", run_show, examples=[
+             "Print one event: state, attempts, schedule, lease, payload, its stored result\n"
+             "(routes with store_result) and the error of every failed attempt (with\n"
+             "tracebacks). Control characters and terminal escape sequences in stored\n"
+             "text are shown escaped (ESC as \\x1b); --json prints the stored values exactly.",
+             run_show, examples=[
                  ("conveyor show 42", "the event and its error history"),
                  ("conveyor show 42 --json | jq -r .last_error", "one field for a script")])
     p.add_argument("id", help="event id")
@@ -270,9 +295,12 @@ def run_show(ctx: Context, args: argparse.Namespace) -> int:
     data = record.to_json()
     errors = data.pop("errors")
     payload = data.pop("payload")
+    result = data.pop("result")
     for key, value in data.items():
         say(f"{key:>16}: {'-' if value is None else escape(value)}")
     say(f"{'payload':>16}: {escape(json.dumps(payload))}")
+    if result is not None:   # a store_result route's return value (docs/results.md)
+        say(f"{'result':>16}: {escape(json.dumps(result))}")
     for e in errors:
         say(f"\nattempt {e['attempt']} at {escape(e['at'])}: {escape(e['error'])}")
         if e.get("traceback"):

@@ -70,6 +70,11 @@ class Queries:
         return f"{self.schema}.events"
 
     @property
+    def results_channel(self) -> str:
+        """The NOTIFY channel on which finished events of store_result routes are announced."""
+        return f"{self.schema}.results"
+
+    @property
     def events_table(self) -> str:
         """The events table's qualified name as a regclass literal."""
         return sql.Identifier(self.schema, "events").as_string()

@@ -18,7 +18,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.types import CLAIM_COLUMNS, AttemptError, Event, EventRecord, EventState, WorkerInfo
+from conveyor.types import (
+    CLAIM_COLUMNS,
+    AttemptError,
+    Event,
+    EventRecord,
+    EventResult,
+    EventState,
+    ScheduleInfo,
+    WorkerInfo,
+)
 
 __all__ = [
     "CLAIM_COLUMNS",
@@ -26,10 +35,14 @@ __all__ = [
     "DECODED",
     "EVENT_FIND_COLUMNS",
     "EVENT_GET_COLUMNS",
+    "RESULT_COLUMNS",
+    "SCHEDULE_COLUMNS",
     "WORKER_COLUMNS",
     "event_from_claim_row",
     "found_from_event_find_row",
     "record_from_event_get_row",
+    "result_from_event_result_row",
+    "schedule_from_row",
     "worker_from_row",
 ]
 
@@ -42,6 +55,12 @@ EVENT_GET_COLUMNS = tuple(f.name for f in dataclasses.fields(EventRecord))
 
 # event_find: event_get's columns, then the seconds until run_at.
 EVENT_FIND_COLUMNS = (*EVENT_GET_COLUMNS, "due_in")
+
+# event_result: an EventResult's fields.
+RESULT_COLUMNS = tuple(f.name for f in dataclasses.fields(EventResult))
+
+# cron_list: a ScheduleInfo's fields.
+SCHEDULE_COLUMNS = tuple(f.name for f in dataclasses.fields(ScheduleInfo))
 
 # worker_list_alive: a WorkerInfo's fields.
 WORKER_COLUMNS = tuple(f.name for f in dataclasses.fields(WorkerInfo))
@@ -80,6 +99,18 @@ def found_from_event_find_row(row: Sequence[Any]) -> tuple[EventRecord, float]:
     return _record(fields), due_in
 
 
+def result_from_event_result_row(row: Sequence[Any]) -> EventResult:
+    """An :class:`EventResult` from one ``event_result`` row (:data:`RESULT_COLUMNS`)."""
+    fields = _named(RESULT_COLUMNS, row)
+    fields["state"] = EventState(fields["state"])
+    return EventResult(**fields)
+
+
+def schedule_from_row(row: Sequence[Any]) -> ScheduleInfo:
+    """A :class:`ScheduleInfo` from one ``cron_list`` row (:data:`SCHEDULE_COLUMNS`)."""
+    return ScheduleInfo(**_named(SCHEDULE_COLUMNS, row))
+
+
 def worker_from_row(row: Sequence[Any]) -> WorkerInfo:
     """A :class:`WorkerInfo` from one ``worker_list_alive`` row (:data:`WORKER_COLUMNS`)."""
     fields = _named(WORKER_COLUMNS, row)
@@ -94,5 +125,7 @@ DECODED: dict[str, tuple[str, ...]] = {
     "event_claim": CLAIM_COLUMNS,
     "event_get": EVENT_GET_COLUMNS,
     "event_find": EVENT_FIND_COLUMNS,
+    "event_result": RESULT_COLUMNS,
+    "cron_list": SCHEDULE_COLUMNS,
     "worker_list_alive": WORKER_COLUMNS,
 }

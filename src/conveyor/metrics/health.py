@@ -59,7 +59,23 @@ def health(worker: Worker) -> Check:
     if since > claim_limit(worker) and worker.running.free_slots() > 0:
         return Check(False, f"no claim round trip for {since:.1f}s "
                             f"(expected one within {claim_limit(worker):g}s)")
+    scheduler = worker.scheduler
+    if scheduler is not None:
+        since = time.monotonic() - scheduler.last_pass
+        if since > scheduler_limit(worker):
+            return Check(False, f"cron scheduler has not completed a pass for {since:.1f}s "
+                                f"({scheduler.failures} failed passes; see the worker's log)")
     return Check(True, "ok")
+
+
+def scheduler_limit(worker: Worker) -> float:
+    """Seconds without a completed cron pass after which the worker is unhealthy.
+
+    The loop completes a pass at least every second; one pass may wait for a
+    statement up to query_timeout per schedule it fires, and a failed pass
+    pauses a second before the next.
+    """
+    return 2 * worker.config.query_timeout + 5.0
 
 
 def readiness(worker: Worker) -> Check:

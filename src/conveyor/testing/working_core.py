@@ -69,14 +69,14 @@ def _prepare(router: Router, owner: str, row: Any, timeout: float | None) -> _Cl
 
 def _ack(q: Queries, owner: str, outcome: Outcome) -> tuple[str, dict[str, Any]]:
     """The worker's fenced acknowledgement for one outcome (as the completer writes it)."""
-    if outcome.state is EventState.SUCCEEDED:
+    if outcome.state is EventState.SUCCEEDED and outcome.result is None:
         return q["event_succeed_many"], {
             "owner": owner, "ids": [outcome.event_id], "attempts": [outcome.attempt]}
     return q["event_settle_many"], {
         "owner": owner, "ids": [outcome.event_id], "attempts": [outcome.attempt],
         "states": [outcome.state.value], "delays": [outcome.delay],
         "refunds": [outcome.refund], "errors": [outcome.error],
-        "tracebacks": [outcome.traceback]}
+        "tracebacks": [outcome.traceback], "results": [outcome.result]}
 
 
 async def _run_async(claim: _Claim, router: Router, backoff: RetryPolicy | None,

@@ -18,7 +18,7 @@ import psycopg
 
 from conveyor.db.arrays import int_array
 from conveyor.db.named_queries import Queries
-from conveyor.types import EventState
+from conveyor.types import FINAL_STATES, EventState
 from conveyor.worker.connection import RECOVERABLE_ERRORS, CursorCache, ManagedConnection
 from conveyor.worker.deadline import with_deadline_in_task
 from conveyor.worker.executor import Outcome
@@ -145,8 +145,11 @@ class Completer:
         self._on_acked(batch, done)
 
     async def _write(self, conn: psycopg.AsyncConnection[Any], batch: list[Outcome]) -> set[int]:
-        others = [o for o in batch if o.state is not EventState.SUCCEEDED]
-        succeeded = [o for o in batch if o.state is EventState.SUCCEEDED] if others else batch
+        # A success with a result to keep is written with the other outcomes:
+        # never deleted at once under retention 0, and its result stored.
+        others = [o for o in batch if o.state is not EventState.SUCCEEDED or o.result is not None]
+        succeeded = [o for o in batch if o.state is EventState.SUCCEEDED and o.result is None] \
+            if others else batch
         done: set[int] = set()
         if succeeded:
             cur = self._cursor.get(conn)
@@ -169,8 +172,16 @@ class Completer:
                 "refunds": [o.refund for o in others],
                 "errors": [o.error for o in others],
                 "tracebacks": [o.traceback for o in others],
+                "results": [o.result for o in others],
             }), self._query_timeout)
             done.update(r[0] for r in await cur.fetchall())
+            finished = [o.event_id for o in others
+                        if o.watched and o.event_id in done and o.state in FINAL_STATES]
+            if finished:
+                # After the write has committed (autocommit), so a waiter woken
+                # by it reads the final row.
+                await with_deadline_in_task(conn, cur.execute(self._q["event_notify_finished"], {
+                    "channel": self._q.results_channel, "ids": finished}), self._query_timeout)
         return done
 
     async def _write_around_locks(self, conn: psycopg.AsyncConnection[Any], batch: list[Outcome]

@@ -287,14 +287,15 @@ MAINTENANCE_STATEMENT_TIMEOUT = 300.0
 
 
 class WorkerConnections:
-    """The four dedicated connections of one worker, each with its own session settings.
+    """The four dedicated connections of one worker (five with cron schedules), each with
+    its own session settings.
 
     Told of a transaction pooler, or finding one on the first connect, the
     worker keeps no session state on that URL (see SessionMode).
     """
 
     def __init__(self, conninfo: str, config: WorkerConfig, stopping: asyncio.Event, *,
-                 listen_conninfo: str | None = None) -> None:
+                 listen_conninfo: str | None = None, cron: bool = False) -> None:
         c = config
         modes = {conninfo: SessionMode(pooled=c.transaction_pooler)}
 
@@ -325,9 +326,13 @@ class WorkerConnections:
             "statement_timeout": str(int(max(c.query_timeout, MAINTENANCE_STATEMENT_TIMEOUT) * 1000))})
         self.listen_target = listen_conninfo or conninfo
         self.listen = managed("listen", target=self.listen_target)
+        # Only for a router with cron schedules: a firing is a transaction of its
+        # own, which must not interleave with the heartbeat's statements.
+        self.cron = managed("cron", settings={"lock_timeout": str(LOCK_TIMEOUT_MS)}) if cron else None
 
     def all(self) -> tuple[ManagedConnection, ...]:
-        return (self.fetch, self.ack, self.maintenance, self.listen)
+        base = (self.fetch, self.ack, self.maintenance, self.listen)
+        return base if self.cron is None else (*base, self.cron)
 
     async def close(self) -> None:
         for managed in self.all():

@@ -22,13 +22,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.errors import InvalidInputError
 from conveyor.log_context import CURRENT_EVENT, add_source
 from conveyor.middleware import HandlerResult, Middleware, check_middleware
 from conveyor.outcomes import Cancel, PermanentFailure, RetryAfter, Snooze, reason_text
 from conveyor.retry import RetryPolicy
 from conveyor.router import Route, Router
 from conveyor.types import Event, EventState
-from conveyor.validation import DELAY_MAX_SECONDS
+from conveyor.validation import DELAY_MAX_SECONDS, encode_payload
 from conveyor.worker.running import Running, RunningSet
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 EAGER_TASKS = sys.version_info >= (3, 12)
 SWEEP_INTERVAL = 0.05
 ERROR_MAX_CHARS = 2000
+# Nesting a stored result may have, as an enqueued payload by default.
+RESULT_MAX_DEPTH = 64
 TRACEBACK_MAX_CHARS = 4000
 # Used only when even the retry policy failed while recording an error.
 FALLBACK_RETRY_DELAY = 60.0
@@ -48,7 +51,8 @@ HANDLER_EXITS: tuple[type[BaseException], ...] = (SystemExit, KeyboardInterrupt,
 
 
 # Not frozen: one is made per handled event, and a frozen dataclass's __init__
-# costs about 1 us more (object.__setattr__ per field). Nothing mutates one.
+# costs about 1 us more (object.__setattr__ per field). Only the executor sets
+# ``watched`` on one it has just made.
 @dataclass(slots=True)
 class Outcome:
     """What to write back for one attempt (fenced on ``event_id`` + ``attempt``)."""
@@ -60,6 +64,11 @@ class Outcome:
     refund: int = 0
     error: str | None = None
     traceback: str | None = None
+    # The handler's return value as JSON text, for a route with store_result.
+    result: str | None = None
+    # Someone may wait for this event's end (a store_result route): the
+    # acknowledgement announces a final state on the results channel.
+    watched: bool = False
 
     @classmethod
     def handed_back(cls, event: Event) -> Outcome:
@@ -104,7 +113,7 @@ def failure(event: Event, error: str, tb: str | None, backoff: RetryPolicy,
                    traceback=tb)
 
 
-def _call_plain(handler: Callable[[Event], Any], event: Event) -> None:
+def _call_plain(handler: Callable[[Event], Any], event: Event) -> Any:
     """Run a plain handler in a pool thread, with its event as the logging context.
 
     A StopIteration (``next()`` on an exhausted iterator) cannot be set on an
@@ -113,7 +122,7 @@ def _call_plain(handler: Callable[[Event], Any], event: Event) -> None:
     """
     token = CURRENT_EVENT.set(event)
     try:
-        handler(event)
+        return handler(event)
     except StopIteration as exc:
         raise RuntimeError(f"handler raised StopIteration: {reason_text(exc)}") from exc
     finally:
@@ -122,14 +131,14 @@ def _call_plain(handler: Callable[[Event], Any], event: Event) -> None:
 
 async def _in_thread(route: Route, event: Event, pool: ThreadExecutor,
                      on_abandoned: Callable[[Future[Any]], None] | None,
-                     context: contextvars.Context | None = None) -> None:
+                     context: contextvars.Context | None = None) -> Any:
     if context is None:
         future = pool.submit(_call_plain, route.handler, event)
     else:
         # Middleware may have set context variables (a tracing span) for the handler.
         future = pool.submit(context.run, _call_plain, route.handler, event)
     try:
-        await asyncio.wrap_future(future)
+        return await asyncio.wrap_future(future)
     except asyncio.CancelledError:
         # A queued call is cancelled with its wrapper; a running one cannot be
         # stopped, and whoever owns the pool must know its thread is still busy.
@@ -180,23 +189,39 @@ def success(event: Event) -> Outcome:
     return Outcome(event.id, event.attempt, EventState.SUCCEEDED)
 
 
+def stored_success(event: Event, route: Route, value: object) -> Outcome:
+    """A success that keeps the handler's return value; one that cannot be stored parks the event.
+
+    Parked, not retried: the handler's work is done, and running it again
+    would not make what it returns storable.
+    """
+    try:
+        text = encode_payload(value, max_bytes=route.result_limit, max_depth=RESULT_MAX_DEPTH)
+    except InvalidInputError as exc:
+        # The payload checks' messages, about the result here.
+        reason = str(exc).replace("payload", "the result", 1)
+        return Outcome(event.id, event.attempt, EventState.FAILED, watched=True,
+                       error=_clip(f"handler of {event.topic} succeeded but its result could not "
+                                   f"be stored: {reason}", ERROR_MAX_CHARS))
+    return Outcome(event.id, event.attempt, EventState.SUCCEEDED, result=text, watched=True)
+
+
 async def call_handler(route: Route, event: Event, thread_pool: ThreadExecutor | None,
                        on_abandoned: Callable[[Future[Any]], None] | None,
-                       context: contextvars.Context | None = None) -> None:
-    """Call the handler the way its kind needs: awaited, in a thread, or inline.
+                       context: contextvars.Context | None = None) -> Any:
+    """Call the handler the way its kind needs: awaited, in a thread, or inline;
+    return what it returned.
 
     ``context``: the context a plain handler's thread runs in (default: none copied).
     """
     if route.is_async:
-        await route.handler(event)
-    elif route.blocking:
+        return await route.handler(event)
+    if route.blocking:
         if thread_pool is None:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, _call_plain, route.handler, event)
-        else:
-            await _in_thread(route, event, thread_pool, on_abandoned, context)
-    else:
-        route.handler(event)
+            return await loop.run_in_executor(None, _call_plain, route.handler, event)
+        return await _in_thread(route, event, thread_pool, on_abandoned, context)
+    return route.handler(event)
 
 
 # Shared, never appended to: a call without middleware allocates no list.
@@ -406,14 +431,16 @@ class Executor:
                 for hook in hooks:
                     hook.before(event)
                     entered.append(hook)
-            route.handler(event)
+            value = route.handler(event)
         except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
             raised = exc
             outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
             if isinstance(exc, HANDLER_EXITS):
                 _exit_refused(exc, event)
         else:
-            outcome = success(event)
+            outcome = stored_success(event, route, value) if route.store_result else success(event)
+        if route.store_result:
+            outcome.watched = True
         try:
             if entered:
                 result = _result(outcome, raised, started)
@@ -439,10 +466,10 @@ class Executor:
                         await done
                     entered.append(hook)   # its after() runs, whatever comes next
             if route.is_async:
-                await route.handler(event)
+                value = await route.handler(event)
             else:
-                await call_handler(route, event, self._pool, self._running.thread_abandoned,
-                                   contextvars.copy_context() if hooks else None)
+                value = await call_handler(route, event, self._pool, self._running.thread_abandoned,
+                                           contextvars.copy_context() if hooks else None)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             cancelling = task.cancelling() if task is not None else 0
@@ -463,7 +490,9 @@ class Executor:
             if isinstance(exc, HANDLER_EXITS):
                 _exit_refused(exc, event)
         else:
-            outcome = success(event)
+            outcome = stored_success(event, route, value) if route.store_result else success(event)
+        if route.store_result:
+            outcome.watched = True
         if entered:
             result = _result(outcome, raised, started)
             for hook in reversed(entered):

@@ -47,6 +47,9 @@ PRUNE_BATCH = 5000
 DEAD_WORKER_ROW_AGE = 3600.0
 # Outcome counts (event_counts) are kept for the dashboard's charts this long.
 COUNTS_KEPT = 8 * 86_400.0
+# Fired cron slots are kept a day (their keys guard nothing older: the
+# schedules' cursors have moved past them); see migration 0011.
+CRON_SLOTS_KEPT = 86_400.0
 HORIZON_CHECK_INTERVAL = 30.0
 HORIZON_REPEAT = 300.0     # a pin that lasts is reported again this often
 # Pauses are honoured within 1 s: a re-check every half second leaves the
@@ -282,6 +285,9 @@ class Maintenance:
         """Delete succeeded and cancelled events older than the retention."""
         await conn.execute(self._q["worker_prune_dead"], {"older_than": DEAD_WORKER_ROW_AGE})
         await conn.execute(self._q["event_counts_prune"], {"keep": COUNTS_KEPT})
+        # One batch per pass is plenty: a one-second schedule fires 600 slots per pass.
+        await conn.execute(self._q["cron_slots_prune"], {"keep": CRON_SLOTS_KEPT,
+                                                          "limit": PRUNE_BATCH})
         if self._config.retention is None:
             return 0
         states = [s.value for s in FINISHED_STATES if s is not EventState.FAILED]

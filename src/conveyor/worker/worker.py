@@ -28,7 +28,8 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -55,6 +56,7 @@ from conveyor.worker.executor import Executor, Outcome
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
+from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.stats import CANCELLED, FAILED, RETRIED, SUCCEEDED, OutcomeTally, WorkerStats
 from conveyor.worker.wakeups import DueTimes, PauseState
 from conveyor.worker.watchdog import LoopWatchdog
@@ -107,12 +109,16 @@ class Worker:
             transaction pooler (``config.transaction_pooler``); defaults to ``conninfo``.
         middleware: hooks around every handler call, in this order
             (see :mod:`conveyor.middleware`). Defaults to none.
+        clock: what the cron schedules take as the current time, a callable
+            returning an aware datetime: for tests that move time. Defaults
+            to None, the database's clock.
     """
 
     def __init__(self, conninfo: str, router: Router, config: WorkerConfig | None = None, *,
                  listen_conninfo: str | None = None,
-                 middleware: Sequence[Middleware] = ()) -> None:
-        if not router.routes:
+                 middleware: Sequence[Middleware] = (),
+                 clock: Callable[[], datetime] | None = None) -> None:
+        if not router.routes and not router.schedules:
             raise ConfigError("router has no routes: the worker would claim nothing")
         self.conninfo = conninfo
         self.router = router
@@ -135,7 +141,8 @@ class Worker:
         self._deferred: list[list[Event]] = []   # claimed batches whose handlers start next round
         self._rng = random.Random()
         self.connections = WorkerConnections(conninfo, c, self._stopping,
-                                             listen_conninfo=listen_conninfo)
+                                             listen_conninfo=listen_conninfo,
+                                             cron=bool(router.schedules))
         self.listens = c.listen and not (c.transaction_pooler is True
                                          and self.connections.listen_target == conninfo)
         self.running = RunningSet(c.concurrency)
@@ -162,6 +169,11 @@ class Worker:
         self.watchdog = LoopWatchdog(identify=self.executor.blocking_event,
                                      warn_after=min(LOOP_STALL_WARNING, c.lease_ttl / 4),
                                      lease_ttl=c.lease_ttl, on_stall=self._stalled)
+        self.scheduler: Scheduler | None = None
+        if self.connections.cron is not None:
+            self.scheduler = Scheduler(self.connections.cron, self._q, router.schedules,
+                                       query_timeout=c.query_timeout, clock=clock,
+                                       clock_offset=lambda: self.maintenance.clock_offset)
         self._claim_cursor = CursorCache(binary=True)
         self.started = asyncio.Event()
 
@@ -221,6 +233,9 @@ class Worker:
         if self.listens:
             tasks.append(asyncio.create_task(self.listener.run(self._stopping),
                                              name="conveyor-listener"))
+        if self.scheduler is not None:
+            tasks.append(asyncio.create_task(self.scheduler.run(self._stopping),
+                                             name="conveyor-cron"))
         else:
             log.info("not listening for notifications: polling every %.1fs",
                      self.config.poll_interval, extra={"action": "poll_only"})

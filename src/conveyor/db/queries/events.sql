@@ -180,9 +180,11 @@ RETURNING e.id
 
 -- name: event_settle_many
 -- Every other outcome, fenced like event_succeed_many. `refund` gives the
--- attempt back (snooze, hand-back on shutdown); `error` appends to the history.
+-- attempt back (snooze, hand-back on shutdown); `error` appends to the history;
+-- `result` is a store_result route's return value (0010).
 UPDATE {schema}.events AS e
 SET state = d.state,
+    result = COALESCE(d.result::jsonb, e.result),
     attempts = e.attempts - d.refund,
     run_at = CASE WHEN d.delay IS NULL THEN e.run_at
                   ELSE now() + d.delay * interval '1 second' END,
@@ -200,8 +202,8 @@ SET state = d.state,
     updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[],
             %(delays)s::float8[], %(refunds)s::int[], %(errors)s::text[],
-            %(tracebacks)s::text[])
-     AS d(id, attempt, state, delay, refund, error, traceback)
+            %(tracebacks)s::text[], %(results)s::text[])
+     AS d(id, attempt, state, delay, refund, error, traceback, result)
 WHERE e.id = d.id
   AND e.lease_owner = %(owner)s
   AND e.attempts = d.attempt
@@ -275,10 +277,22 @@ RETURNING e.id, e.state, e.topic
 -- name: event_notify
 SELECT pg_notify(%(channel)s, %(payload)s)
 
+-- name: event_notify_finished
+-- Tells Admin.wait() that these events reached a final state: one
+-- notification per id on the results channel, sent once the row is written.
+SELECT pg_notify(%(channel)s, finished.id::text)
+FROM unnest(%(ids)s::bigint[]) AS finished(id)
+
 -- name: event_get
 SELECT id, tenant, topic, payload, state, attempts, max_attempts, priority, run_at,
        lease_owner::text, lease_expires_at, last_error, errors, idempotency_key,
-       created_at, updated_at, attempted_at, finished_at
+       created_at, updated_at, attempted_at, finished_at, result
+FROM {schema}.events
+WHERE id = %(id)s
+
+-- name: event_result
+-- Admin.result and Admin.wait: an event's state, stored result and last error.
+SELECT id, state, result AS value, last_error AS error, finished_at
 FROM {schema}.events
 WHERE id = %(id)s
 
