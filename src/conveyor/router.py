@@ -197,6 +197,19 @@ class Router:
 
         return register
 
+    def include(self, other: Router) -> None:
+        """Add every route and cron schedule of ``other`` after this router's own.
+
+        The same pattern or schedule name in both raises ConfigError.
+        """
+        for r in other.routes:
+            self.add(r.pattern, r.handler, timeout=r.timeout, blocking=r.blocking,
+                     backoff=r.backoff, store_result=r.store_result, result_limit=r.result_limit)
+        for schedule in other.schedules:
+            if any(s.name == schedule.name for s in self._schedules):
+                raise ConfigError(f"cron schedule {schedule.name!r} is already declared")
+            self._schedules.append(schedule)
+
     def resolve(self, topic: str) -> Route | None:
         """The first route matching ``topic``, or ``None``."""
         try:
