@@ -37,10 +37,16 @@ def project(make_db: Callable[..., Any]) -> Iterator[str]:
 
         django.setup()
         call_command("migrate", run_syncdb=True, verbosity=0)
-        yield url
-        from django.db import connections
+        try:
+            yield url
+        finally:
+            from django.db import connections
 
-        connections.close_all()
+            connections.close_all()
+            # Django stays set up for this process; the rest of the suite and its
+            # child processes must not see the project's settings.
+            sys.path.remove(str(PROJECT))
+            del os.environ["CONVEYOR_DJANGO_TEST_DB"], os.environ["DJANGO_SETTINGS_MODULE"]
 
 
 @pytest.fixture
