@@ -1041,3 +1041,54 @@ def test_slots_prune_deletes_old_slots_a_batch_at_a_time(db: Conn) -> None:
     assert db.execute("SELECT count(*) FROM conveyor.cron_slots").fetchone() == (30,)
     db.execute(Q["cron_slots_prune"], {"keep": 86_400, "limit": 20})
     assert db.execute("SELECT count(*) FROM conveyor.cron_slots").fetchone() == (25,)
+
+
+# --------------------------------------------------------- flow control (0012)
+
+def _flow_params(owner: str, limit_pattern: str, limit: int) -> dict[str, Any]:
+    from conveyor.router import pattern_filter
+    return {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
+            "tenants": [], "owner": owner, "lease_ttl": 30, "limit": limit,
+            **pattern_filter([limit_pattern], prefix="limit_")}
+
+
+@exercises("flow_declare", "flow_list", "flow_remove", "flow_lock", "flow_running",
+           "flow_take_tokens")
+def test_flow_limits_are_declared_locked_counted_and_refilled(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.flow_limits")
+    declare = {"patterns": ["mail.*", "sms.send"], "max_runnings": [2, None],
+               "rates": [None, 10.0], "bursts": [None, 10.0], "fair_bys": ["tenant", None]}
+    db.execute(Q["flow_declare"], declare)
+    db.execute(Q["flow_declare"], declare)            # again: nothing changes
+    assert db.execute(Q["flow_list"]).fetchall() == [("mail.*", 2, None, "tenant"),
+                                                     ("sms.send", None, 10.0, None)]
+    locked = db.execute(Q["flow_lock"], {"pattern": "sms.send"}).fetchone()
+    assert locked is not None and locked[:4] == (None, 10.0, 10.0, 10.0) and locked[4] >= 0
+    assert db.execute(Q["flow_lock"], {"pattern": "nope"}).fetchone() is None
+    for topic in ("mail.a", "mail.b", "other"):
+        _insert(db, topic)
+    _claim(db, _owner())
+    from conveyor.router import pattern_filter
+    assert db.execute(Q["flow_running"], pattern_filter(["mail.*"])).fetchone() == (2,)
+    db.execute(Q["flow_take_tokens"], {"pattern": "sms.send", "tokens": 3.5})
+    assert db.execute("SELECT tokens FROM conveyor.flow_limits WHERE pattern = 'sms.send'"
+                      ).fetchone() == (3.5,)
+    assert db.execute(Q["flow_remove"], {"pattern": "sms.send"}).fetchone() == ("sms.send",)
+
+
+@exercises("flow_claim", "flow_claim_fair", "event_claim_flow")
+def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: Conn) -> None:
+    from conveyor.router import pattern_filter
+    for _ in range(3):
+        _insert(db, "mail.send", tenant="big")
+    _insert(db, "mail.send", tenant="small")
+    _insert(db, "other.job")
+    plain = db.execute(Q["event_claim_flow"], {
+        **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_")
+    }).fetchall()
+    assert [r[2] for r in plain] == ["other.job"]
+    fair = db.execute(Q["flow_claim_fair"], _flow_params(_owner(), "mail.*", 2)).fetchall()
+    # Each tenant's first before anyone's second: the small tenant's one event, not a second big one.
+    assert sorted(r[1] for r in fair) == ["big", "small"]
+    rest = db.execute(Q["flow_claim"], _flow_params(_owner(), "mail.*", 5)).fetchall()
+    assert [r[1] for r in rest] == ["big", "big"]

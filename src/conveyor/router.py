@@ -24,10 +24,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack
 
 from conveyor.cron import CATCH_UP_DEFAULT, Schedule
 from conveyor.errors import ConfigError, InvalidInputError
+from conveyor.flow import FlowLimit
 from conveyor.retry import RetryPolicy
 from conveyor.types import Event
 from conveyor.validation import check_topic_pattern
@@ -38,6 +39,19 @@ if TYPE_CHECKING:
 Handler = Callable[[Event], Any] | Callable[[Event], Awaitable[Any]]
 P = ParamSpec("P")
 R = TypeVar("R")
+
+class RouteOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Router.add`, for the decorators that pass them on."""
+
+    timeout: float | None
+    blocking: bool
+    backoff: RetryPolicy | None
+    store_result: bool
+    result_limit: int
+    max_running: int | None
+    rate: str | None
+    fair_by: str | None
+
 
 # Bytes of JSON text a stored result may take: by default, and at most (the
 # column's domain refuses more, migration 0010).
@@ -62,6 +76,8 @@ class Route:
         store_result: whether the handler's return value is stored with its
             event as JSON (:meth:`conveyor.Admin.result`, :meth:`conveyor.Admin.wait`).
         result_limit: the most bytes of JSON text a stored result may take.
+        flow: the route's flow control (max_running, rate, fair_by), None
+            without any (see :mod:`conveyor.flow`).
     """
 
     pattern: str
@@ -72,6 +88,7 @@ class Route:
     backoff: RetryPolicy | None = None
     store_result: bool = False
     result_limit: int = RESULT_LIMIT_DEFAULT
+    flow: FlowLimit | None = None
 
     def matches(self, topic: str) -> bool:
         if self.pattern == "*":
@@ -136,12 +153,20 @@ class Router:
         backoff: RetryPolicy | None = None,
         store_result: bool = False,
         result_limit: int = RESULT_LIMIT_DEFAULT,
+        max_running: int | None = None,
+        rate: str | None = None,
+        fair_by: str | None = None,
     ) -> Route:
         """Add a rule; ``blocking=False`` runs a plain callable inline on the loop.
 
         ``store_result=True`` keeps what the handler returns (JSON, at most
         ``result_limit`` bytes, 64 KiB by default, 1 MiB at most) with the
         event; see docs/results.md.
+
+        Flow control, enforced in the claim across all workers (docs/flow-control.md):
+        ``max_running`` events of the pattern at once; ``rate`` starts at
+        most (``"10/s"``, ``"600/m"``, ``"5/10s"``); ``fair_by="tenant"``
+        takes each tenant's events in turn.
         """
         try:
             pattern = check_topic_pattern(pattern)
@@ -155,44 +180,37 @@ class Router:
                 or not 1 <= result_limit <= RESULT_LIMIT_MAX:
             raise ConfigError(f"expected result_limit for {pattern!r} to be an int from 1 to "
                               f"{RESULT_LIMIT_MAX}, got {result_limit!r}")
+        flow = FlowLimit.define(pattern, max_running, rate, fair_by)
         if any(r.pattern == pattern for r in self._routes):
             raise ConfigError(f"topic pattern {pattern!r} is already routed")
         is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
             getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
         )
         route = Route(pattern, handler, timeout, is_async, blocking, backoff,
-                      bool(store_result), result_limit)
+                      bool(store_result), result_limit, flow)
         self._routes.append(route)
         self._cache.clear()
         return route
 
-    def route(
-        self, pattern: str, *, timeout: float | None = None, blocking: bool = True,
-        backoff: RetryPolicy | None = None, store_result: bool = False,
-        result_limit: int = RESULT_LIMIT_DEFAULT,
-    ) -> Callable[[Handler], Handler]:
-        """Decorator form of :meth:`add`."""
+    def route(self, pattern: str, **options: Unpack[RouteOptions]) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`add`, with the same options."""
 
         def register(handler: Handler) -> Handler:
-            self.add(pattern, handler, timeout=timeout, blocking=blocking, backoff=backoff,
-                     store_result=store_result, result_limit=result_limit)
+            self.add(pattern, handler, **options)
             return handler
 
         return register
 
-    def task(
-        self, topic: str, *, timeout: float | None = None, blocking: bool = True,
-        backoff: RetryPolicy | None = None, store_result: bool = False,
-        result_limit: int = RESULT_LIMIT_DEFAULT,
-    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+    def task(self, topic: str, **options: Unpack[RouteOptions]
+             ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Decorator: route ``topic`` to the function and return it as a typed :class:`Task`
-        (``task.enqueue(conn, *args, **kwargs)``; see :mod:`conveyor.tasks`)."""
+        (``task.enqueue(conn, *args, **kwargs)``; see :mod:`conveyor.tasks`); the options
+        are :meth:`add`'s."""
         from conveyor.tasks import Task
 
         def register(fn: Callable[P, R]) -> Task[P, R]:
             task = Task(fn, topic)
-            self.add(topic, task.handler(), timeout=timeout, blocking=blocking, backoff=backoff,
-                     store_result=store_result, result_limit=result_limit)
+            self.add(topic, task.handler(), **options)
             return task
 
         return register
@@ -203,8 +221,10 @@ class Router:
         The same pattern or schedule name in both raises ConfigError.
         """
         for r in other.routes:
-            self.add(r.pattern, r.handler, timeout=r.timeout, blocking=r.blocking,
-                     backoff=r.backoff, store_result=r.store_result, result_limit=r.result_limit)
+            if any(mine.pattern == r.pattern for mine in self._routes):
+                raise ConfigError(f"topic pattern {r.pattern!r} is already routed")
+            self._routes.append(r)
+            self._cache.clear()
         for schedule in other.schedules:
             if any(s.name == schedule.name for s in self._schedules):
                 raise ConfigError(f"cron schedule {schedule.name!r} is already declared")
@@ -230,12 +250,32 @@ class Router:
 
     def claim_filter(self) -> dict[str, Any]:
         """Parameters for the claim query: which topics this router may claim."""
-        if any(r.pattern == "*" for r in self._routes):
-            return {"all_topics": True, "topics": [], "prefixes": []}
-        exact = [r.pattern for r in self._routes if not r.pattern.endswith(".*")]
-        prefixes = [_like_escape(r.pattern[:-1]) + "%" for r in self._routes
-                    if r.pattern.endswith(".*")]
-        return {"all_topics": False, "topics": exact, "prefixes": prefixes}
+        return pattern_filter([r.pattern for r in self._routes])
+
+
+def patterns_overlap(a: str, b: str) -> bool:
+    """Whether some topic matches both patterns (exact topics, ``prefix.*``, ``*``)."""
+    if a == "*" or b == "*" or a == b:
+        return True
+    a_prefix = a[:-1] if a.endswith(".*") else None
+    b_prefix = b[:-1] if b.endswith(".*") else None
+    if a_prefix is not None and b_prefix is not None:
+        return a_prefix.startswith(b_prefix) or b_prefix.startswith(a_prefix)
+    if a_prefix is not None:
+        return b.startswith(a_prefix)
+    if b_prefix is not None:
+        return a.startswith(b_prefix)
+    return False
+
+
+def pattern_filter(patterns: list[str], prefix: str = "") -> dict[str, Any]:
+    """``{<prefix>all_topics, <prefix>topics, <prefix>prefixes}``: the claim queries' test
+    for topics matching any of ``patterns`` (exact topics, ``prefix.*`` as LIKE, ``*``)."""
+    if "*" in patterns:
+        return {f"{prefix}all_topics": True, f"{prefix}topics": [], f"{prefix}prefixes": []}
+    exact = [p for p in patterns if not p.endswith(".*")]
+    prefixes = [_like_escape(p[:-1]) + "%" for p in patterns if p.endswith(".*")]
+    return {f"{prefix}all_topics": False, f"{prefix}topics": exact, f"{prefix}prefixes": prefixes}
 
 
 def patterns_match(patterns: list[str], topic: str) -> bool:

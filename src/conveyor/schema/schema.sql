@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0011 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0012 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -171,6 +171,20 @@ CREATE TABLE conveyor.cron_slots (
     fire_at  timestamptz NOT NULL,
     event_id bigint,
     CONSTRAINT cron_slots_pkey PRIMARY KEY (schedule, fire_at)
+);
+
+-- Flow control of routes (0012; docs/flow-control.md): a limited pattern's
+-- events are claimed only under its row's lock, within max_running and the
+-- token bucket (tokens refill at `rate` per second up to `burst`).
+CREATE TABLE conveyor.flow_limits (
+    pattern     text        PRIMARY KEY,
+    max_running integer,
+    rate        float8,
+    burst       float8,
+    fair_by     text,
+    tokens      float8      NOT NULL DEFAULT 0,
+    refilled_at timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now()
 );
 
 -- Wake-ups: no trigger (0007). The producer's INSERT statements call

@@ -53,6 +53,7 @@ from conveyor.worker.connection import (
 )
 from conveyor.worker.deadline import StopFlag, with_deadline, with_deadline_in_task
 from conveyor.worker.executor import Executor, Outcome
+from conveyor.worker.flow import FlowControl
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
@@ -70,6 +71,9 @@ _TALLIED = {EventState.SUCCEEDED: SUCCEEDED, EventState.PENDING: RETRIED,
 # A loop that has not run for this long (or a quarter of the lease, if less) is
 # reported: every handler and the heartbeat wait on it.
 LOOP_STALL_WARNING = 1.0
+# Seconds before a worker held back by a flow limit looks again, when its own
+# finished events have not woken it first.
+FLOW_RECHECK = 0.05
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
 
 
@@ -155,6 +159,7 @@ class Worker:
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,
                                  threads=2 * c.concurrency, middleware=middleware)
         self.pauses = PauseState(self.wake)
+        self.flow = FlowControl(self._q, router)
         self.maintenance = Maintenance(self.connections.maintenance, self._q, c, self.id,
                                        self.name, router.patterns, self.running,
                                        self.completer.unacknowledged, self.stats,
@@ -228,6 +233,7 @@ class Worker:
             raise
         await self._register()
         await self._learn_pauses()
+        await self._learn_flow()
         tasks = [asyncio.create_task(self.maintenance.run(self._closing),
                                      name="conveyor-maintenance")]
         if self.listens:
@@ -270,6 +276,18 @@ class Worker:
             conn = await self.connections.maintenance.get()
             await with_deadline(conn, self.maintenance.check_pauses(conn),
                                 self.config.query_timeout)
+        except StopRequested:
+            pass
+        except CONNECTION_ERRORS as exc:
+            await self.connections.maintenance.discard(exc)
+
+    async def _learn_flow(self) -> None:
+        # Before the first claim, as the pauses: a limit declared by any worker
+        # holds from this worker's first claim on.
+        try:
+            conn = await self.connections.maintenance.get()
+            await with_deadline(conn, self.flow.declare(conn), self.config.query_timeout)
+            await with_deadline(conn, self.flow.refresh(conn), self.config.query_timeout)
         except StopRequested:
             pass
         except CONNECTION_ERRORS as exc:
@@ -354,6 +372,13 @@ class Worker:
 
     async def _idle_wait(self) -> None:
         poll = self.config.poll_interval * (1 - 0.1 * self._rng.random())
+        flow = self.flow
+        if flow.retry_in is not None:
+            poll = min(poll, max(flow.retry_in, 0.001))   # the rate limit's next token
+        elif flow.held_back:
+            # A limit, not the backlog, ended the claim: room comes back when
+            # running events finish anywhere in the fleet (ours wake us, see _acked).
+            poll = min(poll, FLOW_RECHECK)
         # asyncio.timeout, not wait_for: no task in between, so a NOTIFY reaches
         # the next claim a few loop rounds (~40 us on an idle machine) sooner.
         try:
@@ -371,13 +396,24 @@ class Worker:
             # Binary results: the server skips formatting ids and timestamps as
             # text and the client skips parsing them (hot path, measured: see
             # docs/benchmarks.md).
-            # The plain claim unless a pause may be in force (wakeups.PauseState).
-            query = self._q["event_claim_unpaused" if self.pauses.any else "event_claim"]
-            await with_deadline_in_task(conn, cur.execute(query, {
-                **self._filter, "limit": want, "owner": self.id,
-                "lease_ttl": self.config.lease_ttl}), self.config.query_timeout,
-                stopping=self._stopping)
+            flow = self.flow
+            if flow.stale():
+                await with_deadline(conn, flow.refresh(conn), self.config.query_timeout)
+            params = {**self._filter, "limit": want, "owner": self.id,
+                      "lease_ttl": self.config.lease_ttl}
+            if flow.active:
+                # Limited patterns are left to the flow claim (worker/flow.py).
+                query = self._q["event_claim_flow"]
+                params.update(flow.plain_params())
+            else:
+                # The plain claim unless a pause may be in force (wakeups.PauseState).
+                query = self._q["event_claim_unpaused" if self.pauses.any else "event_claim"]
+            await with_deadline_in_task(conn, cur.execute(query, params),
+                                        self.config.query_timeout, stopping=self._stopping)
             rows = await cur.fetchall()
+            if flow.active and len(rows) < want:
+                rows += await with_deadline(conn, flow.claim(conn, want - len(rows), params),
+                                            self.config.query_timeout, stopping=self._stopping)
             if len(rows) > 1:
                 # The claim picks by priority but returns in join order; a stable
                 # sort keeps the rest of that order (O(n) when all are equal).
@@ -437,6 +473,8 @@ class Worker:
                 tally.add(minute, topic, SUCCEEDED, n)
             s.succeeded += len(batch)
             self.running.freed.set()
+            if self.flow.held_back:
+                self._wake.set()    # room under a flow limit: claim again now
             return
         now = time.time()
         for outcome in batch:
@@ -462,6 +500,8 @@ class Worker:
             elif outcome.state is EventState.CANCELLED:
                 s.cancelled += 1
         self.running.freed.set()
+        if self.flow.held_back:
+            self._wake.set()
 
     def _stalled(self, seconds: float) -> None:
         self.stats.loop_stalls += 1

@@ -1,0 +1,81 @@
+"""Flow control of a route: a global concurrency limit, a rate limit, tenant fairness.
+
+Declared on a route and enforced in the claim, so it holds across every
+worker on every machine::
+
+    router.add("report.render", render, max_running=4)        # at most 4 running, fleet-wide
+    router.add("sms.send", send_sms, rate="10/s")             # at most 10 starts a second
+    router.add("export.*", export, fair_by="tenant")          # no tenant starves another
+
+This module is the I/O-free half (the definitions, rate parsing); the claim
+that enforces them is :mod:`conveyor.worker.flow`. See docs/flow-control.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from conveyor.errors import ConfigError
+
+__all__ = ["FAIR_BY", "MAX_RUNNING_MAX", "FlowLimit", "parse_rate"]
+
+MAX_RUNNING_MAX = 1_000_000
+FAIR_BY = ("tenant",)
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smh])\s*$")
+
+
+def parse_rate(rate: object, pattern: str) -> float:
+    """Starts per second from ``"10/s"``, ``"600/m"``, ``"5/10s"``, ``"1000/h"``; ConfigError otherwise."""
+    match = _RATE_RE.match(rate) if isinstance(rate, str) else None
+    per_second = 0.0
+    if match is not None:
+        count, span, unit = float(match[1]), float(match[2] or 1), _UNITS[match[3]]
+        per_second = count / (span * unit) if span else 0.0
+    if not (math.isfinite(per_second) and 0 < per_second <= 1_000_000):
+        raise ConfigError(f"expected rate for {pattern!r} like '10/s', '600/m' or '5/10s' "
+                          f"(more than 0, at most 1000000/s), got {rate!r:.60}")
+    return per_second
+
+
+@dataclass(frozen=True, slots=True)
+class FlowLimit:
+    """A route's flow control, as the workers declare it in the database.
+
+    Attributes:
+        pattern: the route's topic pattern.
+        max_running: events of the pattern running at once, across all workers; None: no limit.
+        rate: starts per second (every attempt counts); None: no limit.
+        burst: starts allowed at once after an idle spell: one second's worth
+            of ``rate``, at least 1.
+        fair_by: ``"tenant"`` to take the events of each tenant in turn; None:
+            oldest first, as every other route.
+    """
+
+    pattern: str
+    max_running: int | None
+    rate: float | None
+    fair_by: str | None
+
+    @property
+    def burst(self) -> float | None:
+        return None if self.rate is None else max(1.0, self.rate)
+
+    @classmethod
+    def define(cls, pattern: str, max_running: object, rate: object,
+               fair_by: object) -> FlowLimit | None:
+        """The route's limit, None when it has none; a bad value raises ConfigError naming it."""
+        if max_running is None and rate is None and fair_by is None:
+            return None
+        if max_running is not None and (
+                isinstance(max_running, bool) or not isinstance(max_running, int)
+                or not 1 <= max_running <= MAX_RUNNING_MAX):
+            raise ConfigError(f"expected max_running for {pattern!r} to be an int from 1 to "
+                              f"{MAX_RUNNING_MAX}, got {max_running!r:.60}")
+        if fair_by is not None and fair_by not in FAIR_BY:
+            raise ConfigError(f"expected fair_by for {pattern!r} to be one of "
+                              f"{', '.join(map(repr, FAIR_BY))}, got {fair_by!r:.60}")
+        per_second = None if rate is None else parse_rate(rate, pattern)
+        return cls(pattern, max_running, per_second, fair_by)

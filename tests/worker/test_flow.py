@@ -1,0 +1,200 @@
+"""Flow control in the claim: max_running, rate and fair_by, across several workers.
+
+Workers run in this process (the limits live in the database, so several
+Worker objects are as many claimers as processes would be); the run with
+worker processes is tests/acceptance/test_flow_processes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from conveyor import ConfigError, Event, NewEvent, Router, Worker
+from conveyor.flow import parse_rate
+from worker_support import enqueue, enqueue_many, fast_config, query, running, wait_all_in
+
+
+class Concurrency:
+    """The most calls of a handler at once, counted inside the handler itself."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+        self.starts: list[float] = []
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.starts.append(time.monotonic())
+
+    def leave(self) -> None:
+        with self._lock:
+            self.now -= 1
+
+
+async def _reset(url: str) -> None:
+    await query(url, "TRUNCATE conveyor.flow_limits")
+
+
+def test_route_options_are_checked_with_one_line_naming_the_value() -> None:
+    router = Router()
+    for bad, message in [
+        ({"max_running": 0}, "expected max_running for 'a' to be an int from 1 to 1000000, got 0"),
+        ({"max_running": True}, "expected max_running for 'a' to be an int"),
+        ({"rate": "ten a second"}, "expected rate for 'a' like '10/s', '600/m' or '5/10s'"),
+        ({"rate": "0/s"}, "expected rate for 'a' like"),
+        ({"rate": 10}, "expected rate for 'a' like"),
+        ({"fair_by": "customer"}, "expected fair_by for 'a' to be one of 'tenant', got 'customer'"),
+    ]:
+        with pytest.raises(ConfigError) as raised:
+            router.add("a", print, **bad)  # type: ignore[arg-type]
+        assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert router.routes == ()
+    route = router.add("a", print, max_running=3, rate="600/m", fair_by="tenant")
+    assert route.flow is not None
+    assert (route.flow.max_running, route.flow.rate, route.flow.burst, route.flow.fair_by) == (
+        3, 10.0, 10.0, "tenant")
+    assert parse_rate("5/10s", "x") == 0.5 and parse_rate("1/h", "x") == 1 / 3600
+    assert router.add("b", print).flow is None
+
+
+async def test_max_running_holds_across_three_workers_and_is_reached(db: str) -> None:
+    await _reset(db)
+    seen = Concurrency()
+
+    async def render(event: Event) -> None:
+        seen.enter()
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            seen.leave()
+
+    router = Router()
+    router.add("report.render", render, max_running=3)
+    await enqueue_many(db, [NewEvent(topic="report.render", payload={"n": n}) for n in range(60)])
+    samples: list[int] = []
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(3):
+            await stack.enter_async_context(running(Worker(db, router, fast_config(concurrency=10))))
+
+        async def sample() -> None:
+            while True:
+                rows = await query(db, "SELECT count(*) AS n FROM conveyor.events"
+                                       " WHERE state = 'running'")
+                samples.append(rows[0]["n"])
+                await asyncio.sleep(0.01)
+        sampler = asyncio.create_task(sample())
+        await wait_all_in(db, {"succeeded"}, timeout=30)
+        sampler.cancel()
+    assert seen.most == 3, seen.most           # the limit holds, and is used
+    assert max(samples) <= 3 and len(samples) > 20
+
+
+async def test_a_limit_declared_by_one_worker_binds_a_worker_without_it(db: str) -> None:
+    await _reset(db)
+    seen = Concurrency()
+
+    async def send(event: Event) -> None:
+        seen.enter()
+        try:
+            await asyncio.sleep(0.03)
+        finally:
+            seen.leave()
+
+    limited, catch_all = Router(), Router()
+    limited.add("email.*", send, max_running=2)
+    catch_all.add("*", send)                   # knows nothing of the limit
+    await enqueue_many(db, [NewEvent(topic="email.send", payload=n) for n in range(40)])
+    async with running(Worker(db, limited, fast_config(concurrency=10))), \
+            running(Worker(db, catch_all, fast_config(concurrency=10))):
+        await wait_all_in(db, {"succeeded"}, timeout=30)
+    assert seen.most == 2, seen.most
+
+
+async def test_rate_limit_bounds_the_starts_in_every_window(db: str) -> None:
+    await _reset(db)
+    seen = Concurrency()
+
+    def ping(event: Event) -> None:
+        seen.enter()
+        seen.leave()
+
+    router = Router()
+    router.add("sms.send", ping, rate="20/s", blocking=False)
+    await enqueue_many(db, [NewEvent(topic="sms.send", payload=n) for n in range(100)])
+    started = time.monotonic()
+    async with running(Worker(db, router, fast_config(concurrency=50))), \
+            running(Worker(db, router, fast_config(concurrency=50))):
+        await wait_all_in(db, {"succeeded"}, timeout=30)
+    took = time.monotonic() - started
+    starts = sorted(seen.starts)
+    # A full bucket (burst = one second's worth, 20) at once, then 20 a second:
+    # any window of w seconds holds at most 20 * w + 20 starts.
+    for i, first in enumerate(starts):
+        for w in (0.5, 1.0, 2.0):
+            in_window = sum(1 for t in starts[i:] if t < first + w)
+            assert in_window <= 20 * w + 20 + 1, (w, in_window)
+    assert 3.5 < took < 8, took                  # 80 after the burst, at 20 a second
+
+
+async def test_fair_by_tenant_starts_a_small_tenants_event_despite_a_big_backlog(db: str) -> None:
+    await _reset(db)
+    started: dict[str, float] = {}
+
+    async def export(event: Event) -> None:
+        if event.tenant == "small":
+            started["small"] = time.monotonic()
+        await asyncio.sleep(0.02)
+
+    router = Router()
+    router.add("export.run", export, fair_by="tenant", max_running=4)
+    await enqueue_many(db, [NewEvent(topic="export.run", payload=n, tenant="big") for n in range(3000)])
+    async with running(Worker(db, router, fast_config(concurrency=8))), \
+            running(Worker(db, router, fast_config(concurrency=8))):
+        await asyncio.sleep(0.5)                  # the big tenant's backlog is being worked
+        enqueued = time.monotonic()
+        await enqueue(db, "export.run", "small one", tenant="small")
+        deadline = time.monotonic() + 10
+        while "small" not in started and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+    assert "small" in started
+    # At 4 running x 20 ms, the 3000 ahead of it would take 15 s in claim order.
+    assert started["small"] - enqueued < 1.0, started["small"] - enqueued
+    left = await query(db, "SELECT count(*) AS n FROM conveyor.events WHERE state = 'pending'")
+    assert left[0]["n"] > 1000                    # it did not wait for the backlog
+
+
+async def test_unlimited_topics_are_not_held_back_by_a_saturated_limit(db: str) -> None:
+    await _reset(db)
+    release = asyncio.Event()
+
+    async def slow(event: Event) -> None:
+        await release.wait()
+
+    fast_done: list[float] = []
+
+    def fast(event: Event) -> None:
+        fast_done.append(time.monotonic())
+
+    router = Router()
+    router.add("slow.job", slow, max_running=2)
+    router.add("fast.job", fast, blocking=False)
+    await enqueue_many(db, [NewEvent(topic="slow.job", payload=n) for n in range(50)])
+    await enqueue_many(db, [NewEvent(topic="fast.job", payload=n) for n in range(2000)])
+    async with running(Worker(db, router, fast_config(concurrency=20, batch_size=20))):
+        deadline = time.monotonic() + 20
+        while len(fast_done) < 2000 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        rows = await query(db, "SELECT topic, state, count(*) AS n FROM conveyor.events"
+                               " GROUP BY 1, 2 ORDER BY 1, 2")
+        release.set()
+    counts: dict[tuple[str, str], Any] = {(r["topic"], r["state"]): r["n"] for r in rows}
+    assert len(fast_done) == 2000
+    assert counts[("slow.job", "running")] == 2 and counts[("slow.job", "pending")] == 48
