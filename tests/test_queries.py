@@ -1076,7 +1076,7 @@ def test_flow_limits_are_declared_locked_counted_and_refilled(db: Conn) -> None:
     assert db.execute(Q["flow_remove"], {"pattern": "sms.send"}).fetchone() == ("sms.send",)
 
 
-@exercises("flow_claim", "flow_claim_fair", "event_claim_flow")
+@exercises("flow_claim", "flow_claim_fair", "event_claim_flow", "event_claim_flow_unpaused")
 def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: Conn) -> None:
     from conveyor.router import pattern_filter
     for _ in range(3):
@@ -1087,6 +1087,13 @@ def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: C
         **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_")
     }).fetchall()
     assert [r[2] for r in plain] == ["other.job"]
+    _insert(db, "other.job")
+    db.execute("INSERT INTO conveyor.pauses (pattern) VALUES ('other.*')")
+    paused = db.execute(Q["event_claim_flow_unpaused"], {
+        **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_")
+    }).fetchall()
+    assert paused == []                              # mail.* left to the flow claim, other.* paused
+    db.execute("DELETE FROM conveyor.pauses")
     fair = db.execute(Q["flow_claim_fair"], _flow_params(_owner(), "mail.*", 2)).fetchall()
     # Each tenant's first before anyone's second: the small tenant's one event, not a second big one.
     assert sorted(r[1] for r in fair) == ["big", "small"]

@@ -329,10 +329,21 @@ class WorkerConnections:
         # Only for a router with cron schedules: a firing is a transaction of its
         # own, which must not interleave with the heartbeat's statements.
         self.cron = managed("cron", settings={"lock_timeout": str(LOCK_TIMEOUT_MS)}) if cron else None
+        self._managed = managed
+        self.flow: ManagedConnection | None = None
+
+    def flow_connection(self) -> ManagedConnection:
+        """The flow claims' connection (worker/flow.py), made when first asked for: a
+        worker never opens it while no flow limit exists."""
+        if self.flow is None:
+            # Claims commit asynchronously, as the fetch connection's.
+            self.flow = self._managed("flow", settings={"synchronous_commit": "off"})
+        return self.flow
 
     def all(self) -> tuple[ManagedConnection, ...]:
         base = (self.fetch, self.ack, self.maintenance, self.listen)
-        return base if self.cron is None else (*base, self.cron)
+        extra = tuple(c for c in (self.cron, self.flow) if c is not None)
+        return (*base, *extra)
 
     async def close(self) -> None:
         for managed in self.all():

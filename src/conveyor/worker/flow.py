@@ -19,6 +19,7 @@ statement, ``event_claim`` (checked every FLOW_REFRESH seconds).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -32,6 +33,18 @@ from conveyor.flow import FlowLimit
 from conveyor.router import Router, pattern_filter, patterns_overlap
 
 log = logging.getLogger(__name__)
+
+# Seconds a full pattern's claim waits after one of this worker's events
+# finishes, gathering the room of the others that finish meanwhile.
+FLOW_GATHER = 0.02
+
+# Seconds before a pattern found full is looked at again, unless this
+# worker's own events finish first.
+FLOW_RECHECK = 0.05
+
+# Seconds between flow claims while no limited event was due (a NOTIFY for
+# a new event pokes the flow claim at once).
+FLOW_IDLE_RECHECK = 1.0
 
 # Seconds between two reads of the flow_limits table (a limit declared by a
 # worker that starts later is seen within this).
@@ -48,15 +61,63 @@ class FlowControl:
         self.limits: list[FlowLimit] = []
         self._read_at = -math.inf
         self._turn = 0
-        # Seconds until a limited pattern may have room again (a token), when
-        # the last claim found none; None when it was not held back.
-        self.retry_in: float | None = None
-        self.held_back = False
+        # When each pattern's next flow claim is worth sending (time.monotonic()):
+        # a pattern found full is looked at again after FLOW_RECHECK (or its next
+        # token), at once when one of this worker's events finishes
+        # (room_freed); one found empty after FLOW_IDLE_RECHECK, at once on a
+        # NOTIFY (poke). So a saturated limit costs a claim per finished event,
+        # and idle patterns cost nothing between wake-ups.
+        self._next_try: dict[str, float] = {}
+        self._full: set[str] = set()
+        self._room = asyncio.Event()
 
     @property
     def active(self) -> bool:
         """Whether any pattern is limited: the plain claim must leave those out."""
         return bool(self.limits)
+
+    def _due(self, now: float) -> list[FlowLimit]:
+        return [x for x in self.limits
+                if self._handled(x) and self._next_try.get(x.pattern, 0.0) <= now]
+
+    def poke(self) -> None:
+        """An event may have become due (a NOTIFY, a due time): look at every pattern now."""
+        if self.limits:
+            self._next_try.clear()
+            self._room.set()
+
+    def room_freed(self) -> None:
+        """One of this worker's events finished: a full pattern may have room again."""
+        if self._full:
+            # Not at once: the finishes of the next few milliseconds go into the
+            # same claim. A claim per finished event costs the database as much
+            # as the events of an unlimited topic it could claim instead.
+            soon = time.monotonic() + FLOW_GATHER
+            for pattern in self._full:
+                self._next_try[pattern] = min(self._next_try.get(pattern, soon), soon)
+            self._room.set()
+
+    async def wait_until_due(self, stopping: asyncio.Event) -> None:
+        """Sleep until some pattern may have room (or the limits are to be read again)."""
+        handled = [x for x in self.limits if self._handled(x)]
+        if handled:
+            wait = min(self._next_try.get(x.pattern, 0.0) for x in handled) - time.monotonic()
+        else:
+            wait = FLOW_REFRESH
+        if wait <= 0:
+            return
+        self._room.clear()
+        room, stop = asyncio.ensure_future(self._room.wait()), asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({room, stop}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            room.cancel()
+            stop.cancel()
+
+    def most_claimable(self, batch_size: int) -> int:
+        """The most events one flow claim can take: what it reserves beforehand."""
+        handled = [x for x in self.limits if self._handled(x)]
+        return min(batch_size, sum(x.max_running or batch_size for x in handled))
 
     def stale(self) -> bool:
         return time.monotonic() - self._read_at >= FLOW_REFRESH
@@ -88,23 +149,32 @@ class FlowControl:
 
     async def claim(self, conn: psycopg.AsyncConnection[Any], want: int,
                     params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """Claim up to ``want`` events of the limited patterns, each within its limit.
+        """Claim up to ``want`` events of the patterns due, each within its limit.
 
         ``params``: the worker's own claim parameters (topics, tenants, owner, lease).
         """
         rows: list[tuple[Any, ...]] = []
-        self.retry_in, self.held_back = None, False
-        limits = [x for x in self.limits if self._handled(x)]
-        if not limits:
+        due = self._due(time.monotonic())
+        if not due:
             return rows
         # Start with another pattern each time, so one busy pattern does not
         # always take the free slots first.
-        self._turn = (self._turn + 1) % len(limits)
-        for limit in limits[self._turn:] + limits[:self._turn]:
+        self._turn = (self._turn + 1) % len(due)
+        for limit in due[self._turn:] + due[:self._turn]:
             if want - len(rows) <= 0:
                 break
             rows += await self._claim_one(conn, limit, want - len(rows), params)
         return rows
+
+    def _schedule(self, pattern: str, full: bool, retry_in: float | None = None) -> None:
+        # The rate limit's next token; or the recheck of a full or an empty pattern.
+        wait = max(retry_in, 0.001) if retry_in is not None \
+            else FLOW_RECHECK if full else FLOW_IDLE_RECHECK
+        self._next_try[pattern] = time.monotonic() + wait
+        if full:
+            self._full.add(pattern)
+        else:
+            self._full.discard(pattern)
 
     async def _claim_one(self, conn: psycopg.AsyncConnection[Any], limit: FlowLimit, want: int,
                          params: dict[str, Any]) -> Sequence[tuple[Any, ...]]:
@@ -113,10 +183,11 @@ class FlowControl:
             cur = await conn.execute(q["flow_lock"], {"pattern": limit.pattern})
             row = await cur.fetchone()
             if row is None:
-                self.held_back = True      # another worker is claiming it: look again soon
+                self._schedule(limit.pattern, full=True)   # another worker is claiming it
                 return []
             max_running, rate, burst, tokens, idle_s = row
             budget = want
+            retry_in = None
             if max_running is not None:
                 cur = await conn.execute(q["flow_running"], pattern_filter([limit.pattern]))
                 running = (await cur.fetchone() or (0,))[0]
@@ -124,11 +195,10 @@ class FlowControl:
             if rate is not None:
                 tokens = min(burst, tokens + idle_s * rate)
                 if tokens < 1:
-                    wait = (1 - tokens) / rate
-                    self.retry_in = wait if self.retry_in is None else min(self.retry_in, wait)
+                    retry_in = (1 - tokens) / rate
                 budget = min(budget, math.floor(tokens))
             if budget <= 0:
-                self.held_back = True
+                self._schedule(limit.pattern, full=True, retry_in=retry_in)
                 if rate is not None:
                     await conn.execute(q["flow_take_tokens"],
                                        {"pattern": limit.pattern, "tokens": tokens})
@@ -140,6 +210,7 @@ class FlowControl:
             if rate is not None:
                 await conn.execute(q["flow_take_tokens"],
                                    {"pattern": limit.pattern, "tokens": tokens - len(claimed)})
-            if len(claimed) == budget:
-                self.held_back = True      # the limit, not the backlog, ended this claim
+            # A claim the budget cut short may have more waiting; a short one means
+            # the pattern has nothing more due.
+            self._schedule(limit.pattern, full=len(claimed) == budget)
             return claimed

@@ -45,6 +45,9 @@ class RunningSet:
         self.concurrency = concurrency
         self.entries: dict[Key, Running] = {}
         self.abandoned_threads = 0   # timed-out plain handlers whose threads still run
+        # Slots held for a claim in flight on another connection (the flow
+        # claim, worker/flow.py): the fetch loop must not count them free.
+        self.reserved = 0
         self.freed = asyncio.Event()  # set whenever a slot may have come free
 
     def __len__(self) -> int:
@@ -58,7 +61,7 @@ class RunningSet:
         # thread runs on delays nobody; only past that reserve do stuck threads
         # take slots (the work would otherwise queue behind them and time out).
         overflow = max(0, self.abandoned_threads - self.concurrency)
-        return self.concurrency - len(self.entries) - overflow
+        return self.concurrency - len(self.entries) - overflow - self.reserved
 
     async def wait_for_slot(self) -> None:
         self.freed.clear()

@@ -71,9 +71,6 @@ _TALLIED = {EventState.SUCCEEDED: SUCCEEDED, EventState.PENDING: RETRIED,
 # A loop that has not run for this long (or a quarter of the lease, if less) is
 # reported: every handler and the heartbeat wait on it.
 LOOP_STALL_WARNING = 1.0
-# Seconds before a worker held back by a flow limit looks again, when its own
-# finished events have not woken it first.
-FLOW_RECHECK = 0.05
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
 
 
@@ -158,8 +155,8 @@ class Worker:
         self.executor = Executor(router, self.running, self.completer.add,
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,
                                  threads=2 * c.concurrency, middleware=middleware)
-        self.pauses = PauseState(self.wake)
         self.flow = FlowControl(self._q, router)
+        self.pauses = PauseState(self.wake)
         self.maintenance = Maintenance(self.connections.maintenance, self._q, c, self.id,
                                        self.name, router.patterns, self.running,
                                        self.completer.unacknowledged, self.stats,
@@ -180,6 +177,7 @@ class Worker:
                                        query_timeout=c.query_timeout, clock=clock,
                                        clock_offset=lambda: self.maintenance.clock_offset)
         self._claim_cursor = CursorCache(binary=True)
+        self._flow_task: asyncio.Task[None] | None = None
         self.started = asyncio.Event()
 
     @property
@@ -199,6 +197,7 @@ class Worker:
     def wake(self) -> None:
         """Ask the fetch loop to claim now (a NOTIFY arrived, or a slot freed)."""
         self._wake.set()
+        self.flow.poke()
 
     def request_stop(self) -> None:
         """Begin a graceful stop: claim nothing more, let running handlers finish."""
@@ -239,12 +238,14 @@ class Worker:
         if self.listens:
             tasks.append(asyncio.create_task(self.listener.run(self._stopping),
                                              name="conveyor-listener"))
-        if self.scheduler is not None:
-            tasks.append(asyncio.create_task(self.scheduler.run(self._stopping),
-                                             name="conveyor-cron"))
         else:
             log.info("not listening for notifications: polling every %.1fs",
                      self.config.poll_interval, extra={"action": "poll_only"})
+        if self.scheduler is not None:
+            tasks.append(asyncio.create_task(self.scheduler.run(self._stopping),
+                                             name="conveyor-cron"))
+        self._flow_task = asyncio.create_task(self._flow_loop(), name="conveyor-flow")
+        tasks.append(self._flow_task)
         completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
         log.info("worker %s started: topics %s, concurrency %d", self.name,
                  ", ".join(self.router.patterns), self.config.concurrency,
@@ -296,6 +297,10 @@ class Worker:
     async def _shutdown(self, tasks: list[asyncio.Task[Any]],
                         completer: asyncio.Task[None]) -> None:
         self._stopping.set()
+        if self._flow_task is not None:
+            # Its claim in flight ends (or is cut) first, so every event it
+            # claimed is among those the drain below waits for.
+            await asyncio.wait({self._flow_task}, timeout=self.config.query_timeout + 1)
         self._start_deferred()
         pending = self.running.unfinished_tasks()
         if pending:
@@ -370,15 +375,54 @@ class Worker:
                 self.completer.flush_size = size
             await self._idle_wait()
 
+    async def _flow_loop(self) -> None:
+        """Claim the limited patterns' events (worker/flow.py) beside the fetch loop.
+
+        On a connection of its own, so its short transactions never delay the
+        plain claims: the unlimited topics drain beside a saturated limit as
+        fast as without it. Its slots are reserved before each claim.
+        """
+        flow, running = self.flow, self.running
+        managed = self.connections.flow_connection()
+        while not self._stopping.is_set():
+            await flow.wait_until_due(self._stopping)
+            # A quarter of the slots at most: while the claim is in flight its
+            # slots are reserved, and the fetch loop must keep the rest.
+            free = min(running.free_slots(), max(1, self.config.concurrency // 4),
+                       flow.most_claimable(self.config.batch_size))
+            if self._stopping.is_set() or not flow.active:
+                continue
+            if free <= 0:
+                await running.wait_for_slot()
+                continue
+            running.reserved += free
+            try:
+                conn = await managed.get()
+                params = {**self._filter, "owner": self.id, "lease_ttl": self.config.lease_ttl}
+                rows = await with_deadline(conn, flow.claim(conn, free, params),
+                                           self.config.query_timeout, stopping=self._stopping)
+            except StopRequested:
+                return
+            except RECOVERABLE_ERRORS as exc:
+                await managed.discard(exc)
+                continue
+            except psycopg.Error as exc:
+                log.error("flow claim failed: %s", exc, extra={"action": "claim_failed"})
+                await managed.pause_after_failure()
+                continue
+            finally:
+                running.reserved -= free
+                running.freed.set()    # the fetch loop may wait for those slots
+            if rows:
+                rows.sort(key=_PRIORITY, reverse=True)
+                events = [Event._from_claim_row(r) for r in rows]
+                self.stats.claimed += len(events)
+                self.stats.claims += 1
+                running.take(events)
+                self.executor.start(events)
+
     async def _idle_wait(self) -> None:
         poll = self.config.poll_interval * (1 - 0.1 * self._rng.random())
-        flow = self.flow
-        if flow.retry_in is not None:
-            poll = min(poll, max(flow.retry_in, 0.001))   # the rate limit's next token
-        elif flow.held_back:
-            # A limit, not the backlog, ended the claim: room comes back when
-            # running events finish anywhere in the fleet (ours wake us, see _acked).
-            poll = min(poll, FLOW_RECHECK)
         # asyncio.timeout, not wait_for: no task in between, so a NOTIFY reaches
         # the next claim a few loop rounds (~40 us on an idle machine) sooner.
         try:
@@ -402,8 +446,9 @@ class Worker:
             params = {**self._filter, "limit": want, "owner": self.id,
                       "lease_ttl": self.config.lease_ttl}
             if flow.active:
-                # Limited patterns are left to the flow claim (worker/flow.py).
-                query = self._q["event_claim_flow"]
+                # The plain claim leaves the limited patterns to the flow claim.
+                query = self._q["event_claim_flow_unpaused" if self.pauses.any
+                                else "event_claim_flow"]
                 params.update(flow.plain_params())
             else:
                 # The plain claim unless a pause may be in force (wakeups.PauseState).
@@ -411,9 +456,6 @@ class Worker:
             await with_deadline_in_task(conn, cur.execute(query, params),
                                         self.config.query_timeout, stopping=self._stopping)
             rows = await cur.fetchall()
-            if flow.active and len(rows) < want:
-                rows += await with_deadline(conn, flow.claim(conn, want - len(rows), params),
-                                            self.config.query_timeout, stopping=self._stopping)
             if len(rows) > 1:
                 # The claim picks by priority but returns in join order; a stable
                 # sort keeps the rest of that order (O(n) when all are equal).
@@ -473,8 +515,7 @@ class Worker:
                 tally.add(minute, topic, SUCCEEDED, n)
             s.succeeded += len(batch)
             self.running.freed.set()
-            if self.flow.held_back:
-                self._wake.set()    # room under a flow limit: claim again now
+            self.flow.room_freed()     # a limit may have room: the flow loop looks again
             return
         now = time.time()
         for outcome in batch:
@@ -500,8 +541,7 @@ class Worker:
             elif outcome.state is EventState.CANCELLED:
                 s.cancelled += 1
         self.running.freed.set()
-        if self.flow.held_back:
-            self._wake.set()
+        self.flow.room_freed()
 
     def _stalled(self, seconds: float) -> None:
         self.stats.loop_stalls += 1

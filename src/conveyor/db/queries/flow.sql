@@ -120,9 +120,37 @@ RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, 
           e.idempotency_key, e.created_at, e.traceparent, e.tracestate
 
 -- name: event_claim_flow
--- The plain claim of a worker while flow limits exist: event_claim_unpaused
--- leaving out every limited pattern's events (`except_*`), which only the
--- flow claim takes.
+-- The plain claim of a worker while flow limits exist: event_claim leaving
+-- out every limited pattern's events (`except_*`), which only the flow claim
+-- takes.
+WITH next AS (
+    SELECT id
+    FROM {schema}.events
+    WHERE state = 'pending'
+      AND run_at <= now()
+      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
+      AND NOT (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
+               OR topic LIKE ANY(%(except_prefixes)s::text[]))
+      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.events AS e
+SET state = 'running',
+    attempts = e.attempts + 1,
+    lease_owner = %(owner)s,
+    lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
+    attempted_at = now(),
+    updated_at = now()
+FROM next
+WHERE e.id = next.id
+RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
+          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
+
+-- name: event_claim_flow_unpaused
+-- event_claim_flow while a pause may be in force: event_claim_unpaused
+-- leaving out every limited pattern's events.
 WITH next AS (
     SELECT id
     FROM {schema}.events
