@@ -198,3 +198,29 @@ async def test_unlimited_topics_are_not_held_back_by_a_saturated_limit(db: str) 
     counts: dict[tuple[str, str], Any] = {(r["topic"], r["state"]): r["n"] for r in rows}
     assert len(fast_done) == 2000
     assert counts[("slow.job", "running")] == 2 and counts[("slow.job", "pending")] == 48
+
+
+async def test_run_once_claims_limited_events_within_the_limit(db: str) -> None:
+    await _reset(db)
+    seen = Concurrency()
+
+    async def render(event: Event) -> None:
+        seen.enter()
+        await asyncio.sleep(0.01)
+        seen.leave()
+
+    router = Router()
+    router.add("report.render", render, max_running=2)
+    router.add("other", render)
+    await enqueue_many(db, [NewEvent(topic="report.render", payload=n) for n in range(5)]
+                       + [NewEvent(topic="other", payload=n) for n in range(3)])
+    worker = Worker(db, router, fast_config(concurrency=10))
+    try:
+        first = await worker.run_once()
+        total = first
+        while handled := await worker.run_once():
+            total += handled
+    finally:
+        await worker.close()
+    assert first == 5 and total == 8            # 3 others and 2 limited, then the rest
+    assert seen.most <= 5

@@ -178,6 +178,7 @@ class Worker:
                                        clock_offset=lambda: self.maintenance.clock_offset)
         self._claim_cursor = CursorCache(binary=True)
         self._flow_task: asyncio.Task[None] | None = None
+        self._flow_learned = False
         self.started = asyncio.Event()
 
     @property
@@ -552,7 +553,21 @@ class Worker:
 
         Deterministic single step for tests; needs no listener or maintenance task.
         """
-        claimed = await self._claim(min(self.running.free_slots(), self.config.batch_size))
+        if not self._flow_learned:
+            await self._learn_flow()
+            self._flow_learned = True
+        want = min(self.running.free_slots(), self.config.batch_size)
+        claimed = await self._claim(want) or []
+        if self.flow.active and len(claimed) < want:
+            # The limited patterns, within their limits, as the flow loop would.
+            self.flow.poke()
+            conn = await self.connections.fetch.get()
+            rows = await self.flow.claim(conn, want - len(claimed), {
+                **self._filter, "owner": self.id, "lease_ttl": self.config.lease_ttl})
+            events = [Event._from_claim_row(r) for r in rows]
+            self.running.take(events)
+            self.executor.start(events)
+            claimed += events
         if not claimed:
             return 0
         await asyncio.gather(*self.running.tasks(), return_exceptions=True)
