@@ -31,7 +31,7 @@ from conveyor.producer import (
     Producer,
 )
 from conveyor.retry import BackoffPolicy, LinearBackoff, RetryPolicy
-from conveyor.router import Route, Router
+from conveyor.router import Route, RouteOptions, Router
 from conveyor.schema.migrator import AsyncMigrator, Migration, Migrator
 from conveyor.types import (
     AttemptError,
@@ -44,6 +44,7 @@ from conveyor.types import (
     EventSummary,
     Pause,
     QueueStatus,
+    ScheduleInfo,
     TopicCount,
     WorkerInfo,
 )
@@ -98,7 +99,9 @@ __all__ = [
     "RetryAfter",
     "RetryPolicy",
     "Route",
+    "RouteOptions",
     "Router",
+    "ScheduleInfo",
     "Snooze",
     "TopicCount",
     "WaitTimeoutError",

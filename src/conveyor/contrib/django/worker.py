@@ -14,7 +14,6 @@ from django.db import close_old_connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from conveyor.cli.process import load_router
 from conveyor.contrib.django import setting
 from conveyor.contrib.django.backend import (
     TOPIC_PREFIX,
@@ -25,6 +24,7 @@ from conveyor.contrib.django.backend import (
     task_result,
     task_started,
 )
+from conveyor.errors import ConfigError
 from conveyor.outcomes import PermanentFailure
 from conveyor.router import Router
 from conveyor.types import Event, EventRecord, EventState
@@ -76,13 +76,28 @@ def run_task(event: Event) -> Any:
     return value
 
 
+def project_router(path: str) -> Router:
+    """The Router ``CONVEYOR["ROUTER"]`` names: ``"shop.jobs.router"`` (or ``"shop.jobs:router"``),
+    a Router or a function of no arguments returning one."""
+    try:
+        target = import_string(path.replace(":", "."))
+    except ImportError as exc:
+        raise ConfigError(f"CONVEYOR['ROUTER'] {path!r} cannot be imported: {exc}") from None
+    if callable(target) and not isinstance(target, Router):
+        target = target()
+    if not isinstance(target, Router):
+        raise ConfigError(f"CONVEYOR['ROUTER'] {path!r} is a {type(target).__name__}, "
+                          f"not a conveyor.Router")
+    return target
+
+
 def build_router() -> Router:
     """Every Django task queue's topic (``django.*``), then ``CONVEYOR["ROUTER"]``'s routes."""
     combined = Router()
     combined.add(TOPIC_PREFIX + "*", run_task, store_result=True)
     own = setting("ROUTER")
     if own:
-        combined.include(load_router(own))
+        combined.include(project_router(own))
     return combined
 
 
