@@ -1099,3 +1099,14 @@ def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: C
     assert sorted(r[1] for r in fair) == ["big", "small"]
     rest = db.execute(Q["flow_claim"], _flow_params(_owner(), "mail.*", 5)).fetchall()
     assert [r[1] for r in rest] == ["big", "big"]
+
+
+def test_fragments_are_included_and_never_run_alone() -> None:
+    from conveyor.db.named_queries import expand_includes
+    expanded = expand_includes({"_part": "-- why\nAND b = 2", "q": "SELECT 1 WHERE a = 1\n"
+                                                               "  -- include: _part\n"})
+    assert expanded == {"q": "SELECT 1 WHERE a = 1\nAND b = 2\n"}
+    assert not any(name.startswith("_") for name in raw_queries())
+    assert "-- include:" not in "".join(raw_queries().values())
+    with pytest.raises(ValueError, match="no fragment '_nope' to include"):
+        expand_includes({"q": "-- include: _nope"})

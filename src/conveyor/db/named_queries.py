@@ -5,6 +5,11 @@ the next such line belongs to that name. The schema enters only as
 ``psycopg.sql.Identifier`` after validation, in place of ``{schema}``, and
 the schema's NOTIFY channel as a ``psycopg.sql.Literal`` in place of
 ``{channel}``.
+
+A block whose name starts with ``_`` is a fragment, never run by itself: a
+line ``-- include: _fragment`` in a query is replaced by the fragment's SQL
+(its comment lines left out). The claim's variants share their clauses so
+(events.sql, flow.sql): one text to change, not six.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from psycopg import sql
 from conveyor.validation import check_schema_name
 
 _NAME_RE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+_INCLUDE_RE = re.compile(r"^[ \t]*-- include: (_[a-z_]+)[ \t]*$", re.MULTILINE)
 
 
 def parse_named_queries(text: str) -> dict[str, str]:
@@ -31,9 +37,25 @@ def parse_named_queries(text: str) -> dict[str, str]:
     return queries
 
 
+def expand_includes(queries: dict[str, str]) -> dict[str, str]:
+    """The queries with every ``-- include: _fragment`` line replaced, fragments left out."""
+    fragments = {name: "\n".join(line for line in body.splitlines()
+                                 if not line.lstrip().startswith("--"))
+                 for name, body in queries.items() if name.startswith("_")}
+
+    def fragment(match: re.Match[str]) -> str:
+        try:
+            return fragments[match[1]]
+        except KeyError:
+            raise ValueError(f"no fragment {match[1]!r} to include") from None
+
+    return {name: _INCLUDE_RE.sub(fragment, body) for name, body in queries.items()
+            if not name.startswith("_")}
+
+
 @cache
 def raw_queries() -> dict[str, str]:
-    """Every named query, unbound, from all files in the package."""
+    """Every named query, unbound, from all files in the package (fragments included)."""
     folder = resources.files("conveyor.db") / "queries"
     merged: dict[str, str] = {}
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
@@ -43,7 +65,7 @@ def raw_queries() -> dict[str, str]:
             if name in merged:
                 raise ValueError(f"query {name!r} is defined in two files")
             merged[name] = body
-    return merged
+    return expand_includes(merged)
 
 
 class Queries:

@@ -85,6 +85,32 @@ SELECT array_agg(nextval(%(sequence)s::regclass)) FROM generate_series(1, %(coun
 SELECT id FROM {schema}.events
 WHERE tenant IS NOT DISTINCT FROM %(tenant)s AND idempotency_key = %(idempotency_key)s
 
+-- name: _claim_update
+-- The claim's write, shared by every claim variant (event_claim,
+-- event_claim_unpaused, flow.sql's): the rows `next` picked become running,
+-- the attempt counted at claim time, leased to the worker. The RETURNING
+-- columns are unpacked in the order of conveyor.types.CLAIM_COLUMNS.
+UPDATE {schema}.events AS e
+SET state = 'running',
+    attempts = e.attempts + 1,
+    lease_owner = %(owner)s,
+    lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
+    attempted_at = now(),
+    updated_at = now()
+FROM next
+WHERE e.id = next.id
+RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
+          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
+
+-- name: _claim_unpaused
+-- The claim's pause test (0005): a candidate row a pause holds back is
+-- skipped. Used by the variants a worker runs while it knows of a pause.
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.pauses AS p
+          WHERE (p.pattern = '*' OR p.pattern = events.topic
+                 OR (right(p.pattern, 2) = '.*' AND starts_with(events.topic, left(p.pattern, -1))))
+            AND (p.tenant IS NULL OR p.tenant = events.tenant))
+
 -- name: event_claim
 -- Claims up to `limit` due events of the worker's topics. SKIP LOCKED lets
 -- concurrent workers take disjoint rows without waiting on each other; the
@@ -106,17 +132,7 @@ WITH next AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE {schema}.events AS e
-SET state = 'running',
-    attempts = e.attempts + 1,
-    lease_owner = %(owner)s,
-    lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
-    attempted_at = now(),
-    updated_at = now()
-FROM next
-WHERE e.id = next.id
-RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
-          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
+-- include: _claim_update
 
 -- name: event_claim_unpaused
 -- event_claim, skipping the events a row of the pauses table holds back
@@ -131,26 +147,12 @@ WITH next AS (
       AND run_at <= now()
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
       AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.pauses AS p
-          WHERE (p.pattern = '*' OR p.pattern = events.topic
-                 OR (right(p.pattern, 2) = '.*' AND starts_with(events.topic, left(p.pattern, -1))))
-            AND (p.tenant IS NULL OR p.tenant = events.tenant))
+      -- include: _claim_unpaused
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE {schema}.events AS e
-SET state = 'running',
-    attempts = e.attempts + 1,
-    lease_owner = %(owner)s,
-    lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
-    attempted_at = now(),
-    updated_at = now()
-FROM next
-WHERE e.id = next.id
-RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
-          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
+-- include: _claim_update
 
 -- name: event_succeed_many
 -- Fenced: applies only where this worker still owns the same attempt. The

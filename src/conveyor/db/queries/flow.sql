@@ -56,26 +56,12 @@ WITH next AS (
            OR topic LIKE ANY(%(limit_prefixes)s::text[]))
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
       AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.pauses AS p
-          WHERE (p.pattern = '*' OR p.pattern = events.topic
-                 OR (right(p.pattern, 2) = '.*' AND starts_with(events.topic, left(p.pattern, -1))))
-            AND (p.tenant IS NULL OR p.tenant = events.tenant))
+      -- include: _claim_unpaused
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE {schema}.events AS e
-SET state = 'running',
-    attempts = e.attempts + 1,
-    lease_owner = %(owner)s,
-    lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
-    attempted_at = now(),
-    updated_at = now()
-FROM next
-WHERE e.id = next.id
-RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
-          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
+-- include: _claim_update
 
 -- name: flow_claim_fair
 -- flow_claim taking the tenants in turn: each tenant's due events are
@@ -93,11 +79,7 @@ WITH ranked AS (
            OR topic LIKE ANY(%(limit_prefixes)s::text[]))
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
       AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.pauses AS p
-          WHERE (p.pattern = '*' OR p.pattern = events.topic
-                 OR (right(p.pattern, 2) = '.*' AND starts_with(events.topic, left(p.pattern, -1))))
-            AND (p.tenant IS NULL OR p.tenant = events.tenant))
+      -- include: _claim_unpaused
 ), next AS (
     SELECT e.id
     FROM {schema}.events AS e
@@ -107,17 +89,7 @@ WITH ranked AS (
     LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED
 )
-UPDATE {schema}.events AS e
-SET state = 'running',
-    attempts = e.attempts + 1,
-    lease_owner = %(owner)s,
-    lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
-    attempted_at = now(),
-    updated_at = now()
-FROM next
-WHERE e.id = next.id
-RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
-          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
+-- include: _claim_update
 
 -- name: event_claim_flow
 -- The plain claim of a worker while flow limits exist: event_claim leaving
@@ -136,17 +108,7 @@ WITH next AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE {schema}.events AS e
-SET state = 'running',
-    attempts = e.attempts + 1,
-    lease_owner = %(owner)s,
-    lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
-    attempted_at = now(),
-    updated_at = now()
-FROM next
-WHERE e.id = next.id
-RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
-          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
+-- include: _claim_update
 
 -- name: event_claim_flow_unpaused
 -- event_claim_flow while a pause may be in force: event_claim_unpaused
@@ -160,23 +122,9 @@ WITH next AS (
       AND NOT (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
                OR topic LIKE ANY(%(except_prefixes)s::text[]))
       AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.pauses AS p
-          WHERE (p.pattern = '*' OR p.pattern = events.topic
-                 OR (right(p.pattern, 2) = '.*' AND starts_with(events.topic, left(p.pattern, -1))))
-            AND (p.tenant IS NULL OR p.tenant = events.tenant))
+      -- include: _claim_unpaused
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE {schema}.events AS e
-SET state = 'running',
-    attempts = e.attempts + 1,
-    lease_owner = %(owner)s,
-    lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
-    attempted_at = now(),
-    updated_at = now()
-FROM next
-WHERE e.id = next.id
-RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
-          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
+-- include: _claim_update
