@@ -334,3 +334,29 @@ def test_admin_lists_events_read_only_and_retries_and_cancels_for_operators(db: 
     assert (f"Event {failed} is succeeded; only pending, running or failed events can be "
             "cancelled") in text
     assert states() == {failed: "succeeded", pending: "cancelled"}
+
+
+def test_the_backend_keeps_the_frameworks_contract(db: str) -> None:
+    """What django.tasks expects of a backend, where it can be checked from outside."""
+    from datetime import datetime
+
+    from django_tasks import task_backends
+    from shop.tasks import add
+
+    from conveyor.contrib.django.backend import ConveyorBackend, InvalidTaskError
+
+    backend = task_backends["default"]
+    assert isinstance(backend, ConveyorBackend)
+    assert (backend.supports_defer, backend.supports_async_task, backend.supports_get_result,
+            backend.supports_priority) == (True, True, True, True)
+    with pytest.raises(InvalidTaskError, match="priority must be a whole number"):
+        add.using(priority=101).enqueue(1, 2)
+    with pytest.raises(InvalidTaskError, match="run_after must be an aware datetime"):
+        add.using(run_after=datetime(2030, 1, 1)).enqueue(1, 2)
+    assert _events(db) == []                   # nothing written by a refused enqueue
+    result = add.enqueue(1, 2)
+    fetched = backend.get_result(result.id)
+    assert (fetched.id, fetched.task, fetched.args, fetched.kwargs, fetched.backend) == (
+        result.id, add, [1, 2], {}, "default")
+    assert fetched.status == result.status and fetched.enqueued_at is not None
+    assert list(backend.check()) == []
