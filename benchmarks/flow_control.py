@@ -1,0 +1,126 @@
+"""How much a saturated flow limit slows an unlimited topic, measured with worker processes.
+
+Three drains of ``--free`` no-op events of an unlimited topic by ``--workers``
+``conveyor worker`` processes (``--concurrency`` each), in one run:
+
+1. alone (the baseline: the same workers, the limits declared, nothing limited pending);
+2. beside ``--limited`` events of a topic limited to ``--limit`` running (10 ms
+   each), enqueued just after the unlimited ones;
+3. the same with the limited backlog ahead of the unlimited events in claim order.
+
+Prints each drain rate and its ratio to the baseline, and ``--json PATH``
+writes them. The target (docs/flow-control.md) is 0.9 for both ratios.
+
+    .venv/bin/python benchmarks/flow_control.py --database-url postgresql://root@127.0.0.1:5432/test
+        [--workers 4] [--concurrency 50] [--free 20000] [--limited 3000] [--limit 5]
+
+The schema ``conveyor_bench_flow`` is created afresh and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from conveyor import Migrator, NewEvent, Producer, ProducerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = "conveyor_bench_flow"
+
+
+def _count(conn: psycopg.Connection, where: str) -> int:
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {}.events WHERE " + where).format(
+        sql.Identifier(SCHEMA))).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _enqueue(url: str, topic: str, n: int) -> None:
+    with psycopg.connect(url) as conn:
+        Producer(ProducerConfig(schema=SCHEMA)).enqueue_bulk(
+            conn, [NewEvent(topic=topic, payload=i) for i in range(n)])
+
+
+def _drain(url: str, total: int) -> float:
+    started = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as conn:
+        while _count(conn, "topic = 'free.job' AND state <> 'succeeded'"):
+            if time.monotonic() - started > 600:
+                raise SystemExit("free.job did not drain in 10 minutes")
+            time.sleep(0.02)
+    return total / (time.monotonic() - started)
+
+
+def _fleet(args: argparse.Namespace) -> list[subprocess.Popen[bytes]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["CONVEYOR_BENCH_FLOW_LIMIT"] = str(args.limit)
+    procs = [subprocess.Popen([sys.executable, "-m", "conveyor.cli.main", "--database-url",
+                               args.database_url, "--schema", SCHEMA, "--log-level", "warning",
+                               "worker", "--app", "benchmarks.flow_apps:router",
+                               "--concurrency", str(args.concurrency)], env=env, cwd=ROOT)
+             for _ in range(args.workers)]
+    with psycopg.connect(args.database_url, autocommit=True) as conn:
+        deadline = time.monotonic() + 30
+        while conn.execute(sql.SQL("SELECT count(*) FROM {}.workers").format(
+                sql.Identifier(SCHEMA))).fetchone()[0] < args.workers:  # type: ignore[index]
+            if time.monotonic() > deadline:
+                raise SystemExit("workers did not register")
+            time.sleep(0.1)
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default="postgresql://root@127.0.0.1:5432/test")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--free", type=int, default=20_000)
+    parser.add_argument("--limited", type=int, default=3000)
+    parser.add_argument("--limit", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with psycopg.connect(args.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+        Migrator(SCHEMA).migrate(conn)
+    try:
+        procs = _fleet(args)
+        _enqueue(args.database_url, "free.job", args.free)
+        alone = _drain(args.database_url, args.free)
+        _enqueue(args.database_url, "free.job", args.free)
+        _enqueue(args.database_url, "limited.job", args.limited)
+        beside = _drain(args.database_url, args.free)
+        _enqueue(args.database_url, "free.job", args.free)
+        behind = _drain(args.database_url, args.free)
+        _stop(procs)
+    finally:
+        with psycopg.connect(args.database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+    figures = {"workers": args.workers, "concurrency": args.concurrency, "free": args.free,
+               "limited": args.limited, "limit": args.limit, "alone_per_s": round(alone),
+               "beside_per_s": round(beside), "behind_per_s": round(behind),
+               "beside_ratio": round(beside / alone, 3), "behind_ratio": round(behind / alone, 3)}
+    print(f"unlimited drain: alone {alone:,.0f}/s; beside a saturated limit of {args.limit} "
+          f"{beside:,.0f}/s (x{beside / alone:.2f}); behind its backlog {behind:,.0f}/s "
+          f"(x{behind / alone:.2f})")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
