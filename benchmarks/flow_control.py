@@ -97,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     with psycopg.connect(args.database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
-        Migrator(SCHEMA).migrate(conn)
+        Migrator(SCHEMA).apply(conn)
     try:
         procs = _fleet(args)
         _enqueue(args.database_url, "free.job", args.free)
