@@ -31,16 +31,24 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from conveyor import Migrator, NewEvent, Producer, ProducerConfig
+from conveyor import Admin, Migrator, NewEvent, Producer, ProducerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = "conveyor_bench_flow"
+ADMIN = Admin(SCHEMA)
 
 
 def _count(conn: psycopg.Connection, where: str) -> int:
     row = conn.execute(sql.SQL("SELECT count(*) FROM {}.events WHERE " + where).format(
         sql.Identifier(SCHEMA))).fetchone()
     return int(row[0]) if row else 0
+
+
+def _pause_free(url: str) -> None:
+    # Paused while the backlogs are written, so the clock starts with all of them in place.
+    with psycopg.connect(url, autocommit=True) as conn:
+        ADMIN.pause(conn, "free.job", reason="benchmark: writing the backlogs")
+    time.sleep(1.5)         # every worker has heard of it (NOTIFY, or the poll)
 
 
 def _enqueue(url: str, topic: str, n: int) -> None:
@@ -50,6 +58,9 @@ def _enqueue(url: str, topic: str, n: int) -> None:
 
 
 def _drain(url: str, total: int) -> float:
+    """Resume the unlimited topic (paused while the backlogs were written) and time its drain."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        ADMIN.resume(conn, "free.job")
     started = time.monotonic()
     with psycopg.connect(url, autocommit=True) as conn:
         while _count(conn, "topic = 'free.job' AND state <> 'succeeded'"):
@@ -100,11 +111,14 @@ def main() -> None:
         Migrator(SCHEMA).apply(conn)
     try:
         procs = _fleet(args)
+        _pause_free(args.database_url)
         _enqueue(args.database_url, "free.job", args.free)
         alone = _drain(args.database_url, args.free)
+        _pause_free(args.database_url)
         _enqueue(args.database_url, "free.job", args.free)
         _enqueue(args.database_url, "limited.job", args.limited)
         beside = _drain(args.database_url, args.free)
+        _pause_free(args.database_url)
         _enqueue(args.database_url, "free.job", args.free)
         behind = _drain(args.database_url, args.free)
         _stop(procs)
