@@ -336,6 +336,7 @@ class Admin:
         deadline = time.monotonic() + timeout
         channel = sql.Identifier(self._q.results_channel)
         conn.execute(sql.SQL("LISTEN {}").format(channel))
+        wanted = str(event_id)
         try:
             while True:
                 found = self.result(conn, event_id)
@@ -345,7 +346,6 @@ class Admin:
                 if left <= 0:
                     raise WaitTimeoutError(f"event {event_id} did not finish within {timeout:g}s; "
                                            f"it is {found.state}")
-                wanted = str(event_id)
                 for note in conn.notifies(timeout=min(left, WAIT_RECHECK)):
                     if note.payload == wanted:
                         break

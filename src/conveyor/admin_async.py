@@ -335,6 +335,7 @@ class AsyncAdmin:
         deadline = time.monotonic() + timeout
         channel = sql.Identifier(self._q.results_channel)
         await conn.execute(sql.SQL("LISTEN {}").format(channel))
+        wanted = str(event_id)
         try:
             while True:
                 found = await self.result(conn, event_id)
@@ -344,7 +345,6 @@ class AsyncAdmin:
                 if left <= 0:
                     raise WaitTimeoutError(f"event {event_id} did not finish within {timeout:g}s; "
                                            f"it is {found.state}")
-                wanted = str(event_id)
                 async for note in conn.notifies(timeout=min(left, WAIT_RECHECK)):
                     if note.payload == wanted:
                         break

@@ -20,7 +20,6 @@ statement, ``event_claim`` (checked every FLOW_REFRESH seconds).
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import Sequence
@@ -31,8 +30,6 @@ import psycopg
 from conveyor.db.named_queries import Queries
 from conveyor.flow import FlowLimit
 from conveyor.router import Router, pattern_filter, patterns_overlap
-
-log = logging.getLogger(__name__)
 
 # Seconds a full pattern's claim waits after one of this worker's events
 # finishes, gathering the room of the others that finish meanwhile.
@@ -59,6 +56,9 @@ class FlowControl:
         self._router = router
         self.declared = [r.flow for r in router.routes if r.flow is not None]
         self.limits: list[FlowLimit] = []
+        # The limits whose pattern this worker's router may claim topics of,
+        # worked out once per read of the table.
+        self.handled: list[FlowLimit] = []
         self._read_at = -math.inf
         self._turn = 0
         # When each pattern's next flow claim is worth sending (time.monotonic()):
@@ -77,8 +77,7 @@ class FlowControl:
         return bool(self.limits)
 
     def _due(self, now: float) -> list[FlowLimit]:
-        return [x for x in self.limits
-                if self._handled(x) and self._next_try.get(x.pattern, 0.0) <= now]
+        return [x for x in self.handled if self._next_try.get(x.pattern, 0.0) <= now]
 
     def poke(self) -> None:
         """An event may have become due (a NOTIFY, a due time): look at every pattern now."""
@@ -99,9 +98,8 @@ class FlowControl:
 
     async def wait_until_due(self, stopping: asyncio.Event) -> None:
         """Sleep until some pattern may have room (or the limits are to be read again)."""
-        handled = [x for x in self.limits if self._handled(x)]
-        if handled:
-            wait = min(self._next_try.get(x.pattern, 0.0) for x in handled) - time.monotonic()
+        if self.handled:
+            wait = min(self._next_try.get(x.pattern, 0.0) for x in self.handled) - time.monotonic()
         else:
             wait = FLOW_REFRESH
         if wait <= 0:
@@ -116,8 +114,7 @@ class FlowControl:
 
     def most_claimable(self, batch_size: int) -> int:
         """The most events one flow claim can take: what it reserves beforehand."""
-        handled = [x for x in self.limits if self._handled(x)]
-        return min(batch_size, sum(x.max_running or batch_size for x in handled))
+        return min(batch_size, sum(x.max_running or batch_size for x in self.handled))
 
     def stale(self) -> bool:
         return time.monotonic() - self._read_at >= FLOW_REFRESH
@@ -137,15 +134,14 @@ class FlowControl:
         cur = await conn.execute(self._q["flow_list"])
         self.limits = [FlowLimit(pattern, max_running, rate, fair_by)
                        for pattern, max_running, rate, fair_by in await cur.fetchall()]
+        routes = self._router.routes
+        self.handled = [x for x in self.limits
+                        if any(patterns_overlap(r.pattern, x.pattern) for r in routes)]
         self._read_at = time.monotonic()
 
     def plain_params(self) -> dict[str, Any]:
         """What the plain claim leaves out: every limited pattern."""
         return pattern_filter([x.pattern for x in self.limits], prefix="except_")
-
-    def _handled(self, limit: FlowLimit) -> bool:
-        """Whether this worker's router may handle some topic of ``limit``'s pattern."""
-        return any(patterns_overlap(r.pattern, limit.pattern) for r in self._router.routes)
 
     async def claim(self, conn: psycopg.AsyncConnection[Any], want: int,
                     params: dict[str, Any]) -> list[tuple[Any, ...]]:
