@@ -1094,11 +1094,60 @@ def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: C
     }).fetchall()
     assert paused == []                              # mail.* left to the flow claim, other.* paused
     db.execute("DELETE FROM conveyor.pauses")
+    # The flow claims read the limited lane only: nothing there until a sort.
+    assert db.execute(Q["flow_claim"], _flow_params(_owner(), "mail.*", 5)).fetchall() == []
+    _sort(db, ["mail.*"])
     fair = db.execute(Q["flow_claim_fair"], _flow_params(_owner(), "mail.*", 2)).fetchall()
     # Each tenant's first before anyone's second: the small tenant's one event, not a second big one.
     assert sorted(r[1] for r in fair) == ["big", "small"]
     rest = db.execute(Q["flow_claim"], _flow_params(_owner(), "mail.*", 5)).fetchall()
     assert [r[1] for r in rest] == ["big", "big"]
+
+
+def _sort(db: Conn, patterns: list[str], window: int = 5000) -> int:
+    from conveyor.router import pattern_filter
+    return db.execute(Q["flow_sort"], {**pattern_filter(patterns, prefix="limit_"),
+                                       "window": window}).rowcount
+
+
+def _lanes(db: Conn) -> dict[str, list[bool]]:
+    rows = db.execute("SELECT topic, limited FROM conveyor.events WHERE state = 'pending'"
+                      " ORDER BY id").fetchall()
+    lanes: dict[str, list[bool]] = {}
+    for topic, limited in rows:
+        lanes.setdefault(topic, []).append(limited)
+    return lanes
+
+
+@exercises("flow_sort", "flow_unsort")
+def test_the_sort_moves_the_fronts_limited_events_and_the_unsort_brings_back_the_uncovered(
+        db: Conn) -> None:
+    from conveyor.router import pattern_filter
+    for topic in ("mail.a", "sms.x", "mail.b", "other", "sms.x", "mail.c"):
+        _insert(db, topic)
+    # The front is the next `window` events in claim order: the first four here.
+    assert _sort(db, ["mail.*", "sms.x"], window=4) == 3
+    assert _lanes(db) == {"mail.a": [True], "sms.x": [True, False], "mail.b": [True],
+                          "other": [False], "mail.c": [False]}
+    assert _sort(db, ["mail.*", "sms.x"]) == 2               # the rest, now at the front
+    # The plain claim reads the open lane only, the limited lane is left alone.
+    assert [r[2] for r in _claim(db, _owner())] == ["other"]
+    # sms.x's limit is gone: its events go back; mail.*'s stay.
+    params = {**pattern_filter(["mail.*"], prefix="limit_"), "batch": 1}
+    assert db.execute(Q["flow_unsort"], params).rowcount == 1     # a batch at a time
+    assert db.execute(Q["flow_unsort"], params).rowcount == 1
+    assert db.execute(Q["flow_unsort"], params).rowcount == 0
+    assert _lanes(db) == {"mail.a": [True], "sms.x": [False, False], "mail.b": [True],
+                          "mail.c": [True]}
+    assert sorted(r[2] for r in _claim(db, _owner())) == ["sms.x", "sms.x"]
+    # A claim puts an event back in the open lane: retried, it is sorted again.
+    taken = db.execute(Q["flow_claim"], _flow_params(_owner(), "mail.*", 1)).fetchall()
+    assert db.execute("SELECT state, limited FROM conveyor.events WHERE id = %s",
+                      (taken[0][0],)).fetchone() == ("running", False)
+    # No limit at all: everything goes back.
+    params = {**pattern_filter([], prefix="limit_"), "batch": 100}
+    assert db.execute(Q["flow_unsort"], params).rowcount == 2
+    assert _lanes(db) == {"mail.b": [False], "mail.c": [False]}
 
 
 def test_fragments_are_included_and_never_run_alone() -> None:

@@ -61,6 +61,9 @@ CREATE TABLE conveyor.events (
     tracestate       conveyor.tracestate,
     -- A handler's return value, for routes that store it (0010; docs/results.md).
     result           conveyor.event_result,
+    -- A pending event of a flow-limited pattern, in the flow claims' lane of
+    -- events_claim_idx (0013; conveyor/worker/flow.py).
+    limited          boolean     NOT NULL DEFAULT false,
     -- state and topic keep table CHECKs: partial indexes read them (0007).
     CONSTRAINT events_state_check
         CHECK (state IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
@@ -72,9 +75,11 @@ CREATE TABLE conveyor.events (
 
 -- The claim query walks this index in order; only pending rows are in it, so
 -- millions of finished rows cost the claim nothing. Topic and tenant ride
--- along (0009): status counts the backlog from the index alone.
+-- along (0009): status counts the backlog from the index alone. `limited`
+-- leads (0013): the plain claims read one lane and the flow claims the other,
+-- so a limited pattern's backlog is never in an unlimited event's way.
 CREATE INDEX events_claim_idx
-    ON conveyor.events (priority DESC, run_at, id) INCLUDE (topic, tenant)
+    ON conveyor.events (limited, priority DESC, run_at, id) INCLUDE (topic, tenant)
     WHERE state = 'pending';
 
 -- The rescuer looks for running events whose lease has expired.

@@ -13,6 +13,16 @@ with a fresh count, the fleet never has more than ``max_running`` of its
 events running (a lease that expires while its handler still runs is the one
 exception: the event may run again beside it, as at-least-once allows).
 
+The limited patterns' pending events have a lane of their own in the claim
+index (migration 0013): the plain claims read the open lane and the flow
+claims the limited one, so a limited topic's backlog is never in an unlimited
+event's way. Every event is written to the open lane; the flow loop of each
+worker moves the limited patterns' events it finds at the lane's front
+(``flow_sort``, the next SORT_WINDOW events in claim order) and every claim
+puts an event back in the open lane. A limit that is gone sends its events
+back (``flow_unsort``) when a worker reads the table and finds the set of
+patterns changed.
+
 With no row in flow_limits the worker claims exactly as before: one
 statement, ``event_claim`` (checked every FLOW_REFRESH seconds).
 """
@@ -47,6 +57,14 @@ FLOW_IDLE_RECHECK = 1.0
 # worker that starts later is seen within this).
 FLOW_REFRESH = 5.0
 
+# Events at the front of the open lane one flow_sort looks at. A sort that
+# moved a full window sorts again at once: a 100,000-event limited backlog
+# leaves the plain claims' way in twenty statements.
+SORT_WINDOW = 5000
+
+# Events flow_unsort moves back per statement.
+UNSORT_BATCH = 10_000
+
 
 class FlowControl:
     """One worker's view of the fleet's flow limits, and the claims that keep them."""
@@ -70,6 +88,13 @@ class FlowControl:
         self._next_try: dict[str, float] = {}
         self._full: set[str] = set()
         self._room = asyncio.Event()
+        # When flow_sort is next worth running, and when it last ran: a sort
+        # that moved nothing waits FLOW_IDLE_RECHECK, a NOTIFY brings it
+        # forward, but never closer than FLOW_RECHECK to the last one.
+        self._sort_at = 0.0
+        self._sorted_at = -math.inf
+        self._sort_params: dict[str, Any] = {}
+        self.sorted = 0             # events moved to the limited lane, for stats
 
     @property
     def active(self) -> bool:
@@ -83,6 +108,7 @@ class FlowControl:
         """An event may have become due (a NOTIFY, a due time): look at every pattern now."""
         if self.limits:
             self._next_try.clear()
+            self._sort_at = min(self._sort_at, self._sorted_at + FLOW_RECHECK)
             self._room.set()
 
     def room_freed(self) -> None:
@@ -99,7 +125,10 @@ class FlowControl:
     async def wait_until_due(self, stopping: asyncio.Event) -> None:
         """Sleep until some pattern may have room (or the limits are to be read again)."""
         if self.handled:
-            wait = min(self._next_try.get(x.pattern, 0.0) for x in self.handled) - time.monotonic()
+            wait = min(min(self._next_try.get(x.pattern, 0.0) for x in self.handled),
+                       self._sort_at) - time.monotonic()
+        elif self.limits:
+            wait = min(self._sort_at - time.monotonic(), FLOW_REFRESH)
         else:
             wait = FLOW_REFRESH
         if wait <= 0:
@@ -130,14 +159,43 @@ class FlowControl:
             "fair_bys": [x.fair_by for x in d]})
 
     async def refresh(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Read every limit of the fleet."""
+        """Read every limit of the fleet; on a change (or the first read), send
+        the events no limit covers any more back to the open lane."""
         cur = await conn.execute(self._q["flow_list"])
-        self.limits = [FlowLimit(pattern, max_running, rate, fair_by)
-                       for pattern, max_running, rate, fair_by in await cur.fetchall()]
+        limits = [FlowLimit(pattern, max_running, rate, fair_by)
+                  for pattern, max_running, rate, fair_by in await cur.fetchall()]
+        patterns = [x.pattern for x in limits]
+        first = self._read_at == -math.inf
+        if first or patterns != [x.pattern for x in self.limits]:
+            params = {**pattern_filter(patterns, prefix="limit_"), "batch": UNSORT_BATCH}
+            while True:
+                cur = await conn.execute(self._q["flow_unsort"], params)
+                if cur.rowcount < UNSORT_BATCH:
+                    break
+            self._sort_params = {**pattern_filter(patterns, prefix="limit_"),
+                                 "window": SORT_WINDOW}
+            self._sort_at = 0.0
+        self.limits = limits
         routes = self._router.routes
-        self.handled = [x for x in self.limits
+        self.handled = [x for x in limits
                         if any(patterns_overlap(r.pattern, x.pattern) for r in routes)]
         self._read_at = time.monotonic()
+
+    async def sort(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        """Move the limited patterns' events at the open lane's front to the limited
+        lane, if a sort is due; returns how many moved."""
+        now = time.monotonic()
+        if not self.limits or now < self._sort_at:
+            return 0
+        cur = await conn.execute(self._q["flow_sort"], self._sort_params)
+        moved = max(cur.rowcount, 0)
+        self.sorted += moved
+        self._sorted_at = now
+        self._sort_at = now if moved >= SORT_WINDOW \
+            else now + (FLOW_RECHECK if moved else FLOW_IDLE_RECHECK)
+        if moved:
+            self._next_try.clear()     # the flow claims have new events to look at
+        return moved
 
     def plain_params(self) -> dict[str, Any]:
         """What the plain claim leaves out: every limited pattern."""
@@ -150,6 +208,7 @@ class FlowControl:
         ``params``: the worker's own claim parameters (topics, tenants, owner, lease).
         """
         rows: list[tuple[Any, ...]] = []
+        await self.sort(conn)
         due = self._due(time.monotonic())
         if not due:
             return rows

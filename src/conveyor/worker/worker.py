@@ -387,15 +387,13 @@ class Worker:
         managed = self.connections.flow_connection()
         while not self._stopping.is_set():
             await flow.wait_until_due(self._stopping)
-            # A quarter of the slots at most: while the claim is in flight its
-            # slots are reserved, and the fetch loop must keep the rest.
-            free = min(running.free_slots(), max(1, self.config.concurrency // 4),
-                       flow.most_claimable(self.config.batch_size))
             if self._stopping.is_set() or not flow.active:
                 continue
-            if free <= 0:
-                await running.wait_for_slot()
-                continue
+            # A quarter of the slots at most: while the claim is in flight its
+            # slots are reserved, and the fetch loop must keep the rest. With
+            # none free (or no limited pattern of its own), only the sort.
+            free = max(0, min(running.free_slots(), max(1, self.config.concurrency // 4),
+                              flow.most_claimable(self.config.batch_size)))
             running.reserved += free
             try:
                 conn = await managed.get()
@@ -414,6 +412,8 @@ class Worker:
             finally:
                 running.reserved -= free
                 running.freed.set()    # the fetch loop may wait for those slots
+            if not free and flow.handled and not self._stopping.is_set():
+                await running.wait_for_slot()
             if rows:
                 rows.sort(key=_PRIORITY, reverse=True)
                 events = [Event._from_claim_row(r) for r in rows]

@@ -46,11 +46,13 @@ WHERE pattern = %(pattern)s
 -- name: flow_claim
 -- event_claim for one limited pattern, within the budget the caller
 -- computed under the pattern's lock; pauses always apply here. The limit's
--- pattern (`limit_*`) and the worker's own topics both filter.
+-- pattern (`limit_*`) and the worker's own topics both filter. It reads the
+-- limited lane only (0013): flow_sort puts the pattern's events there.
 WITH next AS (
     SELECT id
     FROM {schema}.events
     WHERE state = 'pending'
+      AND limited
       AND run_at <= now()
       AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
            OR topic LIKE ANY(%(limit_prefixes)s::text[]))
@@ -74,6 +76,7 @@ WITH ranked AS (
            row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id) AS turn
     FROM {schema}.events
     WHERE state = 'pending'
+      AND limited
       AND run_at <= now()
       AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
            OR topic LIKE ANY(%(limit_prefixes)s::text[]))
@@ -94,11 +97,13 @@ WITH ranked AS (
 -- name: event_claim_flow
 -- The plain claim of a worker while flow limits exist: event_claim leaving
 -- out every limited pattern's events (`except_*`), which only the flow claim
--- takes.
+-- takes. The open lane holds few of them (flow_sort moves them out), but one
+-- written since the last sort is in it until the next.
 WITH next AS (
     SELECT id
     FROM {schema}.events
     WHERE state = 'pending'
+      AND NOT limited
       AND run_at <= now()
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
       AND NOT (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
@@ -117,6 +122,7 @@ WITH next AS (
     SELECT id
     FROM {schema}.events
     WHERE state = 'pending'
+      AND NOT limited
       AND run_at <= now()
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
       AND NOT (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
@@ -128,3 +134,51 @@ WITH next AS (
     FOR UPDATE SKIP LOCKED
 )
 -- include: _claim_update
+
+-- name: flow_sort
+-- Moves the limited patterns' events (`limit_*`: every limit of the fleet)
+-- from the front of the open lane of events_claim_idx into the limited lane
+-- (0013), where only the flow claims read. The front is the next `window`
+-- events in claim order (read from the index alone); an event further back is
+-- moved when it gets there. Rows a claim holds are skipped: it is taking them.
+WITH front AS (
+    SELECT id, topic
+    FROM {schema}.events
+    WHERE state = 'pending'
+      AND NOT limited
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(window)s
+), picked AS (
+    SELECT e.id
+    FROM {schema}.events AS e
+    JOIN front ON front.id = e.id
+    WHERE (%(limit_all_topics)s OR front.topic = ANY(%(limit_topics)s::text[])
+           OR front.topic LIKE ANY(%(limit_prefixes)s::text[]))
+      AND e.state = 'pending'
+      AND NOT e.limited
+    FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE {schema}.events AS e
+SET limited = true
+FROM picked
+WHERE e.id = picked.id
+
+-- name: flow_unsort
+-- Moves back to the open lane up to `batch` events of the limited lane that
+-- no limit (`limit_*`: every limit of the fleet) covers any more: a row
+-- deleted from flow_limits, a pattern narrowed. Without this they would wait
+-- for a flow claim that no longer comes.
+WITH stale AS (
+    SELECT id
+    FROM {schema}.events
+    WHERE state = 'pending'
+      AND limited
+      AND NOT (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
+               OR topic LIKE ANY(%(limit_prefixes)s::text[]))
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.events AS e
+SET limited = false
+FROM stale
+WHERE e.id = stale.id

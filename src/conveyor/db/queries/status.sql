@@ -71,17 +71,22 @@ WHERE c.oid = %(table)s::regclass
 
 -- name: status_oldest_due_age
 -- Seconds since the oldest due pending event became due. events_claim_idx is
--- ordered by priority first, so min(run_at) over it would read every due
--- entry (35-44 ms at 200,000 pending); this walks the priorities in use
--- instead (a recursive skip scan: one index probe per distinct priority) and
--- takes the first due entry of each, which is that priority's oldest: 0.3 ms.
+-- ordered by lane and priority first, so min(run_at) over it would read every
+-- due entry (35-44 ms at 200,000 pending); this walks the priorities in use in
+-- each lane instead (a recursive skip scan: one index probe per distinct
+-- priority) and takes the first due entry of each, which is that priority's
+-- oldest in that lane: 0.3 ms.
 WITH RECURSIVE priorities AS (
-    (SELECT priority FROM {schema}.events WHERE state = 'pending'
-     ORDER BY priority DESC, run_at, id LIMIT 1)
+    SELECT lane.limited,
+           (SELECT e.priority FROM {schema}.events AS e
+            WHERE e.state = 'pending' AND e.limited = lane.limited
+            ORDER BY e.limited, e.priority DESC, e.run_at, e.id LIMIT 1) AS priority
+    FROM (VALUES (false), (true)) AS lane(limited)
     UNION ALL
-    SELECT (SELECT e.priority FROM {schema}.events AS e
-            WHERE e.state = 'pending' AND e.priority < p.priority
-            ORDER BY e.priority DESC, e.run_at, e.id LIMIT 1)
+    SELECT p.limited,
+           (SELECT e.priority FROM {schema}.events AS e
+            WHERE e.state = 'pending' AND e.limited = p.limited AND e.priority < p.priority
+            ORDER BY e.limited, e.priority DESC, e.run_at, e.id LIMIT 1)
     FROM priorities AS p
     WHERE p.priority IS NOT NULL
 )
@@ -89,8 +94,9 @@ SELECT extract(epoch FROM now() - min(oldest.run_at))::float8
 FROM priorities AS p
 CROSS JOIN LATERAL (
     SELECT e.run_at FROM {schema}.events AS e
-    WHERE e.state = 'pending' AND e.priority = p.priority AND e.run_at <= now()
-    ORDER BY e.priority DESC, e.run_at, e.id
+    WHERE e.state = 'pending' AND e.limited = p.limited AND e.priority = p.priority
+      AND e.run_at <= now()
+    ORDER BY e.limited, e.priority DESC, e.run_at, e.id
     LIMIT 1
 ) AS oldest
 WHERE p.priority IS NOT NULL
