@@ -1083,10 +1083,20 @@ def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: C
         _insert(db, "mail.send", tenant="big")
     _insert(db, "mail.send", tenant="small")
     _insert(db, "other.job")
+    # The flow claims read the limited lane only: nothing there until a sort
+    # or a plain claim moves them.
+    assert db.execute(Q["flow_claim"], _flow_params(_owner(), "mail.*", 5)).fetchall() == []
+    plain = db.execute(Q["event_claim_flow"], {
+        **_flow_params(_owner(), "mail.*", 2), **pattern_filter(["mail.*"], prefix="except_")
+    }).fetchall()
+    # The first two in claim order are mail.* events: moved, not claimed; the
+    # last row counts them.
+    assert plain == [(None,) * 4 + (2,) + (None,) * 6]
+    assert _lanes(db) == {"mail.send": [True, True, False, False], "other.job": [False]}
     plain = db.execute(Q["event_claim_flow"], {
         **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_")
     }).fetchall()
-    assert [r[2] for r in plain] == ["other.job"]
+    assert [r[2] for r in plain] == ["other.job", None] and plain[-1][4] == 2
     _insert(db, "other.job")
     db.execute("INSERT INTO conveyor.pauses (pattern) VALUES ('other.*')")
     paused = db.execute(Q["event_claim_flow_unpaused"], {
@@ -1094,9 +1104,7 @@ def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: C
     }).fetchall()
     assert paused == []                              # mail.* left to the flow claim, other.* paused
     db.execute("DELETE FROM conveyor.pauses")
-    # The flow claims read the limited lane only: nothing there until a sort.
-    assert db.execute(Q["flow_claim"], _flow_params(_owner(), "mail.*", 5)).fetchall() == []
-    _sort(db, ["mail.*"])
+    assert _lanes(db) == {"mail.send": [True] * 4, "other.job": [False]}
     fair = db.execute(Q["flow_claim_fair"], _flow_params(_owner(), "mail.*", 2)).fetchall()
     # Each tenant's first before anyone's second: the small tenant's one event, not a second big one.
     assert sorted(r[1] for r in fair) == ["big", "small"]

@@ -178,6 +178,8 @@ class Worker:
                                        clock_offset=lambda: self.maintenance.clock_offset)
         self._claim_cursor = CursorCache(binary=True)
         self._flow_task: asyncio.Task[None] | None = None
+        # How many limited events the last plain claim moved to their lane.
+        self.claim_moved = 0
         self._flow_learned = False
         self.started = asyncio.Event()
 
@@ -369,6 +371,10 @@ class Worker:
                     size = min(size * 2, limit)
                     self.completer.flush_size = size
                 continue
+            if self.claim_moved:
+                # The claim met limited events and moved them out of the open
+                # lane: what is behind them may be claimable now.
+                continue
             if size != c.batch_size:
                 # Caught up: single events and small bursts go back to small
                 # claims and to acknowledgements flushed at batch_size.
@@ -446,7 +452,8 @@ class Worker:
                 await with_deadline(conn, flow.refresh(conn), self.config.query_timeout)
             params = {**self._filter, "limit": want, "owner": self.id,
                       "lease_ttl": self.config.lease_ttl}
-            if flow.active:
+            flow_claim = flow.active
+            if flow_claim:
                 # The plain claim leaves the limited patterns to the flow claim.
                 query = self._q["event_claim_flow_unpaused" if self.pauses.any
                                 else "event_claim_flow"]
@@ -457,6 +464,12 @@ class Worker:
             await with_deadline_in_task(conn, cur.execute(query, params),
                                         self.config.query_timeout, stopping=self._stopping)
             rows = await cur.fetchall()
+            self.claim_moved = 0
+            if flow_claim and rows and rows[-1][0] is None:
+                # event_claim_flow's last row: how many limited events it moved
+                # to their lane instead of claiming them.
+                self.claim_moved = rows.pop()[4]
+                flow.sorted += self.claim_moved
             if len(rows) > 1:
                 # The claim picks by priority but returns in join order; a stable
                 # sort keeps the rest of that order (O(n) when all are equal).

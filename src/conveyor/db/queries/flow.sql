@@ -96,44 +96,73 @@ WITH ranked AS (
 
 -- name: event_claim_flow
 -- The plain claim of a worker while flow limits exist: event_claim leaving
--- out every limited pattern's events (`except_*`), which only the flow claim
--- takes. The open lane holds few of them (flow_sort moves them out), but one
--- written since the last sort is in it until the next.
-WITH next AS (
-    SELECT id
+-- every limited pattern's events (`except_*`) to the flow claims. Most of
+-- them are in the limited lane already (flow_sort); one still in the open
+-- lane (written since the last sort) is moved there by the claim that meets
+-- it, so no claim meets it twice. After the claimed rows, a row of NULLs but
+-- for `attempts` counts the events it moved, when it moved any: the worker
+-- claims again at once after a claim that moved some (conveyor/worker/flow.py).
+WITH seen AS (
+    SELECT id, (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
+                OR topic LIKE ANY(%(except_prefixes)s::text[])) AS held
     FROM {schema}.events
     WHERE state = 'pending'
       AND NOT limited
       AND run_at <= now()
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND NOT (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
-               OR topic LIKE ANY(%(except_prefixes)s::text[]))
       AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE {schema}.events AS e
+    SET limited = true
+    FROM seen
+    WHERE e.id = seen.id AND seen.held
+    RETURNING e.id
+), next AS (
+    SELECT id FROM seen WHERE NOT held
+), claimed AS (
+    -- include: _claim_update
 )
--- include: _claim_update
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, count(*)::int, NULL, NULL, NULL, NULL, NULL, NULL
+FROM moved
+HAVING count(*) > 0
 
 -- name: event_claim_flow_unpaused
--- event_claim_flow while a pause may be in force: event_claim_unpaused
--- leaving out every limited pattern's events.
-WITH next AS (
-    SELECT id
+-- event_claim_flow while a pause may be in force (event_claim_unpaused's
+-- pause test). Kept equal to event_claim_flow but for that test.
+WITH seen AS (
+    SELECT id, (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
+                OR topic LIKE ANY(%(except_prefixes)s::text[])) AS held
     FROM {schema}.events
     WHERE state = 'pending'
       AND NOT limited
       AND run_at <= now()
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND NOT (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
-               OR topic LIKE ANY(%(except_prefixes)s::text[]))
       AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
       -- include: _claim_unpaused
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE {schema}.events AS e
+    SET limited = true
+    FROM seen
+    WHERE e.id = seen.id AND seen.held
+    RETURNING e.id
+), next AS (
+    SELECT id FROM seen WHERE NOT held
+), claimed AS (
+    -- include: _claim_update
 )
--- include: _claim_update
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, count(*)::int, NULL, NULL, NULL, NULL, NULL, NULL
+FROM moved
+HAVING count(*) > 0
 
 -- name: flow_sort
 -- Moves the limited patterns' events (`limit_*`: every limit of the fleet)
