@@ -16,10 +16,11 @@ exception: the event may run again beside it, as at-least-once allows).
 The limited patterns' pending events have a lane of their own in the claim
 index (migration 0013): the plain claims read the open lane and the flow
 claims the limited one, so a limited topic's backlog is never in an unlimited
-event's way. Every event is written to the open lane; the flow loop of each
-worker moves the limited patterns' events it finds at the lane's front
-(``flow_sort``, the next 100 to 10,000 events in claim order) and every claim
-puts an event back in the open lane. A limit that is gone sends its events
+event's way. Every event is written to the open lane; a plain claim moves
+the limited events it meets instead of claiming them, the flow loop of each
+worker moves those it finds at the lane's front (``flow_sort``, the next 100
+to 10,000 events in claim order), and every claim puts an event back in the
+open lane. A limit that is gone sends its events
 back (``flow_unsort``) when a worker reads the table and finds the set of
 patterns changed.
 
