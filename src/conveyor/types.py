@@ -112,6 +112,11 @@ class Event:
         return self._payload
 
     @property
+    def payload_text(self) -> str:
+        """The payload as JSON text, as PostgreSQL keeps it (the relay publishes it as is)."""
+        return self._payload_text
+
+    @property
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 

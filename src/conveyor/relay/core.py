@@ -1,0 +1,291 @@
+"""The relay's core: routes of topics to publishers, one handler per route, replay.
+
+A relay is a set of routes on a :class:`~conveyor.Router`: each claimed event
+of a relayed topic becomes one :class:`RelayMessage`, which the route's
+publisher sends and the broker confirms before the handler returns. So the
+worker's machinery is the relay's: claims with leases and fencing, retries
+with backoff, attempts and parking, NOTIFY wake-ups, graceful drain on
+SIGTERM, metrics and status. An event counts as relayed (``succeeded``) only
+after the broker's confirmation, and stays in the table for the worker's
+``retention``, the replay window (:meth:`Relay.replay`).
+
+A broker that cannot be reached (or does not confirm in time) is not the
+event's fault: the handler snoozes the event (no attempt spent, the error in
+the log) for a delay that doubles while the broker stays away, so an outage
+delays events and never parks them. A broker that answers and refuses
+(no stream for the subject, an unroutable message, a negative confirm) fails
+the attempt, retried with the route's backoff and parked after the last.
+"""
+
+from __future__ import annotations
+
+import logging
+import string
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from conveyor.db.named_queries import queries_for
+from conveyor.errors import BrokerUnavailableError, ConfigError, InvalidInputError
+from conveyor.outcomes import PermanentFailure, Snooze
+from conveyor.retry import BackoffPolicy
+from conveyor.router import Router, pattern_filter
+from conveyor.types import Event
+from conveyor.validation import check_topic_pattern
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger(__name__)
+
+# The fields a destination template may name.
+TEMPLATE_FIELDS = frozenset({"topic", "tenant"})
+
+# What {tenant} becomes for an event without a tenant.
+NO_TENANT = "-"
+
+# Backoff while the broker cannot be reached: 1 s, doubling, at most 30 s.
+UNAVAILABLE_BACKOFF = BackoffPolicy(base_delay=1.0, factor=2.0, max_delay=30.0, jitter=0.2)
+
+# Events read per statement by Relay.replay.
+REPLAY_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class RelayMessage:
+    """One event as a publisher sends it.
+
+    ``msg_id`` is the broker's deduplication id (the relay's ``msg_id_prefix``
+    and the event id): the same for every attempt and every replay of the
+    event. ``headers`` carry ``conveyor-event-id``, ``conveyor-topic``,
+    ``conveyor-tenant`` (when set), ``conveyor-attempt`` and the W3C
+    ``traceparent`` / ``tracestate`` of the enqueuing span (when stored).
+    """
+
+    event_id: int
+    msg_id: str
+    topic: str
+    tenant: str | None
+    attempt: int
+    destination: str
+    payload: bytes
+    headers: dict[str, str]
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """What the relay needs of a broker client (a Kafka publisher would be one more).
+
+    ``publish`` returns once the broker has confirmed the message and raises
+    :class:`~conveyor.BrokerUnavailableError` when it cannot tell (no
+    connection, no confirmation in time) or
+    :class:`~conveyor.PublishRejectedError` when the broker refused it. It
+    is called concurrently (one call per running handler): a publisher
+    pipelines them on its connection. ``check_destination`` returns why a
+    rendered destination is unusable on this broker, or None.
+    """
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def publish(self, message: RelayMessage) -> None: ...
+
+    def check_destination(self, destination: str) -> str | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RelayRoute:
+    pattern: str
+    publisher: Publisher
+    destination: str
+
+
+def _template_fields(template: str, pattern: str) -> None:
+    try:
+        names = {name for _, name, spec, conv in string.Formatter().parse(template)
+                 if name is not None}
+    except ValueError as exc:
+        raise ConfigError(f"expected destination for {pattern!r} to be a template like "
+                          f"'events.{{topic}}', got {template!r}: {exc}") from None
+    unknown = names - TEMPLATE_FIELDS
+    if unknown or not template:
+        raise ConfigError(f"expected destination for {pattern!r} to name only {{topic}} and "
+                          f"{{tenant}}, got {template!r}")
+
+
+@dataclass
+class _Unavailable:
+    """How long to snooze while a publisher's broker stays away."""
+
+    failures: int = 0
+
+    def next_delay(self) -> float:
+        self.failures += 1
+        return UNAVAILABLE_BACKOFF.delay(self.failures)
+
+
+@dataclass
+class Relay:
+    """Routes of topic patterns to publishers; attach them to a router a worker serves.
+
+    ``msg_id_prefix`` goes before the event id in every deduplication id: give
+    each database (or schema) relaying into the same broker its own.
+
+    Example::
+
+        relay = Relay()
+        relay.route("order.*", NatsPublisher("nats://127.0.0.1:4222", stream="ORDERS",
+                                             subjects=["orders.>"]),
+                    destination="orders.{tenant}.{topic}")
+        router = relay.router()
+        # conveyor relay --app myapp.relay:relay  (or: conveyor worker --app myapp.relay:router)
+    """
+
+    msg_id_prefix: str = ""
+    routes: list[RelayRoute] = field(default_factory=list)
+    _unavailable: dict[int, _Unavailable] = field(default_factory=dict, repr=False)
+
+    def route(self, pattern: str, publisher: Publisher, *, destination: str = "{topic}") -> None:
+        """Relay the events of ``pattern`` (an exact topic, ``prefix.*`` or ``*``) to ``publisher``.
+
+        ``destination``: the subject, routing key or stream key, a template over
+        ``{topic}`` and ``{tenant}`` (``-`` for an event without one).
+        """
+        check_topic_pattern(pattern)
+        if not isinstance(publisher, Publisher):
+            raise ConfigError(f"expected a publisher for {pattern!r} (NatsPublisher, "
+                              f"RabbitMQPublisher, RedisStreamPublisher or one of your own), "
+                              f"got {publisher!r}")
+        _template_fields(destination, pattern)
+        if any(r.pattern == pattern for r in self.routes):
+            raise ConfigError(f"pattern {pattern!r} is relayed twice")
+        self.routes.append(RelayRoute(pattern, publisher, destination))
+
+    def attach(self, router: Router, **route_options: Any) -> None:
+        """Add one route per relay route to ``router`` (``route_options``: Router.add's)."""
+        for r in self.routes:
+            router.add(r.pattern, self._handler(r), **route_options)
+
+    def router(self, **route_options: Any) -> Router:
+        """A new router with the relay's routes."""
+        router = Router()
+        self.attach(router, **route_options)
+        return router
+
+    @property
+    def publishers(self) -> list[Publisher]:
+        seen: dict[int, Publisher] = {}
+        for r in self.routes:
+            seen.setdefault(id(r.publisher), r.publisher)
+        return list(seen.values())
+
+    async def start(self) -> None:
+        """Connect every publisher and check its broker (stream, exchange): fail fast."""
+        for publisher in self.publishers:
+            await publisher.start()
+
+    async def aclose(self) -> None:
+        for publisher in self.publishers:
+            try:
+                await publisher.aclose()
+            except Exception as exc:  # noqa: BLE001 - closing is best effort, each in turn
+                log.warning("closing %s failed: %s", publisher.name, exc)
+
+    async def __aenter__(self) -> Relay:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def message(self, route: RelayRoute, event: Event) -> RelayMessage:
+        """The message of ``event`` on ``route``; PermanentFailure if its destination is unusable."""
+        tenant = event.tenant
+        destination = route.destination.format(topic=event.topic,
+                                               tenant=NO_TENANT if tenant is None else tenant)
+        problem = route.publisher.check_destination(destination)
+        if problem is not None:
+            raise PermanentFailure(f"cannot relay to {route.publisher.name}: {problem}")
+        headers = {"conveyor-event-id": str(event.id), "conveyor-topic": event.topic,
+                   "conveyor-attempt": str(event.attempt)}
+        if tenant is not None:
+            headers["conveyor-tenant"] = tenant
+        if event.traceparent is not None:
+            headers["traceparent"] = event.traceparent
+            if event.tracestate:
+                headers["tracestate"] = event.tracestate
+        return RelayMessage(event.id, f"{self.msg_id_prefix}{event.id}", event.topic, tenant,
+                            event.attempt, destination, event.payload_text.encode(), headers)
+
+    def _handler(self, route: RelayRoute) -> Callable[[Event], Any]:
+        publisher = route.publisher
+        state = self._unavailable.setdefault(id(publisher), _Unavailable())
+
+        async def relay(event: Event) -> None:
+            message = self.message(route, event)
+            try:
+                await publisher.publish(message)
+            except BrokerUnavailableError as exc:
+                delay = state.next_delay()
+                log.warning("%s unavailable, event %d back in %.1fs: %s", publisher.name,
+                            event.id, delay, exc, extra={"action": "relay_unavailable"})
+                raise Snooze(delay, exc) from exc
+            state.failures = 0
+
+        relay.__qualname__ = f"relay to {publisher.name}"
+        return relay
+
+    async def replay(self, conn: psycopg.AsyncConnection[Any], *, since: datetime,
+                     until: datetime | None = None, schema: str = "conveyor") -> int:
+        """Publish again every relayed event of the relay's topics that finished from
+        ``since`` (to ``until``), oldest first; returns how many.
+
+        The same deduplication ids as the first time: within the broker's
+        deduplication window a replay adds nothing, beyond it each event once
+        more. Rows are read in batches; nothing is written to the table.
+        """
+        for value, name in ((since, "since"), (until, "until")):
+            if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
+                raise InvalidInputError(f"expected {name} to be a timezone-aware datetime, "
+                                        f"got {value!r}")
+        count = 0
+        async for route, event in self._replayed(conn, since, until, schema):
+            await route.publisher.publish(self.message(route, event))
+            count += 1
+        return count
+
+    async def _replayed(self, conn: psycopg.AsyncConnection[Any], since: datetime,
+                        until: datetime | None, schema: str
+                        ) -> AsyncIterator[tuple[RelayRoute, Event]]:
+        q = queries_for(schema)
+        after_at, after_id = since, 0
+        params = {**pattern_filter([r.pattern for r in self.routes]), "until": until,
+                  "limit": REPLAY_BATCH}
+        router = Router()
+        by_handler: dict[int, RelayRoute] = {}
+        for r in self.routes:
+            route = router.add(r.pattern, _no_op)
+            by_handler[id(route)] = r
+        while True:
+            cur = await conn.execute(q["relay_replay"], {**params, "after_at": after_at,
+                                                          "after_id": after_id})
+            rows = await cur.fetchall()
+            for (id_, tenant, topic, payload, attempts, traceparent, tracestate,
+                 finished_at) in rows:
+                found = router.resolve(topic)
+                if found is None:
+                    continue
+                yield by_handler[id(found)], Event(
+                    id=id_, topic=topic, payload_text=payload, tenant=tenant, attempt=attempts,
+                    traceparent=traceparent, tracestate=tracestate)
+                after_at, after_id = finished_at, id_
+            if len(rows) < REPLAY_BATCH:
+                return
+
+
+def _no_op(event: Event) -> None:
+    """Stands in for the relay handler while replay resolves topics to routes."""

@@ -1,0 +1,210 @@
+"""NATS JetStream publisher (extra ``conveyor[nats]``, nats-py).
+
+Each message is published through the JetStream context, which waits for the
+stream's PubAck: a message counts as relayed only once the stream has stored
+it. ``Nats-Msg-Id`` is the relay's deduplication id, so a retried or replayed
+event within the stream's ``duplicate_window`` is stored once (the PubAck
+says ``duplicate``). The expected-stream header makes a subject that this
+stream does not capture a refusal instead of a store elsewhere.
+
+At start the publisher looks the stream up: it creates it (``subjects``,
+``duplicate_window``) when it is missing and ``create_stream`` allows, and
+refuses one whose duplicate window is shorter than ``duplicate_window``.
+
+JetStream acknowledges before the data is synced to disk unless the server
+runs with ``sync_interval: always``; a relayed row is therefore kept for the
+worker's retention, and ``conveyor relay --replay`` can publish it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from conveyor.errors import (
+    BrokerUnavailableError,
+    ConfigError,
+    MissingExtraError,
+    PublishRejectedError,
+)
+from conveyor.relay.core import RelayMessage
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.js.client import JetStreamContext
+
+log = logging.getLogger(__name__)
+
+# A subject to publish to: tokens of anything but whitespace, '.', '*' and '>'.
+_SUBJECT = re.compile(r"[^\s.*>]+(\.[^\s.*>]+)*")
+
+DUPLICATE_WINDOW_DEFAULT = 120.0
+
+
+def _text(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+async def _log_error(exc: Exception) -> None:
+    # nats-py logs every connection error with its traceback by default; the
+    # relay reports the outcome (the event put back) in one line instead.
+    log.debug("NATS client error: %s", exc)
+
+
+def _nats() -> Any:
+    try:
+        import nats
+        import nats.errors
+        import nats.js.errors
+    except ImportError as exc:
+        raise MissingExtraError("conveyor.relay.NatsPublisher", "nats", module=exc.name) from exc
+    return nats
+
+
+class NatsPublisher:
+    """Publish to a NATS JetStream stream, one PubAck per message.
+
+    Args:
+        servers: the NATS URL(s).
+        stream: the stream that must store the messages.
+        subjects: the stream's subjects, for creating it when it is missing
+            (required with ``create_stream``); the routes' destinations must
+            fall within the stream's subjects.
+        duplicate_window: seconds the stream remembers message ids; at least
+            this is required of an existing stream. Defaults to 120.0.
+        create_stream: create the stream when it is missing. Defaults to True.
+        timeout: seconds to wait for a PubAck (then the broker counts as
+            unavailable: the event is put back, no attempt spent). Defaults to 5.0.
+        connect_options: more keyword arguments for ``nats.connect``.
+    """
+
+    def __init__(self, servers: str | Sequence[str] = "nats://127.0.0.1:4222", *, stream: str,
+                 subjects: Sequence[str] | None = None,
+                 duplicate_window: float = DUPLICATE_WINDOW_DEFAULT,
+                 create_stream: bool = True, timeout: float = 5.0,
+                 connect_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(stream, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,255}", stream):
+            raise ConfigError(f"expected stream to be a JetStream stream name (letters, digits, "
+                              f"'-' and '_'), got {stream!r}")
+        if create_stream and not subjects:
+            raise ConfigError(f"expected the subjects of stream {stream!r} (it is created when "
+                              f"missing), got {subjects!r}")
+        if not (isinstance(duplicate_window, (int, float)) and 0 < duplicate_window <= 86400 * 7):
+            raise ConfigError(f"expected duplicate_window to be seconds from 0 to 604800, got "
+                              f"{duplicate_window!r}")
+        if not (isinstance(timeout, (int, float)) and 0 < timeout <= 300):
+            raise ConfigError(f"expected timeout to be seconds from 0 to 300, got {timeout!r}")
+        self.servers = [servers] if isinstance(servers, str) else list(servers)
+        self.stream = stream
+        self.subjects = list(subjects or [])
+        self.duplicate_window = float(duplicate_window)
+        self.create_stream = create_stream
+        self.timeout = float(timeout)
+        self.connect_options = dict(connect_options or {})
+        self.name = f"NATS stream {stream}"
+        self.duplicates = 0          # PubAcks that said the stream had the message already
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"NatsPublisher(stream={self.stream!r})"
+
+    def check_destination(self, destination: str) -> str | None:
+        if _SUBJECT.fullmatch(destination) is None:
+            return f"{destination!r} is not a NATS subject to publish to"
+        return None
+
+    async def start(self) -> None:
+        await self._connected()
+
+    async def _connected(self) -> JetStreamContext:
+        if self._js is not None and self._nc is not None and self._nc.is_connected:
+            return self._js
+        async with self._lock:
+            if self._js is not None and self._nc is not None and self._nc.is_connected:
+                return self._js
+            nats = _nats()
+            await self._drop()
+            try:
+                # No reconnecting inside the client: a lost connection fails the
+                # publishes in flight at once (their events are put back) and the
+                # next publish connects again, instead of waiting in a buffer.
+                # nats.connect retries the first connection until it succeeds,
+                # whatever allow_reconnect says: bounded here.
+                nc = await asyncio.wait_for(
+                    nats.connect(self.servers, connect_timeout=self.timeout,
+                                 allow_reconnect=False, max_reconnect_attempts=0,
+                                 error_cb=_log_error, **self.connect_options),
+                    self.timeout)
+            except (TimeoutError, OSError, nats.errors.Error) as exc:
+                raise BrokerUnavailableError(f"cannot reach NATS at {', '.join(self.servers)}: "
+                                             f"{_text(exc)}") from exc
+            js: JetStreamContext = nc.jetstream(timeout=self.timeout)
+            try:
+                await self._check_stream(js)
+            except BaseException:
+                await nc.close()
+                raise
+            self._nc, self._js = nc, js
+            return js
+
+    async def _check_stream(self, js: JetStreamContext) -> None:
+        import nats.js.errors
+        from nats.js.api import StreamConfig
+
+        try:
+            info = await js.stream_info(self.stream)
+        except nats.js.errors.NotFoundError:
+            if not self.create_stream:
+                raise ConfigError(f"NATS has no stream {self.stream!r} and create_stream is "
+                                  f"off") from None
+            await js.add_stream(StreamConfig(name=self.stream, subjects=self.subjects,
+                                             duplicate_window=self.duplicate_window))
+            return
+        except TimeoutError as exc:
+            raise BrokerUnavailableError(f"NATS did not answer for stream {self.stream!r} "
+                                         f"(is JetStream enabled?)") from exc
+        window = info.config.duplicate_window or 0
+        if window + 1e-6 < self.duplicate_window:
+            raise ConfigError(f"NATS stream {self.stream!r} remembers message ids for "
+                              f"{window:g}s, the relay needs at least {self.duplicate_window:g}s "
+                              f"(its duplicate_window)")
+
+    async def publish(self, message: RelayMessage) -> None:
+        import nats.errors
+        import nats.js.errors
+
+        js = await self._connected()
+        headers = {**message.headers, "Nats-Msg-Id": message.msg_id}
+        try:
+            ack = await js.publish(message.destination, message.payload, timeout=self.timeout,
+                                   stream=self.stream, headers=headers)
+        except nats.js.errors.APIError as exc:
+            raise PublishRejectedError(f"{self.name} refused {message.destination!r}: "
+                                       f"{exc.description or exc}") from exc
+        except (nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError) as exc:
+            # JetStream answers nothing for a subject no stream captures.
+            raise PublishRejectedError(f"{self.name} refused {message.destination!r}: no "
+                                       f"stream captures the subject") from exc
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise BrokerUnavailableError(f"no PubAck from {self.name}: "
+                                         f"{_text(exc)}") from exc
+        if ack.duplicate:
+            self.duplicates += 1
+
+    async def _drop(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            try:
+                await nc.close()
+            except Exception:  # noqa: BLE001 - a broken connection is dropped either way
+                pass
+
+    async def aclose(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            await nc.drain()

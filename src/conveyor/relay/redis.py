@@ -1,0 +1,152 @@
+"""Redis Streams publisher (extra ``conveyor[redis]``, redis-py).
+
+Redis has no publisher confirm beyond the reply to XADD, and before 8.6 no
+idempotent XADD; so each message is added by a Lua script, atomically: if a
+dedup key for its message id exists, the script answers with the entry id
+stored there and adds nothing; otherwise it adds the entry and keeps its id
+under the dedup key for ``dedup_ttl`` seconds. A retry after a lost reply or
+a replay within that time adds nothing. The script names both keys, so on a
+Redis Cluster the stream key and the dedup key must hash to the same slot:
+put a hash tag (``{...}``) in both (``key_prefix``, the destination).
+
+Entry fields: ``payload`` (the JSON text) and the message headers
+(``conveyor-event-id``, ``conveyor-topic``, ``conveyor-tenant``,
+``conveyor-attempt``, ``traceparent``, ``tracestate``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from conveyor.errors import (
+    BrokerUnavailableError,
+    ConfigError,
+    MissingExtraError,
+    PublishRejectedError,
+)
+from conveyor.relay.core import RelayMessage
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.commands.core import AsyncScript
+
+# KEYS[1] the stream, KEYS[2] the dedup key; ARGV[1] the dedup TTL in ms,
+# ARGV[2] MAXLEN (0: none), then field, value pairs. Returns {entry id, 1 if
+# it was there already}.
+_XADD_ONCE = """
+local seen = redis.call('GET', KEYS[2])
+if seen then
+    return {seen, 1}
+end
+local args = {'XADD', KEYS[1]}
+local maxlen = tonumber(ARGV[2])
+if maxlen > 0 then
+    table.insert(args, 'MAXLEN')
+    table.insert(args, '~')
+    table.insert(args, maxlen)
+end
+table.insert(args, '*')
+for i = 3, #ARGV do
+    table.insert(args, ARGV[i])
+end
+local id = redis.call(unpack(args))
+redis.call('SET', KEYS[2], id, 'PX', ARGV[1])
+return {id, 0}
+"""
+
+DEDUP_TTL_DEFAULT = 86400.0
+
+
+def _redis() -> Any:
+    try:
+        import redis.asyncio
+        import redis.exceptions
+    except ImportError as exc:
+        raise MissingExtraError("conveyor.relay.RedisStreamPublisher", "redis",
+                                module=exc.name) from exc
+    return redis
+
+
+class RedisStreamPublisher:
+    """Add each message to a Redis stream once (XADD through a Lua script with a dedup key).
+
+    Args:
+        url: the Redis URL.
+        maxlen: trim each stream to about this many entries (``MAXLEN ~``);
+            None keeps every entry. Defaults to None.
+        dedup_ttl: seconds a message id is remembered. Defaults to 86400.0.
+        key_prefix: the dedup keys' prefix. Defaults to "conveyor:relayed:".
+        timeout: seconds to wait for Redis (then it counts as unavailable:
+            the event is put back, no attempt spent). Defaults to 5.0.
+    """
+
+    def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, maxlen: int | None = None,
+                 dedup_ttl: float = DEDUP_TTL_DEFAULT, key_prefix: str = "conveyor:relayed:",
+                 timeout: float = 5.0) -> None:
+        if maxlen is not None and not (isinstance(maxlen, int) and not isinstance(maxlen, bool)
+                                       and maxlen > 0):
+            raise ConfigError(f"expected maxlen to be a positive int or None, got {maxlen!r}")
+        if not (isinstance(dedup_ttl, (int, float)) and 1 <= dedup_ttl <= 86400 * 365):
+            raise ConfigError(f"expected dedup_ttl to be seconds from 1 to 31536000, got "
+                              f"{dedup_ttl!r}")
+        if not (isinstance(timeout, (int, float)) and 0 < timeout <= 300):
+            raise ConfigError(f"expected timeout to be seconds from 0 to 300, got {timeout!r}")
+        self.url = url
+        self.maxlen = maxlen
+        self.dedup_ttl = float(dedup_ttl)
+        self.key_prefix = key_prefix
+        self.timeout = float(timeout)
+        self.name = "Redis streams"
+        self.duplicates = 0          # messages whose id was known: nothing added
+        self._client: Redis | None = None
+        self._script: AsyncScript | None = None
+
+    def __repr__(self) -> str:
+        return f"RedisStreamPublisher(key_prefix={self.key_prefix!r})"
+
+    def check_destination(self, destination: str) -> str | None:
+        if len(destination.encode()) > 512 * 1024 * 1024:
+            return "the stream key is too long"
+        return None
+
+    async def start(self) -> None:
+        redis = _redis()
+        client = self._connected()
+        try:
+            await client.ping()
+        except (TimeoutError, OSError, redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError) as exc:
+            raise BrokerUnavailableError(f"cannot reach Redis: {exc}") from exc
+
+    def _connected(self) -> Redis:
+        if self._client is None:
+            redis = _redis()
+            self._client = redis.asyncio.Redis.from_url(
+                self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout)
+            self._script = self._client.register_script(_XADD_ONCE)
+        return self._client
+
+    async def publish(self, message: RelayMessage) -> None:
+        redis = _redis()
+        self._connected()
+        assert self._script is not None
+        fields: list[str | bytes] = [b"payload", message.payload]
+        for key, value in message.headers.items():
+            fields += [key, value]
+        try:
+            _, seen = await self._script(
+                keys=[message.destination, f"{self.key_prefix}{message.msg_id}"],
+                args=[int(self.dedup_ttl * 1000), self.maxlen or 0, *fields])
+        except (TimeoutError, OSError, redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError) as exc:
+            raise BrokerUnavailableError(f"no reply from Redis: {exc}") from exc
+        except redis.exceptions.ResponseError as exc:
+            raise PublishRejectedError(f"Redis refused the entry for {message.destination!r}: "
+                                       f"{exc}") from exc
+        if seen:
+            self.duplicates += 1
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()

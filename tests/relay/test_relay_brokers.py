@@ -1,0 +1,268 @@
+"""The relay against the real brokers of this machine: NATS JetStream (4222),
+RabbitMQ (5672) and Redis (6379). Every test names its own stream, exchange
+or keys and removes them; nothing here stops or fills those servers (the
+fault tests run private instances: test_relay_faults.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from conveyor import NewEvent, PublishRejectedError, Worker
+from conveyor.relay import NatsPublisher, RabbitMQPublisher, RedisStreamPublisher, Relay
+from worker_support import enqueue_many, fast_config, query, running, wait_all_in
+
+NATS_URL = "nats://127.0.0.1:4222"
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def db(fresh_db: str) -> str:
+    return fresh_db
+
+
+def _events(n: int, topic: str = "order.created", max_attempts: int = 5) -> list[NewEvent]:
+    return [NewEvent(topic=topic, payload={"n": i, "text": "é"}, tenant=f"t{i % 3}",
+                     max_attempts=max_attempts) for i in range(n)]
+
+
+async def _relay_all(db: str, relay: Relay, n: int, **route_options: Any) -> dict[int, str]:
+    async with relay, running(Worker(db, relay.router(**route_options), fast_config(concurrency=20))):
+        return await wait_all_in(db, {"succeeded", "failed"}, timeout=20)
+
+
+async def _ids(db: str) -> list[int]:
+    return [r["id"] for r in await query(db, "SELECT id FROM conveyor.events ORDER BY id")]
+
+
+# ------------------------------------------------------------------ NATS
+
+async def test_nats_stores_each_event_once_with_its_headers_and_replay_adds_nothing(
+        db: str) -> None:
+    import nats
+
+    name = f"T{uuid.uuid4().hex[:12]}"
+    publisher = NatsPublisher(NATS_URL, stream=name, subjects=[f"{name}.>"])
+    relay = Relay()
+    relay.route("order.*", publisher, destination=name + ".{tenant}.{topic}")
+    await enqueue_many(db, _events(30))
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+        await conn.execute("UPDATE conveyor.events SET traceparent = %s WHERE id = 1",
+                           (TRACEPARENT,))
+    nc = await nats.connect(NATS_URL)
+    try:
+        states = await _relay_all(db, relay, 30)
+        assert set(states.values()) == {"succeeded"}
+        js = nc.jetstream()
+        info = await js.stream_info(name)
+        assert info.state.messages == 30 and info.config.duplicate_window == 120
+        seen = {}
+        for seq in range(1, 31):
+            msg = await js.get_msg(name, seq)
+            headers = msg.headers or {}
+            seen[int(headers["Nats-Msg-Id"])] = (msg.subject, headers, json.loads(msg.data))
+        assert sorted(seen) == await _ids(db)
+        subject, headers, payload = seen[1]
+        assert subject == f"{name}.t0.order.created"
+        assert payload == {"n": 0, "text": "é"}
+        assert headers["conveyor-topic"] == "order.created"
+        assert headers["conveyor-tenant"] == "t0" and headers["conveyor-attempt"] == "1"
+        assert headers["conveyor-event-id"] == "1" and headers["traceparent"] == TRACEPARENT
+        # Every event again: the same ids inside the duplicate window store nothing.
+        async with relay, await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+            replayed = await relay.replay(
+                conn, since=datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5))
+        assert replayed == 30 and publisher.duplicates == 30
+        assert (await js.stream_info(name)).state.messages == 30
+    finally:
+        await nc.jetstream().delete_stream(name)
+        await nc.close()
+
+
+async def test_nats_refuses_a_subject_outside_the_stream_and_parks_after_the_attempts(
+        db: str) -> None:
+    import nats
+
+    name = f"T{uuid.uuid4().hex[:12]}"
+    relay = Relay()
+    relay.route("order.*", NatsPublisher(NATS_URL, stream=name, subjects=[f"{name}.>"]),
+                destination="elsewhere.{topic}")
+    await enqueue_many(db, _events(2, max_attempts=2))
+    try:
+        states = await _relay_all(db, relay, 2)
+        assert set(states.values()) == {"failed"}
+        rows = await query(db, "SELECT attempts, last_error FROM conveyor.events")
+        assert all(r["attempts"] == 2 for r in rows)
+        assert all("refused 'elsewhere.order.created'" in r["last_error"] for r in rows), rows
+    finally:
+        nc = await nats.connect(NATS_URL)
+        await nc.jetstream().delete_stream(name)
+        await nc.close()
+
+
+async def test_nats_refuses_a_stream_that_forgets_ids_too_soon() -> None:
+    import nats
+    from nats.js.api import StreamConfig
+
+    from conveyor import ConfigError
+
+    name = f"T{uuid.uuid4().hex[:12]}"
+    nc = await nats.connect(NATS_URL)
+    try:
+        await nc.jetstream().add_stream(StreamConfig(name=name, subjects=[f"{name}.>"],
+                                                     duplicate_window=10))
+        publisher = NatsPublisher(NATS_URL, stream=name, subjects=[f"{name}.>"])
+        with pytest.raises(ConfigError, match=f"stream '{name}' remembers message ids for 10s, "
+                                              "the relay needs at least 120s"):
+            await publisher.start()
+    finally:
+        await nc.jetstream().delete_stream(name)
+        await nc.close()
+
+
+# -------------------------------------------------------------- RabbitMQ
+
+async def test_rabbitmq_confirms_persistent_messages_with_their_ids(db: str) -> None:
+    import aio_pika
+
+    exchange_name = f"conveyor-test-{uuid.uuid4().hex[:12]}"
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        channel = await connection.channel()
+        exchange = await channel.declare_exchange(exchange_name, "topic", durable=True)
+        queue = await channel.declare_queue(exclusive=True)
+        await queue.bind(exchange, "orders.#")
+        relay = Relay()
+        relay.route("order.*", RabbitMQPublisher(AMQP_URL, exchange=exchange_name),
+                    destination="orders.{tenant}.{topic}")
+        await enqueue_many(db, _events(25))
+        states = await _relay_all(db, relay, 25)
+        assert set(states.values()) == {"succeeded"}
+        got: dict[int, aio_pika.abc.AbstractIncomingMessage] = {}
+        while (message := await queue.get(no_ack=True, fail=False)) is not None:
+            got[int(message.message_id or 0)] = message
+        assert sorted(got) == await _ids(db)
+        first = got[1]
+        assert first.routing_key == "orders.t0.order.created"
+        assert first.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        assert first.content_type == "application/json"
+        assert json.loads(first.body) == {"n": 0, "text": "é"}
+        assert first.headers["conveyor-topic"] == "order.created"
+        assert first.headers["conveyor-tenant"] == "t0"
+    finally:
+        channel = await connection.channel()
+        await channel.exchange_delete(exchange_name)
+        await connection.close()
+
+
+async def test_rabbitmq_unroutable_messages_are_refused_not_dropped(db: str) -> None:
+    import aio_pika
+
+    exchange_name = f"conveyor-test-{uuid.uuid4().hex[:12]}"
+    relay = Relay()
+    relay.route("order.*", RabbitMQPublisher(AMQP_URL, exchange=exchange_name),
+                destination="nobody.listens")
+    await enqueue_many(db, _events(3, max_attempts=1))
+    try:
+        states = await _relay_all(db, relay, 3)
+        assert set(states.values()) == {"failed"}
+        rows = await query(db, "SELECT last_error FROM conveyor.events")
+        assert all("refused 'nobody.listens'" in r["last_error"] for r in rows), rows
+    finally:
+        connection = await aio_pika.connect(AMQP_URL)
+        channel = await connection.channel()
+        await channel.exchange_delete(exchange_name)
+        await connection.close()
+
+
+# ----------------------------------------------------------------- Redis
+
+async def test_redis_adds_each_event_once_and_a_replay_adds_nothing(db: str) -> None:
+    import redis.asyncio
+
+    prefix = f"conveyor-test:{uuid.uuid4().hex[:12]}"
+    publisher = RedisStreamPublisher(REDIS_URL, key_prefix=prefix + ":relayed:")
+    relay = Relay()
+    relay.route("order.*", publisher, destination=prefix + ":{topic}")
+    relay.route("invoice.*", publisher, destination=prefix + ":{topic}")
+    await enqueue_many(db, _events(20) + _events(5, topic="invoice.sent"))
+    client = redis.asyncio.Redis.from_url(REDIS_URL)
+    try:
+        states = await _relay_all(db, relay, 25)
+        assert set(states.values()) == {"succeeded"}
+        orders = await client.xrange(f"{prefix}:order.created")
+        invoices = await client.xrange(f"{prefix}:invoice.sent")
+        assert len(orders) == 20 and len(invoices) == 5
+        fields = orders[0][1]
+        assert json.loads(fields[b"payload"]) == {"n": 0, "text": "é"}
+        assert fields[b"conveyor-event-id"] == b"1" and fields[b"conveyor-tenant"] == b"t0"
+        ids = sorted(int(f[b"conveyor-event-id"]) for _, f in orders + invoices)
+        assert ids == await _ids(db)
+        async with relay, await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+            replayed = await relay.replay(
+                conn, since=datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5))
+        assert replayed == 25 and publisher.duplicates == 25
+        assert await client.xlen(f"{prefix}:order.created") == 20
+    finally:
+        keys = [k async for k in client.scan_iter(match=prefix + ":*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+# ---------------------------------------------------------- unreachable
+
+async def test_an_unreachable_broker_puts_events_back_without_spending_attempts(
+        db: str) -> None:
+    relay = Relay()
+    # Nothing listens on port 1.
+    relay.route("order.*", NatsPublisher("nats://127.0.0.1:1", stream="NOWHERE",
+                                         subjects=["x.>"], timeout=0.5))
+    [event_id] = await enqueue_many(db, _events(1))
+    worker = Worker(db, relay.router(), fast_config())
+    async with running(worker):
+        await asyncio.sleep(1.5)
+    [row] = await query(db, "SELECT state, attempts, run_at > now() AS later"
+                            " FROM conveyor.events WHERE id = %s", (event_id,))
+    assert row == {"state": "pending", "attempts": 0, "later": True}
+
+
+def test_routes_refuse_bad_templates_and_publishers_with_one_line() -> None:
+    from conveyor import ConfigError
+
+    relay = Relay()
+    nats_publisher = NatsPublisher(stream="S", subjects=["s.>"])
+    for kwargs, message in [
+        ({"destination": "x.{id}"}, "expected destination for 'a.*' to name only {topic} and "
+                                    "{tenant}, got 'x.{id}'"),
+        ({"destination": "x.{topic"}, "expected destination for 'a.*' to be a template like"),
+        ({"destination": ""}, "to name only {topic} and {tenant}, got ''"),
+    ]:
+        with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("}", r"\}")
+                           .replace("*", r"\*").replace(".", r"\.")):
+            relay.route("a.*", nats_publisher, **kwargs)
+    with pytest.raises(ConfigError, match=r"expected a publisher for 'a\.\*'"):
+        relay.route("a.*", "nats://x")  # type: ignore[arg-type]
+    relay.route("a.*", nats_publisher)
+    with pytest.raises(ConfigError, match=r"pattern 'a\.\*' is relayed twice"):
+        relay.route("a.*", nats_publisher)
+    with pytest.raises(ConfigError, match="expected stream to be a JetStream stream name"):
+        NatsPublisher(stream="a b")
+    with pytest.raises(ConfigError, match="expected exchange_type to be one of"):
+        RabbitMQPublisher(exchange_type="fan")
+    with pytest.raises(ConfigError, match="expected dedup_ttl to be seconds"):
+        RedisStreamPublisher(dedup_ttl=0)
+    assert nats_publisher.check_destination("a.b.c") is None
+    assert nats_publisher.check_destination("a..b") is not None
+    assert nats_publisher.check_destination("a.*") is not None
+    assert nats_publisher.check_destination("a b") is not None
+    assert PublishRejectedError.__mro__[1].__name__ == "RelayError"
