@@ -20,6 +20,7 @@ from conveyor.cli import (
     dashboard_command,
     events,
     pause_command,
+    relay_command,
     worker_command,
     worker_multi_command,
     workflow_command,
@@ -113,7 +114,7 @@ COMMANDS = [commands.register_migrate, worker_command.register_worker,
             events.register_prune, commands.register_xlsx,
             worker_multi_command.register_worker_multi, workflow_command.register_workflow,
             pause_command.register_pause, pause_command.register_resume,
-            dashboard_command.register_dashboard]
+            dashboard_command.register_dashboard, relay_command.register_relay]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.cli.context import Context, duration, positive_int
 from conveyor.cli.options import add_command, boolean, label, option
@@ -36,6 +36,12 @@ from conveyor.config import (
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.retry import BASE_DELAY_DEFAULT, MAX_DELAY_DEFAULT, BackoffPolicy
 
+if TYPE_CHECKING:
+    from conveyor.cli.metrics_serving import WorkerMetrics
+    from conveyor.middleware import Middleware
+    from conveyor.router import Router
+    from conveyor.worker import Worker
+
 Env = Callable[..., str | None]
 Sub = Any  # argparse's private _SubParsersAction
 
@@ -61,6 +67,11 @@ def register_worker(sub: Sub, env: Env) -> None:
              ])
     option(p, "--app", env="APP", required=True, metavar="MODULE:ROUTER",
            help="router to serve")
+    add_worker_options(p, env)
+
+
+def add_worker_options(p: argparse.ArgumentParser, env: Env) -> None:
+    """The options of a worker process, but --app (conveyor worker and conveyor relay)."""
     p.add_argument("--embedded", action="store_true",
                    help="without a database URL, run on the embedded PostgreSQL (for trying "
                         "Conveyor: its data is private to this machine)")
@@ -133,15 +144,32 @@ def off_or_duration(text: str) -> float | None:
 
 
 def run_worker(ctx: Context, args: argparse.Namespace) -> int:
-    from conveyor.worker import Worker
-
-    if ctx.embedded and not args.embedded:
-        raise InvalidInputError(
-            "no database for the worker: set --database-url or CONVEYOR_DATABASE_URL, or pass "
-            "--embedded to run on the embedded PostgreSQL")
+    refuse_without_database(ctx, args, "the worker")
     middleware = tracing_middleware(args)   # a missing extra is refused before the import
     stop = StopSignals().install()   # before the app's import, which may take a while
     router = load_router(args.app)
+    built = build_worker(ctx, args, router, middleware, stop)
+    if built is None:
+        return 0
+    worker, metrics = built
+    serve_until_stopped(worker, stop, args.event_loop, metrics)
+    report_exit(ctx, worker)
+    return 0
+
+
+def refuse_without_database(ctx: Context, args: argparse.Namespace, what: str) -> None:
+    if ctx.embedded and not args.embedded:
+        raise InvalidInputError(
+            f"no database for {what}: set --database-url or CONVEYOR_DATABASE_URL, or pass "
+            "--embedded to run on the embedded PostgreSQL")
+
+
+def build_worker(ctx: Context, args: argparse.Namespace, router: Router,
+                 middleware: list[Middleware], stop: StopSignals
+                 ) -> tuple[Worker, WorkerMetrics | None] | None:
+    """The worker (and its metrics server) the options ask for; None if a stop came first."""
+    from conveyor.worker import Worker
+
     try:
         config = WorkerConfig(
             schema=ctx.schema, name=args.name, concurrency=args.concurrency,
@@ -160,7 +188,7 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
         raise InvalidInputError(str(exc)) from None
     if stop.requested:
         log.info("stopped before the worker started", extra={"action": "stopped"})
-        return 0
+        return None
     metrics = None
     if args.metrics_port is not None:
         from conveyor.cli.metrics_serving import WorkerMetrics
@@ -170,11 +198,12 @@ def run_worker(ctx: Context, args: argparse.Namespace) -> int:
                     middleware=middleware)
     if metrics is not None:
         metrics.serve(worker, args.metrics_host, args.metrics_port)
+    return worker, metrics
 
-    serve_until_stopped(worker, stop, args.event_loop, metrics)
+
+def report_exit(ctx: Context, worker: Worker) -> None:
     s = worker.stats
     log.info("worker exiting: %d succeeded, %d retried, %d failed, %d handed back",
              s.succeeded, s.retried, s.failed, s.handed_back, extra={"action": "exit"})
     leave_stuck_handler_threads(ctx)
-    return 0
 
