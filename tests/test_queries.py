@@ -7,6 +7,7 @@ runs; ``test_every_named_query_is_exercised`` fails when a query is added to a
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -1057,11 +1058,12 @@ def _flow_params(owner: str, limit_pattern: str, limit: int) -> dict[str, Any]:
 def test_flow_limits_are_declared_locked_counted_and_refilled(db: Conn) -> None:
     db.execute("DELETE FROM conveyor.flow_limits")
     declare = {"patterns": ["mail.*", "sms.send"], "max_runnings": [2, None],
-               "rates": [None, 10.0], "bursts": [None, 10.0], "fair_bys": ["tenant", None]}
+               "rates": [None, 10.0], "bursts": [None, 10.0], "fair_bys": ["tenant", None],
+               "fifo_bys": [None, "payload.to"]}
     db.execute(Q["flow_declare"], declare)
     db.execute(Q["flow_declare"], declare)            # again: nothing changes
-    assert db.execute(Q["flow_list"]).fetchall() == [("mail.*", 2, None, "tenant"),
-                                                     ("sms.send", None, 10.0, None)]
+    assert db.execute(Q["flow_list"]).fetchall() == [("mail.*", 2, None, "tenant", None),
+                                                     ("sms.send", None, 10.0, None, "payload.to")]
     locked = db.execute(Q["flow_lock"], {"pattern": "sms.send"}).fetchone()
     assert locked is not None and locked[:4] == (None, 10.0, 10.0, 10.0) and locked[4] >= 0
     assert db.execute(Q["flow_lock"], {"pattern": "nope"}).fetchone() is None
@@ -1148,14 +1150,56 @@ def test_the_sort_moves_the_fronts_limited_events_and_the_unsort_brings_back_the
     assert _lanes(db) == {"mail.a": [True], "sms.x": [False, False], "mail.b": [True],
                           "mail.c": [True]}
     assert sorted(r[2] for r in _claim(db, _owner())) == ["sms.x", "sms.x"]
-    # A claim puts an event back in the open lane: retried, it is sorted again.
+    # A flow claim leaves its event in the limited lane: retried, it is back there.
     taken = db.execute(Q["flow_claim"], _flow_params(_owner(), "mail.*", 1)).fetchall()
     assert db.execute("SELECT state, limited FROM conveyor.events WHERE id = %s",
-                      (taken[0][0],)).fetchone() == ("running", False)
-    # No limit at all: everything goes back.
+                      (taken[0][0],)).fetchone() == ("running", True)
+    # No limit at all: every pending event goes back.
     params = {**pattern_filter([], prefix="limit_"), "batch": 100}
     assert db.execute(Q["flow_unsort"], params).rowcount == 2
     assert _lanes(db) == {"mail.b": [False], "mail.c": [False]}
+
+
+@exercises("flow_claim_fifo")
+def test_the_fifo_claim_takes_each_keys_first_unfinished_event_only(db: Conn) -> None:
+    from conveyor.router import pattern_filter
+
+    ids = {}
+    for n, (tenant, to) in enumerate([("a", "x"), ("a", "y"), ("b", "x"), ("a", "x"),
+                                      ("b", "y"), (None, "z"), (None, None)]):
+        row = db.execute(Q["event_insert"], {
+            "tenant": tenant, "topic": "ledger.post", "payload": json.dumps({"to": to, "n": n}),
+            "priority": 0, "max_attempts": 3, "idempotency_key": None, "delay": 0,
+            "run_at": None}).fetchone()
+        assert row is not None
+        ids[n] = row[0]
+    _sort(db, ["ledger.*"])
+
+    def claim(limit: int, **key: Any) -> list[int]:
+        rows = db.execute(Q["flow_claim_fifo"], {**_flow_params(_owner(), "ledger.*", limit),
+                                                 **key}).fetchall()
+        return sorted(r[0] for r in rows)
+
+    by_tenant = {"fifo_tenant": True, "fifo_path": []}
+    # Heads by tenant: a's first, b's first, and the events without a tenant (one key).
+    assert claim(10, **by_tenant) == [ids[0], ids[2], ids[5]]
+    # All three run: no tenant has a head that is pending.
+    assert claim(10, **by_tenant) == []
+    # a's first fails and is retried later: it still holds a's place.
+    db.execute("UPDATE conveyor.events SET state = 'pending', lease_owner = NULL,"
+               " lease_expires_at = NULL, run_at = now() + interval '1 hour' WHERE id = %s",
+               (ids[0],))
+    assert claim(10, **by_tenant) == []
+    # b's first succeeds: b's second is next.
+    db.execute("UPDATE conveyor.events SET state = 'succeeded', lease_owner = NULL,"
+               " lease_expires_at = NULL WHERE id = %s", (ids[2],))
+    assert claim(10, **by_tenant) == [ids[4]]
+    # By the payload's `to`: x's head (0) waits for its retry, y's head (1) is free;
+    # z's and the missing key's heads are running or pending.
+    db.execute("UPDATE conveyor.events SET state = 'pending', lease_owner = NULL,"
+               " lease_expires_at = NULL WHERE id IN (%s, %s)", (ids[4], ids[5]))
+    assert claim(10, fifo_tenant=False, fifo_path=["to"]) == [ids[1], ids[5], ids[6]]
+    assert pattern_filter(["ledger.*"])["prefixes"] == ["ledger.%"]
 
 
 def test_fragments_are_included_and_never_run_alone() -> None:
@@ -1167,3 +1211,24 @@ def test_fragments_are_included_and_never_run_alone() -> None:
     assert "-- include:" not in "".join(raw_queries().values())
     with pytest.raises(ValueError, match="no fragment '_nope' to include"):
         expand_includes({"q": "-- include: _nope"})
+
+
+@exercises("relay_replay")
+def test_replay_reads_succeeded_events_of_its_topics_in_finish_order(db: Conn) -> None:
+    from conveyor.router import pattern_filter
+
+    for topic in ("order.a", "order.b", "other.x", "order.c"):
+        _insert(db, topic)
+    db.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = now() - CASE topic"
+               " WHEN 'order.a' THEN interval '1 minute' ELSE interval '2 minutes' END")
+    db.execute("UPDATE conveyor.events SET state = 'failed' WHERE topic = 'order.c'")
+    params = {**pattern_filter(["order.*"]), "until": None, "limit": 10,
+              "after_at": datetime.now(UTC) - timedelta(hours=1), "after_id": 0}
+    rows = db.execute(Q["relay_replay"], params).fetchall()
+    # Oldest finish first (b finished before a), other.x and the failed one left out.
+    assert [r[2] for r in rows] == ["order.b", "order.a"]
+    # Keyset: after the first row, only the second; a window that ends before both: none.
+    after = {**params, "after_at": rows[0][7], "after_id": rows[0][0]}
+    assert [r[2] for r in db.execute(Q["relay_replay"], after).fetchall()] == ["order.a"]
+    early = {**params, "until": rows[0][7]}
+    assert db.execute(Q["relay_replay"], early).fetchall() == []

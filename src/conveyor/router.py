@@ -51,6 +51,7 @@ class RouteOptions(TypedDict, total=False):
     max_running: int | None
     rate: str | None
     fair_by: str | None
+    fifo_by: str | None
 
 
 # Bytes of JSON text a stored result may take: by default, and at most (the
@@ -76,7 +77,7 @@ class Route:
         store_result: whether the handler's return value is stored with its
             event as JSON (:meth:`conveyor.Admin.result`, :meth:`conveyor.Admin.wait`).
         result_limit: the most bytes of JSON text a stored result may take.
-        flow: the route's flow control (max_running, rate, fair_by), None
+        flow: the route's flow control (max_running, rate, fair_by, fifo_by), None
             without any (see :mod:`conveyor.flow`).
     """
 
@@ -156,6 +157,7 @@ class Router:
         max_running: int | None = None,
         rate: str | None = None,
         fair_by: str | None = None,
+        fifo_by: str | None = None,
     ) -> Route:
         """Add a rule; ``blocking=False`` runs a plain callable inline on the loop.
 
@@ -166,7 +168,8 @@ class Router:
         Flow control, enforced in the claim across all workers (docs/flow-control.md):
         ``max_running`` events of the pattern at once; ``rate`` starts at
         most (``"10/s"``, ``"600/m"``, ``"5/10s"``); ``fair_by="tenant"``
-        takes each tenant's events in turn.
+        takes each tenant's events in turn; ``fifo_by="tenant"`` (or
+        ``"payload.<key>"``) runs the events of one key one at a time, in order.
         """
         try:
             pattern = check_topic_pattern(pattern)
@@ -180,7 +183,7 @@ class Router:
                 or not 1 <= result_limit <= RESULT_LIMIT_MAX:
             raise ConfigError(f"expected result_limit for {pattern!r} to be an int from 1 to "
                               f"{RESULT_LIMIT_MAX}, got {result_limit!r}")
-        flow = FlowLimit.define(pattern, max_running, rate, fair_by)
+        flow = FlowLimit.define(pattern, max_running, rate, fair_by, fifo_by)
         if any(r.pattern == pattern for r in self._routes):
             raise ConfigError(f"topic pattern {pattern!r} is already routed")
         is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(

@@ -180,7 +180,8 @@ CREATE TABLE conveyor.cron_slots (
 
 -- Flow control of routes (0012; docs/flow-control.md): a limited pattern's
 -- events are claimed only under its row's lock, within max_running and the
--- token bucket (tokens refill at `rate` per second up to `burst`).
+-- token bucket (tokens refill at `rate` per second up to `burst`); with
+-- fifo_by (0014), one event per key at a time, in order.
 CREATE TABLE conveyor.flow_limits (
     pattern     text        PRIMARY KEY,
     max_running integer,
@@ -189,7 +190,8 @@ CREATE TABLE conveyor.flow_limits (
     fair_by     text,
     tokens      float8      NOT NULL DEFAULT 0,
     refilled_at timestamptz NOT NULL DEFAULT now(),
-    updated_at  timestamptz NOT NULL DEFAULT now()
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    fifo_by     text
 );
 
 -- Wake-ups: no trigger (0007). The producer's INSERT statements call

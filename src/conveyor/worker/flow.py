@@ -19,10 +19,11 @@ claims the limited one, so a limited topic's backlog is never in an unlimited
 event's way. Every event is written to the open lane; a plain claim moves
 the limited events it meets instead of claiming them, the flow loop of each
 worker moves those it finds at the lane's front (``flow_sort``, the next 100
-to 10,000 events in claim order), and every claim puts an event back in the
-open lane. A limit that is gone sends its events
-back (``flow_unsort``) when a worker reads the table and finds the set of
-patterns changed.
+to 10,000 events in claim order); a flow claim leaves its events in the
+limited lane, so a retried event waits there. A limit that is gone sends its
+events back (``flow_unsort``) when a worker reads the table and finds the set
+of patterns changed, and once every UNSORT_EVERY seconds (an event that was
+running when its limit went returns to pending in the limited lane).
 
 With no row in flow_limits the worker claims exactly as before: one
 statement, ``event_claim`` (checked every FLOW_REFRESH seconds).
@@ -72,6 +73,9 @@ SORT_WINDOW_MAX = 10_000
 # Events flow_unsort moves back per statement.
 UNSORT_BATCH = 10_000
 
+# Seconds between two unsorts while the limits stay the same.
+UNSORT_EVERY = 60.0
+
 
 class FlowControl:
     """One worker's view of the fleet's flow limits, and the claims that keep them."""
@@ -102,6 +106,7 @@ class FlowControl:
         self._sort_at = 0.0
         self._sorted_at = -math.inf
         self._sort_params: dict[str, Any] = {}
+        self._unsorted_at = -math.inf
         self.sorted = 0             # events moved to the limited lane, for stats
 
     @property
@@ -168,22 +173,24 @@ class FlowControl:
         await conn.execute(self._q["flow_declare"], {
             "patterns": [x.pattern for x in d], "max_runnings": [x.max_running for x in d],
             "rates": [x.rate for x in d], "bursts": [x.burst for x in d],
-            "fair_bys": [x.fair_by for x in d]})
+            "fair_bys": [x.fair_by for x in d], "fifo_bys": [x.fifo_by for x in d]})
 
     async def refresh(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Read every limit of the fleet; on a change (or the first read), send
         the events no limit covers any more back to the open lane."""
         cur = await conn.execute(self._q["flow_list"])
-        limits = [FlowLimit(pattern, max_running, rate, fair_by)
-                  for pattern, max_running, rate, fair_by in await cur.fetchall()]
+        limits = [FlowLimit(*row) for row in await cur.fetchall()]
         patterns = [x.pattern for x in limits]
-        first = self._read_at == -math.inf
-        if first or patterns != [x.pattern for x in self.limits]:
+        now = time.monotonic()
+        changed = patterns != [x.pattern for x in self.limits] or self._read_at == -math.inf
+        if changed or now - self._unsorted_at >= UNSORT_EVERY:
             params = {**pattern_filter(patterns, prefix="limit_"), "batch": UNSORT_BATCH}
             while True:
                 cur = await conn.execute(self._q["flow_unsort"], params)
                 if cur.rowcount < UNSORT_BATCH:
                     break
+            self._unsorted_at = now
+        if changed:
             self._sort_params = {**pattern_filter(patterns, prefix="limit_"),
                                  "window": SORT_WINDOW_MAX}
             self._sort_at = 0.0
@@ -279,9 +286,13 @@ class FlowControl:
                                        {"pattern": limit.pattern, "tokens": tokens})
                 return []
             self._claimed_at[limit.pattern] = time.monotonic()
-            query = q["flow_claim_fair" if limit.fair_by == "tenant" else "flow_claim"]
-            cur = await conn.execute(query, {
-                **params, **pattern_filter([limit.pattern], prefix="limit_"), "limit": budget})
+            claim = {**params, **pattern_filter([limit.pattern], prefix="limit_"), "limit": budget}
+            if limit.fifo_by is not None:
+                query = q["flow_claim_fifo"]
+                claim.update(limit.fifo_params)
+            else:
+                query = q["flow_claim_fair" if limit.fair_by == "tenant" else "flow_claim"]
+            cur = await conn.execute(query, claim)
             claimed = await cur.fetchall()
             if rate is not None:
                 await conn.execute(q["flow_take_tokens"],

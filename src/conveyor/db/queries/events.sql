@@ -88,13 +88,12 @@ WHERE tenant IS NOT DISTINCT FROM %(tenant)s AND idempotency_key = %(idempotency
 -- name: _claim_update
 -- The claim's write, shared by every claim variant (event_claim,
 -- event_claim_unpaused, flow.sql's): the rows `next` picked become running,
--- the attempt counted at claim time, leased to the worker, and back in the
--- open lane (0013), so an event that returns to pending is sorted again
--- under the flow limits of that moment. The RETURNING
+-- the attempt counted at claim time, leased to the worker. Each stays in its
+-- lane (0013): a limited event that returns to pending (a retry, a rescued
+-- lease) is back in the flow claims' lane at once. The RETURNING
 -- columns are unpacked in the order of conveyor.types.CLAIM_COLUMNS.
 UPDATE {schema}.events AS e
 SET state = 'running',
-    limited = false,
     attempts = e.attempts + 1,
     lease_owner = %(owner)s,
     lease_expires_at = now() + %(lease_ttl)s * interval '1 second',

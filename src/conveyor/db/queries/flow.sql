@@ -3,19 +3,21 @@
 -- name: flow_declare
 -- A worker's limited routes, at its start: a new pattern starts with a full
 -- bucket; a changed definition is updated, an unchanged one left alone.
-INSERT INTO {schema}.flow_limits (pattern, max_running, rate, burst, fair_by, tokens)
-SELECT d.pattern, d.max_running, d.rate, d.burst, d.fair_by, COALESCE(d.burst, 0)
+INSERT INTO {schema}.flow_limits (pattern, max_running, rate, burst, fair_by, fifo_by, tokens)
+SELECT d.pattern, d.max_running, d.rate, d.burst, d.fair_by, d.fifo_by, COALESCE(d.burst, 0)
 FROM unnest(%(patterns)s::text[], %(max_runnings)s::int[], %(rates)s::float8[],
-            %(bursts)s::float8[], %(fair_bys)s::text[])
-     AS d(pattern, max_running, rate, burst, fair_by)
+            %(bursts)s::float8[], %(fair_bys)s::text[], %(fifo_bys)s::text[])
+     AS d(pattern, max_running, rate, burst, fair_by, fifo_by)
 ON CONFLICT (pattern) DO UPDATE
 SET max_running = EXCLUDED.max_running, rate = EXCLUDED.rate, burst = EXCLUDED.burst,
-    fair_by = EXCLUDED.fair_by, updated_at = now()
-WHERE (flow_limits.max_running, flow_limits.rate, flow_limits.burst, flow_limits.fair_by)
-      IS DISTINCT FROM (EXCLUDED.max_running, EXCLUDED.rate, EXCLUDED.burst, EXCLUDED.fair_by)
+    fair_by = EXCLUDED.fair_by, fifo_by = EXCLUDED.fifo_by, updated_at = now()
+WHERE (flow_limits.max_running, flow_limits.rate, flow_limits.burst, flow_limits.fair_by,
+       flow_limits.fifo_by)
+      IS DISTINCT FROM (EXCLUDED.max_running, EXCLUDED.rate, EXCLUDED.burst, EXCLUDED.fair_by,
+                        EXCLUDED.fifo_by)
 
 -- name: flow_list
-SELECT pattern, max_running, rate, fair_by FROM {schema}.flow_limits ORDER BY pattern
+SELECT pattern, max_running, rate, fair_by, fifo_by FROM {schema}.flow_limits ORDER BY pattern
 
 -- name: flow_remove
 DELETE FROM {schema}.flow_limits WHERE pattern = %(pattern)s RETURNING pattern
@@ -91,6 +93,44 @@ WITH ranked AS (
     ORDER BY ranked.turn, ranked.priority DESC, ranked.run_at, ranked.id
     LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED
+)
+-- include: _claim_update
+
+-- name: flow_claim_fifo
+-- flow_claim for a pattern with fifo_by (0014): each key's first unfinished
+-- event (by priority, then id: a retry's later due time keeps its place) is
+-- its head, and only heads that are pending and due are claimed, so the
+-- events of one key run one at a time and in order. The key is the tenant
+-- (`fifo_tenant`) or the payload's value at `fifo_path`; events without it
+-- share one key. Unfinished: pending in the limited lane (a flow claim leaves
+-- its events there, so a retried or rescued event is back in it) or running.
+-- An event still in the open lane is not seen: the sorts take the open
+-- lane's front in claim order, so it is a later arrival, or one enqueued
+-- with a delay that takes its place when it comes due.
+WITH unfinished AS (
+    SELECT id, state, priority, run_at,
+           CASE WHEN %(fifo_tenant)s THEN tenant ELSE payload #>> %(fifo_path)s::text[] END AS k
+    FROM {schema}.events
+    WHERE (state = 'running' OR (state = 'pending' AND limited))
+      AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
+           OR topic LIKE ANY(%(limit_prefixes)s::text[]))
+      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
+      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+), heads AS (
+    SELECT DISTINCT ON (k) id, state, priority, run_at
+    FROM unfinished
+    ORDER BY k, priority DESC, id
+), next AS (
+    SELECT events.id
+    FROM {schema}.events
+    JOIN heads ON heads.id = events.id
+    WHERE heads.state = 'pending'
+      AND heads.run_at <= now()
+      AND events.state = 'pending'
+      -- include: _claim_unpaused
+    ORDER BY heads.priority DESC, heads.run_at, heads.id
+    LIMIT %(limit)s
+    FOR UPDATE OF events SKIP LOCKED
 )
 -- include: _claim_update
 
