@@ -15,8 +15,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from conveyor import NewEvent, PublishRejectedError, Worker
-from conveyor.relay import NatsPublisher, RabbitMQPublisher, RedisStreamPublisher, Relay
+from conveyor import BackoffPolicy, NewEvent, PublishRejectedError, Worker
+from conveyor.relay import (
+    NatsPublisher,
+    RabbitMQPublisher,
+    RedisStreamPublisher,
+    Relay,
+    RelayMessage,
+)
 from worker_support import enqueue_many, fast_config, query, running, wait_all_in
 
 NATS_URL = "nats://127.0.0.1:4222"
@@ -124,6 +130,59 @@ async def test_nats_refuses_a_stream_that_forgets_ids_too_soon() -> None:
         with pytest.raises(ConfigError, match=f"stream '{name}' remembers message ids for 10s, "
                                               "the relay needs at least 120s"):
             await publisher.start()
+    finally:
+        await nc.jetstream().delete_stream(name)
+        await nc.close()
+
+
+class FlakyFirstTry:
+    """A publisher that refuses every fifth event's first attempt, then passes it on."""
+
+    def __init__(self, inner: NatsPublisher) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.refused: set[int] = set()
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def publish(self, message: RelayMessage) -> None:
+        if message.event_id % 5 == 0 and message.event_id not in self.refused:
+            self.refused.add(message.event_id)
+            raise PublishRejectedError("refused once, for the test")
+        await self.inner.publish(message)
+
+    def check_destination(self, destination: str) -> str | None:
+        return self.inner.check_destination(destination)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_nats_per_key_stores_each_tenants_events_in_order_despite_retries(db: str) -> None:
+    import nats
+
+    name = f"T{uuid.uuid4().hex[:12]}"
+    publisher = FlakyFirstTry(NatsPublisher(NATS_URL, stream=name, subjects=[f"{name}.>"]))
+    relay = Relay()
+    relay.route("order.*", publisher, destination=name + ".{tenant}", mode="per_key")
+    await enqueue_many(db, _events(90))
+    nc = await nats.connect(NATS_URL)
+    try:
+        async with relay, running(Worker(db, relay.router(backoff=BackoffPolicy(
+                base_delay=0.05, max_delay=0.05, jitter=0)), fast_config(concurrency=20))), \
+                running(Worker(db, relay.router(), fast_config(concurrency=20))):
+            await wait_all_in(db, {"succeeded"}, timeout=30)
+        js = nc.jetstream()
+        stored: dict[str, list[int]] = {}
+        for seq in range(1, 91):
+            msg = await js.get_msg(name, seq)
+            stored.setdefault(msg.subject, []).append(int((msg.headers or {})["Nats-Msg-Id"]))
+        assert len(publisher.refused) == 18
+        assert sorted(stored) == [f"{name}.t0", f"{name}.t1", f"{name}.t2"]
+        for ids in stored.values():
+            # The stream's order per tenant is the events' order, retries and all.
+            assert ids == sorted(ids) and len(ids) == 30
     finally:
         await nc.jetstream().delete_stream(name)
         await nc.close()
@@ -255,6 +314,11 @@ def test_routes_refuse_bad_templates_and_publishers_with_one_line() -> None:
     relay.route("a.*", nats_publisher)
     with pytest.raises(ConfigError, match=r"pattern 'a\.\*' is relayed twice"):
         relay.route("a.*", nats_publisher)
+    with pytest.raises(ConfigError, match="expected mode for 'b' to be one of 'unordered', "
+                                          "'per_key', got 'ordered'"):
+        relay.route("b", nats_publisher, mode="ordered")
+    with pytest.raises(ConfigError, match="expected fifo_by for 'b' to be 'tenant' or"):
+        relay.route("b", nats_publisher, mode="per_key", key="customer")
     with pytest.raises(ConfigError, match="expected stream to be a JetStream stream name"):
         NatsPublisher(stream="a b")
     with pytest.raises(ConfigError, match="expected exchange_type to be one of"):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import BrokerUnavailableError, ConfigError, InvalidInputError
+from conveyor.flow import FlowLimit
 from conveyor.outcomes import PermanentFailure, Snooze
 from conveyor.retry import BackoffPolicy
 from conveyor.router import Router, pattern_filter
@@ -97,11 +98,17 @@ class Publisher(Protocol):
     async def aclose(self) -> None: ...
 
 
+# The ordering modes of a relay route.
+MODES = ("unordered", "per_key")
+
+
 @dataclass(frozen=True, slots=True)
 class RelayRoute:
     pattern: str
     publisher: Publisher
     destination: str
+    # per_key: the route's fifo_by (conveyor.flow.FlowLimit), None when unordered.
+    fifo_by: str | None = None
 
 
 def _template_fields(template: str, pattern: str) -> None:
@@ -149,13 +156,21 @@ class Relay:
     routes: list[RelayRoute] = field(default_factory=list)
     _unavailable: dict[int, _Unavailable] = field(default_factory=dict, repr=False)
 
-    def route(self, pattern: str, publisher: Publisher, *, destination: str = "{topic}") -> None:
+    def route(self, pattern: str, publisher: Publisher, *, destination: str = "{topic}",
+              mode: str = "unordered", key: str = "tenant") -> None:
         """Relay the events of ``pattern`` (an exact topic, ``prefix.*`` or ``*``) to ``publisher``.
 
         ``destination``: the subject, routing key or stream key, a template over
         ``{topic}`` and ``{tenant}`` (``-`` for an event without one).
+        ``mode``: ``"unordered"`` (the default: as many publishes in flight as
+        the worker runs handlers) or ``"per_key"``: the events of one ``key``
+        (``"tenant"`` or ``"payload.<field>"``) are published one at a time, in
+        order, keys side by side (the route's ``fifo_by``, docs/flow-control.md).
         """
         check_topic_pattern(pattern)
+        if mode not in MODES:
+            raise ConfigError(f"expected mode for {pattern!r} to be one of "
+                              f"{', '.join(map(repr, MODES))}, got {mode!r:.60}")
         if not isinstance(publisher, Publisher):
             raise ConfigError(f"expected a publisher for {pattern!r} (NatsPublisher, "
                               f"RabbitMQPublisher, RedisStreamPublisher or one of your own), "
@@ -163,12 +178,15 @@ class Relay:
         _template_fields(destination, pattern)
         if any(r.pattern == pattern for r in self.routes):
             raise ConfigError(f"pattern {pattern!r} is relayed twice")
-        self.routes.append(RelayRoute(pattern, publisher, destination))
+        fifo_by = key if mode == "per_key" else None
+        if fifo_by is not None:
+            FlowLimit.define(pattern, None, None, None, fifo_by)   # a bad key fails here
+        self.routes.append(RelayRoute(pattern, publisher, destination, fifo_by))
 
     def attach(self, router: Router, **route_options: Any) -> None:
         """Add one route per relay route to ``router`` (``route_options``: Router.add's)."""
         for r in self.routes:
-            router.add(r.pattern, self._handler(r), **route_options)
+            router.add(r.pattern, self._handler(r), fifo_by=r.fifo_by, **route_options)
 
     def router(self, **route_options: Any) -> Router:
         """A new router with the relay's routes."""
