@@ -16,6 +16,7 @@ Entry fields: ``payload`` (the JSON text) and the message headers
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import (
@@ -55,6 +56,9 @@ return {id, 0}
 """
 
 DEDUP_TTL_DEFAULT = 86400.0
+
+# The most scripts one pipeline sends.
+PIPELINE_MAX = 500
 
 
 def _redis() -> Any:
@@ -100,6 +104,11 @@ class RedisStreamPublisher:
         self.duplicates = 0          # messages whose id was known: nothing added
         self._client: Redis | None = None
         self._script: AsyncScript | None = None
+        # The publishes of the running handlers wait here for the one task that
+        # sends them, a pipeline at a time on one connection: a round trip per
+        # batch instead of one (and a pooled connection) per message.
+        self._waiting: list[tuple[RelayMessage, asyncio.Future[Any]]] = []
+        self._sender: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"RedisStreamPublisher(key_prefix={self.key_prefix!r})"
@@ -127,24 +136,54 @@ class RedisStreamPublisher:
         return self._client
 
     async def publish(self, message: RelayMessage) -> None:
-        redis = _redis()
         self._connected()
-        assert self._script is not None
-        fields: list[str | bytes] = [b"payload", message.payload]
-        for key, value in message.headers.items():
-            fields += [key, value]
-        try:
-            _, seen = await self._script(
-                keys=[message.destination, f"{self.key_prefix}{message.msg_id}"],
-                args=[int(self.dedup_ttl * 1000), self.maxlen or 0, *fields])
-        except (TimeoutError, OSError, redis.exceptions.ConnectionError,
-                redis.exceptions.TimeoutError) as exc:
-            raise BrokerUnavailableError(f"no reply from Redis: {exc}") from exc
-        except redis.exceptions.ResponseError as exc:
-            raise PublishRejectedError(f"Redis refused the entry for {message.destination!r}: "
-                                       f"{exc}") from exc
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((message, done))
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send_all())
+        _, seen = await done
         if seen:
             self.duplicates += 1
+
+    async def _send_all(self) -> None:
+        try:
+            while self._waiting:
+                # One loop round: the handlers started with this one add theirs.
+                await asyncio.sleep(0)
+                batch, self._waiting = self._waiting[:PIPELINE_MAX], self._waiting[PIPELINE_MAX:]
+                await self._send(batch)
+        finally:
+            self._sender = None
+
+    async def _send(self, batch: list[tuple[RelayMessage, asyncio.Future[Any]]]) -> None:
+        redis = _redis()
+        client, script = self._client, self._script
+        assert client is not None and script is not None
+        pipe = client.pipeline(transaction=False)
+        ttl = int(self.dedup_ttl * 1000)
+        for message, _ in batch:
+            fields: list[str | bytes] = [b"payload", message.payload]
+            for key, value in message.headers.items():
+                fields += [key, value]
+            await script(keys=[message.destination, f"{self.key_prefix}{message.msg_id}"],
+                         args=[ttl, self.maxlen or 0, *fields], client=pipe)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except (TimeoutError, OSError, redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError) as exc:
+            error = BrokerUnavailableError(f"no reply from Redis: {exc}")
+            for _, done in batch:
+                if not done.done():
+                    done.set_exception(error)
+            return
+        for (message, done), reply in zip(batch, replies, strict=True):
+            if done.done():
+                continue                       # its handler was cancelled meanwhile
+            if isinstance(reply, Exception):
+                done.set_exception(PublishRejectedError(
+                    f"Redis refused the entry for {message.destination!r}: {reply}"))
+            else:
+                done.set_result(reply)
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
