@@ -148,8 +148,11 @@ def test_status_counts_scheduled_events_apart_from_due_ones(
         ("a.x", EventState.PENDING, 2, 3), ("b.y", EventState.PENDING, 0, 1)]
     data = status.to_json()
     assert data["counts"]["scheduled"] == 4
+    # Nothing of b.y is due: no lag; a.x's two due events came due at this
+    # transaction's now(), so they have waited 0 s.
     assert data["by_topic"][1] == {"topic": "b.y", "state": "pending", "count": 0,
-                                   "scheduled": 1}
+                                   "scheduled": 1, "oldest_due_s": None}
+    assert data["by_topic"][0]["oldest_due_s"] == 0
 
 
 def test_status_counts_only_workers_with_recent_heartbeat(db: psycopg.Connection[Any]) -> None:

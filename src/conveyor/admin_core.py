@@ -87,9 +87,12 @@ def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
     counts = _empty_counts()
     per_topic: dict[tuple[str, str], int] = {}
     scheduled_per_topic: dict[str, int] = {}
+    oldest_per_topic: dict[str, float] = {}
     due_pairs = set()
-    for topic, tenant, state, n in open_rows:
+    for topic, tenant, state, n, oldest_due in open_rows:
         counts[state] += n
+        if oldest_due is not None:
+            oldest_per_topic[topic] = max(oldest_due, oldest_per_topic.get(topic, 0.0))
         if state == SCHEDULED:
             # A pending row of its topic, due count 0 unless due events add to it.
             per_topic.setdefault((topic, EventState.PENDING.value), 0)
@@ -112,7 +115,8 @@ def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
         counts.update(_estimate_finished(estimate, sum(counts.values()), seen))
         estimated = list(ESTIMABLE_STATES)
     by_topic = [TopicCount(topic, EventState(state), n,
-                           scheduled_per_topic.get(topic, 0) if state == "pending" else 0)
+                           scheduled_per_topic.get(topic, 0) if state == "pending" else 0,
+                           oldest_per_topic.get(topic) if state == "pending" else None)
                 for (topic, state), n in sorted(per_topic.items())]
     infos = [worker_from_row(w) for w in workers]
 

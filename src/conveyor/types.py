@@ -216,13 +216,16 @@ class TopicCount:
     On a ``pending`` row, ``count`` is the events due now and ``scheduled`` the
     pending events whose ``run_at`` is still in the future (a topic with only
     scheduled events has a pending row with ``count`` 0). Defaults to 0, and
-    is 0 on every other state's row.
+    is 0 on every other state's row. ``oldest_due_s``, on a pending row with
+    due events: seconds the topic's oldest due event has waited since it came
+    due (its lag: how far a relay or the workers are behind); None otherwise.
     """
 
     topic: str
     state: EventState
     count: int
     scheduled: int = 0
+    oldest_due_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +269,7 @@ class QueueStatus:
             "counts": dict(self.counts),
             "by_topic": [
                 {"topic": t.topic, "state": t.state.value, "count": t.count,
-                 "scheduled": t.scheduled}
+                 "scheduled": t.scheduled, "oldest_due_s": t.oldest_due_s}
                 for t in self.by_topic
             ],
             "oldest_pending_age_s": self.oldest_pending_age_s,

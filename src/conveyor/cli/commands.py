@@ -204,19 +204,25 @@ def format_status(status: QueueStatus) -> str:
         lines.append(f"  {escape(w.name)} (pid {w.pid}) topics: "
                      + escape(", ".join(w.topics)))
     topics: dict[str, dict[str, int]] = {}
+    lags: dict[str, float] = {}
     for t in status.by_topic:
         row = topics.setdefault(escape(t.topic), {})
         row[t.state.value] = t.count
         if t.scheduled:     # carried on the topic's pending row (TopicCount.scheduled)
             row[SCHEDULED] = row.get(SCHEDULED, 0) + t.scheduled
+        if t.oldest_due_s is not None:
+            lags[escape(t.topic)] = t.oldest_due_s
     if topics:
         width = max(len("topic"), *(len(t) for t in topics))
         states = [s for s in c if not approx[s]]     # estimates have no per-topic split
         lines.append("")
-        lines.append(f"{'topic':<{width}}  " + "  ".join(f"{s:>9}" for s in states))
+        lines.append(f"{'topic':<{width}}  " + "  ".join(f"{s:>9}" for s in states)
+                     + "  oldest due")
         for topic in sorted(topics):
             row = topics[topic]
-            lines.append(f"{topic:<{width}}  " + "  ".join(f"{row.get(s, 0):>9}" for s in states))
+            lag = f"{lags[topic]:.1f}s" if topic in lags else "-"
+            lines.append(f"{topic:<{width}}  " + "  ".join(f"{row.get(s, 0):>9}" for s in states)
+                         + f"  {lag:>10}")
     if status.unhandled_topics:
         lines.append("")
         lines.append("pending with no live worker claiming them: "

@@ -114,7 +114,8 @@ class DatabaseGauges(Collector):
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self.holds_lock = False
         # Replaced whole, never mutated: a scrape thread reads one consistent snapshot.
-        self._snapshot: tuple[float, dict[tuple[str, str], int], float | None] | None = None
+        self._snapshot: tuple[float, dict[tuple[str, str], int], float | None,
+                              dict[str, float]] | None = None
 
     async def refresh_once(self) -> bool:
         """Read the gauges if this process holds (or now takes) the lock; True when read."""
@@ -132,11 +133,14 @@ class DatabaseGauges(Collector):
             if not self.holds_lock:
                 return False
         counts: dict[tuple[str, str], int] = {}
-        for topic, _tenant, state, n in await (
+        lags: dict[str, float] = {}
+        for topic, _tenant, state, n, oldest_due in await (
                 await conn.execute(self._q["status_open_counts"])).fetchall():
             counts[(topic, state)] = counts.get((topic, state), 0) + n
+            if oldest_due is not None:
+                lags[topic] = max(oldest_due, lags.get(topic, 0.0))
         row = await (await conn.execute(self._q["status_oldest_due_age"])).fetchone()
-        self._snapshot = (time.monotonic(), counts, row[0] if row else None)
+        self._snapshot = (time.monotonic(), counts, row[0] if row else None, lags)
         return True
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -166,7 +170,7 @@ class DatabaseGauges(Collector):
         snapshot = self._snapshot
         if snapshot is None or not self.holds_lock:
             return
-        read_at, counts, oldest = snapshot
+        read_at, counts, oldest, lags = snapshot
         events = GaugeMetricFamily("conveyor_events", "Events by topic and state, as last read "
                                    "(pending = due now, scheduled = pending not yet due).",
                                    labels=["topic", "state"])
@@ -176,6 +180,13 @@ class DatabaseGauges(Collector):
         yield _family(GaugeMetricFamily, "conveyor_oldest_due_age_seconds",
                       "Seconds the oldest due pending event has waited, as last read.",
                       oldest or 0.0, {})
+        lag = GaugeMetricFamily("conveyor_topic_oldest_due_age_seconds",
+                                "Seconds the oldest due pending event of each topic with due "
+                                "events has waited, as last read (a relay's lag).",
+                                labels=["topic"])
+        for topic, seconds in sorted(lags.items()):
+            lag.add_metric([topic], seconds)
+        yield lag
         yield _family(GaugeMetricFamily, "conveyor_database_gauges_age_seconds",
                       "Seconds since the database gauges were read.",
                       time.monotonic() - read_at, {})

@@ -15,20 +15,24 @@
 -- the cost follows those states, never the succeeded rows: events_claim_idx
 -- holds run_at, topic and tenant (0009), an index-only scan; events_lease_idx
 -- and the rows it points to (running: at most the workers' slots);
--- events_failed_idx (topic), an index-only scan.
+-- events_failed_idx (topic), an index-only scan. `oldest_due_s`: on a due
+-- row, seconds its oldest event has waited since it came due (a relay's or a
+-- topic's lag), from the same read.
 SELECT topic, tenant,
        CASE WHEN run_at <= now() THEN 'pending' ELSE 'scheduled' END AS state,
-       count(*) AS n
+       count(*) AS n,
+       CASE WHEN min(run_at) <= now()
+            THEN extract(epoch FROM now() - min(run_at))::float8 END AS oldest_due_s
 FROM {schema}.events
 WHERE state = 'pending'
 GROUP BY topic, tenant, 3
 UNION ALL
-SELECT topic, NULL, 'running', count(*)
+SELECT topic, NULL, 'running', count(*), NULL
 FROM {schema}.events
 WHERE state = 'running'
 GROUP BY topic
 UNION ALL
-SELECT topic, NULL, 'failed', count(*)
+SELECT topic, NULL, 'failed', count(*), NULL
 FROM {schema}.events
 WHERE state = 'failed'
 GROUP BY topic
