@@ -1213,6 +1213,12 @@ def test_fragments_are_included_and_never_run_alone() -> None:
     assert "-- include:" not in "".join(raw_queries().values())
     with pytest.raises(ValueError, match="no fragment '_nope' to include"):
         expand_includes({"q": "-- include: _nope"})
+    # A fragment may include another; its comment lines are left out too.
+    nested = expand_includes({"_inner": "-- why\nB", "_outer": "A\n-- include: _inner\nC",
+                              "q": "-- include: _outer"})
+    assert nested == {"q": "A\nB\nC"}
+    with pytest.raises(ValueError, match="fragment '_a' includes itself"):
+        expand_includes({"_a": "-- include: _b", "_b": "-- include: _a", "q": "-- include: _a"})
 
 
 @exercises("relay_replay")

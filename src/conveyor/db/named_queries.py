@@ -8,8 +8,9 @@ the schema's NOTIFY channel as a ``psycopg.sql.Literal`` in place of
 
 A block whose name starts with ``_`` is a fragment, never run by itself: a
 line ``-- include: _fragment`` in a query is replaced by the fragment's SQL
-(its comment lines left out). The claim's variants share their clauses so
-(events.sql, flow.sql): one text to change, not six.
+(its comment lines left out); a fragment may include another. The claim's
+variants share their clauses so (events.sql, flow.sql): one text to change,
+not six.
 """
 
 from __future__ import annotations
@@ -38,18 +39,26 @@ def parse_named_queries(text: str) -> dict[str, str]:
 
 
 def expand_includes(queries: dict[str, str]) -> dict[str, str]:
-    """The queries with every ``-- include: _fragment`` line replaced, fragments left out."""
-    fragments = {name: "\n".join(line for line in body.splitlines()
-                                 if not line.lstrip().startswith("--"))
-                 for name, body in queries.items() if name.startswith("_")}
+    """The queries with every ``-- include: _fragment`` line replaced, fragments left out.
 
-    def fragment(match: re.Match[str]) -> str:
-        try:
-            return fragments[match[1]]
-        except KeyError:
-            raise ValueError(f"no fragment {match[1]!r} to include") from None
+    A fragment may include others (the flow claims' shared tail includes the
+    claim's write); a fragment that includes itself, directly or not, is refused.
+    """
+    raw = {name: body for name, body in queries.items() if name.startswith("_")}
 
-    return {name: _INCLUDE_RE.sub(fragment, body) for name, body in queries.items()
+    def expand(body: str, seen: tuple[str, ...]) -> str:
+        def fragment(match: re.Match[str]) -> str:
+            name = match[1]
+            if name not in raw:
+                raise ValueError(f"no fragment {name!r} to include")
+            if name in seen:
+                raise ValueError(f"fragment {name!r} includes itself")
+            text = expand(raw[name], (*seen, name))
+            return "\n".join(line for line in text.splitlines()
+                             if not line.lstrip().startswith("--"))
+        return _INCLUDE_RE.sub(fragment, body)
+
+    return {name: expand(body, ()) for name, body in queries.items()
             if not name.startswith("_")}
 
 

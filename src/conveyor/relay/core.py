@@ -53,6 +53,19 @@ UNAVAILABLE_BACKOFF = BackoffPolicy(base_delay=1.0, factor=2.0, max_delay=30.0, 
 REPLAY_BATCH = 500
 
 
+# The most seconds a publisher waits for its broker's confirmation.
+TIMEOUT_MAX = 300.0
+
+
+def seconds(name: str, value: object, *, least: float, most: float) -> float:
+    """A publisher's setting in seconds, or ConfigError naming it (bools and NaN refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not (least < value <= most if least == 0 else least <= value <= most):
+        raise ConfigError(f"expected {name} to be seconds from {least:.0f} to {most:.0f}, "
+                          f"got {value!r:.60}")
+    return float(value)
+
+
 @dataclass(frozen=True, slots=True)
 class RelayMessage:
     """One event as a publisher sends it.

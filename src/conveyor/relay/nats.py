@@ -30,7 +30,7 @@ from conveyor.errors import (
     MissingExtraError,
     PublishRejectedError,
 )
-from conveyor.relay.core import RelayMessage
+from conveyor.relay.core import TIMEOUT_MAX, RelayMessage, seconds
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -92,17 +92,14 @@ class NatsPublisher:
         if create_stream and not subjects:
             raise ConfigError(f"expected the subjects of stream {stream!r} (it is created when "
                               f"missing), got {subjects!r}")
-        if not (isinstance(duplicate_window, (int, float)) and 0 < duplicate_window <= 86400 * 7):
-            raise ConfigError(f"expected duplicate_window to be seconds from 0 to 604800, got "
-                              f"{duplicate_window!r}")
-        if not (isinstance(timeout, (int, float)) and 0 < timeout <= 300):
-            raise ConfigError(f"expected timeout to be seconds from 0 to 300, got {timeout!r}")
+        window = seconds("duplicate_window", duplicate_window, least=0, most=7 * 86400)
+        wait = seconds("timeout", timeout, least=0, most=TIMEOUT_MAX)
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         self.stream = stream
         self.subjects = list(subjects or [])
-        self.duplicate_window = float(duplicate_window)
+        self.duplicate_window = window
         self.create_stream = create_stream
-        self.timeout = float(timeout)
+        self.timeout = wait
         self.connect_options = dict(connect_options or {})
         self.name = f"NATS stream {stream}"
         self.duplicates = 0          # PubAcks that said the stream had the message already

@@ -19,7 +19,7 @@ from conveyor.errors import (
     MissingExtraError,
     PublishRejectedError,
 )
-from conveyor.relay.core import RelayMessage
+from conveyor.relay.core import TIMEOUT_MAX, RelayMessage, seconds
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
@@ -59,13 +59,12 @@ class RabbitMQPublisher:
         if exchange_type not in EXCHANGE_TYPES:
             raise ConfigError(f"expected exchange_type to be one of {', '.join(EXCHANGE_TYPES)}, "
                               f"got {exchange_type!r}")
-        if not (isinstance(timeout, (int, float)) and 0 < timeout <= 300):
-            raise ConfigError(f"expected timeout to be seconds from 0 to 300, got {timeout!r}")
+        wait = seconds("timeout", timeout, least=0, most=TIMEOUT_MAX)
         self.url = url
         self.exchange = exchange
         self.exchange_type = exchange_type
         self.declare_exchange = declare_exchange and exchange != ""
-        self.timeout = float(timeout)
+        self.timeout = wait
         self.name = f"RabbitMQ exchange {exchange!r}" if exchange else "RabbitMQ default exchange"
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None

@@ -25,7 +25,7 @@ from conveyor.errors import (
     MissingExtraError,
     PublishRejectedError,
 )
-from conveyor.relay.core import RelayMessage
+from conveyor.relay.core import TIMEOUT_MAX, RelayMessage, seconds
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -90,16 +90,13 @@ class RedisStreamPublisher:
         if maxlen is not None and not (isinstance(maxlen, int) and not isinstance(maxlen, bool)
                                        and maxlen > 0):
             raise ConfigError(f"expected maxlen to be a positive int or None, got {maxlen!r}")
-        if not (isinstance(dedup_ttl, (int, float)) and 1 <= dedup_ttl <= 86400 * 365):
-            raise ConfigError(f"expected dedup_ttl to be seconds from 1 to 31536000, got "
-                              f"{dedup_ttl!r}")
-        if not (isinstance(timeout, (int, float)) and 0 < timeout <= 300):
-            raise ConfigError(f"expected timeout to be seconds from 0 to 300, got {timeout!r}")
+        ttl = seconds("dedup_ttl", dedup_ttl, least=1, most=365 * 86400)
+        wait = seconds("timeout", timeout, least=0, most=TIMEOUT_MAX)
         self.url = url
         self.maxlen = maxlen
-        self.dedup_ttl = float(dedup_ttl)
+        self.dedup_ttl = ttl
         self.key_prefix = key_prefix
-        self.timeout = float(timeout)
+        self.timeout = wait
         self.name = "Redis streams"
         self.duplicates = 0          # messages whose id was known: nothing added
         self._client: Redis | None = None

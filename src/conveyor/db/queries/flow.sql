@@ -134,6 +134,28 @@ WITH unfinished AS (
 )
 -- include: _claim_update
 
+-- name: _claim_flow_moves
+-- The rest of event_claim_flow and event_claim_flow_unpaused, after `seen`
+-- (the candidates in claim order, `held`: of a limited pattern): the held
+-- ones are moved to the limited lane, the others claimed, and a last row of
+-- NULLs but for `attempts` counts the moved ones when there are any.
+), moved AS (
+    UPDATE {schema}.events AS e
+    SET limited = true
+    FROM seen
+    WHERE e.id = seen.id AND seen.held
+    RETURNING e.id
+), next AS (
+    SELECT id FROM seen WHERE NOT held
+), claimed AS (
+    -- include: _claim_update
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, count(*)::int, NULL, NULL, NULL, NULL, NULL, NULL
+FROM moved
+HAVING count(*) > 0
+
 -- name: event_claim_flow
 -- The plain claim of a worker while flow limits exist: event_claim leaving
 -- every limited pattern's events (`except_*`) to the flow claims. Most of
@@ -154,22 +176,7 @@ WITH seen AS (
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), moved AS (
-    UPDATE {schema}.events AS e
-    SET limited = true
-    FROM seen
-    WHERE e.id = seen.id AND seen.held
-    RETURNING e.id
-), next AS (
-    SELECT id FROM seen WHERE NOT held
-), claimed AS (
-    -- include: _claim_update
-)
-SELECT * FROM claimed
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, count(*)::int, NULL, NULL, NULL, NULL, NULL, NULL
-FROM moved
-HAVING count(*) > 0
+-- include: _claim_flow_moves
 
 -- name: event_claim_flow_unpaused
 -- event_claim_flow while a pause may be in force (event_claim_unpaused's
@@ -187,22 +194,7 @@ WITH seen AS (
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), moved AS (
-    UPDATE {schema}.events AS e
-    SET limited = true
-    FROM seen
-    WHERE e.id = seen.id AND seen.held
-    RETURNING e.id
-), next AS (
-    SELECT id FROM seen WHERE NOT held
-), claimed AS (
-    -- include: _claim_update
-)
-SELECT * FROM claimed
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, count(*)::int, NULL, NULL, NULL, NULL, NULL, NULL
-FROM moved
-HAVING count(*) > 0
+-- include: _claim_flow_moves
 
 -- name: flow_sort
 -- Moves the limited patterns' events (`limit_*`: every limit of the fleet)
