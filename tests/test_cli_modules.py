@@ -35,6 +35,6 @@ def test_the_cli_modules_import_each_other_without_a_cycle() -> None:
 def test_only_main_gathers_the_commands() -> None:
     command_modules = {"conveyor.cli.commands", "conveyor.cli.events",
                        "conveyor.cli.worker_command", "conveyor.cli.worker_multi_command",
-                       "conveyor.cli.workflow_command"}
+                       "conveyor.cli.workflow_command", "conveyor.cli.relay_command"}
     importers = {m for m, targets in _cli_edges().items() if targets & command_modules}
     assert importers == {"conveyor.cli.main"}

@@ -18,7 +18,7 @@ from conveyor.cli.process import (
     serve_until_stopped,
     tracing_middleware,
 )
-from conveyor.cli.worker_command import (
+from conveyor.cli.worker_options import (
     add_worker_options,
     build_worker,
     refuse_without_database,
