@@ -82,6 +82,12 @@ CREATE INDEX events_claim_idx
     ON conveyor.events (limited, priority DESC, run_at, id) INCLUDE (topic, tenant)
     WHERE state = 'pending';
 
+-- The fair claim (fair_by="tenant") walks the tenants of the limited lane
+-- and reads each one's first events (0015); only limited events are in it.
+CREATE INDEX events_fair_idx
+    ON conveyor.events (tenant, priority DESC, run_at, id) INCLUDE (topic)
+    WHERE state = 'pending' AND limited;
+
 -- The rescuer looks for running events whose lease has expired.
 CREATE INDEX events_lease_idx
     ON conveyor.events (lease_expires_at)

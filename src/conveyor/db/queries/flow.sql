@@ -68,31 +68,66 @@ WITH next AS (
 -- include: _claim_update
 
 -- name: flow_claim_fair
--- flow_claim taking the tenants in turn: each tenant's due events are
--- numbered in claim order, and the claim takes every tenant's first before
--- anyone's second, so a tenant with a deep backlog cannot hold back
--- another's event. Numbering reads every due event of the pattern (about
--- 30 ms per 100,000 on a 2-core machine); docs/flow-control.md.
-WITH ranked AS (
+-- flow_claim taking the tenants in turn: each tenant's first `limit` due
+-- events are numbered in claim order, and the claim takes every tenant's
+-- first before anyone's second, so a tenant with a deep backlog cannot hold
+-- back another's event. The tenants are walked through events_fair_idx
+-- (0015: the limited lane by tenant; one probe per tenant, a recursive skip
+-- scan), and each one's first events read from it, so the cost follows the
+-- number of tenants, not the backlog. Events without a tenant are one more
+-- turn of their own.
+WITH RECURSIVE tenants AS (
+    (SELECT tenant FROM {schema}.events
+     WHERE state = 'pending' AND limited AND tenant IS NOT NULL
+     ORDER BY tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.tenant FROM {schema}.events AS e
+            WHERE e.state = 'pending' AND e.limited AND e.tenant > t.tenant
+            ORDER BY e.tenant LIMIT 1)
+    FROM tenants AS t
+    WHERE t.tenant IS NOT NULL
+), firsts AS (
+    SELECT f.*
+    FROM tenants AS t
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at,
+               row_number() OVER (ORDER BY priority DESC, run_at, id) AS turn
+        FROM (SELECT id, priority, run_at
+              FROM {schema}.events
+              WHERE state = 'pending' AND limited AND tenant = t.tenant
+                AND run_at <= now()
+                AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
+                     OR topic LIKE ANY(%(limit_prefixes)s::text[]))
+                AND (%(all_topics)s OR topic = ANY(%(topics)s::text[])
+                     OR topic LIKE ANY(%(prefixes)s::text[]))
+                AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+              ORDER BY priority DESC, run_at, id
+              LIMIT %(limit)s) AS own
+    ) AS f
+    WHERE t.tenant IS NOT NULL
+    UNION ALL
     SELECT id, priority, run_at,
-           row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id) AS turn
-    FROM {schema}.events
-    WHERE state = 'pending'
-      AND limited
-      AND run_at <= now()
-      AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
-           OR topic LIKE ANY(%(limit_prefixes)s::text[]))
-      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-      -- include: _claim_unpaused
+           row_number() OVER (ORDER BY priority DESC, run_at, id) AS turn
+    FROM (SELECT id, priority, run_at
+          FROM {schema}.events
+          WHERE state = 'pending' AND limited AND tenant IS NULL
+            AND run_at <= now()
+            AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
+                 OR topic LIKE ANY(%(limit_prefixes)s::text[]))
+            AND (%(all_topics)s OR topic = ANY(%(topics)s::text[])
+                 OR topic LIKE ANY(%(prefixes)s::text[]))
+            AND %(all_tenants)s
+          ORDER BY priority DESC, run_at, id
+          LIMIT %(limit)s) AS untenanted
 ), next AS (
-    SELECT e.id
-    FROM {schema}.events AS e
-    JOIN ranked ON ranked.id = e.id
-    WHERE e.state = 'pending'
-    ORDER BY ranked.turn, ranked.priority DESC, ranked.run_at, ranked.id
+    SELECT events.id
+    FROM {schema}.events
+    JOIN firsts ON firsts.id = events.id
+    WHERE events.state = 'pending'
+      -- include: _claim_unpaused
+    ORDER BY firsts.turn, firsts.priority DESC, firsts.run_at, firsts.id
     LIMIT %(limit)s
-    FOR UPDATE OF e SKIP LOCKED
+    FOR UPDATE OF events SKIP LOCKED
 )
 -- include: _claim_update
 
