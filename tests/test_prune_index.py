@@ -357,4 +357,5 @@ def test_migration_0003_skips_what_was_built_concurrently_by_hand(
             name: d for name, d in built.items() if name != claim}
         assert "INCLUDE (topic, tenant)" in after[claim]
         assert set(after) - set(built) == {"conveyor.events_stopped_topic_idx",
-                                           "conveyor.events_stopped_tenant_idx"}  # 0004's
+                                           "conveyor.events_stopped_tenant_idx",  # 0004's
+                                           "conveyor.events_fair_idx"}            # 0015's
