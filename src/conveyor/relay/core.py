@@ -307,13 +307,15 @@ class Relay:
             rows = await cur.fetchall()
             for (id_, tenant, topic, payload, attempts, traceparent, tracestate,
                  finished_at) in rows:
+                # The cursor moves past every row read, routed or not, so a batch
+                # can never be read again.
+                after_at, after_id = finished_at, id_
                 found = router.resolve(topic)
                 if found is None:
                     continue
                 yield by_handler[id(found)], Event(
                     id=id_, topic=topic, payload_text=payload, tenant=tenant, attempt=attempts,
                     traceparent=traceparent, tracestate=tracestate)
-                after_at, after_id = finished_at, id_
             if len(rows) < REPLAY_BATCH:
                 return
 
