@@ -1,0 +1,160 @@
+"""Where one event per transaction goes: INSERT + COMMIT shapes, alternating.
+
+`conveyor bench` compares ``Producer.enqueue`` + COMMIT with a raw INSERT +
+COMMIT into a ten-column table. This splits the difference: the same
+loop (one statement, one COMMIT, prepared, loopback) over statement and
+table shapes that differ by one thing each, in short alternating rounds so
+load drift falls on all alike:
+
+* raw: the baseline's INSERT; then with ``RETURNING id`` and ``pg_notify()``
+  (what Conveyor's statement does for its returned id and its wake-up);
+* Conveyor's table as shipped, a two-column INSERT; the same table without
+  its three table CHECKs; and without them and every index but the primary key and
+  events_claim_idx;
+* ``event_insert_plain`` (Conveyor's statement: RETURNING id, pg_notify), and
+  ``Producer.enqueue`` (validation, JSON, the named query).
+
+    .venv/bin/python benchmarks/insert_costs.py --url postgresql://... [--events 500 --rounds 16]
+
+Prints the median microseconds per transaction of each shape and its ratio to
+the raw INSERT. Scratch schemas ``conveyor_inscost*`` are dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from conveyor.config import ProducerConfig
+from conveyor.db.named_queries import queries_for
+from conveyor.producer import Producer
+from conveyor_tools.bench import scratch
+from conveyor_tools.bench.app import NOOP_TOPIC
+from conveyor_tools.bench.baseline import insert_sql, render
+
+CHECKS = ("events_state_check", "events_topic_check", "events_lease_check")
+# Every index but the primary key and the claim index (migrations 0002-0015).
+SECONDARY = ("events_fair_idx", "events_lease_idx", "events_prunable_idx", "events_failed_idx",
+             "events_stopped_topic_idx", "events_stopped_tenant_idx", "events_idempotency_idx")
+INSERT_TWO = "INSERT INTO {schema}.events (topic, payload) VALUES (%s, %s::jsonb)"
+RAW_RETURNING_NOTIFY = ("INSERT INTO {schema}.events (topic, payload) VALUES (%s, %s::jsonb) "
+                        "RETURNING id, pg_notify('conveyor_inscost', topic)")
+
+Loop = Callable[[int], None]
+
+
+def _drop(admin: psycopg.Connection[Any], schema: str, checks: bool, indexes: bool) -> None:
+    table = sql.Identifier(schema, "events")
+    for name in CHECKS if checks else ():
+        admin.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+            table, sql.Identifier(name)))
+    for name in SECONDARY if indexes else ():
+        admin.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, name)))
+
+
+def statement_loop(conn: psycopg.Connection[Any], query: str) -> Loop:
+    def run(k: int) -> None:
+        for i in range(k):
+            conn.execute(query, (NOOP_TOPIC, json.dumps({"i": i})))
+            conn.commit()
+    return run
+
+
+def named_loop(conn: psycopg.Connection[Any], query: str) -> Loop:
+    def run(k: int) -> None:
+        for i in range(k):
+            conn.execute(query, {"tenant": None, "topic": NOOP_TOPIC,
+                                 "payload": json.dumps({"i": i}), "priority": 0,
+                                 "max_attempts": 5})
+            conn.commit()
+    return run
+
+
+def producer_loop(conn: psycopg.Connection[Any], schema: str) -> Loop:
+    producer = Producer(ProducerConfig(schema=schema))
+
+    def run(k: int) -> None:
+        for i in range(k):
+            producer.enqueue(conn, NOOP_TOPIC, {"i": i})
+            conn.commit()
+    return run
+
+
+def run(url: str, events: int, rounds: int) -> dict[str, float]:
+    shipped, no_checks, lean = (scratch.schemas_for(f"conveyor_inscost{n}") for n in ("", "1", "2"))
+    every = (shipped, no_checks, lean)
+    conns: list[psycopg.Connection[Any]] = []
+    with psycopg.connect(url, autocommit=True) as admin:
+        scratch.lock(admin, shipped)
+        for schemas in every:
+            scratch.create(admin, schemas)
+        try:
+            _drop(admin, no_checks.conveyor, checks=True, indexes=False)
+            _drop(admin, lean.conveyor, checks=True, indexes=True)
+
+            def conn() -> psycopg.Connection[Any]:
+                conns.append(psycopg.connect(url))
+                return conns[-1]
+
+            q = queries_for(shipped.conveyor)
+            loops: dict[str, Loop] = {
+                "raw INSERT": statement_loop(conn(), insert_sql(shipped.raw)),
+                "raw INSERT + RETURNING id + pg_notify": statement_loop(
+                    conn(), render(RAW_RETURNING_NOTIFY, shipped.raw)),
+                "events table, as shipped": statement_loop(
+                    conn(), render(INSERT_TWO, shipped.conveyor)),
+                "events table, no table CHECKs": statement_loop(
+                    conn(), render(INSERT_TWO, no_checks.conveyor)),
+                "events table, no CHECKs, 2 indexes": statement_loop(
+                    conn(), render(INSERT_TWO, lean.conveyor)),
+                "event_insert_plain": named_loop(conn(), q["event_insert_plain"]),
+                "Producer.enqueue": producer_loop(conn(), shipped.conveyor),
+            }
+            for loop in loops.values():
+                loop(min(events, 300))
+            spent: dict[str, list[float]] = {name: [] for name in loops}
+            for _ in range(rounds):
+                for name, loop in loops.items():
+                    t0 = time.perf_counter()
+                    loop(events)
+                    spent[name].append((time.perf_counter() - t0) / events * 1e6)
+            return {name: statistics.median(values) for name, values in spent.items()}
+        finally:
+            for c in conns:
+                c.close()
+            for schemas in every:
+                scratch.drop(admin, schemas)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=os.environ.get("CONVEYOR_DATABASE_URL"))
+    parser.add_argument("--events", type=int, default=500, help="transactions per shape per round")
+    parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not args.url:
+        parser.error("--url (or CONVEYOR_DATABASE_URL) is required")
+    result = run(args.url, args.events, args.rounds)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    raw = result["raw INSERT"]
+    print(f"one event + COMMIT, median of {args.rounds} rounds of {args.events}:")
+    for name, us in result.items():
+        print(f"  {name:<40} {us:7.1f} us   raw / this {raw / us:4.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
