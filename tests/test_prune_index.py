@@ -358,4 +358,5 @@ def test_migration_0003_skips_what_was_built_concurrently_by_hand(
         assert "INCLUDE (topic, tenant)" in after[claim]
         assert set(after) - set(built) == {"conveyor.events_stopped_topic_idx",
                                            "conveyor.events_stopped_tenant_idx",  # 0004's
-                                           "conveyor.events_fair_idx"}            # 0015's
+                                           "conveyor.events_fair_idx",            # 0015's
+                                           "conveyor.events_relay_order_idx"}     # 0016's

@@ -1240,3 +1240,48 @@ def test_replay_reads_succeeded_events_of_its_topics_in_finish_order(db: Conn) -
     assert [r[2] for r in db.execute(Q["relay_replay"], after).fetchall()] == ["order.a"]
     early = {**params, "until": rows[0][7]}
     assert db.execute(Q["relay_replay"], early).fetchall() == []
+
+
+@exercises("relay_ordered_lock", "relay_ordered_next", "relay_ordered_held",
+           "relay_ordered_done", "relay_ordered_failed")
+def test_ordered_relay_reads_past_no_running_transaction_in_xid_order(fresh_db: str) -> None:
+    from conveyor.router import pattern_filter
+
+    route = {**pattern_filter(["order.*"]), "limit": 10}
+    with psycopg.connect(fresh_db, autocommit=True) as reader, \
+            psycopg.connect(fresh_db, autocommit=True) as rival, \
+            psycopg.connect(fresh_db) as early:
+        # One reader per stream: the lock is the lease.
+        key = {"key": "conveyor.relay.ordered:conveyor:order.*"}
+        assert reader.execute(Q["relay_ordered_lock"], key).fetchone() == (True,)
+        assert rival.execute(Q["relay_ordered_lock"], key).fetchone() == (False,)
+        # An event written before 0016 (no xid) comes first; then `early` takes an id
+        # and stays open while a later id commits.
+        old = _insert(reader, "order.old")
+        reader.execute("UPDATE conveyor.events SET xid = NULL WHERE id = %s", (old,))
+        first = _insert(early, "order.a")
+        second = _insert(reader, "order.b")
+        _insert(reader, "other.x")
+        assert first is not None and second is not None and first < second
+        rows = reader.execute(Q["relay_ordered_next"], route).fetchall()
+        assert [r[0] for r in rows] == [old]          # `second` waits behind `early`
+        assert reader.execute(Q["relay_ordered_held"], route).fetchone()[0] == 1
+        early.commit()
+        rows = reader.execute(Q["relay_ordered_next"], route).fetchall()
+        assert [r[0] for r in rows] == [old, first, second]
+        assert [(r[7], r[8]) for r in rows] == [(False, False)] * 3   # due, not paused
+        assert reader.execute(Q["relay_ordered_held"], route).fetchone()[0] == 0
+        # A refusal is recorded and the event stays pending; done marks it relayed.
+        reader.execute(Q["relay_ordered_failed"], {"id": first, "error": "no", "relay": "r1"})
+        reader.execute(Q["relay_ordered_done"], {"ids": [old]})
+        states = dict(reader.execute(
+            "SELECT id, (state, attempts, last_error, jsonb_array_length(errors))"
+            " FROM conveyor.events").fetchall())
+        assert states[old] == ("succeeded", "1", None, "0")
+        assert states[first] == ("pending", "1", "no", "1")
+        # A pause or a delay marks the row the stream stops at.
+        reader.execute("INSERT INTO conveyor.pauses (pattern) VALUES ('order.b')")
+        reader.execute("UPDATE conveyor.events SET run_at = now() + interval '1 hour'"
+                       " WHERE id = %s", (first,))
+        rows = reader.execute(Q["relay_ordered_next"], route).fetchall()
+        assert [(r[0], r[7], r[8]) for r in rows] == [(first, True, False), (second, False, True)]

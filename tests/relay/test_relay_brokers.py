@@ -315,8 +315,8 @@ def test_routes_refuse_bad_templates_and_publishers_with_one_line() -> None:
     with pytest.raises(ConfigError, match=r"pattern 'a\.\*' is relayed twice"):
         relay.route("a.*", nats_publisher)
     with pytest.raises(ConfigError, match="expected mode for 'b' to be one of 'unordered', "
-                                          "'per_key', got 'ordered'"):
-        relay.route("b", nats_publisher, mode="ordered")
+                                          "'per_key', 'ordered', got 'sorted'"):
+        relay.route("b", nats_publisher, mode="sorted")
     with pytest.raises(ConfigError, match="expected fifo_by for 'b' to be 'tenant' or"):
         relay.route("b", nats_publisher, mode="per_key", key="customer")
     with pytest.raises(ConfigError, match="expected stream to be a JetStream stream name"):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import logging
+import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +30,7 @@ from conveyor.errors import BrokerUnavailableError, InvalidInputError
 
 if TYPE_CHECKING:
     from conveyor.relay import Relay
+    from conveyor.relay.ordered import OrderedStream
     from conveyor.worker import Worker
 
 Env = Callable[..., str | None]
@@ -100,17 +103,27 @@ def load_relay(spec: str) -> Relay:
 
 
 class _RelayProcess:
-    """The worker serving the relay's routes, with the publishers opened and closed around it."""
+    """The relay's streams and the worker serving its other routes, with the publishers
+    opened and closed around them."""
 
-    def __init__(self, relay: Relay, worker: Worker) -> None:
+    def __init__(self, relay: Relay, worker: Worker | None, streams: list[OrderedStream]) -> None:
         self.relay = relay
         self.worker = worker
+        self.streams = streams
 
     def install_signal_handlers(self) -> None:
-        self.worker.install_signal_handlers()
+        if self.worker is not None:
+            self.worker.install_signal_handlers()
+            return
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
 
     def request_stop(self) -> None:
-        self.worker.request_stop()
+        if self.worker is not None:
+            self.worker.request_stop()
+        for stream in self.streams:
+            stream.request_stop()
 
     async def run(self) -> None:
         try:
@@ -119,9 +132,17 @@ class _RelayProcess:
             # Not fatal: events wait (no attempt spent) until the broker answers.
             log.warning("a broker is unreachable at start: %s", exc,
                         extra={"action": "relay_unavailable"})
+        tasks = [asyncio.ensure_future(stream.run()) for stream in self.streams]
         try:
-            await self.worker.run()
+            if self.worker is not None:
+                await self.worker.run()
+                for stream in self.streams:   # the worker stopped (a signal, or it failed)
+                    stream.request_stop()
+            await asyncio.gather(*tasks)
         finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.relay.aclose()
 
 
@@ -137,13 +158,23 @@ def run_relay(ctx: Context, args: argparse.Namespace) -> int:
     middleware = tracing_middleware(args)
     stop = StopSignals().install()
     relay = load_relay(args.app)
-    built = build_worker(ctx, args, relay.router(), middleware, stop)
-    if built is None:
+    streams = relay.streams(ctx.url(), schema=ctx.schema, batch_size=args.batch_size,
+                            poll_interval=args.poll_interval, name=args.name or "relay")
+    worker = metrics = None
+    if relay.claims:
+        built = build_worker(ctx, args, relay.router(), middleware, stop)
+        if built is None:
+            return 0
+        worker, metrics = built
+    elif stop.requested:
         return 0
-    worker, metrics = built
-    process = _RelayProcess(relay, worker)
+    process = _RelayProcess(relay, worker, streams)
     serve_until_stopped(process, stop, args.event_loop, metrics)
-    report_exit(ctx, worker)
+    if worker is not None:
+        report_exit(ctx, worker)
+    for stream in streams:
+        log.info("ordered stream %s: %d events relayed", stream.pattern, stream.relayed,
+                 extra={"action": "exit"})
     return 0
 
 

@@ -38,6 +38,8 @@ from conveyor.validation import check_topic_pattern
 if TYPE_CHECKING:
     import psycopg
 
+    from conveyor.relay.ordered import OrderedStream
+
 log = logging.getLogger(__name__)
 
 # The fields a destination template may name.
@@ -112,7 +114,7 @@ class Publisher(Protocol):
 
 
 # The ordering modes of a relay route.
-MODES = ("unordered", "per_key")
+MODES = ("unordered", "per_key", "ordered")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,8 @@ class RelayRoute:
     destination: str
     # per_key: the route's fifo_by (conveyor.flow.FlowLimit), None when unordered.
     fifo_by: str | None = None
+    # ordered: read by an OrderedStream (conveyor.relay.ordered), not claimed by the worker.
+    ordered: bool = False
 
 
 def _template_fields(template: str, pattern: str) -> None:
@@ -176,9 +180,14 @@ class Relay:
         ``destination``: the subject, routing key or stream key, a template over
         ``{topic}`` and ``{tenant}`` (``-`` for an event without one).
         ``mode``: ``"unordered"`` (the default: as many publishes in flight as
-        the worker runs handlers) or ``"per_key"``: the events of one ``key``
+        the worker runs handlers), ``"per_key"``: the events of one ``key``
         (``"tenant"`` or ``"payload.<field>"``) are published one at a time, in
-        order, keys side by side (the route's ``fifo_by``, docs/flow-control.md).
+        order, keys side by side (the route's ``fifo_by``, docs/flow-control.md),
+        or ``"ordered"``: one stream of all the route's events, one at a time in
+        the order of the transactions that wrote them, read by one relay at a
+        time (:class:`~conveyor.relay.ordered.OrderedStream`). An ordered route
+        may not overlap another route of the relay (the worker would claim its
+        events).
         """
         check_topic_pattern(pattern)
         if mode not in MODES:
@@ -191,15 +200,37 @@ class Relay:
         _template_fields(destination, pattern)
         if any(r.pattern == pattern for r in self.routes):
             raise ConfigError(f"pattern {pattern!r} is relayed twice")
+        ordered = mode == "ordered"
+        for r in self.routes:
+            if (ordered or r.ordered) and _overlap(r.pattern, pattern):
+                raise ConfigError(f"pattern {pattern!r} overlaps {r.pattern!r}, and an ordered "
+                                  "route must have its topics to itself")
         fifo_by = key if mode == "per_key" else None
         if fifo_by is not None:
             FlowLimit.define(pattern, None, None, None, fifo_by)   # a bad key fails here
-        self.routes.append(RelayRoute(pattern, publisher, destination, fifo_by))
+        self.routes.append(RelayRoute(pattern, publisher, destination, fifo_by, ordered))
 
     def attach(self, router: Router, **route_options: Any) -> None:
-        """Add one route per relay route to ``router`` (``route_options``: Router.add's)."""
+        """Add one route per unordered or per-key relay route to ``router``
+        (``route_options``: Router.add's); ordered routes are read by :meth:`streams`."""
         for r in self.routes:
-            router.add(r.pattern, self._handler(r), fifo_by=r.fifo_by, **route_options)
+            if not r.ordered:
+                router.add(r.pattern, self._handler(r), fifo_by=r.fifo_by, **route_options)
+
+    @property
+    def claims(self) -> bool:
+        """Whether a worker serves some of the routes (any that is not ordered)."""
+        return any(not r.ordered for r in self.routes)
+
+    def streams(self, conninfo: str, *, schema: str = "conveyor", batch_size: int = 100,
+                poll_interval: float = 1.0, name: str = "relay") -> list[OrderedStream]:
+        """One :class:`~conveyor.relay.ordered.OrderedStream` per ordered route; run each
+        (``await stream.run()``) beside the worker serving :meth:`router`."""
+        from conveyor.relay.ordered import OrderedStream
+
+        return [OrderedStream(self, r, conninfo, schema=schema, batch_size=batch_size,
+                              poll_interval=poll_interval, name=name)
+                for r in self.routes if r.ordered]
 
     def router(self, **route_options: Any) -> Router:
         """A new router with the relay's routes."""
@@ -318,6 +349,20 @@ class Relay:
                     traceparent=traceparent, tracestate=tracestate)
             if len(rows) < REPLAY_BATCH:
                 return
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether some topic matches both patterns (exact, ``prefix.*`` or ``*``)."""
+    if a == "*" or b == "*":
+        return True
+    a_prefix, b_prefix = a.endswith(".*"), b.endswith(".*")
+    if a_prefix and b_prefix:
+        return a.startswith(b[:-1]) or b.startswith(a[:-1])
+    if a_prefix:
+        return b.startswith(a[:-1])
+    if b_prefix:
+        return a.startswith(b[:-1])
+    return a == b
 
 
 def _no_op(event: Event) -> None:

@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0012 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0016 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -64,6 +64,9 @@ CREATE TABLE conveyor.events (
     -- A pending event of a flow-limited pattern, in the flow claims' lane of
     -- events_claim_idx (0013; conveyor/worker/flow.py).
     limited          boolean     NOT NULL DEFAULT false,
+    -- The transaction that wrote the event (0016; NULL for events older than
+    -- 0016): the ordered relay reads in (xid, id) order, past no running one.
+    xid              xid8        DEFAULT pg_current_xact_id(),
     -- state and topic keep table CHECKs: partial indexes read them (0007).
     CONSTRAINT events_state_check
         CHECK (state IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
@@ -87,6 +90,12 @@ CREATE INDEX events_claim_idx
 CREATE INDEX events_fair_idx
     ON conveyor.events (tenant, priority DESC, run_at, id) INCLUDE (topic)
     WHERE state = 'pending' AND limited;
+
+-- The ordered relay (0016) walks the topics with pending events and reads
+-- each matching one's oldest in (xid, id) order.
+CREATE INDEX events_relay_order_idx
+    ON conveyor.events (topic, xid NULLS FIRST, id)
+    WHERE state = 'pending';
 
 -- The rescuer looks for running events whose lease has expired.
 CREATE INDEX events_lease_idx

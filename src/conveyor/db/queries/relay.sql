@@ -14,3 +14,91 @@ WHERE state = 'succeeded'
   AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
 ORDER BY finished_at, id
 LIMIT %(limit)s
+
+-- name: relay_ordered_lock
+-- The ordered stream's lease: a session advisory lock on the reading
+-- connection, so one relay at a time reads a stream and a relay whose
+-- connection dies loses it at once. The key names the schema and the route.
+SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))
+
+-- name: relay_ordered_next
+-- The ordered stream's next events: pending events of the route's topics
+-- whose transaction is older than the oldest still running (the statement
+-- snapshot's xmin; events older than 0016 have no xid and come first), in
+-- (xid, id) order. Any event written later has a larger xid than every one
+-- returned here, so reading in batches never skips one (0016). The topics with
+-- pending events are walked through events_relay_order_idx (one probe each),
+-- and each matching one's oldest read from it. `later` and `paused` tell the
+-- relay to stop at that event: the stream does not pass an event that is not
+-- due yet or that a pause holds.
+WITH RECURSIVE topics AS (
+    (SELECT topic FROM {schema}.events WHERE state = 'pending' ORDER BY topic LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.topic FROM {schema}.events AS e
+            WHERE e.state = 'pending' AND e.topic > t.topic
+            ORDER BY e.topic LIMIT 1)
+    FROM topics AS t
+    WHERE t.topic IS NOT NULL
+), horizon AS (
+    SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin
+)
+SELECT n.id, n.tenant, n.topic, n.payload::text, n.attempts, n.traceparent, n.tracestate,
+       n.run_at > now() AS later,
+       EXISTS (
+           SELECT 1 FROM {schema}.pauses AS p
+           WHERE (p.pattern = '*' OR p.pattern = n.topic
+                  OR (right(p.pattern, 2) = '.*' AND starts_with(n.topic, left(p.pattern, -1))))
+             AND (p.tenant IS NULL OR p.tenant = n.tenant)) AS paused
+FROM topics AS t, horizon AS h, LATERAL (
+    SELECT e.id, e.tenant, e.topic, e.payload, e.attempts, e.traceparent, e.tracestate,
+           e.run_at, e.xid
+    FROM {schema}.events AS e
+    WHERE e.state = 'pending'
+      AND e.topic = t.topic
+      AND (e.xid IS NULL OR e.xid < h.xmin)
+    ORDER BY e.xid NULLS FIRST, e.id
+    LIMIT %(limit)s
+) AS n
+WHERE t.topic IS NOT NULL
+  AND (%(all_topics)s OR t.topic = ANY(%(topics)s::text[]) OR t.topic LIKE ANY(%(prefixes)s::text[]))
+ORDER BY n.xid NULLS FIRST, n.id
+LIMIT %(limit)s
+
+-- name: relay_ordered_held
+-- Whether pending events of the route wait behind the horizon (a transaction
+-- older than theirs still running), and the age of the oldest: what the
+-- stream reports while a long transaction stalls it.
+SELECT count(*), extract(epoch FROM now() - min(e.created_at))::float8
+FROM {schema}.events AS e
+WHERE e.state = 'pending'
+  AND e.xid >= pg_snapshot_xmin(pg_current_snapshot())
+  AND (%(all_topics)s OR e.topic = ANY(%(topics)s::text[]) OR e.topic LIKE ANY(%(prefixes)s::text[]))
+
+-- name: relay_ordered_done
+-- Events the broker confirmed, in the stream's order: relayed. Only pending
+-- ones (an operator may have cancelled one meanwhile); the attempt is counted
+-- here, as a claim counts it.
+UPDATE {schema}.events
+SET state = 'succeeded',
+    attempts = attempts + 1,
+    attempted_at = now(),
+    finished_at = now(),
+    updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[])
+  AND state = 'pending'
+
+-- name: relay_ordered_failed
+-- A publish the broker refused: the attempt and its error are recorded and
+-- the event stays pending at the head of its stream (an ordered stream never
+-- parks an event and moves on; cancelling it lets the stream pass).
+UPDATE {schema}.events AS e
+SET attempts = e.attempts + 1,
+    attempted_at = now(),
+    last_error = %(error)s::text,
+    errors = (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
+                   ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
+        'attempt', e.attempts + 1, 'at', now(), 'error', %(error)s::text,
+        'worker', %(relay)s::text)),
+    updated_at = now()
+WHERE e.id = %(id)s
+  AND e.state = 'pending'

@@ -1,0 +1,270 @@
+"""The ordered relay: one stream per route, in transaction order, never skipping an event.
+
+A route in ``mode="ordered"`` is not served by the worker's claims (which run
+events side by side, in claim order); one :class:`OrderedStream` per route
+reads its events and publishes them one at a time, each confirmed before the
+next is sent, in the order of the transactions that wrote them.
+
+Why a transaction order and not the event ids: ids are handed out when rows
+are inserted, transactions commit later, in any order. A reader that follows
+ids (the Kafka Connect JDBC source's "incrementing" mode) reads id 11, moves
+its cursor past it, and never sees id 10, whose transaction committed a moment
+after 11's. Every event remembers the transaction that wrote it (the ``xid``
+column, migration 0016), and the stream reads only events whose transaction
+is older than the oldest transaction still running (its snapshot's xmin), in
+(xid, id) order: whatever it has not read yet comes after everything it has.
+The price: while a transaction stays open, events of younger transactions
+wait for it, however unrelated it is. The stream says so (``held``, a warning
+naming the holder) and polls quickly until it ends.
+
+One relay at a time reads a stream: its reading connection holds a session
+advisory lock named after the schema and the route, so a relay that dies or
+loses its connection hands the stream over at once to the next one waiting.
+Events are marked relayed after the broker's confirmation, in batches; a relay
+killed between the two publishes those events again, with the same
+deduplication ids, so the broker drops them within its window.
+
+An ordered stream never parks an event and moves on: a refused publish is
+recorded (attempts, ``last_error``, the history) and retried with backoff, and
+the stream waits at that event until it goes through or an operator cancels
+it. It also stops at an event a pause holds or one that is not due yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from conveyor.db.connect_async import connect_async
+from conveyor.db.named_queries import queries_for
+from conveyor.errors import BrokerUnavailableError
+from conveyor.retry import BackoffPolicy
+from conveyor.router import pattern_filter
+from conveyor.schema.migrator_async import AsyncMigrator
+from conveyor.types import Event
+
+if TYPE_CHECKING:
+    from conveyor.relay.core import Relay, RelayRoute
+
+log = logging.getLogger(__name__)
+
+# How often a relay that does not hold a stream's lock tries again.
+LOCK_RETRY = 1.0
+# How often a stream looks again while a running transaction holds events back.
+HELD_POLL = 0.02
+# How often a stream says who holds it back, at most.
+HELD_REPORT_EVERY = 10.0
+# Waits after a refused publish, a broker away, a lost database connection.
+RETRY_BACKOFF = BackoffPolicy(base_delay=1.0, factor=2.0, max_delay=30.0, jitter=0.2)
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    event: Event
+    later: bool
+    paused: bool
+
+
+class OrderedStream:
+    """Reads one ordered route's events in transaction order and publishes them one by one.
+
+    ``relayed`` counts the events this stream marked relayed; ``leading`` is
+    whether it holds the route's lock now; ``blocked_on`` the event id it is
+    retrying, or None; ``held`` (events, seconds) while a running transaction
+    holds events of the route back, else None.
+    """
+
+    def __init__(self, relay: Relay, route: RelayRoute, conninfo: str, *,
+                 schema: str = "conveyor", batch_size: int = 100,
+                 poll_interval: float = 1.0, name: str = "relay") -> None:
+        self._relay = relay
+        self._route = route
+        self._conninfo = conninfo
+        self._schema = schema
+        self._q = queries_for(schema)
+        self._batch = batch_size
+        self._poll = poll_interval
+        self._name = name
+        self._filter = pattern_filter([route.pattern])
+        self._key = f"conveyor.relay.ordered:{schema}:{route.pattern}"
+        self._stop = asyncio.Event()
+        self.relayed = 0
+        self.leading = False
+        self.blocked_on: int | None = None
+        self.held: tuple[int, float] | None = None
+        self._failures = 0
+        self._checked = False
+        self._held_checked = 0.0
+        self._held_reported = 0.0
+
+    @property
+    def pattern(self) -> str:
+        return self._route.pattern
+
+    def request_stop(self) -> None:
+        """Finish the publish in flight, mark what was confirmed, and return from run()."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Lead the stream whenever this relay holds its lock, until request_stop()."""
+        lost = 0
+        while not self._stop.is_set():
+            try:
+                conn = await connect_async(self._conninfo, autocommit=True,
+                                           application_name="conveyor-relay-ordered")
+            except psycopg.OperationalError as exc:
+                lost += 1
+                delay = RETRY_BACKOFF.delay(lost)
+                log.warning("ordered stream %s: cannot connect, again in %.1fs: %s",
+                            self.pattern, delay, exc, extra={"action": "relay_reconnect"})
+                await self._sleep(delay)
+                continue
+            try:
+                await self._lead(conn)
+                lost = 0
+            except _Stopped:
+                return
+            except psycopg.OperationalError as exc:
+                lost += 1
+                delay = RETRY_BACKOFF.delay(lost)
+                log.warning("ordered stream %s: database connection lost, again in %.1fs: %s",
+                            self.pattern, delay, exc, extra={"action": "relay_reconnect"})
+                await self._sleep(delay)
+            finally:
+                self.leading = False
+                await conn.close()
+
+    async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if not self._checked:
+            await AsyncMigrator(self._schema).require_current(conn)   # fatal: raised out of run()
+            self._checked = True
+        while not self._stop.is_set():
+            row = await (await conn.execute(self._q["relay_ordered_lock"],
+                                            {"key": self._key})).fetchone()
+            if row is not None and row[0]:
+                break
+            await self._sleep(LOCK_RETRY)
+        else:
+            return
+        self.leading = True
+        log.info("ordered stream %s: leading", self.pattern, extra={"action": "relay_leading"})
+        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._q.channel)))
+        while not self._stop.is_set():
+            wait = await self._step(conn)
+            if wait and not self._stop.is_set():
+                await self._idle(conn, wait)
+
+    async def _step(self, conn: psycopg.AsyncConnection[Any]) -> float:
+        """Publish the next batch in order; how long to wait for a wake-up (0: go on at once)."""
+        cur = await conn.execute(self._q["relay_ordered_next"],
+                                 {**self._filter, "limit": self._batch})
+        rows = [_Row(Event(id=r[0], tenant=r[1], topic=r[2], payload_text=r[3],
+                           attempt=r[4] + 1, traceparent=r[5], tracestate=r[6]), r[7], r[8])
+                for r in await cur.fetchall()]
+        confirmed: list[int] = []
+        backoff = 0.0
+        stopped_at = False
+        try:
+            for row in rows:
+                if row.later or row.paused or self._stop.is_set():
+                    stopped_at = True
+                    break
+                backoff = await self._publish(conn, row.event)
+                if backoff:
+                    break
+                confirmed.append(row.event.id)
+        finally:
+            if confirmed:
+                await conn.execute(self._q["relay_ordered_done"], {"ids": confirmed})
+                self.relayed += len(confirmed)
+        if backoff:
+            # Not cut short by a notification: the same event is tried again after it.
+            await self._sleep(backoff)
+            return 0.0
+        if stopped_at:
+            return self._poll
+        if len(rows) == self._batch:
+            return 0.0
+        return await self._held_back(conn)
+
+    async def _publish(self, conn: psycopg.AsyncConnection[Any], event: Event) -> float:
+        """0 once the broker confirmed ``event``; else the backoff before it is tried again."""
+        route = self._route
+        try:
+            await route.publisher.publish(self._relay.message(route, event))
+        except BrokerUnavailableError as exc:
+            self._failures += 1
+            delay = RETRY_BACKOFF.delay(self._failures)
+            log.warning("%s unavailable, ordered stream %s waits %.1fs at event %d: %s",
+                        route.publisher.name, self.pattern, delay, event.id, exc,
+                        extra={"action": "relay_unavailable"})
+            self.blocked_on = event.id
+            return delay
+        except Exception as exc:  # noqa: BLE001 - a refusal, or the publisher's own error
+            self._failures += 1
+            delay = RETRY_BACKOFF.delay(self._failures)
+            error = f"{type(exc).__name__}: {exc}"
+            await conn.execute(self._q["relay_ordered_failed"],
+                               {"id": event.id, "error": error[:2000], "relay": self._name})
+            log.error("ordered stream %s stays at event %d (attempt %d), again in %.1fs: %s",
+                      self.pattern, event.id, event.attempt, delay, error,
+                      extra={"action": "relay_refused", "event_id": event.id})
+            self.blocked_on = event.id
+            return delay
+        self._failures = 0
+        self.blocked_on = None
+        return 0.0
+
+    async def _held_back(self, conn: psycopg.AsyncConnection[Any]) -> float:
+        """The wait after a short batch: quick while a running transaction holds events back."""
+        now = time.monotonic()
+        if self.held is None and now - self._held_checked < self._poll:
+            return self._poll
+        self._held_checked = now
+        row = await (await conn.execute(self._q["relay_ordered_held"], self._filter)).fetchone()
+        if row is None or not row[0]:
+            self.held = None
+            return self._poll
+        self.held = (int(row[0]), float(row[1] or 0.0))
+        if now - self._held_reported >= HELD_REPORT_EVERY:
+            self._held_reported = now
+            holder = await (await conn.execute(self._q["horizon_holders"])).fetchone()
+            who = f"{holder[1]}" if holder is not None else "a transaction still running"
+            log.warning("ordered stream %s: %d events wait (oldest %.1fs) for %s to end",
+                        self.pattern, self.held[0], self.held[1], who,
+                        extra={"action": "relay_held"})
+        return HELD_POLL
+
+    async def _idle(self, conn: psycopg.AsyncConnection[Any], timeout: float) -> None:
+        """Wait up to ``timeout``, less if an event is committed or a stop is asked."""
+        async def notified() -> None:
+            async for _ in conn.notifies(timeout=timeout, stop_after=1):
+                pass
+
+        listening = asyncio.ensure_future(notified())
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait((listening, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not listening.done():
+                listening.cancel()
+                # The connection was in the middle of waiting: it is not usable now.
+                raise _Stopped
+            listening.result()
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+
+class _Stopped(Exception):
+    """A stop came while the stream waited on its connection."""
