@@ -65,4 +65,4 @@ def test_0016_adds_the_xid_without_rewriting_and_old_events_come_first(version_1
             **pattern_filter(["order.*"]), "limit": 10_000}).fetchall()]
         old_pending = [r[0] for r in rows if r[1] == "pending"]
         assert len(old_pending) == ROWS // 4
-        assert read == sorted(old_pending) + [new]
+        assert read == [*sorted(old_pending), new]

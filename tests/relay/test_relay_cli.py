@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -28,6 +29,9 @@ relay.route("order.*", NatsPublisher({url!r}, stream={stream!r}, subjects=[{stre
             destination={stream!r} + ".{{topic}}")
 not_a_relay = 42
 empty = Relay()
+ordered = Relay()
+ordered.route("order.*", NatsPublisher({url!r}, stream={stream!r}, subjects=[{stream!r} + ".>"]),
+              destination={stream!r} + ".{{topic}}", mode="ordered")
 '''
 
 
@@ -110,6 +114,75 @@ def test_relay_process_publishes_drains_on_sigterm_and_replays(
     none = _conveyor(fresh_db, tmp_path, "relay", "--app", "relay_app:relay", "--replay",
                      "--since", "2031-01-01T00:00:00Z")
     assert none.stdout.strip() == "replayed 0 events"
+
+
+def _stream_ids(name: str) -> list[int]:
+    import asyncio
+
+    import nats
+
+    async def read() -> list[int]:
+        nc = await nats.connect(NATS_URL)
+        try:
+            js = nc.jetstream()
+            count = (await js.stream_info(name)).state.messages
+            return [int((await js.get_msg(name, seq)).headers["Nats-Msg-Id"])
+                    for seq in range(1, count + 1)]
+        finally:
+            await nc.close()
+    return asyncio.run(read())
+
+
+def test_ordered_relay_processes_hand_the_stream_over_after_a_kill_and_keep_its_order(
+        fresh_db: str, tmp_path: Path, stream: str) -> None:
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "conveyor.cli.main", "--database-url",
+                                 fresh_db, "relay", "--app", "relay_app:ordered"], cwd=REPO,
+                                env=_env(tmp_path), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def relayed(conn: psycopg.Connection[Any]) -> int:
+        return int(conn.execute("SELECT count(*) FROM conveyor.events"
+                                " WHERE state = 'succeeded'").fetchone()[0])
+
+    first = start()
+    second = None
+    try:
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            producer = Producer()
+            for round_ in range(60):
+                with conn.transaction():
+                    for n in range(5):
+                        producer.enqueue(conn, f"order.r{round_ % 3}", {"n": n})
+                if round_ == 20:
+                    deadline = time.monotonic() + 30
+                    while relayed(conn) == 0:      # the first leads
+                        assert time.monotonic() < deadline, first.communicate()
+                        time.sleep(0.05)
+                    second = start()
+                    time.sleep(1.0)
+                if round_ == 40:
+                    first.send_signal(signal.SIGKILL)
+                    first.wait(10)
+                time.sleep(0.03)
+            deadline = time.monotonic() + 40
+            while relayed(conn) < 300:
+                assert time.monotonic() < deadline, "the second relay did not take over"
+                time.sleep(0.1)
+            order = [r[0] for r in conn.execute("SELECT id FROM conveyor.events"
+                                                " ORDER BY xid, id").fetchall()]
+        assert second is not None
+        second.send_signal(signal.SIGTERM)
+        _, err = second.communicate(timeout=30)
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+    assert second.returncode == 0, err
+    assert "ordered stream order.*: " in err and "events relayed" in err
+    # The broker dropped what the killed relay had published but not yet marked
+    # (the same Nats-Msg-Id): each event once, in transaction order.
+    assert _stream_ids(stream) == order
 
 
 @pytest.mark.parametrize(("args", "message"), [
