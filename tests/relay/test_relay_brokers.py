@@ -23,7 +23,14 @@ from conveyor.relay import (
     Relay,
     RelayMessage,
 )
-from worker_support import enqueue_many, fast_config, query, running, wait_all_in
+from worker_support import (
+    enqueue_many,
+    fast_config,
+    query,
+    running,
+    wait_all_in,
+    wait_until,
+)
 
 NATS_URL = "nats://127.0.0.1:4222"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -188,6 +195,47 @@ async def test_nats_per_key_stores_each_tenants_events_in_order_despite_retries(
         await nc.close()
 
 
+async def test_nats_a_full_stream_makes_events_wait_and_spends_no_attempt(db: str) -> None:
+    import nats
+    from nats.js.api import DiscardPolicy, StreamConfig
+
+    name = f"T{uuid.uuid4().hex[:12]}"
+    config = StreamConfig(name=name, subjects=[f"{name}.>"], max_bytes=3000,
+                          discard=DiscardPolicy.NEW, duplicate_window=120)
+    nc = await nats.connect(NATS_URL)
+    js = nc.jetstream()
+    await js.add_stream(config)
+    relay = Relay()
+    relay.route("order.*", NatsPublisher(NATS_URL, stream=name, subjects=[f"{name}.>"]),
+                destination=name + ".{topic}")
+    # One attempt each: a refusal counted as a failed attempt would park the event.
+    ids = await enqueue_many(db, _events(30, max_attempts=1))
+    try:
+        async with relay, running(Worker(db, relay.router(), fast_config(concurrency=20))):
+            async def full() -> bool:
+                return (await js.stream_info(name)).state.bytes > 2000 and (
+                    await query(db, "SELECT count(*) AS n FROM conveyor.events"
+                                    " WHERE state = 'pending' AND run_at > now()"))[0]["n"] > 0
+            await wait_until(full, timeout=15, what="the stream full and events waiting")
+            stored = (await js.stream_info(name)).state.messages
+            assert 0 < stored < 30
+            [row] = await query(db, "SELECT count(*) FILTER (WHERE state = 'failed') AS failed,"
+                                    " max(attempts) FILTER (WHERE state = 'pending') AS spent"
+                                    " FROM conveyor.events")
+            assert row == {"failed": 0, "spent": 0}
+            await js.update_stream(StreamConfig(name=name, subjects=[f"{name}.>"], max_bytes=-1,
+                                                discard=DiscardPolicy.NEW, duplicate_window=120))
+            states = await wait_all_in(db, {"succeeded"}, timeout=45)
+        assert sorted(states) == ids
+        info = await js.stream_info(name)
+        got = sorted([int((await js.get_msg(name, seq)).headers["Nats-Msg-Id"])
+                      for seq in range(1, info.state.last_seq + 1)])
+        assert got == ids
+    finally:
+        await js.delete_stream(name)
+        await nc.close()
+
+
 # -------------------------------------------------------------- RabbitMQ
 
 async def test_rabbitmq_confirms_persistent_messages_with_their_ids(db: str) -> None:
@@ -238,6 +286,49 @@ async def test_rabbitmq_unroutable_messages_are_refused_not_dropped(db: str) -> 
         assert all("refused 'nobody.listens'" in r["last_error"] for r in rows), rows
     finally:
         connection = await aio_pika.connect(AMQP_URL)
+        channel = await connection.channel()
+        await channel.exchange_delete(exchange_name)
+        await connection.close()
+
+
+async def test_rabbitmq_a_full_queue_nacks_and_the_events_wait_without_spending_attempts(
+        db: str) -> None:
+    import aio_pika
+
+    exchange_name = f"conveyor-test-{uuid.uuid4().hex[:12]}"
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        channel = await connection.channel()
+        exchange = await channel.declare_exchange(exchange_name, "topic", durable=True)
+        queue = await channel.declare_queue(exclusive=True, arguments={
+            "x-max-length": 5, "x-overflow": "reject-publish"})
+        await queue.bind(exchange, "orders.#")
+        relay = Relay()
+        relay.route("order.*", RabbitMQPublisher(AMQP_URL, exchange=exchange_name),
+                    destination="orders.{topic}")
+        ids = await enqueue_many(db, _events(20, max_attempts=1))
+        got: list[int] = []
+        async with relay, running(Worker(db, relay.router(), fast_config(concurrency=20))):
+            async def waiting() -> bool:
+                return (await query(db, "SELECT count(*) AS n FROM conveyor.events"
+                                        " WHERE state = 'pending' AND run_at > now()"))[0]["n"] > 0
+            await wait_until(waiting, timeout=15, what="nacked events waiting")
+            [row] = await query(db, "SELECT count(*) FILTER (WHERE state = 'failed') AS failed,"
+                                    " max(attempts) FILTER (WHERE state = 'pending') AS spent,"
+                                    " max(last_error) AS error FROM conveyor.events")
+            assert row == {"failed": 0, "spent": 0, "error": None}
+            # A consumer drains the queue; the waiting events follow.
+            deadline = asyncio.get_running_loop().time() + 60
+            while len(got) < 20:
+                assert asyncio.get_running_loop().time() < deadline, sorted(got)
+                message = await queue.get(no_ack=True, fail=False)
+                if message is None:
+                    await asyncio.sleep(0.1)
+                else:
+                    got.append(int(message.message_id or 0))
+            await wait_all_in(db, {"succeeded"}, timeout=10)
+        assert sorted(got) == ids
+    finally:
         channel = await connection.channel()
         await channel.exchange_delete(exchange_name)
         await connection.close()
@@ -330,3 +421,21 @@ def test_routes_refuse_bad_templates_and_publishers_with_one_line() -> None:
     assert nats_publisher.check_destination("a.*") is not None
     assert nats_publisher.check_destination("a b") is not None
     assert PublishRejectedError.__mro__[1].__name__ == "RelayError"
+
+
+def test_a_broker_away_doubles_the_wait_per_round_of_retries_not_per_event(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.relay import core
+
+    now = [100.0]
+    monkeypatch.setattr(core.time, "monotonic", lambda: now[0])
+    away = core._Unavailable()
+    first = [away.next_delay() for _ in range(200)]     # 200 publishes in flight fail at once
+    assert min(first) >= 0.8 and max(first) <= 1.2 and len(set(first)) == 1
+    now[0] += first[0]                                   # their retries fail again
+    second = away.next_delay()
+    assert 1.6 <= second <= 2.4 and away.next_delay() == second
+    for _ in range(10):
+        now[0] += away.delay
+        away.next_delay()
+    assert away.delay <= 30 * 1.2                        # capped

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import string
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -143,13 +144,24 @@ def _template_fields(template: str, pattern: str) -> None:
 
 @dataclass
 class _Unavailable:
-    """How long to snooze while a publisher's broker stays away."""
+    """How long to snooze while a publisher's broker stays away.
+
+    The wait doubles per round of retries, not per event: every publish in
+    flight fails at once when a broker goes away (or fills up), and counting
+    each as a step would send them all to the longest wait after one outage.
+    """
 
     failures: int = 0
+    delay: float = 0.0
+    until: float = 0.0      # monotonic time the current round's wait ends
 
     def next_delay(self) -> float:
-        self.failures += 1
-        return UNAVAILABLE_BACKOFF.delay(self.failures)
+        now = time.monotonic()
+        if now >= self.until:
+            self.failures += 1
+            self.delay = UNAVAILABLE_BACKOFF.delay(self.failures)
+            self.until = now + self.delay
+        return self.delay
 
 
 @dataclass
@@ -296,7 +308,7 @@ class Relay:
                 log.warning("%s unavailable, event %d back in %.1fs: %s", publisher.name,
                             event.id, delay, exc, extra={"action": "relay_unavailable"})
                 raise Snooze(delay, exc) from exc
-            state.failures = 0
+            state.failures, state.until = 0, 0.0
 
         relay.__qualname__ = f"relay to {publisher.name}"
         return relay

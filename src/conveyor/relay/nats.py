@@ -202,6 +202,12 @@ class NatsPublisher:
                 raise TimeoutError(f"no PubAck within {self.timeout:g}s") from None
             finally:
                 timer.cancel()
+        except nats.js.errors.ServiceUnavailableError as exc:
+            # 503: the stream is full (its max_bytes or max_msgs with discard=new)
+            # or JetStream is short of resources. Not the event's fault, and it
+            # passes when consumers catch up or limits are raised: wait, spend nothing.
+            raise BrokerUnavailableError(f"{self.name} cannot take {message.destination!r} now: "
+                                         f"{exc.description or exc}") from exc
         except nats.js.errors.APIError as exc:
             raise PublishRejectedError(f"{self.name} refused {message.destination!r}: "
                                        f"{exc.description or exc}") from exc

@@ -129,9 +129,14 @@ class RabbitMQPublisher:
         try:
             await exchange.publish(body, message.destination, mandatory=True, timeout=self.timeout)
         except exceptions.DeliveryError as exc:
-            # Returned (no queue bound for the routing key) or nacked.
-            raise PublishRejectedError(f"{self.name} refused {message.destination!r}: "
-                                       f"{_reason(exc)}") from exc
+            if _returned(exc):
+                # Returned: no queue is bound for the routing key.
+                raise PublishRejectedError(f"{self.name} refused {message.destination!r}: "
+                                           f"{_reason(exc)}") from exc
+            # Nacked: a queue at its x-max-length with overflow reject-publish, or
+            # the broker's own trouble; it passes when consumers catch up.
+            raise BrokerUnavailableError(f"{self.name} cannot take {message.destination!r} "
+                                         f"now (nack): {_reason(exc)}") from exc
         except (TimeoutError, OSError, exceptions.AMQPError, RuntimeError) as exc:
             self._exchange = None     # reconnect on the next publish
             raise BrokerUnavailableError(f"no confirm from {self.name}: "
@@ -148,6 +153,12 @@ class RabbitMQPublisher:
 
     async def aclose(self) -> None:
         await self._drop()
+
+
+def _returned(exc: BaseException) -> bool:
+    """Whether a DeliveryError is a basic.return (unroutable), not a basic.nack."""
+    frame = getattr(exc, "frame", None)
+    return type(frame).__name__ == "Return"
 
 
 def _reason(exc: BaseException) -> str:

@@ -177,8 +177,7 @@ class RedisStreamPublisher:
             if done.done():
                 continue                       # its handler was cancelled meanwhile
             if isinstance(reply, Exception):
-                done.set_exception(PublishRejectedError(
-                    f"Redis refused the entry for {message.destination!r}: {reply}"))
+                done.set_exception(_refusal(reply, message))
             else:
                 done.set_result(reply)
 
@@ -186,3 +185,18 @@ class RedisStreamPublisher:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+
+
+# Replies that say Redis cannot take a write now, not that this one is wrong:
+# out of memory under noeviction, a script or a replica busy, a dataset
+# loading after a restart (redis-py turns that one into BusyLoadingError).
+_TRANSIENT = ("OOM", "BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "NOREPLICAS")
+
+
+def _refusal(reply: Exception, message: RelayMessage) -> Exception:
+    redis = _redis()
+    if isinstance(reply, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)) \
+            or str(reply).startswith(_TRANSIENT):
+        return BrokerUnavailableError(f"Redis cannot take the entry for "
+                                      f"{message.destination!r} now: {reply}")
+    return PublishRejectedError(f"Redis refused the entry for {message.destination!r}: {reply}")
