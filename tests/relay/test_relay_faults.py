@@ -1,6 +1,7 @@
-"""The relay under faults, against a private nats-server (JetStream, file storage, its
-own port and directory) that the test kills and restarts; the machine's server on
-4222 is never touched.
+"""The relay under faults, against private brokers (a nats-server with JetStream on a
+file store, a redis-server with an fsync-always append-only file, each on its own
+port and directory) that the tests kill, restart, fill and cut off through a TCP
+proxy; the machine's servers are never touched.
 
 A ledger on the consumer side (every message the stream holds, by its
 ``Nats-Msg-Id``) is set against every committed event: nothing lost, nothing
@@ -18,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +87,105 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     server.start()
     yield server
     server.kill()
+
+
+class RedisServer:
+    """A private redis-server whose acknowledged writes survive a SIGKILL (AOF, fsync always)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = _free_port()
+        self.directory = directory
+        directory.mkdir()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "always",
+             "--save", ""], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def config_set(self, name: str, value: str) -> None:
+        import redis
+
+        with redis.Redis(port=self.port) as client:
+            client.config_set(name, value)
+
+
+class TcpProxy:
+    """A TCP proxy on its own thread that can cut every connection or stop forwarding."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port = _free_port()
+        self.target_port = target_port
+        self.stalled = threading.Event()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def serve() -> None:
+            await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+            self._ready.set()
+        self._loop.run_until_complete(serve())
+        self._loop.run_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    while self.stalled.is_set():
+                        await asyncio.sleep(0.01)
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+    def cut(self) -> None:
+        """Close every connection through the proxy, both sides, at once."""
+        def close_all() -> None:
+            for writer in list(self._writers):
+                writer.transport.abort()
+        self._loop.call_soon_threadsafe(close_all)
+
+    def stop(self) -> None:
+        self.cut()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
 
 
 def _relay(url: str, app_dir: Path) -> subprocess.Popen[bytes]:
@@ -182,3 +283,162 @@ def test_a_relay_killed_again_and_again_and_a_broker_restarted_lose_and_double_n
         f"lost {sorted(set(committed) - set(ledger))[:10]}, never committed "
         f"{sorted(set(ledger) - set(committed))[:10]}, stored twice "
         f"{len(ledger) - len(set(ledger))}")
+
+
+REDIS_APP = '''
+from conveyor.relay import RedisStreamPublisher, Relay
+
+relay = Relay()
+relay.route("order.*", RedisStreamPublisher({url!r}, key_prefix="faults:relayed:", timeout=1.0),
+            destination="faults:{{topic}}")
+'''
+
+
+def _redis_ledger(url: str) -> list[int]:
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        return [int(fields[b"conveyor-event-id"])
+                for _, fields in client.xrange("faults:order.created")]
+
+
+def _write(url: str, committed: list[int], n: int) -> None:
+    producer = Producer()
+    with psycopg.connect(url) as conn:
+        committed.extend(producer.enqueue_many(
+            conn, [NewEvent(topic="order.created", payload={"n": i}) for i in range(n)]))
+    with psycopg.connect(url) as conn:     # rolled back: must never reach the broker
+        producer.enqueue_bulk(conn, [NewEvent(topic="order.created", payload="rolled back")
+                                     for _ in range(20)])
+        conn.rollback()
+
+
+class SteadyWriter:
+    """Commits 20 events every 20 ms on its own thread, so every fault hits publishes in flight."""
+
+    def __init__(self, url: str, committed: list[int]) -> None:
+        self._url = url
+        self._committed = committed
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> SteadyWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        producer = Producer()
+        with psycopg.connect(self._url) as conn:
+            while not self._done.wait(0.02):
+                ids = producer.enqueue_many(conn, [
+                    NewEvent(topic="order.created", payload={"steady": i}) for i in range(20)])
+                conn.commit()
+                self._committed.extend(ids)
+
+
+def _stop(relays: list[subprocess.Popen[bytes]]) -> None:
+    for r in relays:
+        r.send_signal(signal.SIGTERM)
+    for r in relays:
+        try:
+            r.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            r.kill()
+
+
+def _drained(url: str, relays: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _unrelayed(url):
+        assert time.monotonic() < deadline, f"{_unrelayed(url)} events never relayed"
+        assert all(r.poll() is None for r in relays), [r.stderr.read() for r in relays
+                                                        if r.stderr and r.poll() is not None]
+        time.sleep(0.2)
+
+
+def test_redis_killed_restarted_and_full_with_relays_killed_loses_and_doubles_nothing(
+        fresh_db: str, tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    (tmp_path / "fault_app.py").write_text(REDIS_APP.format(url=server.url))
+    rng = random.Random(11)
+    committed: list[int] = []
+    _write(fresh_db, committed, 1500)
+    kills = restarts = fills = 0
+    relays = [_relay(fresh_db, tmp_path), _relay(fresh_db, tmp_path)]
+    try:
+        phase_end = time.monotonic() + 12
+        with SteadyWriter(fresh_db, committed):
+            while time.monotonic() < phase_end:
+                time.sleep(rng.uniform(0.5, 1.5))
+                victim = rng.randrange(len(relays))
+                relays[victim].kill()
+                relays[victim].wait()
+                relays[victim] = _relay(fresh_db, tmp_path)
+                kills += 1
+                if kills % 5 == 0:
+                    server.kill()                  # SIGKILL: only the append-only file remains
+                    time.sleep(rng.uniform(0.5, 1.5))
+                    server.start()
+                    restarts += 1
+                if kills % 7 == 3:
+                    server.config_set("maxmemory", "1")    # full: every write refused (OOM)
+                    time.sleep(1.5)
+                    server.config_set("maxmemory", "0")
+                    fills += 1
+        _drained(fresh_db, relays, 120)
+    finally:
+        _stop(relays)
+        ledger = _redis_ledger(server.url)
+        server.kill()
+    print(f"\n{len(committed)} events committed, {kills} relays SIGKILLed, Redis killed and "
+          f"restarted {restarts} times and full {fills} times: {len(ledger)} entries")
+    assert kills >= 8 and restarts >= 1 and fills >= 1, (kills, restarts, fills)
+    assert sorted(ledger) == sorted(committed), (
+        f"lost {sorted(set(committed) - set(ledger))[:10]}, never committed "
+        f"{sorted(set(ledger) - set(committed))[:10]}, stored twice "
+        f"{len(ledger) - len(set(ledger))}")
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT count(*) FROM conveyor.events WHERE state = 'failed'"
+                            ).fetchone() == (0,)
+
+
+def test_nats_through_a_proxy_that_cuts_and_stalls_loses_and_doubles_nothing(
+        fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
+    proxy = TcpProxy(nats_server.port)
+    proxy.start()
+    (tmp_path / "fault_app.py").write_text(APP.format(url=f"nats://127.0.0.1:{proxy.port}"))
+    rng = random.Random(5)
+    committed: list[int] = []
+    _write(fresh_db, committed, 1000)
+    cuts = stalls = 0
+    relays = [_relay(fresh_db, tmp_path), _relay(fresh_db, tmp_path)]
+    try:
+        with SteadyWriter(fresh_db, committed):
+            for round_ in range(8):
+                time.sleep(rng.uniform(0.5, 1.0))
+                if round_ % 2:
+                    proxy.stalled.set()            # half-open: nothing passes, nothing closes
+                    time.sleep(rng.uniform(1.5, 2.5))
+                    proxy.stalled.clear()
+                    stalls += 1
+                else:
+                    proxy.cut()                    # every connection reset at once
+                    cuts += 1
+        _drained(fresh_db, relays, 120)
+    finally:
+        _stop(relays)
+        proxy.stop()
+    ledger = _ledger(nats_server.url)
+    print(f"\n{len(committed)} events committed, the proxy cut {cuts} and stalled {stalls} "
+          f"times: {len(ledger)} messages in the stream")
+    assert sorted(ledger) == sorted(committed), (
+        f"lost {sorted(set(committed) - set(ledger))[:10]}, never committed "
+        f"{sorted(set(ledger) - set(committed))[:10]}, stored twice "
+        f"{len(ledger) - len(set(ledger))}")
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT count(*) FROM conveyor.events WHERE state = 'failed'"
+                            ).fetchone() == (0,)
