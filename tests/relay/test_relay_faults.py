@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -126,6 +128,57 @@ class RedisServer:
 
         with redis.Redis(port=self.port) as client:
             client.config_set(name, value)
+
+
+class RabbitServer:
+    """A private rabbitmq-server: its own node name, ports, config and data directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = _free_port()
+        self.directory = directory
+        for sub in ("data", "log"):
+            (directory / sub).mkdir(parents=True)
+        # The server drops to the rabbitmq user: its directories must be writable by it.
+        for path in (directory, directory / "data", directory / "log"):
+            path.chmod(0o777)
+        (directory / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users = none\n")
+        (directory / "enabled_plugins").write_text("[].\n")
+        self.node = f"conveyor-test-{self.port}@localhost"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def start(self) -> None:
+        env = {**os.environ, "RABBITMQ_NODENAME": self.node,
+               "RABBITMQ_NODE_PORT": str(self.port), "RABBITMQ_DIST_PORT": str(_free_port()),
+               "RABBITMQ_CONFIG_FILE": str(self.directory / "rabbitmq.conf"),
+               "RABBITMQ_MNESIA_BASE": str(self.directory / "data"),
+               "RABBITMQ_LOG_BASE": str(self.directory / "log"),
+               "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.directory / "enabled_plugins"),
+               "RABBITMQ_PID_FILE": str(self.directory / "pid")}
+        out = self.directory / "server.out"
+        with out.open("ab") as sink:
+            self.process = subprocess.Popen(["rabbitmq-server"], env=env, start_new_session=True,
+                                            stdout=sink, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                assert self.process.poll() is None, \
+                    f"rabbitmq-server exited at start: {out.read_text()[-1500:]}"
+                assert time.monotonic() < deadline, "rabbitmq-server did not start"
+                time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (the start script, the Erlang VM and its helpers)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
 
 
 class TcpProxy:
@@ -439,6 +492,88 @@ def test_nats_through_a_proxy_that_cuts_and_stalls_loses_and_doubles_nothing(
         f"lost {sorted(set(committed) - set(ledger))[:10]}, never committed "
         f"{sorted(set(ledger) - set(committed))[:10]}, stored twice "
         f"{len(ledger) - len(set(ledger))}")
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT count(*) FROM conveyor.events WHERE state = 'failed'"
+                            ).fetchone() == (0,)
+
+
+RABBIT_APP = '''
+from conveyor.relay import RabbitMQPublisher, Relay
+
+relay = Relay()
+relay.route("order.*", RabbitMQPublisher({url!r}, exchange="faults", timeout=1.0),
+            destination="faults.{{topic}}")
+'''
+
+
+def _rabbit(url: str, what: str) -> list[int]:
+    """Declare the durable queue the relay's messages land in, or drain it: their ids."""
+    import aio_pika
+
+    async def run() -> list[int]:
+        connection = await aio_pika.connect(url)
+        try:
+            channel = await connection.channel()
+            exchange = await channel.declare_exchange("faults", "topic", durable=True)
+            queue = await channel.declare_queue("faults", durable=True)
+            await queue.bind(exchange, "faults.#")
+            ids = []
+            while what == "drain" and (message := await queue.get(no_ack=True, fail=False)):
+                ids.append(int(message.message_id or 0))
+            return ids
+        finally:
+            await connection.close()
+    return asyncio.run(run())
+
+
+def test_rabbitmq_killed_and_restarted_with_relays_killed_loses_nothing(
+        fresh_db: str, tmp_path: Path) -> None:
+    # Not under tmp_path: the server runs as the rabbitmq user, and pytest's
+    # temporary directories are private to this one.
+    home = Path(tempfile.mkdtemp(prefix="conveyor-rabbitmq-"))
+    home.chmod(0o755)
+    server = RabbitServer(home / "node")
+    server.start()
+    try:
+        _rabbit(server.url, "declare")
+        (tmp_path / "fault_app.py").write_text(RABBIT_APP.format(url=server.url))
+        rng = random.Random(3)
+        committed: list[int] = []
+        _write(fresh_db, committed, 1000)
+        kills = restarts = 0
+        relays = [_relay(fresh_db, tmp_path), _relay(fresh_db, tmp_path)]
+        try:
+            phase_end = time.monotonic() + 12
+            with SteadyWriter(fresh_db, committed):
+                while time.monotonic() < phase_end:
+                    time.sleep(rng.uniform(0.5, 1.5))
+                    victim = rng.randrange(len(relays))
+                    relays[victim].kill()
+                    relays[victim].wait()
+                    relays[victim] = _relay(fresh_db, tmp_path)
+                    kills += 1
+                    if kills % 4 == 0 and restarts < 2:
+                        server.kill()              # the broker dies with confirms in flight
+                        time.sleep(rng.uniform(0.3, 1.0))
+                        server.start()
+                        restarts += 1
+            _drained(fresh_db, relays, 180)
+        finally:
+            _stop(relays)
+        ledger = _rabbit(server.url, "drain")
+    finally:
+        server.kill()
+        shutil.rmtree(home, ignore_errors=True)
+    repeated = len(ledger) - len(set(ledger))
+    print(f"\n{len(committed)} events committed, {kills} relays SIGKILLed, RabbitMQ killed and "
+          f"restarted {restarts} times: {len(ledger)} messages, {repeated} repeated")
+    assert kills >= 6 and restarts >= 1, (kills, restarts)
+    # RabbitMQ keeps no ids: a message confirmed to a relay killed before it marked its
+    # event, or confirmed while the broker died, may come twice, with the same message_id.
+    assert sorted(set(ledger)) == sorted(committed), (
+        f"lost {sorted(set(committed) - set(ledger))[:10]}, never committed "
+        f"{sorted(set(ledger) - set(committed))[:10]}")
+    assert repeated <= len(committed) // 10, repeated
     with psycopg.connect(fresh_db) as conn:
         assert conn.execute("SELECT count(*) FROM conveyor.events WHERE state = 'failed'"
                             ).fetchone() == (0,)
