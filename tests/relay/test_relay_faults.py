@@ -533,8 +533,8 @@ def test_rabbitmq_killed_and_restarted_with_relays_killed_loses_nothing(
     home = Path(tempfile.mkdtemp(prefix="conveyor-rabbitmq-"))
     home.chmod(0o755)
     server = RabbitServer(home / "node")
-    server.start()
     try:
+        server.start()
         _rabbit(server.url, "declare")
         (tmp_path / "fault_app.py").write_text(RABBIT_APP.format(url=server.url))
         rng = random.Random(3)
