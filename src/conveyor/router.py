@@ -52,6 +52,7 @@ class RouteOptions(TypedDict, total=False):
     rate: str | None
     fair_by: str | None
     fifo_by: str | None
+    batch: bool
 
 
 # Bytes of JSON text a stored result may take: by default, and at most (the
@@ -79,6 +80,8 @@ class Route:
         result_limit: the most bytes of JSON text a stored result may take.
         flow: the route's flow control (max_running, rate, fair_by, fifo_by), None
             without any (see :mod:`conveyor.flow`).
+        batch: whether ``handler`` takes a list of events (the route's events of
+            one claim) and returns one result per event (docs/batches.md).
     """
 
     pattern: str
@@ -90,6 +93,7 @@ class Route:
     store_result: bool = False
     result_limit: int = RESULT_LIMIT_DEFAULT
     flow: FlowLimit | None = None
+    batch: bool = False
 
     def matches(self, topic: str) -> bool:
         if self.pattern == "*":
@@ -158,6 +162,7 @@ class Router:
         rate: str | None = None,
         fair_by: str | None = None,
         fifo_by: str | None = None,
+        batch: bool = False,
     ) -> Route:
         """Add a rule; ``blocking=False`` runs a plain callable inline on the loop.
 
@@ -170,6 +175,13 @@ class Router:
         most (``"10/s"``, ``"600/m"``, ``"5/10s"``); ``fair_by="tenant"``
         takes each tenant's events in turn; ``fifo_by="tenant"`` (or
         ``"payload.<key>"``) runs the events of one key one at a time, in order.
+
+        ``batch=True``: ``handler`` is an ``async def`` taking the list of this
+        route's events from one claim and returning None (all succeeded) or one
+        result per event, in order: None for a success, an exception for what
+        raising it would have meant (``RetryAfter``, ``Snooze``, ``Cancel``,
+        ``PermanentFailure`` or any error, a failed attempt); one call for the
+        whole batch, under the route's timeout (docs/batches.md).
         """
         try:
             pattern = check_topic_pattern(pattern)
@@ -189,8 +201,14 @@ class Router:
         is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
             getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
         )
+        if batch and not is_async:
+            raise ConfigError(f"batch handler for {pattern!r} must be an async def taking a "
+                              f"list of events, got {handler!r:.60}")
+        if batch and store_result:
+            raise ConfigError(f"route {pattern!r}: a batch handler's results are not stored "
+                              "(store_result=True needs one call per event)")
         route = Route(pattern, handler, timeout, is_async, blocking, backoff,
-                      bool(store_result), result_limit, flow)
+                      bool(store_result), result_limit, flow, bool(batch))
         self._routes.append(route)
         self._cache.clear()
         return route

@@ -185,6 +185,33 @@ def _classify(exc: BaseException, event: Event, backoff: RetryPolicy) -> Outcome
     return failure(event, message, _traceback(), backoff)
 
 
+def _batch_outcomes(route: Route, events: list[Event], results: object,
+                    backoff: RetryPolicy) -> list[Outcome]:
+    """Each event's outcome from what a batch handler returned (see Router.add)."""
+    if results is None:
+        return [success(e) for e in events]
+    try:
+        items = list(results)  # type: ignore[call-overload]
+    except TypeError:
+        items = None
+    if items is None or len(items) != len(events) \
+            or not all(r is None or isinstance(r, BaseException) for r in items):
+        shown = f"{len(items)} items" if items is not None else f"{type(results).__name__}"
+        error = _clip(f"batch handler of {route.pattern} returned {shown} for {len(events)} "
+                      "events: expected None or one None-or-exception per event", ERROR_MAX_CHARS)
+        return [failure(e, error, None, backoff) for e in events]
+    outcomes = []
+    for event, result in zip(events, items, strict=True):
+        if result is None:
+            outcomes.append(success(event))
+            continue
+        try:
+            raise result
+        except BaseException as exc:  # noqa: BLE001 - classified like a raised error
+            outcomes.append(outcome_of_error(exc, event, backoff))
+    return outcomes
+
+
 def success(event: Event) -> Outcome:
     return Outcome(event.id, event.attempt, EventState.SUCCEEDED)
 
@@ -319,6 +346,7 @@ class Executor:
             self._pool = ThreadPoolExecutor(max_workers=self._threads,
                                             thread_name_prefix="conveyor-handler")
         started = False
+        batches: dict[int, tuple[Route, list[Running]]] | None = None
         for event in events:
             running = entries.get((event.id, event.attempt))
             if running is None or running.task is not None:
@@ -327,6 +355,11 @@ class Executor:
             if route is None:
                 # The claim filter should make this impossible; give the event back untouched.
                 self._sink(Outcome.handed_back(event))
+                continue
+            if route.batch:
+                if batches is None:
+                    batches = {}
+                batches.setdefault(id(route), (route, []))[1].append(running)
                 continue
             if not route.is_async and not route.blocking and not self._async_hooks:
                 # A plain handler routed blocking=False runs to completion in one
@@ -348,6 +381,13 @@ class Executor:
                 self._starting_event = None
             else:
                 running.task = loop.create_task(coro)
+            started = True
+        for route, runnings in (batches or {}).values():
+            timeout = override or route.timeout or default_timeout
+            task = loop.create_task(self._call_batch(route, runnings, timeout))
+            for running in runnings:
+                running.task = task
+                running.deadline = now + timeout
             started = True
         if started and (self._sweeper is None or self._sweeper.done()):
             self._sweeper = loop.create_task(self._sweep_deadlines())
@@ -505,6 +545,63 @@ class Executor:
         if (event.id, event.attempt) in self._entries:
             self._sink(outcome)
 
+    async def _call_batch(self, route: Route, runnings: list[Running], timeout: float) -> None:
+        """One call of a batch handler for the route's events of one claim, in its own task.
+
+        Middleware sees each event as if it had a call of its own: every
+        ``before`` in order, the call, every ``after`` in reverse. The deadline
+        is the batch's: the sweeper cancels the task when it passes, and every
+        event of the batch gets the timeout.
+        """
+        events = [r.event for r in runnings]
+        backoff = route.backoff or self._backoff
+        hooks = self._middleware
+        entered: list[tuple[Event, Middleware]] = []
+        started = time.monotonic()
+        raised: BaseException | None = None
+        outcomes: list[Outcome]
+        try:
+            for event in events:
+                for hook in hooks:
+                    done = hook.before(event)
+                    if done is not None:
+                        await done
+                    entered.append((event, hook))
+            handler: Any = route.handler    # a batch handler takes the list (Router.add)
+            results = await handler(events)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            cancelling = task.cancelling() if task is not None else 0
+            if not cancelling:
+                raised = exc
+                outcomes = [outcome_of_error(exc, e, backoff) for e in events]
+            elif cancelling == 1 and any(r.timed_out for r in runnings):
+                assert task is not None
+                task.uncancel()
+                outcomes = [failure(e, f"batch handler timed out after {timeout:g}s", None,
+                                    backoff) for e in events]
+            else:
+                raise   # a stop: the worker decides what to write
+        except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
+            raised = exc
+            outcomes = [outcome_of_error(exc, e, backoff) for e in events]
+            if isinstance(exc, HANDLER_EXITS):
+                _exit_refused(exc, events[0])
+        else:
+            outcomes = _batch_outcomes(route, events, results, backoff)
+        by_id = {o.event_id: o for o in outcomes}
+        for event, hook in reversed(entered):
+            outcome = by_id[event.id]
+            try:
+                done = hook.after(event, _result(outcome, raised, started))
+                if done is not None:
+                    await done
+            except Exception:  # noqa: BLE001 - logged with its traceback by _hook_failed
+                _hook_failed(hook, event)
+        for outcome in outcomes:
+            if (outcome.event_id, outcome.attempt) in self._entries:
+                self._sink(outcome)
+
     async def _sweep_deadlines(self) -> None:
         """Cancel handlers past their deadline: one periodic pass instead of a timer per call."""
         loop = asyncio.get_running_loop()
@@ -512,9 +609,12 @@ class Executor:
         while entries:
             await asyncio.sleep(SWEEP_INTERVAL)
             now = loop.time()
+            cancelled: set[asyncio.Future[None]] = set()
             for running in list(entries.values()):
                 task = running.task
                 if now >= running.deadline and task is not None and not task.done() \
                         and not running.timed_out:
                     running.timed_out = True
-                    task.cancel()
+                    if task not in cancelled:     # a batch's events share one task
+                        cancelled.add(task)
+                        task.cancel()

@@ -100,8 +100,11 @@ class RunningSet:
             log.warning("lost the lease of event %s; abandoning it", key[0],
                         extra={"action": "lease_lost", "event_id": key[0], "attempt": key[1]})
             del self.entries[key]
-            if running.task is not None and not running.task.done():
-                running.task.cancel()
+            task = running.task
+            # A batch's events share one task: the others still need its outcomes.
+            if task is not None and not task.done() \
+                    and not any(r.task is task for r in self.entries.values()):
+                task.cancel()
         if count:
             self.freed.set()
         return count
