@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack, cast
 
 from conveyor.cron import CATCH_UP_DEFAULT, Schedule
 from conveyor.errors import ConfigError, InvalidInputError
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from conveyor.tasks import Task
 
 Handler = Callable[[Event], Any] | Callable[[Event], Awaitable[Any]]
+# A batch route's handler (Router.add(..., batch=True)): the events of one claim.
+BatchHandler = Callable[[list[Event]], Awaitable[Any]]
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -151,7 +153,7 @@ class Router:
     def add(
         self,
         pattern: str,
-        handler: Handler,
+        handler: Handler | BatchHandler,
         *,
         timeout: float | None = None,
         blocking: bool = True,
@@ -207,7 +209,9 @@ class Router:
         if batch and store_result:
             raise ConfigError(f"route {pattern!r}: a batch handler's results are not stored "
                               "(store_result=True needs one call per event)")
-        route = Route(pattern, handler, timeout, is_async, blocking, backoff,
+        # A batch handler is stored as a Handler: only the executor's batch path
+        # calls it, with the list.
+        route = Route(pattern, cast(Handler, handler), timeout, is_async, blocking, backoff,
                       bool(store_result), result_limit, flow, bool(batch))
         self._routes.append(route)
         self._cache.clear()

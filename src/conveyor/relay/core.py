@@ -226,7 +226,12 @@ class Relay:
         """Add one route per unordered or per-key relay route to ``router``
         (``route_options``: Router.add's); ordered routes are read by :meth:`streams`."""
         for r in self.routes:
-            if not r.ordered:
+            if r.ordered:
+                continue
+            if callable(getattr(r.publisher, "publish_many", None)):
+                router.add(r.pattern, self._batch_handler(r), fifo_by=r.fifo_by, batch=True,
+                           **route_options)
+            else:
                 router.add(r.pattern, self._handler(r), fifo_by=r.fifo_by, **route_options)
 
     @property
@@ -309,6 +314,43 @@ class Relay:
                             event.id, delay, exc, extra={"action": "relay_unavailable"})
                 raise Snooze(delay, exc) from exc
             state.failures, state.until = 0, 0.0
+
+        relay.__qualname__ = f"relay to {publisher.name}"
+        return relay
+
+    def _batch_handler(self, route: RelayRoute) -> Callable[[list[Event]], Any]:
+        """The route's events of one claim published together (``publish_many``)."""
+        publisher = route.publisher
+        publish_many = publisher.publish_many  # type: ignore[attr-defined]
+        state = self._unavailable.setdefault(id(publisher), _Unavailable())
+
+        async def relay(events: list[Event]) -> list[BaseException | None]:
+            results: list[BaseException | None] = [None] * len(events)
+            messages, places = [], []
+            for i, event in enumerate(events):
+                try:
+                    messages.append(self.message(route, event))
+                    places.append(i)
+                except PermanentFailure as exc:
+                    results[i] = exc
+            try:
+                failed = await publish_many(messages) if messages else []
+            except BrokerUnavailableError as exc:
+                failed = [exc] * len(messages)
+            away = None
+            for i, error in zip(places, failed, strict=True):
+                if isinstance(error, BrokerUnavailableError):
+                    away = error
+                    results[i] = Snooze(state.next_delay(), error)
+                else:
+                    results[i] = error
+            if away is not None:
+                log.warning("%s unavailable, %d events back in %.1fs: %s", publisher.name,
+                            sum(isinstance(r, Snooze) for r in results), state.delay, away,
+                            extra={"action": "relay_unavailable"})
+            elif messages:
+                state.failures, state.until = 0, 0.0
+            return results
 
         relay.__qualname__ = f"relay to {publisher.name}"
         return relay

@@ -120,9 +120,29 @@ class RabbitMQPublisher:
             return exchange
 
     async def publish(self, message: RelayMessage) -> None:
+        await self._publish(await self._connected(), message)
+
+    async def publish_many(self, messages: list[RelayMessage]) -> list[Exception | None]:
+        """Publish a batch, every confirm awaited together; what went wrong for each, or None."""
+        try:
+            exchange = await self._connected()
+        except BrokerUnavailableError as exc:
+            return [exc] * len(messages)
+        done = await asyncio.gather(*(self._publish(exchange, m) for m in messages),
+                                    return_exceptions=True)
+        results: list[Exception | None] = []
+        for outcome in done:
+            if isinstance(outcome, (BrokerUnavailableError, PublishRejectedError)):
+                results.append(outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                results.append(None)
+        return results
+
+    async def _publish(self, exchange: Any, message: RelayMessage) -> None:
         aio_pika = _aio_pika()
         exceptions = aio_pika.exceptions
-        exchange = await self._connected()
         body = aio_pika.Message(
             message.payload, message_id=message.msg_id, headers=dict(message.headers),
             content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)

@@ -142,6 +142,26 @@ class RedisStreamPublisher:
         if seen:
             self.duplicates += 1
 
+    async def publish_many(self, messages: list[RelayMessage]) -> list[Exception | None]:
+        """Publish a batch in pipelines; what went wrong for each message, or None."""
+        self._connected()
+        loop = asyncio.get_running_loop()
+        waits = [(m, loop.create_future()) for m in messages]
+        self._waiting.extend(waits)
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send_all())
+        results: list[Exception | None] = []
+        for _, done in waits:
+            try:
+                _, seen = await done
+            except (BrokerUnavailableError, PublishRejectedError) as exc:
+                results.append(exc)
+                continue
+            if seen:
+                self.duplicates += 1
+            results.append(None)
+        return results
+
     async def _send_all(self) -> None:
         try:
             while self._waiting:
