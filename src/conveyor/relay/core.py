@@ -101,6 +101,12 @@ class Publisher(Protocol):
     is called concurrently (one call per running handler): a publisher
     pipelines them on its connection. ``check_destination`` returns why a
     rendered destination is unusable on this broker, or None.
+
+    A publisher may also offer ``async publish_many(messages) -> list[Exception
+    | None]``: the relay then hands it a route's events of one claim at once
+    (a batch route, docs/batches.md) and takes, per message, None once
+    confirmed or the error ``publish`` would have raised. The three built-in
+    publishers do.
     """
 
     name: str
