@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -258,11 +259,9 @@ async def _relay_drain(url: str, relay: Relay, n: int, concurrency: int) -> floa
     await asyncio.to_thread(_enqueue, url, n)
     config = WorkerConfig(schema=SCHEMA, concurrency=concurrency, batch_size=100,
                           poll_interval=0.5)
-    worker = Worker(url, relay.router(), config)
-    task = asyncio.create_task(worker.run())
-    await worker.started.wait()
-    await asyncio.sleep(0.3)
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+    async with _serving(url, relay, config), \
+            await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await asyncio.sleep(0.3)
         await admin.resume(conn, TOPIC)
         started = time.monotonic()
         # Whether any event is unfinished, through the pending and running rows'
@@ -279,9 +278,35 @@ async def _relay_drain(url: str, relay: Relay, n: int, concurrency: int) -> floa
             await asyncio.sleep(0.01)
         took = time.monotonic() - started
         await conn.execute(sql.SQL("TRUNCATE {}.events").format(sql.Identifier(SCHEMA)))
-    worker.request_stop()
-    await task
     return n / took
+
+
+@contextlib.asynccontextmanager
+async def _serving(url: str, relay: Relay, config: WorkerConfig) -> AsyncIterator[None]:
+    """The relay running: a worker for its routes, or its ordered streams (--mode ordered)."""
+    if relay.claims:
+        worker = Worker(url, relay.router(), config)
+        task = asyncio.create_task(worker.run())
+        await worker.started.wait()
+        await asyncio.wait_for(worker.listener.connected.wait(), 10)
+        try:
+            yield
+        finally:
+            worker.request_stop()
+            await task
+        return
+    streams = relay.streams(url, schema=SCHEMA, batch_size=config.batch_size,
+                            poll_interval=config.poll_interval)
+    tasks = [asyncio.create_task(stream.run()) for stream in streams]
+    while not all(stream.leading for stream in streams):
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)    # its LISTEN is in place
+    try:
+        yield
+    finally:
+        for stream in streams:
+            stream.request_stop()
+        await asyncio.gather(*tasks)
 
 
 def _messages(n: int, broker: Broker, relay: Relay) -> list[RelayMessage]:
@@ -295,23 +320,18 @@ def _messages(n: int, broker: Broker, relay: Relay) -> list[RelayMessage]:
 
 async def _latency(url: str, broker: Broker, relay: Relay, count: int) -> list[float]:
     stop, seen = await broker.receiver()
-    worker = Worker(url, relay.router(), WorkerConfig(schema=SCHEMA, poll_interval=5))
-    task = asyncio.create_task(worker.run())
-    await worker.started.wait()
-    await asyncio.wait_for(worker.listener.connected.wait(), 10)
     committed: dict[int, float] = {}
     producer = Producer(ProducerConfig(schema=SCHEMA))
-    with psycopg.connect(url) as conn:
-        for _ in range(count):
-            event_id = producer.enqueue(conn, TOPIC, PAYLOAD, tenant="acme")
-            conn.commit()
-            committed[event_id] = time.monotonic()
-            await asyncio.sleep(0.02)
-    deadline = time.monotonic() + 10
-    while len([i for i in committed if i in seen]) < count and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    worker.request_stop()
-    await task
+    async with _serving(url, relay, WorkerConfig(schema=SCHEMA, poll_interval=5)):
+        with psycopg.connect(url) as conn:
+            for _ in range(count):
+                event_id = producer.enqueue(conn, TOPIC, PAYLOAD, tenant="acme")
+                conn.commit()
+                committed[event_id] = time.monotonic()
+                await asyncio.sleep(0.02)
+        deadline = time.monotonic() + 10
+        while len([i for i in committed if i in seen]) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
     await stop()
     return sorted((seen[i] - committed[i]) * 1000 for i in committed if i in seen)
 
@@ -321,11 +341,19 @@ async def _one_broker(url: str, name: str, args: argparse.Namespace) -> dict[str
     if isinstance(broker, Rabbit):
         await broker.declare()
     relay = Relay()
-    relay.route(TOPIC, broker.publisher(), destination=broker.destination)
+    relay.route(TOPIC, broker.publisher(), destination=broker.destination, mode=args.mode)
     rounds: list[dict[str, Any]] = []
     try:
         await relay.start()
         variants = await broker.direct_variants()
+        if args.mode == "ordered":
+            # The ordered stream's own shape: one message, its confirmation, the next.
+            publisher = broker._direct
+
+            async def one_at_a_time(messages: list[RelayMessage], window: int) -> None:
+                for m in messages:
+                    await publisher.publish(m)
+            variants["one at a time"] = one_at_a_time
         for _ in range(args.rounds):
             relayed = await _relay_drain(url, relay, args.events, args.concurrency)
             direct: dict[str, float] = {}
@@ -345,9 +373,13 @@ async def _one_broker(url: str, name: str, args: argparse.Namespace) -> dict[str
             rounds.append({"relay_per_s": round(relayed), "direct_per_s":
                            {k: round(v) for k, v in direct.items()},
                            "strongest_direct": best, "ratio": round(relayed / direct[best], 3)})
+            same = ""
+            if "one at a time" in direct:
+                rounds[-1]["ratio_one_at_a_time"] = round(relayed / direct["one at a time"], 3)
+                same = f", x{relayed / direct['one at a time']:.2f} of one at a time"
             print(f"{name}: relay {relayed:,.0f}/s, direct "
                   + ", ".join(f"{k} {v:,.0f}/s" for k, v in direct.items())
-                  + f" -> x{relayed / direct[best]:.2f} of {best}", flush=True)
+                  + f" -> x{relayed / direct[best]:.2f} of {best}{same}", flush=True)
         await broker.close_direct()
         latencies = await _latency(url, broker, relay, args.latency)
     finally:
@@ -371,9 +403,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency", type=int, default=200)
+    parser.add_argument("--mode", choices=("unordered", "ordered"), default="unordered",
+                        help="the route's mode; ordered runs the route's stream, no worker")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    figures: dict[str, Any] = {"events": args.events, "concurrency": args.concurrency}
+    figures: dict[str, Any] = {"events": args.events, "concurrency": args.concurrency,
+                               "mode": args.mode}
     for name in args.brokers.split(","):
         _reset(args.database_url)
         figures[name] = asyncio.run(_one_broker(args.database_url, name.strip(), args))
