@@ -1279,6 +1279,10 @@ def test_ordered_relay_reads_past_no_running_transaction_in_xid_order(fresh_db: 
             " FROM conveyor.events").fetchall())
         assert states[old] == ("succeeded", "1", None, "0")
         assert states[first] == ("pending", "1", "no", "1")
+        # Both counted in this minute's outcomes, as a worker's tally would.
+        assert reader.execute("SELECT topic, succeeded, retried FROM conveyor.event_counts"
+                              " ORDER BY topic").fetchall() == [("order.a", 0, 1),
+                                                                 ("order.old", 1, 0)]
         # A pause or a delay marks the row the stream stops at.
         reader.execute("INSERT INTO conveyor.pauses (pattern) VALUES ('order.b')")
         reader.execute("UPDATE conveyor.events SET run_at = now() + interval '1 hour'"

@@ -77,28 +77,47 @@ WHERE e.state = 'pending'
 -- name: relay_ordered_done
 -- Events the broker confirmed, in the stream's order: relayed. Only pending
 -- ones (an operator may have cancelled one meanwhile); the attempt is counted
--- here, as a claim counts it.
-UPDATE {schema}.events
-SET state = 'succeeded',
-    attempts = attempts + 1,
-    attempted_at = now(),
-    finished_at = now(),
-    updated_at = now()
-WHERE id = ANY(%(ids)s::bigint[])
-  AND state = 'pending'
+-- here, as a claim counts it. They are added to this minute's outcome counts
+-- (the dashboard's rates, as a worker's tally adds its own), topics in order
+-- so two writers lock the rows in the same order.
+WITH done AS (
+    UPDATE {schema}.events
+    SET state = 'succeeded',
+        attempts = attempts + 1,
+        attempted_at = now(),
+        finished_at = now(),
+        updated_at = now()
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND state = 'pending'
+    RETURNING topic
+)
+INSERT INTO {schema}.event_counts AS c (minute, topic, succeeded)
+SELECT date_trunc('minute', now()), topic, count(*)
+FROM done
+GROUP BY topic
+ORDER BY topic
+ON CONFLICT (minute, topic) DO UPDATE SET succeeded = c.succeeded + excluded.succeeded
 
 -- name: relay_ordered_failed
 -- A publish the broker refused: the attempt and its error are recorded and
 -- the event stays pending at the head of its stream (an ordered stream never
--- parks an event and moves on; cancelling it lets the stream pass).
-UPDATE {schema}.events AS e
-SET attempts = e.attempts + 1,
-    attempted_at = now(),
-    last_error = %(error)s::text,
-    errors = (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
-                   ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
-        'attempt', e.attempts + 1, 'at', now(), 'error', %(error)s::text,
-        'worker', %(relay)s::text)),
-    updated_at = now()
-WHERE e.id = %(id)s
-  AND e.state = 'pending'
+-- parks an event and moves on; cancelling it lets the stream pass). Counted
+-- as a retry in this minute's outcome counts.
+WITH refused AS (
+    UPDATE {schema}.events AS e
+    SET attempts = e.attempts + 1,
+        attempted_at = now(),
+        last_error = %(error)s::text,
+        errors = (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
+                       ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
+            'attempt', e.attempts + 1, 'at', now(), 'error', %(error)s::text,
+            'worker', %(relay)s::text)),
+        updated_at = now()
+    WHERE e.id = %(id)s
+      AND e.state = 'pending'
+    RETURNING e.topic
+)
+INSERT INTO {schema}.event_counts AS c (minute, topic, retried)
+SELECT date_trunc('minute', now()), topic, 1
+FROM refused
+ON CONFLICT (minute, topic) DO UPDATE SET retried = c.retried + excluded.retried
