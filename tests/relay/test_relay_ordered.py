@@ -236,3 +236,29 @@ def test_an_ordered_route_must_have_its_topics_to_itself() -> None:
     with pytest.raises(ConfigError, match="mode for 'x' to be one of 'unordered', 'per_key', "
                                           "'ordered', got 'fifo'"):
         relay.route("x", Recorder(), mode="fifo")
+
+
+async def test_a_streams_state_is_in_its_metrics(db: str) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from conveyor.metrics import StreamsCollector
+
+    recorder = Recorder()
+    stream = _stream(db, recorder)
+    registry = CollectorRegistry()
+    registry.register(StreamsCollector([stream]))
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+        ids = [await _insert(conn, "order.m") for _ in range(3)]
+        recorder.refuse.add(ids[2])
+        task = asyncio.ensure_future(stream.run())
+        try:
+            await _until(lambda: stream.blocked_on == ids[2] and stream.relayed == 2,
+                         what="the refusal")
+            text = generate_latest(registry).decode()
+        finally:
+            stream.request_stop()
+            await asyncio.wait_for(task, 10)
+    assert 'conveyor_relay_stream_relayed_total{route="order.*"} 2.0' in text
+    assert 'conveyor_relay_stream_leading{route="order.*"} 1.0' in text
+    assert 'conveyor_relay_stream_blocked{route="order.*"} 1.0' in text
+    assert 'conveyor_relay_stream_held_events{route="order.*"} 0.0' in text

@@ -161,11 +161,20 @@ def run_relay(ctx: Context, args: argparse.Namespace) -> int:
     streams = relay.streams(ctx.url(), schema=ctx.schema, batch_size=args.batch_size,
                             poll_interval=args.poll_interval, name=args.name or "relay")
     worker = metrics = None
+    if not relay.claims and args.metrics_port is not None:
+        # Health and readiness are the worker's; the streams' series ride along with it.
+        raise InvalidInputError("--metrics-port needs a route the worker serves (unordered or "
+                                "per_key); a relay of ordered routes only reports in its log "
+                                "and in conveyor status")
     if relay.claims:
         built = build_worker(ctx, args, relay.router(), middleware, stop)
         if built is None:
             return 0
         worker, metrics = built
+        if metrics is not None and streams:
+            from conveyor.metrics import StreamsCollector
+
+            metrics.registry.register(StreamsCollector(streams))
     elif stop.requested:
         return 0
     process = _RelayProcess(relay, worker, streams)

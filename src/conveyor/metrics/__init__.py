@@ -24,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a child interprete
     raise MissingExtraError("conveyor.metrics", "metrics", module=exc.name) from None
 
 from conveyor.metrics.app import MetricsServer, metrics_app
-from conveyor.metrics.collectors import DatabaseGauges, WorkerCollector
+from conveyor.metrics.collectors import DatabaseGauges, StreamsCollector, WorkerCollector
 from conveyor.metrics.health import Check, health, readiness
 from conveyor.metrics.middleware import MetricsMiddleware
 
@@ -33,6 +33,7 @@ __all__ = [
     "DatabaseGauges",
     "MetricsMiddleware",
     "MetricsServer",
+    "StreamsCollector",
     "WorkerCollector",
     "health",
     "metrics_app",

@@ -21,6 +21,7 @@ from conveyor.db.named_queries import parse_named_queries, queries_for
 from conveyor.metrics.health import health, loop_lag
 
 if TYPE_CHECKING:
+    from conveyor.relay.ordered import OrderedStream
     from conveyor.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,43 @@ def _family(kind: type[Any], name: str, doc: str, value: float,
     family = kind(name, doc, labels=list(labels))
     family.add_metric(list(labels.values()), value)
     return family  # type: ignore[no-any-return]
+
+
+class StreamsCollector(Collector):
+    """The ordered relay's streams (conveyor.relay.ordered), one series per route,
+    read at scrape time from each stream's attributes."""
+
+    def __init__(self, streams: list[OrderedStream]) -> None:
+        self.streams = streams
+
+    def collect(self) -> Iterator[Metric]:
+        relayed = CounterMetricFamily("conveyor_relay_stream_relayed",
+                                      "Events an ordered stream marked relayed.",
+                                      labels=["route"])
+        gauges = {
+            "leading": GaugeMetricFamily("conveyor_relay_stream_leading",
+                                         "1 while this relay holds the stream's lock.",
+                                         labels=["route"]),
+            "blocked": GaugeMetricFamily("conveyor_relay_stream_blocked",
+                                         "1 while the stream retries a refused or "
+                                         "unconfirmed event.", labels=["route"]),
+            "held": GaugeMetricFamily("conveyor_relay_stream_held_events",
+                                      "Events waiting for an older transaction to end.",
+                                      labels=["route"]),
+            "held_s": GaugeMetricFamily("conveyor_relay_stream_held_seconds",
+                                        "Age of the oldest event waiting for an older "
+                                        "transaction to end.", labels=["route"]),
+        }
+        for stream in self.streams:
+            route = [stream.pattern]
+            held = stream.held or (0, 0.0)
+            relayed.add_metric(route, stream.relayed)
+            gauges["leading"].add_metric(route, float(stream.leading))
+            gauges["blocked"].add_metric(route, float(stream.blocked_on is not None))
+            gauges["held"].add_metric(route, held[0])
+            gauges["held_s"].add_metric(route, held[1])
+        yield relayed
+        yield from gauges.values()
 
 
 class WorkerCollector(Collector):
