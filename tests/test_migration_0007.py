@@ -9,20 +9,11 @@ import psycopg
 import pytest
 
 from conveyor import Producer
-from conveyor.schema import migrator_core as migrator_module
-from conveyor.schema.migrator import Migrator, load_migrations, migration_script
+from conveyor.schema.migrator import Migrator, migration_script
+from migration_support import migrate_to, storage
 
 ROWS = 20_000
 GOOD = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-def _storage(conn: psycopg.Connection[Any]) -> dict[str, int]:
-    """relfilenode of the events table and each of its indexes: new ones mean a rewrite."""
-    return dict(conn.execute(
-        "SELECT c.relname, c.relfilenode FROM pg_class c"
-        " WHERE c.oid = 'conveyor.events'::regclass"
-        "    OR c.oid IN (SELECT indexrelid FROM pg_index"
-        "                 WHERE indrelid = 'conveyor.events'::regclass)").fetchall())
 
 
 def _snapshot(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
@@ -33,31 +24,29 @@ def _snapshot(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
 
 @pytest.fixture
 def version_6(empty_db: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    with monkeypatch.context() as patch:
-        patch.setattr(migrator_module, "load_migrations", lambda: load_migrations()[:6])
-        with psycopg.connect(empty_db, autocommit=True) as conn:
-            assert [m.version for m in Migrator().apply(conn)][-1] == 6
-            conn.execute(
-                "INSERT INTO conveyor.events (topic, payload, state, attempts, max_attempts,"
-                " finished_at, traceparent, tracestate)"
-                " SELECT 't' || (g %% 7), jsonb_build_object('g', g),"
-                "        (ARRAY['pending', 'succeeded', 'failed', 'cancelled'])[1 + g %% 4],"
-                "        g %% 3, 3, CASE WHEN g %% 4 <> 0 THEN now() END,"
-                "        CASE WHEN g %% 5 = 0 THEN %s END, CASE WHEN g %% 10 = 0 THEN 'k=v' END"
-                " FROM generate_series(1, %s) AS g", (GOOD, ROWS))
-            conn.execute("VACUUM ANALYZE conveyor.events")
+    migrate_to(empty_db, 6, monkeypatch)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO conveyor.events (topic, payload, state, attempts, max_attempts,"
+            " finished_at, traceparent, tracestate)"
+            " SELECT 't' || (g %% 7), jsonb_build_object('g', g),"
+            "        (ARRAY['pending', 'succeeded', 'failed', 'cancelled'])[1 + g %% 4],"
+            "        g %% 3, 3, CASE WHEN g %% 4 <> 0 THEN now() END,"
+            "        CASE WHEN g %% 5 = 0 THEN %s END, CASE WHEN g %% 10 = 0 THEN 'k=v' END"
+            " FROM generate_series(1, %s) AS g", (GOOD, ROWS))
+        conn.execute("VACUUM ANALYZE conveyor.events")
     return empty_db
 
 
 def test_0007_changes_the_catalog_only(version_6: str) -> None:
     with psycopg.connect(version_6, autocommit=True) as conn:
-        storage, rows = _storage(conn), _snapshot(conn)
+        before, rows = storage(conn), _snapshot(conn)
         assert len(rows) == ROWS
         # 0007 alone, as an upgrade from version 6 applies it (0009 rebuilds an index on purpose).
         with conn.transaction():
             conn.execute(migration_script("conveyor", 7, 7).encode())
         assert Migrator().applied_versions(conn) == list(range(1, 8))
-        assert _storage(conn) == storage, "the table or an index was rewritten"
+        assert storage(conn) == before, "the table or an index was rewritten"
         assert _snapshot(conn) == rows
         assert conn.execute("SELECT count(*) FROM pg_trigger"
                             " WHERE tgrelid = 'conveyor.events'::regclass"

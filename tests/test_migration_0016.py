@@ -4,50 +4,38 @@ transaction's."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 
 from conveyor.db.named_queries import queries_for
 from conveyor.router import pattern_filter
-from conveyor.schema import migrator_core as migrator_module
-from conveyor.schema.migrator import Migrator, load_migrations
+from conveyor.schema.migrator import Migrator
+from migration_support import migrate_to, storage
 
 ROWS = 20_000
 
 
-def _storage(conn: psycopg.Connection[Any]) -> dict[str, int]:
-    return dict(conn.execute(
-        "SELECT c.relname, c.relfilenode FROM pg_class c"
-        " WHERE c.oid = 'conveyor.events'::regclass"
-        "    OR c.oid IN (SELECT indexrelid FROM pg_index"
-        "                 WHERE indrelid = 'conveyor.events'::regclass)").fetchall())
-
-
 @pytest.fixture
 def version_15(empty_db: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    with monkeypatch.context() as patch:
-        patch.setattr(migrator_module, "load_migrations", lambda: load_migrations()[:15])
-        with psycopg.connect(empty_db, autocommit=True) as conn:
-            assert [m.version for m in Migrator().apply(conn)][-1] == 15
-            conn.execute(
-                "INSERT INTO conveyor.events (topic, payload, state, finished_at)"
-                " SELECT 'order.t' || (g %% 7), jsonb_build_object('g', g),"
-                "        (ARRAY['pending', 'succeeded', 'failed', 'cancelled'])[1 + g %% 4],"
-                "        CASE WHEN g %% 4 <> 0 THEN now() END"
-                " FROM generate_series(1, %s) AS g", (ROWS,))
-            conn.execute("VACUUM ANALYZE conveyor.events")
+    migrate_to(empty_db, 15, monkeypatch)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO conveyor.events (topic, payload, state, finished_at)"
+            " SELECT 'order.t' || (g %% 7), jsonb_build_object('g', g),"
+            "        (ARRAY['pending', 'succeeded', 'failed', 'cancelled'])[1 + g %% 4],"
+            "        CASE WHEN g %% 4 <> 0 THEN now() END"
+            " FROM generate_series(1, %s) AS g", (ROWS,))
+        conn.execute("VACUUM ANALYZE conveyor.events")
     return empty_db
 
 
 def test_0016_adds_the_xid_without_rewriting_and_old_events_come_first(version_15: str) -> None:
     with psycopg.connect(version_15, autocommit=True) as conn:
-        storage = _storage(conn)
+        before = storage(conn)
         rows = conn.execute("SELECT id, state, payload FROM conveyor.events ORDER BY id").fetchall()
         assert [m.version for m in Migrator().apply(conn)] == [16]
-        after = _storage(conn)
-        assert {k: v for k, v in after.items() if k != "events_relay_order_idx"} == storage, \
+        after = storage(conn)
+        assert {k: v for k, v in after.items() if k != "events_relay_order_idx"} == before, \
             "the table or an index was rewritten"
         assert conn.execute("SELECT id, state, payload FROM conveyor.events"
                             " ORDER BY id").fetchall() == rows

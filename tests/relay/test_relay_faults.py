@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -52,35 +52,55 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class NatsServer:
-    """A private nats-server with JetStream on a file store, restartable on the same data."""
+class PrivateServer:
+    """A broker process of the test's own: started on its port, SIGKILLed, started again."""
+
+    name = ""
+    process: subprocess.Popen[bytes] | None = None
 
     def __init__(self, directory: Path) -> None:
         self.port = _free_port()
         self.directory = directory
-        self.process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+    def command(self) -> list[str]:
+        raise NotImplementedError
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port),
-             "-sd", str(self.directory)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 15
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        self.wait_for_port()
+
+    def wait_for_port(self, seconds: float = 15, exited: Callable[[], str] | None = None) -> None:
+        deadline = time.monotonic() + seconds
         while True:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 return
             except OSError:
-                assert time.monotonic() < deadline, "nats-server did not start"
+                assert self.process is not None
+                if exited is not None:
+                    assert self.process.poll() is None, f"{self.name} exited at start: {exited()}"
+                assert time.monotonic() < deadline, f"{self.name} did not start"
                 time.sleep(0.05)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+class NatsServer(PrivateServer):
+    """A private nats-server with JetStream on a file store, restartable on the same data."""
+
+    name = "nats-server"
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port),
+                "-sd", str(self.directory)]
 
 
 @pytest.fixture
@@ -91,37 +111,23 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     server.kill()
 
 
-class RedisServer:
+class RedisServer(PrivateServer):
     """A private redis-server whose acknowledged writes survive a SIGKILL (AOF, fsync always)."""
 
+    name = "redis-server"
+
     def __init__(self, directory: Path) -> None:
-        self.port = _free_port()
-        self.directory = directory
+        super().__init__(directory)
         directory.mkdir()
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "always",
-             "--save", ""], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+    def command(self) -> list[str]:
+        return ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "always",
+                "--save", ""]
 
     def config_set(self, name: str, value: str) -> None:
         import redis
@@ -130,12 +136,13 @@ class RedisServer:
             client.config_set(name, value)
 
 
-class RabbitServer:
+class RabbitServer(PrivateServer):
     """A private rabbitmq-server: its own node name, ports, config and data directory."""
 
+    name = "rabbitmq-server"
+
     def __init__(self, directory: Path) -> None:
-        self.port = _free_port()
-        self.directory = directory
+        super().__init__(directory)
         for sub in ("data", "log"):
             (directory / sub).mkdir(parents=True)
         # The server drops to the rabbitmq user: its directories must be writable by it.
@@ -145,7 +152,6 @@ class RabbitServer:
             f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users = none\n")
         (directory / "enabled_plugins").write_text("[].\n")
         self.node = f"conveyor-test-{self.port}@localhost"
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -163,16 +169,7 @@ class RabbitServer:
         with out.open("ab") as sink:
             self.process = subprocess.Popen(["rabbitmq-server"], env=env, start_new_session=True,
                                             stdout=sink, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                assert self.process.poll() is None, \
-                    f"rabbitmq-server exited at start: {out.read_text()[-1500:]}"
-                assert time.monotonic() < deadline, "rabbitmq-server did not start"
-                time.sleep(0.1)
+        self.wait_for_port(60, lambda: out.read_text()[-1500:])
 
     def kill(self) -> None:
         """SIGKILL the whole server (the start script, the Erlang VM and its helpers)."""

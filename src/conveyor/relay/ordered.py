@@ -120,10 +120,7 @@ class OrderedStream:
                                            application_name="conveyor-relay-ordered")
             except psycopg.OperationalError as exc:
                 lost += 1
-                delay = RETRY_BACKOFF.delay(lost)
-                log.warning("ordered stream %s: cannot connect, again in %.1fs: %s",
-                            self.pattern, delay, exc, extra={"action": "relay_reconnect"})
-                await self._sleep(delay)
+                await self._again(lost, "cannot connect", exc)
                 continue
             try:
                 await self._lead(conn)
@@ -132,13 +129,16 @@ class OrderedStream:
                 return
             except psycopg.OperationalError as exc:
                 lost += 1
-                delay = RETRY_BACKOFF.delay(lost)
-                log.warning("ordered stream %s: database connection lost, again in %.1fs: %s",
-                            self.pattern, delay, exc, extra={"action": "relay_reconnect"})
-                await self._sleep(delay)
+                await self._again(lost, "database connection lost", exc)
             finally:
                 self.leading = False
                 await conn.close()
+
+    async def _again(self, lost: int, what: str, exc: Exception) -> None:
+        delay = RETRY_BACKOFF.delay(lost)
+        log.warning("ordered stream %s: %s, again in %.1fs: %s", self.pattern, what, delay, exc,
+                    extra={"action": "relay_reconnect"})
+        await self._sleep(delay)
 
     async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if not self._checked:
