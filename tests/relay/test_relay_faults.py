@@ -274,84 +274,6 @@ def _unrelayed(url: str) -> int:
     return int(row[0]) if row else -1
 
 
-def test_a_relay_killed_again_and_again_and_a_broker_restarted_lose_and_double_nothing(
-        fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
-    (tmp_path / "fault_app.py").write_text(APP.format(url=nats_server.url))
-    rng = random.Random(7)
-    committed: list[int] = []
-    producer = Producer()
-
-    def write(n: int) -> None:
-        with psycopg.connect(fresh_db) as conn:
-            committed.extend(producer.enqueue_many(
-                conn, [NewEvent(topic="order.created", payload={"n": i}) for i in range(n)]))
-        # A transaction that rolls back: its events must never reach the broker.
-        with psycopg.connect(fresh_db) as conn:
-            producer.enqueue_bulk(conn, [NewEvent(topic="order.created", payload="rolled back")
-                                         for _ in range(20)])
-            conn.rollback()
-
-    write(1500)
-    kills = restarts = 0
-    relays = [_relay(fresh_db, tmp_path), _relay(fresh_db, tmp_path)]
-    try:
-        deadline = time.monotonic() + 120
-        phase_end = time.monotonic() + 12
-        while time.monotonic() < phase_end:
-            time.sleep(rng.uniform(0.5, 1.5))
-            victim = rng.randrange(len(relays))
-            relays[victim].kill()                      # SIGKILL: no drain, leases left behind
-            relays[victim].wait()
-            relays[victim] = _relay(fresh_db, tmp_path)
-            kills += 1
-            if kills % 4 == 0:
-                write(300)                             # more events while it all goes on
-            if kills % 5 == 0:
-                nats_server.kill()                     # the broker dies mid-stream
-                time.sleep(rng.uniform(0.5, 2.0))
-                nats_server.start()
-                restarts += 1
-        while _unrelayed(fresh_db):
-            assert time.monotonic() < deadline, f"{_unrelayed(fresh_db)} events never relayed"
-            assert all(r.poll() is None for r in relays), [r.stderr.read() for r in relays
-                                                            if r.stderr and r.poll() is not None]
-            time.sleep(0.2)
-    finally:
-        for r in relays:
-            r.send_signal(signal.SIGTERM)
-        for r in relays:
-            try:
-                r.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                r.kill()
-    ledger = _ledger(nats_server.url)
-    print(f"\n{len(committed)} events committed, {kills} relay processes SIGKILLed, the broker "
-          f"killed and restarted {restarts} times: {len(ledger)} messages in the stream, "
-          f"{len(set(ledger))} distinct")
-    assert kills >= 8 and restarts >= 1, (kills, restarts)
-    assert sorted(ledger) == sorted(committed), (
-        f"lost {sorted(set(committed) - set(ledger))[:10]}, never committed "
-        f"{sorted(set(ledger) - set(committed))[:10]}, stored twice "
-        f"{len(ledger) - len(set(ledger))}")
-
-
-REDIS_APP = '''
-from conveyor.relay import RedisStreamPublisher, Relay
-
-relay = Relay()
-relay.route("order.*", RedisStreamPublisher({url!r}, key_prefix="faults:relayed:", timeout=1.0),
-            destination="faults:{{topic}}")
-'''
-
-
-def _redis_ledger(url: str) -> list[int]:
-    import redis
-
-    with redis.Redis.from_url(url) as client:
-        return [int(fields[b"conveyor-event-id"])
-                for _, fields in client.xrange("faults:order.created")]
-
-
 def _write(url: str, committed: list[int], n: int) -> None:
     producer = Producer()
     with psycopg.connect(url) as conn:
@@ -409,6 +331,85 @@ def _drained(url: str, relays: list[subprocess.Popen[bytes]], timeout: float) ->
         time.sleep(0.2)
 
 
+def _storm(url: str, app_dir: Path, committed: list[int], rng: random.Random,
+           fault: Callable[[int], None]) -> int:
+    """Two relays, one SIGKILLed (no drain, leases left behind) and replaced every 0.5-1.5 s
+    for 12 s under the steady writer, ``fault(kills)`` after each kill; then every event
+    relayed and the relays stopped. Returns how many were killed."""
+    kills = 0
+    relays = [_relay(url, app_dir), _relay(url, app_dir)]
+    try:
+        phase_end = time.monotonic() + 12
+        with SteadyWriter(url, committed):
+            while time.monotonic() < phase_end:
+                time.sleep(rng.uniform(0.5, 1.5))
+                victim = rng.randrange(len(relays))
+                relays[victim].kill()
+                relays[victim].wait()
+                relays[victim] = _relay(url, app_dir)
+                kills += 1
+                fault(kills)
+        _drained(url, relays, 180)
+    finally:
+        _stop(relays)
+    return kills
+
+
+def _exactly_once(ledger: list[int], committed: list[int]) -> None:
+    assert sorted(ledger) == sorted(committed), (
+        f"lost {sorted(set(committed) - set(ledger))[:10]}, never committed "
+        f"{sorted(set(ledger) - set(committed))[:10]}, stored twice "
+        f"{len(ledger) - len(set(ledger))}")
+
+
+def _none_parked(url: str) -> None:
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM conveyor.events WHERE state = 'failed'"
+                            ).fetchone() == (0,)
+
+
+def test_a_relay_killed_again_and_again_and_a_broker_restarted_lose_and_double_nothing(
+        fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
+    (tmp_path / "fault_app.py").write_text(APP.format(url=nats_server.url))
+    rng = random.Random(7)
+    committed: list[int] = []
+    _write(fresh_db, committed, 1500)
+    restarts = 0
+
+    def fault(kills: int) -> None:
+        nonlocal restarts
+        if kills % 5 == 0:
+            nats_server.kill()                     # the broker dies mid-stream
+            time.sleep(rng.uniform(0.5, 2.0))
+            nats_server.start()
+            restarts += 1
+
+    kills = _storm(fresh_db, tmp_path, committed, rng, fault)
+    ledger = _ledger(nats_server.url)
+    print(f"\n{len(committed)} events committed, {kills} relay processes SIGKILLed, the broker "
+          f"killed and restarted {restarts} times: {len(ledger)} messages in the stream")
+    assert kills >= 8 and restarts >= 1, (kills, restarts)
+    _exactly_once(ledger, committed)
+    _none_parked(fresh_db)
+
+
+REDIS_APP = '''
+from conveyor.relay import RedisStreamPublisher, Relay
+
+relay = Relay()
+relay.route("order.*", RedisStreamPublisher({url!r}, key_prefix="faults:relayed:", timeout=1.0),
+            destination="faults:{{topic}}")
+'''
+
+
+def _redis_ledger(url: str) -> list[int]:
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        return [int(fields[b"conveyor-event-id"])
+                for _, fields in client.xrange("faults:order.created")]
+
+
 def test_redis_killed_restarted_and_full_with_relays_killed_loses_and_doubles_nothing(
         fresh_db: str, tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "redis")
@@ -417,43 +418,31 @@ def test_redis_killed_restarted_and_full_with_relays_killed_loses_and_doubles_no
     rng = random.Random(11)
     committed: list[int] = []
     _write(fresh_db, committed, 1500)
-    kills = restarts = fills = 0
-    relays = [_relay(fresh_db, tmp_path), _relay(fresh_db, tmp_path)]
+    restarts = fills = 0
+
+    def fault(kills: int) -> None:
+        nonlocal restarts, fills
+        if kills % 5 == 0:
+            server.kill()                          # SIGKILL: only the append-only file remains
+            time.sleep(rng.uniform(0.5, 1.5))
+            server.start()
+            restarts += 1
+        if kills % 7 == 3:
+            server.config_set("maxmemory", "1")    # full: every write refused (OOM)
+            time.sleep(1.5)
+            server.config_set("maxmemory", "0")
+            fills += 1
+
     try:
-        phase_end = time.monotonic() + 12
-        with SteadyWriter(fresh_db, committed):
-            while time.monotonic() < phase_end:
-                time.sleep(rng.uniform(0.5, 1.5))
-                victim = rng.randrange(len(relays))
-                relays[victim].kill()
-                relays[victim].wait()
-                relays[victim] = _relay(fresh_db, tmp_path)
-                kills += 1
-                if kills % 5 == 0:
-                    server.kill()                  # SIGKILL: only the append-only file remains
-                    time.sleep(rng.uniform(0.5, 1.5))
-                    server.start()
-                    restarts += 1
-                if kills % 7 == 3:
-                    server.config_set("maxmemory", "1")    # full: every write refused (OOM)
-                    time.sleep(1.5)
-                    server.config_set("maxmemory", "0")
-                    fills += 1
-        _drained(fresh_db, relays, 120)
-    finally:
-        _stop(relays)
+        kills = _storm(fresh_db, tmp_path, committed, rng, fault)
         ledger = _redis_ledger(server.url)
+    finally:
         server.kill()
     print(f"\n{len(committed)} events committed, {kills} relays SIGKILLed, Redis killed and "
           f"restarted {restarts} times and full {fills} times: {len(ledger)} entries")
     assert kills >= 8 and restarts >= 1 and fills >= 1, (kills, restarts, fills)
-    assert sorted(ledger) == sorted(committed), (
-        f"lost {sorted(set(committed) - set(ledger))[:10]}, never committed "
-        f"{sorted(set(ledger) - set(committed))[:10]}, stored twice "
-        f"{len(ledger) - len(set(ledger))}")
-    with psycopg.connect(fresh_db) as conn:
-        assert conn.execute("SELECT count(*) FROM conveyor.events WHERE state = 'failed'"
-                            ).fetchone() == (0,)
+    _exactly_once(ledger, committed)
+    _none_parked(fresh_db)
 
 
 def test_nats_through_a_proxy_that_cuts_and_stalls_loses_and_doubles_nothing(
@@ -485,13 +474,8 @@ def test_nats_through_a_proxy_that_cuts_and_stalls_loses_and_doubles_nothing(
     ledger = _ledger(nats_server.url)
     print(f"\n{len(committed)} events committed, the proxy cut {cuts} and stalled {stalls} "
           f"times: {len(ledger)} messages in the stream")
-    assert sorted(ledger) == sorted(committed), (
-        f"lost {sorted(set(committed) - set(ledger))[:10]}, never committed "
-        f"{sorted(set(ledger) - set(committed))[:10]}, stored twice "
-        f"{len(ledger) - len(set(ledger))}")
-    with psycopg.connect(fresh_db) as conn:
-        assert conn.execute("SELECT count(*) FROM conveyor.events WHERE state = 'failed'"
-                            ).fetchone() == (0,)
+    _exactly_once(ledger, committed)
+    _none_parked(fresh_db)
 
 
 RABBIT_APP = '''
@@ -530,33 +514,24 @@ def test_rabbitmq_killed_and_restarted_with_relays_killed_loses_nothing(
     home = Path(tempfile.mkdtemp(prefix="conveyor-rabbitmq-"))
     home.chmod(0o755)
     server = RabbitServer(home / "node")
+    rng = random.Random(3)
+    committed: list[int] = []
+    restarts = 0
+
+    def fault(kills: int) -> None:
+        nonlocal restarts
+        if kills % 4 == 0 and restarts < 2:
+            server.kill()                          # the broker dies with confirms in flight
+            time.sleep(rng.uniform(0.3, 1.0))
+            server.start()
+            restarts += 1
+
     try:
         server.start()
         _rabbit(server.url, "declare")
         (tmp_path / "fault_app.py").write_text(RABBIT_APP.format(url=server.url))
-        rng = random.Random(3)
-        committed: list[int] = []
         _write(fresh_db, committed, 1000)
-        kills = restarts = 0
-        relays = [_relay(fresh_db, tmp_path), _relay(fresh_db, tmp_path)]
-        try:
-            phase_end = time.monotonic() + 12
-            with SteadyWriter(fresh_db, committed):
-                while time.monotonic() < phase_end:
-                    time.sleep(rng.uniform(0.5, 1.5))
-                    victim = rng.randrange(len(relays))
-                    relays[victim].kill()
-                    relays[victim].wait()
-                    relays[victim] = _relay(fresh_db, tmp_path)
-                    kills += 1
-                    if kills % 4 == 0 and restarts < 2:
-                        server.kill()              # the broker dies with confirms in flight
-                        time.sleep(rng.uniform(0.3, 1.0))
-                        server.start()
-                        restarts += 1
-            _drained(fresh_db, relays, 180)
-        finally:
-            _stop(relays)
+        kills = _storm(fresh_db, tmp_path, committed, rng, fault)
         ledger = _rabbit(server.url, "drain")
     finally:
         server.kill()
@@ -567,10 +542,6 @@ def test_rabbitmq_killed_and_restarted_with_relays_killed_loses_nothing(
     assert kills >= 6 and restarts >= 1, (kills, restarts)
     # RabbitMQ keeps no ids: a message confirmed to a relay killed before it marked its
     # event, or confirmed while the broker died, may come twice, with the same message_id.
-    assert sorted(set(ledger)) == sorted(committed), (
-        f"lost {sorted(set(committed) - set(ledger))[:10]}, never committed "
-        f"{sorted(set(ledger) - set(committed))[:10]}")
+    _exactly_once(sorted(set(ledger)), committed)
     assert repeated <= len(committed) // 10, repeated
-    with psycopg.connect(fresh_db) as conn:
-        assert conn.execute("SELECT count(*) FROM conveyor.events WHERE state = 'failed'"
-                            ).fetchone() == (0,)
+    _none_parked(fresh_db)
