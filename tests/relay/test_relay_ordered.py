@@ -201,6 +201,10 @@ async def test_one_relay_leads_a_stream_and_the_next_takes_over_when_its_connect
         await asyncio.sleep(1.5)                       # the other has tried the lock meanwhile
         assert [s.leading for s in streams].count(True) == 1
         leader = next(s for s in streams if s.leading)
+        # The leader is in the worker registry as serving the route's topics: status
+        # does not report them as claimed by no one.
+        assert await query(db, "SELECT topics, concurrency FROM conveyor.workers") == [
+            {"topics": ["order.*"], "concurrency": 1}]
         async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
             for _ in range(5):
                 await _insert(conn, "order.a")
@@ -212,7 +216,7 @@ async def test_one_relay_leads_a_stream_and_the_next_takes_over_when_its_connect
             for _ in range(5):
                 await _insert(conn, "order.a")
             await _until(lambda: len(set(recorder.ids)) == 10, timeout=15, what="all ten")
-        assert any(s.leading for s in streams)
+        last = next(s for s in streams if s.leading)
     finally:
         for s in streams:
             s.request_stop()
@@ -220,6 +224,10 @@ async def test_one_relay_leads_a_stream_and_the_next_takes_over_when_its_connect
     first_seen = list(dict.fromkeys(recorder.ids))
     assert first_seen == await _xid_order(db)
     assert sum(s.relayed for s in streams) == 10
+    # The stopped leader took its row out of the registry (the killed one's ages out).
+    rows = await query(db, "SELECT id FROM conveyor.workers WHERE id = %s",
+                       (last._registration["id"],))
+    assert rows == []
 
 
 def test_an_ordered_route_must_have_its_topics_to_itself() -> None:

@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +63,11 @@ LOCK_RETRY = 1.0
 HELD_POLL = 0.02
 # How often a stream says who holds it back, at most.
 HELD_REPORT_EVERY = 10.0
+# The longest uninterrupted wait for a notification: a stop waits at most this.
+IDLE_SLICE = 0.5
+# How often the leading stream renews its row in the worker registry, which
+# `conveyor status` and the dashboard read to tell which topics someone serves.
+HEARTBEAT_EVERY = 5.0
 # Waits after a refused publish, a broker away, a lost database connection.
 RETRY_BACKOFF = BackoffPolicy(base_delay=1.0, factor=2.0, max_delay=30.0, jitter=0.2)
 
@@ -100,6 +108,11 @@ class OrderedStream:
         self.held: tuple[int, float] | None = None
         self._failures = 0
         self._checked = False
+        self._registration = {
+            "id": uuid.uuid4(), "name": f"{name} (ordered {route.pattern})",
+            "host": socket.gethostname(), "pid": os.getpid(), "topics": [route.pattern],
+            "tenants": None, "concurrency": 1}
+        self._beat = 0.0
         self._held_checked = 0.0
         self._held_reported = 0.0
 
@@ -125,8 +138,6 @@ class OrderedStream:
             try:
                 await self._lead(conn)
                 lost = 0
-            except _Stopped:
-                return
             except psycopg.OperationalError as exc:
                 lost += 1
                 await self._again(lost, "database connection lost", exc)
@@ -155,10 +166,27 @@ class OrderedStream:
         self.leading = True
         log.info("ordered stream %s: leading", self.pattern, extra={"action": "relay_leading"})
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._q.channel)))
-        while not self._stop.is_set():
-            wait = await self._step(conn)
-            if wait and not self._stop.is_set():
-                await self._idle(conn, wait)
+        self._beat = 0.0
+        try:
+            while not self._stop.is_set():
+                await self._heartbeat(conn)
+                wait = await self._step(conn)
+                if wait and not self._stop.is_set():
+                    await self._idle(conn, wait)
+        finally:
+            if not conn.closed and not conn.broken:
+                # Best effort: a row left behind ages out of the registry by itself.
+                try:
+                    await conn.execute(self._q["worker_unregister"], self._registration)
+                except psycopg.Error:
+                    pass
+
+    async def _heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Keep this stream in the worker registry as the one serving its route's topics."""
+        now = time.monotonic()
+        if now - self._beat >= HEARTBEAT_EVERY:
+            await conn.execute(self._q["worker_heartbeat"], self._registration)
+            self._beat = now
 
     async def _step(self, conn: psycopg.AsyncConnection[Any]) -> float:
         """Publish the next batch in order; how long to wait for a wake-up (0: go on at once)."""
@@ -185,7 +213,10 @@ class OrderedStream:
                 self.relayed += len(confirmed)
         if backoff:
             # Not cut short by a notification: the same event is tried again after it.
-            await self._sleep(backoff)
+            end = time.monotonic() + backoff
+            while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
+                await self._sleep(min(left, HEARTBEAT_EVERY))
+                await self._heartbeat(conn)
             return 0.0
         if stopped_at:
             return self._poll
@@ -242,29 +273,19 @@ class OrderedStream:
         return HELD_POLL
 
     async def _idle(self, conn: psycopg.AsyncConnection[Any], timeout: float) -> None:
-        """Wait up to ``timeout``, less if an event is committed or a stop is asked."""
-        async def notified() -> None:
-            async for _ in conn.notifies(timeout=timeout, stop_after=1):
-                pass
+        """Wait up to ``timeout``, less if an event is committed or a stop is asked.
 
-        listening = asyncio.ensure_future(notified())
-        stopping = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait((listening, stopping), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            if not listening.done():
-                listening.cancel()
-                # The connection was in the middle of waiting: it is not usable now.
-                raise _Stopped
-            listening.result()
+        In slices of at most half a second: a wait for notifications cannot be
+        interrupted without leaving the connection unusable, so a stop is seen
+        between slices.
+        """
+        end = time.monotonic() + timeout
+        while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
+            async for _ in conn.notifies(timeout=min(left, IDLE_SLICE), stop_after=1):
+                return
 
     async def _sleep(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
         except TimeoutError:
             pass
-
-
-class _Stopped(Exception):
-    """A stop came while the stream waited on its connection."""
