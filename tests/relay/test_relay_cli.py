@@ -194,6 +194,8 @@ def test_ordered_relay_processes_hand_the_stream_over_after_a_kill_and_keep_its_
     (["--app", "relay_app:relay", "--replay"], "--replay needs --since"),
     (["--app", "relay_app:ordered", "--metrics-port", "9"], "--metrics-port needs a route the "
                                                             "worker serves"),
+    (["--app", "relay_app:ordered", "--tenant", "acme"], "--tenant limits a worker's claims; an "
+                                                         "ordered stream is every tenant's"),
     (["--app", "relay_app:relay", "--since", "1h"], "--since and --until go with --replay"),
     (["--app", "relay_app:relay", "--replay", "--since", "yesterday"],
      "invalid time 'yesterday': expected ISO 8601 with an offset"),

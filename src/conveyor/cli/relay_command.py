@@ -48,7 +48,10 @@ def register_relay(sub: Sub, env: Env) -> None:
              "backoff, parked after the last); an unreachable broker puts events back\n"
              "without spending attempts. Relayed events stay for --retention, the window\n"
              "--replay can publish again (the brokers drop what they already hold within\n"
-             "their deduplication window). Every other option is conveyor worker's.",
+             "their deduplication window). A route in mode=\"ordered\" is one stream in\n"
+             "transaction order, read by one relay process at a time (the others wait to\n"
+             "take over); --batch-size and --poll-interval apply to it too. Every other\n"
+             "option is conveyor worker's.",
              run_relay, examples=[
                  ("conveyor relay --app myapp.relay:relay", "relay until SIGTERM"),
                  ("conveyor relay --app myapp.relay:relay --replay --since 2h",
@@ -161,6 +164,10 @@ def run_relay(ctx: Context, args: argparse.Namespace) -> int:
     streams = relay.streams(ctx.url(), schema=ctx.schema, batch_size=args.batch_size,
                             poll_interval=args.poll_interval, name=args.name or "relay")
     worker = metrics = None
+    if streams and args.tenants:
+        raise InvalidInputError("--tenant limits a worker's claims; an ordered stream is every "
+                                "tenant's events in one order (relay ordered routes without "
+                                "--tenant)")
     if not relay.claims and args.metrics_port is not None:
         # Health and readiness are the worker's; the streams' series ride along with it.
         raise InvalidInputError("--metrics-port needs a route the worker serves (unordered or "
