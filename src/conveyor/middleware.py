@@ -18,14 +18,16 @@ this: the hooks cost nothing until one is installed.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from conveyor.errors import ConfigError
 from conveyor.types import Event, EventState
 
 
-@dataclass(frozen=True, slots=True)
-class HandlerResult:
+# A NamedTuple, not a frozen dataclass: one is made per handled event while any
+# middleware is installed, and a frozen dataclass's __init__ costs 0.5 us more
+# (object.__setattr__ per field; timeit, 0.70 against 0.20 us, 2026-12-02).
+class HandlerResult(NamedTuple):
     """How one attempt ended, as :meth:`Middleware.after` sees it.
 
     Attributes:
