@@ -93,3 +93,16 @@ def test_producer_in_transaction_example_runs(fresh_db: str) -> None:
     assert orders == [("ana",)]  # bob's order was rolled back
     assert [t for (t,) in topics] == [
         "order.created", "email.send", "billing.invoice", "billing.reminder"]
+
+
+def test_relay_example_publishes_orders_and_the_ordered_ledger(fresh_db: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "relay_to_nats.py"), fresh_db],
+        capture_output=True, text=True, timeout=90)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line.split(None, 1) for line in result.stdout.splitlines()]
+    orders = [data for subject, data in lines if subject == "example.orders.order.created"]
+    ledger = [data for subject, data in lines if subject == "example.ledger.ledger.posted"]
+    assert sorted(orders) == [f'{{"order": {n}}}' for n in range(3)]
+    # The ordered stream: in the order the transactions committed them.
+    assert ledger == [f'{{"cents": {100 * (n + 1)}, "entry": {n}}}' for n in range(3)]
