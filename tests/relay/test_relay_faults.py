@@ -393,6 +393,45 @@ def test_a_relay_killed_again_and_again_and_a_broker_restarted_lose_and_double_n
     _none_parked(fresh_db)
 
 
+ORDERED_APP = '''
+from conveyor.relay import NatsPublisher, Relay
+
+relay = Relay()
+relay.route("order.*", NatsPublisher({url!r}, stream="FAULTS", subjects=["faults.>"],
+                                     timeout=1.0),
+            destination="faults.{{topic}}", mode="ordered")
+'''
+
+
+def test_an_ordered_stream_through_kills_and_broker_restarts_keeps_its_order(
+        fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
+    (tmp_path / "fault_app.py").write_text(ORDERED_APP.format(url=nats_server.url))
+    rng = random.Random(13)
+    committed: list[int] = []
+    _write(fresh_db, committed, 500)
+    restarts = 0
+
+    def fault(kills: int) -> None:
+        nonlocal restarts
+        if kills % 5 == 0:
+            nats_server.kill()
+            time.sleep(rng.uniform(0.5, 1.5))
+            nats_server.start()
+            restarts += 1
+
+    kills = _storm(fresh_db, tmp_path, committed, rng, fault)
+    ledger = _ledger(nats_server.url)
+    with psycopg.connect(fresh_db) as conn:
+        order = [r[0] for r in conn.execute(
+            "SELECT id FROM conveyor.events ORDER BY xid, id").fetchall()]
+    print(f"\n{len(committed)} events committed, {kills} relays SIGKILLed, the broker killed "
+          f"and restarted {restarts} times: {len(ledger)} messages")
+    assert kills >= 8 and restarts >= 1, (kills, restarts)
+    _exactly_once(ledger, committed)
+    # The stream holds them in transaction order: never one before an earlier one.
+    assert ledger == order
+
+
 REDIS_APP = '''
 from conveyor.relay import RedisStreamPublisher, Relay
 
