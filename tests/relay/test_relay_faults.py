@@ -306,8 +306,10 @@ class SteadyWriter:
         producer = Producer()
         with psycopg.connect(self._url) as conn:
             while not self._done.wait(0.02):
+                # Twenty tenants: the per-key run relays each one's events in order.
                 ids = producer.enqueue_many(conn, [
-                    NewEvent(topic="order.created", payload={"steady": i}) for i in range(20)])
+                    NewEvent(topic="order.created", payload={"steady": i}, tenant=f"t{i}")
+                    for i in range(20)])
                 conn.commit()
                 self._committed.extend(ids)
 
@@ -430,6 +432,46 @@ def test_an_ordered_stream_through_kills_and_broker_restarts_keeps_its_order(
     _exactly_once(ledger, committed)
     # The stream holds them in transaction order: never one before an earlier one.
     assert ledger == order
+
+
+PER_KEY_APP = '''
+from conveyor.relay import NatsPublisher, Relay
+
+relay = Relay()
+relay.route("order.*", NatsPublisher({url!r}, stream="FAULTS", subjects=["faults.>"],
+                                     timeout=1.0),
+            destination="faults.{{topic}}", mode="per_key", key="tenant")
+'''
+
+
+def test_per_key_through_kills_and_broker_restarts_keeps_each_tenants_order(
+        fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
+    (tmp_path / "fault_app.py").write_text(PER_KEY_APP.format(url=nats_server.url))
+    rng = random.Random(17)
+    committed: list[int] = []
+    restarts = 0
+
+    def fault(kills: int) -> None:
+        nonlocal restarts
+        if kills % 5 == 0:
+            nats_server.kill()
+            time.sleep(rng.uniform(0.5, 1.5))
+            nats_server.start()
+            restarts += 1
+
+    kills = _storm(fresh_db, tmp_path, committed, rng, fault)
+    ledger = _ledger(nats_server.url)
+    with psycopg.connect(fresh_db) as conn:
+        tenant_of = dict(conn.execute("SELECT id, tenant FROM conveyor.events").fetchall())
+    print(f"\n{len(committed)} events committed, {kills} relays SIGKILLed, the broker killed "
+          f"and restarted {restarts} times: {len(ledger)} messages")
+    assert kills >= 8 and restarts >= 1, (kills, restarts)
+    _exactly_once(ledger, committed)
+    # Each tenant's events in the stream in their enqueue order; tenants interleave.
+    for tenant in {f"t{i}" for i in range(20)}:
+        mine = [i for i in ledger if tenant_of[i] == tenant]
+        assert mine == sorted(mine) and len(mine) > 100, tenant
+    assert ledger != sorted(ledger)
 
 
 REDIS_APP = '''
