@@ -42,7 +42,7 @@ from conveyor.relay import NatsPublisher, Relay
 relay = Relay()
 relay.route("order.*", NatsPublisher({url!r}, stream="FAULTS", subjects=["faults.>"],
                                      timeout=1.0),
-            destination="faults.{{topic}}")
+            destination="faults.{{topic}}"{options})
 '''
 
 
@@ -370,103 +370,58 @@ def _none_parked(url: str) -> None:
                             ).fetchone() == (0,)
 
 
-def test_a_relay_killed_again_and_again_and_a_broker_restarted_lose_and_double_nothing(
-        fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
-    (tmp_path / "fault_app.py").write_text(APP.format(url=nats_server.url))
-    rng = random.Random(7)
+def _nats_storm(url: str, server: NatsServer, app_dir: Path, seed: int, options: str = "",
+                initial: int = 0) -> tuple[list[int], list[int]]:
+    """The kill storm against a relay into the private nats-server (the route's extra
+    ``options`` appended to its Relay.route call), the broker killed and restarted every
+    fifth kill; (committed ids, the stream's ledger), every committed event in it once."""
+    (app_dir / "fault_app.py").write_text(APP.format(url=server.url, options=options))
+    rng = random.Random(seed)
     committed: list[int] = []
-    _write(fresh_db, committed, 1500)
+    if initial:
+        _write(url, committed, initial)
     restarts = 0
 
     def fault(kills: int) -> None:
         nonlocal restarts
         if kills % 5 == 0:
-            nats_server.kill()                     # the broker dies mid-stream
-            time.sleep(rng.uniform(0.5, 2.0))
-            nats_server.start()
+            server.kill()                          # the broker dies mid-stream
+            time.sleep(rng.uniform(0.5, 1.5))
+            server.start()
             restarts += 1
 
-    kills = _storm(fresh_db, tmp_path, committed, rng, fault)
-    ledger = _ledger(nats_server.url)
-    print(f"\n{len(committed)} events committed, {kills} relay processes SIGKILLed, the broker "
-          f"killed and restarted {restarts} times: {len(ledger)} messages in the stream")
+    kills = _storm(url, app_dir, committed, rng, fault)
+    ledger = _ledger(server.url)
+    print(f"\n{len(committed)} events committed, {kills} relays SIGKILLed, the broker killed "
+          f"and restarted {restarts} times: {len(ledger)} messages in the stream")
     assert kills >= 8 and restarts >= 1, (kills, restarts)
     _exactly_once(ledger, committed)
+    return committed, ledger
+
+
+def test_a_relay_killed_again_and_again_and_a_broker_restarted_lose_and_double_nothing(
+        fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
+    _nats_storm(fresh_db, nats_server, tmp_path, 7, initial=1500)
     _none_parked(fresh_db)
-
-
-ORDERED_APP = '''
-from conveyor.relay import NatsPublisher, Relay
-
-relay = Relay()
-relay.route("order.*", NatsPublisher({url!r}, stream="FAULTS", subjects=["faults.>"],
-                                     timeout=1.0),
-            destination="faults.{{topic}}", mode="ordered")
-'''
 
 
 def test_an_ordered_stream_through_kills_and_broker_restarts_keeps_its_order(
         fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
-    (tmp_path / "fault_app.py").write_text(ORDERED_APP.format(url=nats_server.url))
-    rng = random.Random(13)
-    committed: list[int] = []
-    _write(fresh_db, committed, 500)
-    restarts = 0
-
-    def fault(kills: int) -> None:
-        nonlocal restarts
-        if kills % 5 == 0:
-            nats_server.kill()
-            time.sleep(rng.uniform(0.5, 1.5))
-            nats_server.start()
-            restarts += 1
-
-    kills = _storm(fresh_db, tmp_path, committed, rng, fault)
-    ledger = _ledger(nats_server.url)
+    _, ledger = _nats_storm(fresh_db, nats_server, tmp_path, 13, ', mode="ordered"',
+                            initial=500)
     with psycopg.connect(fresh_db) as conn:
         order = [r[0] for r in conn.execute(
             "SELECT id FROM conveyor.events ORDER BY xid, id").fetchall()]
-    print(f"\n{len(committed)} events committed, {kills} relays SIGKILLed, the broker killed "
-          f"and restarted {restarts} times: {len(ledger)} messages")
-    assert kills >= 8 and restarts >= 1, (kills, restarts)
-    _exactly_once(ledger, committed)
     # The stream holds them in transaction order: never one before an earlier one.
     assert ledger == order
 
 
-PER_KEY_APP = '''
-from conveyor.relay import NatsPublisher, Relay
-
-relay = Relay()
-relay.route("order.*", NatsPublisher({url!r}, stream="FAULTS", subjects=["faults.>"],
-                                     timeout=1.0),
-            destination="faults.{{topic}}", mode="per_key", key="tenant")
-'''
-
-
 def test_per_key_through_kills_and_broker_restarts_keeps_each_tenants_order(
         fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
-    (tmp_path / "fault_app.py").write_text(PER_KEY_APP.format(url=nats_server.url))
-    rng = random.Random(17)
-    committed: list[int] = []
-    restarts = 0
-
-    def fault(kills: int) -> None:
-        nonlocal restarts
-        if kills % 5 == 0:
-            nats_server.kill()
-            time.sleep(rng.uniform(0.5, 1.5))
-            nats_server.start()
-            restarts += 1
-
-    kills = _storm(fresh_db, tmp_path, committed, rng, fault)
-    ledger = _ledger(nats_server.url)
+    _, ledger = _nats_storm(fresh_db, nats_server, tmp_path, 17,
+                            ', mode="per_key", key="tenant"')
     with psycopg.connect(fresh_db) as conn:
         tenant_of = dict(conn.execute("SELECT id, tenant FROM conveyor.events").fetchall())
-    print(f"\n{len(committed)} events committed, {kills} relays SIGKILLed, the broker killed "
-          f"and restarted {restarts} times: {len(ledger)} messages")
-    assert kills >= 8 and restarts >= 1, (kills, restarts)
-    _exactly_once(ledger, committed)
     # Each tenant's events in the stream in their enqueue order; tenants interleave.
     for tenant in {f"t{i}" for i in range(20)}:
         mine = [i for i in ledger if tenant_of[i] == tenant]
@@ -530,7 +485,8 @@ def test_nats_through_a_proxy_that_cuts_and_stalls_loses_and_doubles_nothing(
         fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
     proxy = TcpProxy(nats_server.port)
     proxy.start()
-    (tmp_path / "fault_app.py").write_text(APP.format(url=f"nats://127.0.0.1:{proxy.port}"))
+    (tmp_path / "fault_app.py").write_text(APP.format(url=f"nats://127.0.0.1:{proxy.port}",
+                                                     options=""))
     rng = random.Random(5)
     committed: list[int] = []
     _write(fresh_db, committed, 1000)

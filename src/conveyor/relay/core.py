@@ -169,6 +169,10 @@ class _Unavailable:
             self.until = now + self.delay
         return self.delay
 
+    def reset(self) -> None:
+        """The broker answered: the next outage starts from the shortest wait."""
+        self.failures, self.until = 0, 0.0
+
 
 @dataclass
 class Relay:
@@ -319,7 +323,7 @@ class Relay:
                 log.warning("%s unavailable, event %d back in %.1fs: %s", publisher.name,
                             event.id, delay, exc, extra={"action": "relay_unavailable"})
                 raise Snooze(delay, exc) from exc
-            state.failures, state.until = 0, 0.0
+            state.reset()
 
         relay.__qualname__ = f"relay to {publisher.name}"
         return relay
@@ -355,7 +359,7 @@ class Relay:
                             sum(isinstance(r, Snooze) for r in results), state.delay, away,
                             extra={"action": "relay_unavailable"})
             elif messages:
-                state.failures, state.until = 0, 0.0
+                state.reset()
             return results
 
         relay.__qualname__ = f"relay to {publisher.name}"
