@@ -13,8 +13,11 @@ A broker that cannot be reached (or does not confirm in time) is not the
 event's fault: the handler snoozes the event (no attempt spent, the error in
 the log) for a delay that doubles while the broker stays away, so an outage
 delays events and never parks them. A broker that answers and refuses
-(no stream for the subject, an unroutable message, a negative confirm) fails
-the attempt, retried with the route's backoff and parked after the last.
+(no stream for the subject, an unroutable message, a message over its size
+limit, an error reply) fails the attempt, retried with the route's backoff and
+parked after the last; the other messages of the claim go on. A row whose
+tenant or topic the producer would refuse (written by plain SQL) is parked
+before a destination is rendered from it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from conveyor.outcomes import PermanentFailure, Snooze
 from conveyor.retry import BackoffPolicy
 from conveyor.router import Router, pattern_filter
 from conveyor.types import Event
-from conveyor.validation import check_topic_pattern
+from conveyor.validation import check_tenant, check_topic, check_topic_pattern
 
 if TYPE_CHECKING:
     import psycopg
@@ -293,6 +296,14 @@ class Relay:
 
     def message(self, route: RelayRoute, event: Event) -> RelayMessage:
         """The message of ``event`` on ``route``; PermanentFailure if its destination is unusable."""
+        try:
+            # The producer's checks again: a row written by plain SQL has had only
+            # the table's, and a tenant like 'globex.order' would put the event
+            # into another tenant's subjects ('events.{tenant}.{topic}').
+            check_topic(event.topic)
+            check_tenant(event.tenant)
+        except InvalidInputError as exc:
+            raise PermanentFailure(f"cannot relay event {event.id}: {exc}") from None
         tenant = event.tenant
         destination = route.destination.format(topic=event.topic,
                                                tenant=NO_TENANT if tenant is None else tenant)
@@ -380,7 +391,14 @@ class Relay:
                                         f"got {value!r}")
         count = 0
         async for route, event in self._replayed(conn, since, until, schema):
-            await route.publisher.publish(self.message(route, event))
+            try:
+                message = self.message(route, event)
+            except PermanentFailure as exc:
+                # Relayed before its tenant or topic was checked here: not again.
+                log.warning("replay skips event %d: %s", event.id, exc,
+                            extra={"action": "relay_replay_skipped", "event_id": event.id})
+                continue
+            await route.publisher.publish(message)
             count += 1
         return count
 

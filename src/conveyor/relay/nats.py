@@ -11,6 +11,12 @@ At start the publisher looks the stream up: it creates it (``subjects``,
 ``duplicate_window``) when it is missing and ``create_stream`` allows, and
 refuses one whose duplicate window is shorter than ``duplicate_window``.
 
+A message over the server's ``max_payload`` (payload and headers) is refused
+before it is sent: sent, it would make the server close the connection under
+every publish in flight. A connection that closes fails the PubAcks still
+awaited on it at once; only one that stays open without answering waits out
+``timeout``.
+
 JetStream acknowledges before the data is synced to disk unless the server
 runs with ``sync_interval: always``; a relayed row is therefore kept for the
 worker's retention, and ``conveyor relay --replay`` can publish it again.
@@ -21,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import (
@@ -43,6 +49,15 @@ _SUBJECT = re.compile(r"[^\s.*>]+(\.[^\s.*>]+)*")
 
 DUPLICATE_WINDOW_DEFAULT = 120.0
 
+# The header naming the stream that must store the message (nats.js.api.Header),
+# so a subject that this stream does not capture is refused, not stored elsewhere.
+EXPECTED_STREAM = "Nats-Expected-Stream"
+
+
+def _lost() -> Exception:
+    """What a PubAck awaited on a connection that closed fails with."""
+    return ConnectionResetError("the connection to NATS closed before the PubAck")
+
 
 def _text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
@@ -52,6 +67,26 @@ async def _log_error(exc: Exception) -> None:
     # nats-py logs every connection error with its traceback by default; the
     # relay reports the outcome (the event put back) in one line instead.
     log.debug("NATS client error: %s", exc)
+
+
+def _header_size(headers: dict[str, str]) -> int:
+    """The bytes of ``headers`` as nats-py sends them: ``NATS/1.0``, a line each, a blank line."""
+    size = 12
+    for key, value in headers.items():
+        size += len(key.strip().encode()) + len(value.strip().encode()) + 4
+    return size
+
+
+def _failing(in_flight: set[asyncio.Future[Any]],
+             chained: Callable[[], Awaitable[None]] | None) -> Callable[[], Awaitable[None]]:
+    """A disconnected or closed callback that fails the PubAcks still awaited at once."""
+    async def lost() -> None:
+        for future in list(in_flight):
+            if not future.done():
+                future.set_exception(_lost())
+        if chained is not None:
+            await chained()
+    return lost
 
 
 def _nats() -> Any:
@@ -77,7 +112,9 @@ class NatsPublisher:
             this is required of an existing stream. Defaults to 120.0.
         create_stream: create the stream when it is missing. Defaults to True.
         timeout: seconds to wait for a PubAck (then the broker counts as
-            unavailable: the event is put back, no attempt spent). Defaults to 5.0.
+            unavailable: the event is put back, no attempt spent). A lost
+            connection fails the publishes in flight at once, without this
+            wait. Defaults to 5.0.
         connect_options: more keyword arguments for ``nats.connect``.
     """
 
@@ -105,6 +142,9 @@ class NatsPublisher:
         self.duplicates = 0          # PubAcks that said the stream had the message already
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
+        # The PubAck futures awaited on the current connection: failed at once when
+        # it closes, since nats-py leaves them pending until their timer.
+        self._in_flight: set[asyncio.Future[Any]] = set()
         self._lock = asyncio.Lock()
 
     def __repr__(self) -> str:
@@ -126,16 +166,19 @@ class NatsPublisher:
                 return self._js
             nats = _nats()
             await self._drop()
+            in_flight: set[asyncio.Future[Any]] = set()
             try:
                 # No reconnecting inside the client: a lost connection fails the
                 # publishes in flight at once (their events are put back) and the
                 # next publish connects again, instead of waiting in a buffer.
                 # nats.connect retries the first connection until it succeeds,
                 # whatever allow_reconnect says: bounded here.
+                options = {"error_cb": _log_error, **self.connect_options}
+                options["disconnected_cb"] = _failing(in_flight, options.get("disconnected_cb"))
+                options["closed_cb"] = _failing(in_flight, options.get("closed_cb"))
                 nc = await asyncio.wait_for(
                     nats.connect(self.servers, connect_timeout=self.timeout,
-                                 allow_reconnect=False, max_reconnect_attempts=0,
-                                 error_cb=_log_error, **self.connect_options),
+                                 allow_reconnect=False, max_reconnect_attempts=0, **options),
                     self.timeout)
             except (TimeoutError, OSError, nats.errors.Error) as exc:
                 raise BrokerUnavailableError(f"cannot reach NATS at {', '.join(self.servers)}: "
@@ -146,7 +189,7 @@ class NatsPublisher:
             except BaseException:
                 await nc.close()
                 raise
-            self._nc, self._js = nc, js
+            self._nc, self._js, self._in_flight = nc, js, in_flight
             return js
 
     async def _check_stream(self, js: JetStreamContext) -> None:
@@ -182,33 +225,62 @@ class NatsPublisher:
         import nats.errors
 
         js = await self._connected()
+        nc, in_flight = self._nc, self._in_flight
+        assert nc is not None
         results: list[Exception | None] = [None] * len(messages)
-        futures: list[asyncio.Future[Any]] = []
+        sent: list[tuple[int, asyncio.Future[Any]]] = []
+        away: Exception | None = None
+        # publish_async pipelines: it sends and hands back the PubAck's future,
+        # so a batch shares the connection without a round trip each (2.4x
+        # js.publish's rate, measured in benchmarks/relay.py). No wait_stall
+        # and no wait_for: each costs an asyncio.wait_for per message; one
+        # timer for the batch cancels the PubAcks that do not come.
+        for i, message in enumerate(messages):
+            headers = {**message.headers, "Nats-Msg-Id": message.msg_id,
+                       EXPECTED_STREAM: self.stream}
+            too_big = self._too_big(message, headers, nc.max_payload)
+            if too_big is not None:
+                results[i] = too_big
+                continue
+            if away is not None:
+                results[i] = away
+                continue
+            try:
+                future = await js.publish_async(message.destination, message.payload,
+                                                headers=headers)
+            except (TimeoutError, OSError, nats.errors.Error) as exc:
+                # One message's own error (a refusal) leaves the rest of the batch
+                # to go on; a connection gone fails the rest as it would them.
+                results[i] = self._refusal(exc, message)
+                if isinstance(results[i], BrokerUnavailableError):
+                    away = results[i]
+                continue
+            in_flight.add(future)
+            if nc.is_closed and not future.done():
+                future.set_exception(_lost())    # closed while it was being sent
+            sent.append((i, future))
         try:
-            # publish_async pipelines: it sends and hands back the PubAck's future,
-            # so a batch shares the connection without a round trip each (2.4x
-            # js.publish's rate, measured in benchmarks/relay.py). No wait_stall
-            # and no wait_for: each costs an asyncio.wait_for per message; one
-            # timer for the batch cancels the PubAcks that do not come.
-            for message in messages:
-                futures.append(await js.publish_async(
-                    message.destination, message.payload, stream=self.stream,
-                    headers={**message.headers, "Nats-Msg-Id": message.msg_id}))
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            for i in range(len(futures), len(messages)):
-                results[i] = self._refusal(exc, messages[i])
+            await self._acks(sent, messages, results)
+        finally:
+            for _, future in sent:
+                in_flight.discard(future)
+        return results
+
+    async def _acks(self, sent: list[tuple[int, asyncio.Future[Any]]],
+                    messages: list[RelayMessage], results: list[Exception | None]) -> None:
+        """Await the PubAcks of ``sent`` under one timer, into ``results``."""
         expired = []
 
         def expire() -> None:
             expired.append(True)
-            for future in futures:
+            for _, future in sent:
                 future.cancel()
         timer = asyncio.get_running_loop().call_later(self.timeout, expire)
         try:
-            acks = await asyncio.gather(*futures, return_exceptions=True)
+            acks = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
         finally:
             timer.cancel()
-        for i, ack in enumerate(acks):
+        for (i, _), ack in zip(sent, acks, strict=True):
             if isinstance(ack, asyncio.CancelledError):
                 if not expired:
                     raise ack                      # the handler itself is being cancelled
@@ -218,7 +290,22 @@ class NatsPublisher:
                 results[i] = self._refusal(ack, messages[i])
             elif ack.duplicate:
                 self.duplicates += 1
-        return results
+
+    def _too_big(self, message: RelayMessage, headers: dict[str, str],
+                 max_payload: int) -> Exception | None:
+        """The refusal of a message the server would not take for its size, or None.
+
+        nats-py checks the payload alone against ``max_payload``; the server
+        counts the headers too and closes the connection over a message past
+        it, failing every publish in flight. Checked here, the message alone
+        is refused, with its size in the error.
+        """
+        size = len(message.payload) + _header_size(headers)
+        if size <= max_payload:
+            return None
+        return PublishRejectedError(
+            f"{self.name} refused {message.destination!r}: the message is {size} bytes with "
+            f"its headers, over the server's max_payload of {max_payload} bytes")
 
     def _refusal(self, exc: BaseException, message: RelayMessage) -> Exception:
         """What a publish that raised ``exc`` means: the broker away or full, or a refusal."""
@@ -238,6 +325,9 @@ class NatsPublisher:
             # JetStream answers nothing for a subject no stream captures.
             return PublishRejectedError(f"{self.name} refused {message.destination!r}: no "
                                         f"stream captures the subject")
+        if isinstance(exc, nats.errors.MaxPayloadError):
+            return PublishRejectedError(f"{self.name} refused {message.destination!r}: the "
+                                        f"payload is over the server's max_payload")
         if isinstance(exc, (TimeoutError, OSError, nats.errors.Error)):
             return BrokerUnavailableError(f"no PubAck from {self.name}: {_text(exc)}")
         raise exc

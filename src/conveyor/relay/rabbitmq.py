@@ -11,6 +11,7 @@ the duplicates that a retry after a lost confirmation or a replay can make.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import (
@@ -25,6 +26,14 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
 EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
+
+# How RabbitMQ (3.8 to 4.x) words the channel error for a body over its
+# max_message_size (16 MiB by default since 4.0, 128 MiB before).
+_TOO_BIG = re.compile(r"message size (\d+) is larger than configured max size (\d+)")
+
+
+class _ClosedByAnother(BrokerUnavailableError):
+    """The channel closed under this message because of another one, over the size limit."""
 
 
 def _aio_pika() -> Any:
@@ -70,6 +79,9 @@ class RabbitMQPublisher:
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
         self._lock = asyncio.Lock()
+        # The broker's max_message_size once a refusal has told it: bodies over it
+        # are refused here, before they close the channel under their neighbours.
+        self.max_message_size: int | None = None
 
     def __repr__(self) -> str:
         return f"RabbitMQPublisher(exchange={self.exchange!r})"
@@ -123,26 +135,48 @@ class RabbitMQPublisher:
         await self._publish(await self._connected(), message)
 
     async def publish_many(self, messages: list[RelayMessage]) -> list[Exception | None]:
-        """Publish a batch, every confirm awaited together; what went wrong for each, or None."""
-        try:
-            exchange = await self._connected()
-        except BrokerUnavailableError as exc:
-            return [exc] * len(messages)
-        done = await asyncio.gather(*(self._publish(exchange, m) for m in messages),
-                                    return_exceptions=True)
-        results: list[Exception | None] = []
-        for outcome in done:
-            if isinstance(outcome, (BrokerUnavailableError, PublishRejectedError)):
-                results.append(outcome)
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                results.append(None)
+        """Publish a batch, every confirm awaited together; what went wrong for each, or None.
+
+        A body over the broker's max_message_size closes the channel, failing
+        every publish in flight on it: the others of the batch are published
+        once more on a new channel (the limit now known, that one is refused
+        before it is sent), instead of being put back with it.
+        """
+        results: list[Exception | None] = [None] * len(messages)
+        pending = list(range(len(messages)))
+        for _ in range(2):
+            try:
+                exchange = await self._connected()
+            except BrokerUnavailableError as exc:
+                for i in pending:
+                    results[i] = exc
+                break
+            done = await asyncio.gather(*(self._publish(exchange, messages[i]) for i in pending),
+                                        return_exceptions=True)
+            again = []
+            for i, outcome in zip(pending, done, strict=True):
+                if isinstance(outcome, _ClosedByAnother):
+                    again.append(i)
+                if isinstance(outcome, (BrokerUnavailableError, PublishRejectedError)):
+                    results[i] = outcome
+                elif isinstance(outcome, BaseException):
+                    raise outcome
+                else:
+                    results[i] = None
+            if not again:
+                break
+            pending = again
         return results
 
     async def _publish(self, exchange: Any, message: RelayMessage) -> None:
         aio_pika = _aio_pika()
         exceptions = aio_pika.exceptions
+        limit = self.max_message_size
+        if limit is not None and len(message.payload) > limit:
+            raise PublishRejectedError(
+                f"{self.name} refused {message.destination!r}: the message is "
+                f"{len(message.payload)} bytes, over the broker's max_message_size of "
+                f"{limit} bytes")
         body = aio_pika.Message(
             message.payload, message_id=message.msg_id, headers=dict(message.headers),
             content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
@@ -157,6 +191,19 @@ class RabbitMQPublisher:
             # the broker's own trouble; it passes when consumers catch up.
             raise BrokerUnavailableError(f"{self.name} cannot take {message.destination!r} "
                                          f"now (nack): {_reason(exc)}") from exc
+        except exceptions.ChannelPreconditionFailed as exc:
+            self._exchange = None     # the channel is closed: a new one on the next publish
+            too_big = _TOO_BIG.search(str(exc))
+            if too_big is None:
+                raise BrokerUnavailableError(f"no confirm from {self.name}: {exc}") from exc
+            self.max_message_size = int(too_big[2])
+            if len(message.payload) > self.max_message_size:
+                raise PublishRejectedError(
+                    f"{self.name} refused {message.destination!r}: the message is "
+                    f"{len(message.payload)} bytes, over the broker's max_message_size of "
+                    f"{too_big[2]} bytes") from exc
+            raise _ClosedByAnother(f"{self.name} closed the channel for another message "
+                                   f"over its max_message_size") from exc
         except (TimeoutError, OSError, exceptions.AMQPError, RuntimeError) as exc:
             self._exchange = None     # reconnect on the next publish
             raise BrokerUnavailableError(f"no confirm from {self.name}: "

@@ -60,6 +60,9 @@ DEDUP_TTL_DEFAULT = 86400.0
 # The most scripts one pipeline sends.
 PIPELINE_MAX = 500
 
+# Redis's own default proto-max-bulk-len, used where CONFIG GET is not allowed.
+BULK_MAX_DEFAULT = 512 * 1024 * 1024
+
 
 def _redis() -> Any:
     try:
@@ -106,6 +109,9 @@ class RedisStreamPublisher:
         # batch instead of one (and a pooled connection) per message.
         self._waiting: list[tuple[RelayMessage, asyncio.Future[Any]]] = []
         self._sender: asyncio.Task[None] | None = None
+        # The server's proto-max-bulk-len, read once per connection: a longer
+        # argument makes Redis drop the connection, failing the whole pipeline.
+        self._bulk_max: int | None = None
 
     def __repr__(self) -> str:
         return f"RedisStreamPublisher(key_prefix={self.key_prefix!r})"
@@ -176,30 +182,55 @@ class RedisStreamPublisher:
         redis = _redis()
         client, script = self._client, self._script
         assert client is not None and script is not None
-        pipe = client.pipeline(transaction=False)
-        ttl = int(self.dedup_ttl * 1000)
-        for message, _ in batch:
-            fields: list[str | bytes] = [b"payload", message.payload]
-            for key, value in message.headers.items():
-                fields += [key, value]
-            await script(keys=[message.destination, f"{self.key_prefix}{message.msg_id}"],
-                         args=[ttl, self.maxlen or 0, *fields], client=pipe)
         try:
-            replies = await pipe.execute(raise_on_error=False)
+            bulk_max = self._bulk_max or await self._read_bulk_max(client)
+            pipe = client.pipeline(transaction=False)
+            sent = []
+            for message, done in batch:
+                too_big = _too_big(message, bulk_max)
+                if too_big is not None:
+                    if not done.done():
+                        done.set_exception(too_big)
+                    continue
+                await script(keys=[message.destination, self._dedup_key(message)],
+                             args=self._args(message), client=pipe)
+                sent.append((message, done))
+            replies = await pipe.execute(raise_on_error=False) if sent else []
         except (TimeoutError, OSError, redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError) as exc:
+            self._bulk_max = None          # read again: the server may have changed
             error = BrokerUnavailableError(f"no reply from Redis: {exc}")
             for _, done in batch:
                 if not done.done():
                     done.set_exception(error)
             return
-        for (message, done), reply in zip(batch, replies, strict=True):
+        for (message, done), reply in zip(sent, replies, strict=True):
             if done.done():
                 continue                       # its handler was cancelled meanwhile
             if isinstance(reply, Exception):
                 done.set_exception(_refusal(reply, message))
             else:
                 done.set_result(reply)
+
+    def _dedup_key(self, message: RelayMessage) -> str:
+        return f"{self.key_prefix}{message.msg_id}"
+
+    def _args(self, message: RelayMessage) -> list[Any]:
+        fields: list[str | bytes] = [b"payload", message.payload]
+        for key, value in message.headers.items():
+            fields += [key, value]
+        return [int(self.dedup_ttl * 1000), self.maxlen or 0, *fields]
+
+    async def _read_bulk_max(self, client: Redis) -> int:
+        """The server's proto-max-bulk-len, or Redis's default where CONFIG is not allowed."""
+        redis = _redis()
+        try:
+            value = (await client.config_get("proto-max-bulk-len")).get("proto-max-bulk-len")
+            self._bulk_max = int(value) if value else BULK_MAX_DEFAULT
+        except (redis.exceptions.ResponseError, ValueError):
+            # A managed Redis may rename or forbid CONFIG (NOPERM is a ResponseError).
+            self._bulk_max = BULK_MAX_DEFAULT
+        return self._bulk_max
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -211,6 +242,17 @@ class RedisStreamPublisher:
 # out of memory under noeviction, a script or a replica busy, a dataset
 # loading after a restart (redis-py turns that one into BusyLoadingError).
 _TRANSIENT = ("OOM", "BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "NOREPLICAS")
+
+
+def _too_big(message: RelayMessage, bulk_max: int) -> Exception | None:
+    """The refusal of a message with an argument over proto-max-bulk-len, or None."""
+    size = max(len(message.payload), len(message.destination.encode()),
+               *(len(value.encode()) for value in message.headers.values()))
+    if size <= bulk_max:
+        return None
+    return PublishRejectedError(
+        f"Redis refused the entry for {message.destination!r}: it has {size} bytes in one "
+        f"argument, over the server's proto-max-bulk-len of {bulk_max} bytes")
 
 
 def _refusal(reply: Exception, message: RelayMessage) -> Exception:
