@@ -25,12 +25,14 @@ except ImportError as exc:  # pragma: no cover - exercised in a child interprete
 
 from conveyor.metrics.app import MetricsServer, metrics_app
 from conveyor.metrics.collectors import DatabaseGauges, StreamsCollector, WorkerCollector
+from conveyor.metrics.config import MetricsConfig
 from conveyor.metrics.health import Check, health, readiness
 from conveyor.metrics.middleware import MetricsMiddleware
 
 __all__ = [
     "Check",
     "DatabaseGauges",
+    "MetricsConfig",
     "MetricsMiddleware",
     "MetricsServer",
     "StreamsCollector",

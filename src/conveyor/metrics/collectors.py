@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from conveyor.db.named_queries import parse_named_queries, queries_for
+from conveyor.metrics.config import OTHER, MetricsConfig
 from conveyor.metrics.health import health, loop_lag
 
 if TYPE_CHECKING:
@@ -128,6 +129,27 @@ class WorkerCollector(Collector):
             yield _family(GaugeMetricFamily, name, doc, level, lb)
 
 
+def bound_topics(counts: dict[tuple[str, str], int], lags: dict[str, float], most: int
+                 ) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
+    """``counts`` and ``lags`` with at most ``most`` topics of their own, the busiest ones;
+    every other topic's counts summed (and its lag maxed) under ``_other``."""
+    totals: dict[str, int] = {}
+    for (topic, _state), n in counts.items():
+        totals[topic] = totals.get(topic, 0) + n
+    if len(totals) <= most:
+        return counts, lags
+    kept = set(sorted(totals, key=lambda topic: (-totals[topic], topic))[:most])
+    bounded: dict[tuple[str, str], int] = {}
+    for (topic, state), n in counts.items():
+        key = (topic if topic in kept else OTHER, state)
+        bounded[key] = bounded.get(key, 0) + n
+    bounded_lags: dict[str, float] = {}
+    for topic, seconds in lags.items():
+        name = topic if topic in kept else OTHER
+        bounded_lags[name] = max(seconds, bounded_lags.get(name, 0.0))
+    return bounded, bounded_lags
+
+
 class DatabaseGauges(Collector):
     """Queue depths read from the database on a timer, by one worker per schema at a time.
 
@@ -139,15 +161,21 @@ class DatabaseGauges(Collector):
 
     ``interval``: seconds between reads. Defaults to 15.
     ``statement_timeout``: limit on each read, in seconds. Defaults to 5.
+    ``config``: the bounds: the ``config.max_topics`` topics with the most open
+    events keep series of their own, the others are summed under
+    ``topic="_other"`` (their oldest lag is ``_other``'s). Defaults to
+    ``MetricsConfig()`` (200).
     """
 
     def __init__(self, conninfo: str, schema: str = "conveyor", *,
                  interval: float = REFRESH_INTERVAL_DEFAULT,
-                 statement_timeout: float = STATEMENT_TIMEOUT_DEFAULT) -> None:
+                 statement_timeout: float = STATEMENT_TIMEOUT_DEFAULT,
+                 config: MetricsConfig | None = None) -> None:
         self.conninfo = conninfo
         self.schema = schema
         self.interval = interval
         self.statement_timeout = statement_timeout
+        self.config = config or MetricsConfig()
         self._q = queries_for(schema)
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self.holds_lock = False
@@ -177,6 +205,7 @@ class DatabaseGauges(Collector):
             counts[(topic, state)] = counts.get((topic, state), 0) + n
             if oldest_due is not None:
                 lags[topic] = max(oldest_due, lags.get(topic, 0.0))
+        counts, lags = bound_topics(counts, lags, self.config.max_topics)
         row = await (await conn.execute(self._q["status_oldest_due_age"])).fetchone()
         self._snapshot = (time.monotonic(), counts, row[0] if row else None, lags)
         return True
