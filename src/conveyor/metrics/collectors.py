@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 import time
 from collections.abc import Iterator, Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -38,6 +40,28 @@ def _family(kind: type[Any], name: str, doc: str, value: float,
     family = kind(name, doc, labels=list(labels))
     family.add_metric(list(labels.values()), value)
     return family  # type: ignore[no-any-return]
+
+
+class BuildInfo(Collector):
+    """``conveyor_build_info{version, python}`` = 1: which release and interpreter a
+    process runs, to join on in queries (``* on(instance) group_left(version)``)."""
+
+    def collect(self) -> Iterator[Metric]:
+        from conveyor import __version__
+
+        yield _family(GaugeMetricFamily, "conveyor_build_info",
+                      "Conveyor's version and the Python running it; always 1.", 1.0,
+                      {"version": __version__, "python": platform.python_version()})
+
+
+def register_process_collectors(registry: CollectorRegistry) -> None:
+    """prometheus_client's process (CPU, memory, open files), platform and GC collectors,
+    and :class:`BuildInfo`, on ``registry`` (the global ``REGISTRY`` has the first three
+    already)."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    registry.register(BuildInfo())
 
 
 class StreamsCollector(Collector):
