@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from conveyor.db.named_queries import parse_named_queries, queries_for
 from conveyor.metrics.config import OTHER, MetricsConfig
+from conveyor.metrics.controls import Controls, control_families, read_controls
 from conveyor.metrics.health import health, loop_lag
 
 if TYPE_CHECKING:
@@ -175,7 +176,8 @@ def bound_topics(counts: dict[tuple[str, str], int], lags: dict[str, float], mos
 
 
 class DatabaseGauges(Collector):
-    """Queue depths read from the database on a timer, by one worker per schema at a time.
+    """Queue depths, cron schedules, pauses and flow limits read from the database on a
+    timer, by one worker per schema at a time (:mod:`conveyor.metrics.controls`).
 
     Every ``interval`` seconds the refresher tries a session advisory lock; the
     one that holds it reads the exact counts through the partial indexes
@@ -205,7 +207,7 @@ class DatabaseGauges(Collector):
         self.holds_lock = False
         # Replaced whole, never mutated: a scrape thread reads one consistent snapshot.
         self._snapshot: tuple[float, dict[tuple[str, str], int], float | None,
-                              dict[str, float]] | None = None
+                              dict[str, float], Controls] | None = None
 
     async def refresh_once(self) -> bool:
         """Read the gauges if this process holds (or now takes) the lock; True when read."""
@@ -231,7 +233,8 @@ class DatabaseGauges(Collector):
                 lags[topic] = max(oldest_due, lags.get(topic, 0.0))
         counts, lags = bound_topics(counts, lags, self.config.max_topics)
         row = await (await conn.execute(self._q["status_oldest_due_age"])).fetchone()
-        self._snapshot = (time.monotonic(), counts, row[0] if row else None, lags)
+        controls = await read_controls(conn, self.schema, self.config.max_topics)
+        self._snapshot = (time.monotonic(), counts, row[0] if row else None, lags, controls)
         return True
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -261,7 +264,7 @@ class DatabaseGauges(Collector):
         snapshot = self._snapshot
         if snapshot is None or not self.holds_lock:
             return
-        read_at, counts, oldest, lags = snapshot
+        read_at, counts, oldest, lags, controls = snapshot
         events = GaugeMetricFamily("conveyor_events", "Events by topic and state, as last read "
                                    "(pending = due now, scheduled = pending not yet due).",
                                    labels=["topic", "state"])
@@ -278,6 +281,7 @@ class DatabaseGauges(Collector):
         for topic, seconds in sorted(lags.items()):
             lag.add_metric([topic], seconds)
         yield lag
+        yield from control_families(controls)
         yield _family(GaugeMetricFamily, "conveyor_database_gauges_age_seconds",
                       "Seconds since the database gauges were read.",
                       time.monotonic() - read_at, {})
