@@ -10,6 +10,7 @@ import sys
 import threading
 import urllib.request
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from conveyor import Event, Router, Worker
@@ -111,4 +112,41 @@ def test_a_connection_past_the_cap_is_answered_503_at_once(db: str) -> None:
         assert answer.startswith(b"HTTP/1.0 503 "), answer
     finally:
         holder.close()
+        server.stop()
+
+
+def test_a_connection_that_trickles_its_request_is_closed_at_its_deadline(db: str) -> None:
+    """Each byte within the socket timeout, so only the whole-connection deadline ends it."""
+    config = MetricsConfig(request_timeout=1.0)
+    server = MetricsServer(_worker(db), CollectorRegistry(), port=0, config=config).start()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def trickle() -> None:
+        for byte in HALF_SENT * 1000:
+            if stop.wait(0.2):
+                return
+            try:
+                sock.send(bytes([byte]))
+            except OSError:
+                return
+            sent.append(byte)
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    try:
+        sock.settimeout(30)
+        # EOF (or a reset) from the server, while the client is still sending.
+        try:
+            while sock.recv(65536):
+                pass
+        except TimeoutError:
+            pytest.fail("the trickling connection was still open after 30 s")
+        except OSError:
+            pass
+        assert sender.is_alive() and len(sent) < len(HALF_SENT) * 1000
+    finally:
+        stop.set()
+        sender.join()
+        sock.close()
         server.stop()
