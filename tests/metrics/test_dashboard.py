@@ -13,10 +13,12 @@ import json
 import re
 from pathlib import Path
 
+import psycopg
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.metrics import DatabaseGauges
+from conveyor.metrics.collectors import register_process_collectors
 from waiting import wait_until
 from worker_support import enqueue, running
 
@@ -25,7 +27,7 @@ from .test_metrics import build
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "conveyor-dashboard.json"
 OBSERVABILITY = ROOT / "docs" / "observability.md"
-METRIC = re.compile(r"\bconveyor_[a-z_]+")
+METRIC = re.compile(r"\b(?:conveyor|process|python)_[a-z_]+")
 # Label names inside selectors ({name="..."}, {name=~"..."}) and by/without clauses.
 SELECTOR_LABEL = re.compile(r"[{,]\s*([a-z_]+)\s*(?:=~|!=|!~|=)")
 GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
@@ -70,10 +72,26 @@ def _labels(query: str) -> set[str]:
     return names
 
 
+# A schedule, a pause and a limited pattern, so the gauges of each have a series.
+CONTROLS = (
+    "INSERT INTO conveyor.cron_schedules (name, expression, timezone, topic, catch_up, "
+    "next_fire_at, last_fired_at) VALUES ('tick', '* * * * *', 'UTC', 'mail.ok', 300, "
+    "now(), now())",
+    "INSERT INTO conveyor.pauses (pattern) VALUES ('paused.*')",
+    "INSERT INTO conveyor.flow_limits (pattern, max_running, rate, burst) "
+    "VALUES ('limited.*', 2, 1, 5)",
+)
+CLEAN = "TRUNCATE conveyor.cron_schedules, conveyor.pauses, conveyor.flow_limits"
+
+
 async def test_every_series_the_dashboard_and_alerts_query_is_exported(db: str) -> None:
     worker, registry = build(db)
+    register_process_collectors(registry)
     gauges = DatabaseGauges(db)
     registry.register(gauges)
+    with psycopg.connect(db, autocommit=True) as conn:
+        for statement in (CLEAN, *CONTROLS):
+            conn.execute(statement)
     try:
         async with running(worker):
             await enqueue(db, "mail.ok")
@@ -88,6 +106,8 @@ async def test_every_series_the_dashboard_and_alerts_query_is_exported(db: str) 
             exposition = generate_latest(registry).decode()
     finally:
         await gauges.close()
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute(CLEAN)
     exported: set[str] = set()
     labels: set[str] = set()
     for family in text_string_to_metric_families(exposition):
@@ -97,7 +117,7 @@ async def test_every_series_the_dashboard_and_alerts_query_is_exported(db: str) 
     assert "conveyor_events_handled_total" in exported  # the exposition is not empty
 
     queries = {"dashboard": _dashboard_queries(), "alerts": _alert_queries()}
-    assert len(queries["dashboard"]) >= 15 and len(queries["alerts"]) == 4, queries
+    assert len(queries["dashboard"]) >= 15 and len(queries["alerts"]) == 6, queries
     for where, texts in queries.items():
         for query in texts:
             missing = set(METRIC.findall(query)) - exported

@@ -209,8 +209,9 @@ def test_conveyor_worker_serves_metrics_on_its_port(db: str, tmp_path: Any) -> N
         assert "conveyor_worker_claims_total" in body
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=20)
+        _, stderr = proc.communicate(timeout=20)
     assert proc.returncode == 0
+    assert f"metrics on http://127.0.0.1:{port}/metrics" in stderr
 
 
 def test_conveyor_worker_refuses_a_bad_metrics_port_in_one_line(db: str) -> None:

@@ -4,30 +4,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from conveyor.metrics import DatabaseGauges, MetricsMiddleware, MetricsServer, WorkerCollector
+from conveyor.metrics import (
+    DatabaseGauges,
+    MetricsConfig,
+    MetricsMiddleware,
+    MetricsServer,
+    WorkerCollector,
+)
+from conveyor.metrics.collectors import register_process_collectors
 from conveyor.multitenant import MultiTenantWorker
 from conveyor.worker import Worker
 
 Refresher = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
+log = logging.getLogger(__name__)
+
 
 class _Served:
     """A registry on a port, and a gauges refresher that runs as long as the worker does."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: MetricsConfig | None = None) -> None:
+        self.config = config or MetricsConfig()
         self.registry = CollectorRegistry()
+        register_process_collectors(self.registry)
         self._server: MetricsServer | None = None
         self._refresh: Refresher | None = None
 
     def _start(self, target: Worker | MultiTenantWorker, refresh: Refresher, host: str,
                port: int) -> None:
         self._refresh = refresh
-        self._server = MetricsServer(target, self.registry, port=port, host=host).start()
+        self._server = MetricsServer(target, self.registry, port=port, host=host,
+                                     config=self.config).start()
+        # The one line that tells an operator where to point the scraper.
+        log.info("metrics on %s", self._server.url,
+                 extra={"action": "metrics_serving", "url": self._server.url})
 
     async def run_beside(self, target: Worker | MultiTenantWorker) -> None:
         """Run ``target``, refreshing the gauges until it ends."""
@@ -51,11 +67,12 @@ class WorkerMetrics(_Served):
     """One registry per worker process; the gauges refresher runs beside the worker."""
 
     def __init__(self, url: str, schema: str, *, labels: Mapping[str, str] | None = None,
-                 tenant_label: bool = False) -> None:
-        super().__init__()
+                 tenant_label: bool = False, config: MetricsConfig | None = None) -> None:
+        super().__init__(config)
         self.labels = dict(labels or {})
-        self.middleware = MetricsMiddleware(registry=self.registry, tenant_label=tenant_label)
-        self.gauges = DatabaseGauges(url, schema)
+        self.middleware = MetricsMiddleware(registry=self.registry, tenant_label=tenant_label,
+                                            config=self.config)
+        self.gauges = DatabaseGauges(url, schema, config=self.config)
         self.registry.register(self.gauges)
 
     def serve(self, worker: Worker, host: str, port: int) -> None:
@@ -72,14 +89,14 @@ class TenantsMetrics(_Served):
     ``/healthz`` and ``/readyz`` answer 200 only while every tenant's worker does.
     """
 
-    def __init__(self, schema: str) -> None:
-        super().__init__()
-        self.middleware = MetricsMiddleware(registry=self.registry)
+    def __init__(self, schema: str, *, config: MetricsConfig | None = None) -> None:
+        super().__init__(config)
+        self.middleware = MetricsMiddleware(registry=self.registry, config=self.config)
         self.schema = schema
 
     def serve(self, multi: MultiTenantWorker, host: str, port: int) -> None:
         from conveyor.metrics.tenants import TenantGauges, TenantsCollector
 
-        gauges = TenantGauges(multi, self.schema)
+        gauges = TenantGauges(multi, self.schema, config=self.config)
         self.registry.register(TenantsCollector(multi, gauges.by_tenant))
         self._start(multi, gauges.run, host, port)

@@ -24,13 +24,16 @@ except ImportError as exc:  # pragma: no cover - exercised in a child interprete
     raise MissingExtraError("conveyor.metrics", "metrics", module=exc.name) from None
 
 from conveyor.metrics.app import MetricsServer, metrics_app
-from conveyor.metrics.collectors import DatabaseGauges, StreamsCollector, WorkerCollector
+from conveyor.metrics.collectors import BuildInfo, DatabaseGauges, StreamsCollector, WorkerCollector
+from conveyor.metrics.config import MetricsConfig
 from conveyor.metrics.health import Check, health, readiness
 from conveyor.metrics.middleware import MetricsMiddleware
 
 __all__ = [
+    "BuildInfo",
     "Check",
     "DatabaseGauges",
+    "MetricsConfig",
     "MetricsMiddleware",
     "MetricsServer",
     "StreamsCollector",

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 import time
 from collections.abc import Iterator, Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from conveyor.db.named_queries import parse_named_queries, queries_for
+from conveyor.metrics.config import OTHER, MetricsConfig
+from conveyor.metrics.controls import Controls, control_families, read_controls
 from conveyor.metrics.health import health, loop_lag
 
 if TYPE_CHECKING:
@@ -37,6 +41,28 @@ def _family(kind: type[Any], name: str, doc: str, value: float,
     family = kind(name, doc, labels=list(labels))
     family.add_metric(list(labels.values()), value)
     return family  # type: ignore[no-any-return]
+
+
+class BuildInfo(Collector):
+    """``conveyor_build_info{version, python}`` = 1: which release and interpreter a
+    process runs, to join on in queries (``* on(instance) group_left(version)``)."""
+
+    def collect(self) -> Iterator[Metric]:
+        from conveyor import __version__
+
+        yield _family(GaugeMetricFamily, "conveyor_build_info",
+                      "Conveyor's version and the Python running it; always 1.", 1.0,
+                      {"version": __version__, "python": platform.python_version()})
+
+
+def register_process_collectors(registry: CollectorRegistry) -> None:
+    """prometheus_client's process (CPU, memory, open files), platform and GC collectors,
+    and :class:`BuildInfo`, on ``registry`` (the global ``REGISTRY`` has the first three
+    already)."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    registry.register(BuildInfo())
 
 
 class StreamsCollector(Collector):
@@ -128,8 +154,30 @@ class WorkerCollector(Collector):
             yield _family(GaugeMetricFamily, name, doc, level, lb)
 
 
+def bound_topics(counts: dict[tuple[str, str], int], lags: dict[str, float], most: int
+                 ) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
+    """``counts`` and ``lags`` with at most ``most`` topics of their own, the busiest ones;
+    every other topic's counts summed (and its lag maxed) under ``_other``."""
+    totals: dict[str, int] = {}
+    for (topic, _state), n in counts.items():
+        totals[topic] = totals.get(topic, 0) + n
+    if len(totals) <= most:
+        return counts, lags
+    kept = set(sorted(totals, key=lambda topic: (-totals[topic], topic))[:most])
+    bounded: dict[tuple[str, str], int] = {}
+    for (topic, state), n in counts.items():
+        key = (topic if topic in kept else OTHER, state)
+        bounded[key] = bounded.get(key, 0) + n
+    bounded_lags: dict[str, float] = {}
+    for topic, seconds in lags.items():
+        name = topic if topic in kept else OTHER
+        bounded_lags[name] = max(seconds, bounded_lags.get(name, 0.0))
+    return bounded, bounded_lags
+
+
 class DatabaseGauges(Collector):
-    """Queue depths read from the database on a timer, by one worker per schema at a time.
+    """Queue depths, cron schedules, pauses and flow limits read from the database on a
+    timer, by one worker per schema at a time (:mod:`conveyor.metrics.controls`).
 
     Every ``interval`` seconds the refresher tries a session advisory lock; the
     one that holds it reads the exact counts through the partial indexes
@@ -139,21 +187,27 @@ class DatabaseGauges(Collector):
 
     ``interval``: seconds between reads. Defaults to 15.
     ``statement_timeout``: limit on each read, in seconds. Defaults to 5.
+    ``config``: the bounds: the ``config.max_topics`` topics with the most open
+    events keep series of their own, the others are summed under
+    ``topic="_other"`` (their oldest lag is ``_other``'s). Defaults to
+    ``MetricsConfig()`` (200).
     """
 
     def __init__(self, conninfo: str, schema: str = "conveyor", *,
                  interval: float = REFRESH_INTERVAL_DEFAULT,
-                 statement_timeout: float = STATEMENT_TIMEOUT_DEFAULT) -> None:
+                 statement_timeout: float = STATEMENT_TIMEOUT_DEFAULT,
+                 config: MetricsConfig | None = None) -> None:
         self.conninfo = conninfo
         self.schema = schema
         self.interval = interval
         self.statement_timeout = statement_timeout
+        self.config = config or MetricsConfig()
         self._q = queries_for(schema)
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self.holds_lock = False
         # Replaced whole, never mutated: a scrape thread reads one consistent snapshot.
         self._snapshot: tuple[float, dict[tuple[str, str], int], float | None,
-                              dict[str, float]] | None = None
+                              dict[str, float], Controls] | None = None
 
     async def refresh_once(self) -> bool:
         """Read the gauges if this process holds (or now takes) the lock; True when read."""
@@ -177,8 +231,10 @@ class DatabaseGauges(Collector):
             counts[(topic, state)] = counts.get((topic, state), 0) + n
             if oldest_due is not None:
                 lags[topic] = max(oldest_due, lags.get(topic, 0.0))
+        counts, lags = bound_topics(counts, lags, self.config.max_topics)
         row = await (await conn.execute(self._q["status_oldest_due_age"])).fetchone()
-        self._snapshot = (time.monotonic(), counts, row[0] if row else None, lags)
+        controls = await read_controls(conn, self.schema, self.config.max_topics)
+        self._snapshot = (time.monotonic(), counts, row[0] if row else None, lags, controls)
         return True
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -208,7 +264,7 @@ class DatabaseGauges(Collector):
         snapshot = self._snapshot
         if snapshot is None or not self.holds_lock:
             return
-        read_at, counts, oldest, lags = snapshot
+        read_at, counts, oldest, lags, controls = snapshot
         events = GaugeMetricFamily("conveyor_events", "Events by topic and state, as last read "
                                    "(pending = due now, scheduled = pending not yet due).",
                                    labels=["topic", "state"])
@@ -225,6 +281,7 @@ class DatabaseGauges(Collector):
         for topic, seconds in sorted(lags.items()):
             lag.add_metric([topic], seconds)
         yield lag
+        yield from control_families(controls)
         yield _family(GaugeMetricFamily, "conveyor_database_gauges_age_seconds",
                       "Seconds since the database gauges were read.",
                       time.monotonic() - read_at, {})

@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from conveyor.metrics.config import OTHER, MetricsConfig
 from conveyor.middleware import HandlerResult, Middleware
 from conveyor.types import Event, EventState
 
@@ -68,6 +69,11 @@ class MetricsMiddleware(Middleware, Collector):
     prometheus_client's global ``REGISTRY``.
     ``tenant_label``: add a ``tenant`` label (empty for events without one).
     Defaults to False: a label per tenant multiplies the series.
+    ``config``: the bounds; the first ``config.max_topics`` topics (or
+    topic-and-tenant pairs) seen get series of their own, every later one is
+    counted under ``topic="_other"`` (and ``tenant="_other"``), so a producer
+    that builds topics from data cannot grow the worker's memory or its scrape.
+    Defaults to ``MetricsConfig()`` (200).
 
     The counts are kept here, under one lock, and exported as prometheus_client
     metric families at scrape time: a Counter and two Histograms updated per
@@ -76,9 +82,11 @@ class MetricsMiddleware(Middleware, Collector):
     """
 
     def __init__(self, *, registry: CollectorRegistry | None = None,
-                 tenant_label: bool = False) -> None:
+                 tenant_label: bool = False, config: MetricsConfig | None = None) -> None:
         self.tenant_label = tenant_label
+        self.config = config or MetricsConfig()
         self._labels = ("topic", "tenant") if tenant_label else ("topic",)
+        self._other = (OTHER,) * len(self._labels)
         self._series: dict[tuple[str, ...], _Series] = {}
         # after() runs on the worker's event loop; the lock is for the scrape,
         # which reads from the metrics server's thread.
@@ -94,7 +102,7 @@ class MetricsMiddleware(Middleware, Collector):
         with self._lock:
             series = self._series.get(key)
             if series is None:
-                series = self._series[key] = _Series()
+                series = self._new_series(key)
             outcomes = series.outcomes
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             series.duration[bisect_left(DURATION_BUCKETS, duration)] += 1
@@ -103,7 +111,20 @@ class MetricsMiddleware(Middleware, Collector):
                 series.wait[bisect_left(WAIT_BUCKETS, wait)] += 1
                 series.wait_sum += wait
 
+    def _new_series(self, key: tuple[str, ...]) -> _Series:
+        """The series of a label set not seen before: its own below the cap, else ``_other``'s
+        (which counts toward the cap: max_topics + 1 label sets at most)."""
+        if len(self._series) >= self.config.max_topics:
+            key = self._other
+            series = self._series.get(key)
+            if series is not None:
+                return series
+        series = self._series[key] = _Series()
+        return series
+
     def collect(self) -> Iterator[Metric]:
+        # Bounded (max_topics + 1 label sets), so the copy that after() waits
+        # for is short; the families are built after the lock is let go.
         with self._lock:
             snapshot = [(key, dict(s.outcomes), list(s.duration), s.duration_sum,
                          list(s.wait), s.wait_sum) for key, s in self._series.items()]

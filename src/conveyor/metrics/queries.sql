@@ -5,3 +5,37 @@
 -- connection lives, so it is released when the worker exits or dies. The
 -- first key is fixed (ASCII 'cvmt'), the second the schema's hash.
 SELECT pg_try_advisory_lock(1668709748, hashtext(%(schema)s))
+
+-- name: metrics_cron
+-- Every cron schedule (declared by code, so few): slots skipped since it was
+-- declared, how long its next slot is overdue (grows while no worker fires
+-- it), and seconds since it last fired (NULL before its first slot).
+SELECT name, missed,
+       COALESCE(GREATEST(0, extract(epoch FROM now() - next_fire_at)), 0)::float8 AS overdue_s,
+       extract(epoch FROM now() - last_fired_at)::float8 AS last_fire_age_s
+FROM {schema}.cron_schedules
+ORDER BY name
+
+-- name: metrics_pauses
+-- Pauses in force and the age of the oldest: one row, whatever their number.
+SELECT count(*) AS n, extract(epoch FROM now() - min(paused_at))::float8 AS oldest_s
+FROM {schema}.pauses
+
+-- name: metrics_flow
+-- Every flow-limited pattern (declared by code, so few): its running events
+-- fleet-wide, matched as the claim's pause test matches (exact, `prefix.*`,
+-- `*`), each count read from events_lease_idx (running rows only: at most
+-- the workers' slots); its max_running; and the tokens its bucket holds now,
+-- refilled as flow_lock's reader refills them (rate-limited patterns only).
+SELECT f.pattern, f.max_running,
+       (SELECT count(*) FROM {schema}.events AS e
+        WHERE e.state = 'running'
+          AND (f.pattern = '*' OR e.topic = f.pattern
+               OR (right(f.pattern, 2) = '.*' AND starts_with(e.topic, left(f.pattern, -1)))))
+           AS running,
+       CASE WHEN f.rate IS NOT NULL
+            THEN LEAST(f.burst, f.tokens + f.rate * GREATEST(
+                     0, extract(epoch FROM clock_timestamp() - f.refilled_at)))::float8
+       END AS tokens
+FROM {schema}.flow_limits AS f
+ORDER BY f.pattern

@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from conveyor.metrics.collectors import REFRESH_INTERVAL_DEFAULT, DatabaseGauges, WorkerCollector
+from conveyor.metrics.config import MetricsConfig
 
 if TYPE_CHECKING:
     from conveyor.multitenant import MultiTenantWorker
@@ -76,10 +77,12 @@ class TenantGauges:
     """
 
     def __init__(self, multi: MultiTenantWorker, schema: str, *,
-                 interval: float = REFRESH_INTERVAL_DEFAULT) -> None:
+                 interval: float = REFRESH_INTERVAL_DEFAULT,
+                 config: MetricsConfig | None = None) -> None:
         self.multi = multi
         self.schema = schema
         self.interval = interval
+        self.config = config or MetricsConfig()
         self.by_tenant: dict[str, DatabaseGauges] = {}
 
     async def refresh_once(self) -> None:
@@ -91,7 +94,8 @@ class TenantGauges:
             if gauges is None or gauges.conninfo != tenant.conninfo:
                 if gauges is not None:
                     await gauges.close()
-                gauges = self.by_tenant[name] = DatabaseGauges(tenant.conninfo, self.schema)
+                gauges = self.by_tenant[name] = DatabaseGauges(tenant.conninfo, self.schema,
+                                                              config=self.config)
             try:
                 await gauges.refresh_once()
             except (psycopg.Error, OSError) as exc:
