@@ -33,12 +33,16 @@ def register_dashboard(sub: Sub, env: Any) -> None:
         "(every page and action behind one login; with --read-only, pages only),\n"
         "--read-only alone (pages for anyone who reaches the port, no action), or\n"
         "--insecure-local (everything, no login; only on 127.0.0.1 / ::1).\n"
-        "Every query runs under --statement-timeout; a page whose query was cut says so.",
+        "Every query runs under --statement-timeout; a page whose query was cut says so.\n"
+        "Requests naming a Host other than an IP address, localhost, --host or the\n"
+        "--public-url host get 400 (DNS rebinding): add names with --allowed-host.",
         run_dashboard,
         examples=[("conveyor dashboard --read-only --host 0.0.0.0", "look, never touch"),
                   ("CONVEYOR_DASHBOARD_BASIC_AUTH=ops:s3cret conveyor dashboard --host 0.0.0.0",
                    "one login for pages and actions"),
-                  ("conveyor dashboard --insecure-local", "on your own machine only")])
+                  ("conveyor dashboard --insecure-local", "on your own machine only"),
+                  ("conveyor dashboard --insecure-local --public-url https://ops.example.com/queue",
+                   "behind a proxy that asks for the login (docs/dashboard.md)")])
     option(p, "--host", env="DASHBOARD_HOST", default="127.0.0.1", help="interface to listen on")
     option(p, "--port", env="DASHBOARD_PORT", type=positive_int, default=8080, help="port to listen on")
     option(p, "--basic-auth", env="DASHBOARD_BASIC_AUTH", metavar="USER:PASSWORD", secret=True,
