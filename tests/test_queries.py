@@ -456,7 +456,8 @@ def _list(conn: Conn, **params: Any) -> list[Any]:
     base: dict[str, Any] = {
         "after": None, "ids": [], "states": [], "topic": None, "topic_from": None,
         "topic_to": None, "tenant": None, "older_than": None, "newer_than": None,
-        "error": None, "payload": None, "scheduled_pending_only": False, "limit": 10}
+        "error": None, "payload": None, "scheduled_pending_only": False, "limit": 10,
+        "newest": None}
     return conn.execute(Q["event_list"], {**base, **params}).fetchall()
 
 
@@ -475,6 +476,9 @@ def test_event_list_filters_and_pages_newest_first(db: Conn) -> None:
                 " WHERE id = %s", (b,))
     assert [r[0] for r in _list(db, states=["failed"], error="boom")] == [b]
     assert _list(db, older_than=60) == [] and len(_list(db, newer_than=60)) == 4
+    # newest: only the ids above the highest minus newest are looked at.
+    assert [r[0] for r in _list(db, newest=2)] == [later, c]
+    assert _list(db, newest=2, states=["failed"]) == []
 
 
 def test_event_list_columns_are_the_summary_decoders_fields(db: Conn) -> None:
@@ -486,7 +490,8 @@ def test_event_list_columns_are_the_summary_decoders_fields(db: Conn) -> None:
     cur = db.execute(Q["event_list"], {
         "after": None, "ids": [], "states": [], "topic": None, "topic_from": None,
         "topic_to": None, "tenant": None, "older_than": None, "newer_than": None,
-        "error": None, "payload": None, "scheduled_pending_only": False, "limit": 1})
+        "error": None, "payload": None, "scheduled_pending_only": False, "limit": 1,
+        "newest": None})
     assert cur.description is not None
     names = [c.name for c in cur.description]
     assert names == list(EventSummary.__dataclass_fields__)

@@ -42,6 +42,7 @@ from conveyor.admin_core import (
     _check_after,
     _check_filter,
     _check_limit,
+    _check_newest,
     _check_wait_timeout,
     _count_step,
     _estimate_params,
@@ -173,7 +174,8 @@ class Admin:
         return record_from_event_get_row(row)
 
     def events(self, conn: psycopg.Connection[Any], filter: EventFilter | None = None,
-                     *, after: int | None = None, limit: int = 50) -> EventPage:
+                     *, after: int | None = None, limit: int = 50,
+                     newest: int | None = None) -> EventPage:
         """One page of the events ``filter`` matches, newest first (``id`` descending).
 
         Pass the page's ``next_after`` as ``after`` for the next page; it is
@@ -188,10 +190,15 @@ class Admin:
                 page = admin.events(conn, failed_mail, after=page.next_after)
 
         ``limit``: 1 to 1000; defaults to 50. ``filter`` defaults to None (every event).
+        ``newest``: look only at the newest this many ids (the events with an
+        id above the highest one minus ``newest``), so a filter no index
+        serves (``error``, ``payload``) reads at most that many rows even
+        when it matches nothing; defaults to None (every event).
         """
         filter, after, limit = _check_filter(filter), _check_after(after), _check_limit(limit)
         rows = _fetch(conn, self._q["event_list"],
-                                  _list_params(filter, after, limit + 1))
+                                  _list_params(filter, after, limit + 1,
+                                               newest=_check_newest(newest)))
         return _page(rows, limit)
 
     def retry(self, conn: psycopg.Connection[Any], event_id: int) -> None:

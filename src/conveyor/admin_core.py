@@ -248,6 +248,15 @@ def _check_wait_timeout(timeout: object) -> float:
     return float(timeout)
 
 
+def _check_newest(newest: object) -> int | None:
+    if newest is None:
+        return None
+    if isinstance(newest, bool) or not isinstance(newest, int) or newest < 1:
+        raise InvalidInputError(f"expected newest to be a positive integer or None, "
+                                f"got {newest!r:.60}")
+    return newest
+
+
 def _check_after(after: object) -> int | None:
     if after is None:
         return None
@@ -261,7 +270,8 @@ def _check_after(after: object) -> int | None:
 
 def _list_params(filter: EventFilter, after: int | None, limit: int, *,
                  states: Sequence[str] | None = None,
-                 scheduled_pending_only: bool = False) -> dict[str, Any]:
+                 scheduled_pending_only: bool = False,
+                 newest: int | None = None) -> dict[str, Any]:
     """``event_list``'s parameters; an unset filter field binds the value that folds away."""
     topic = filter.topic
     exact = prefix = None
@@ -277,7 +287,7 @@ def _list_params(filter: EventFilter, after: int | None, limit: int, *,
         "topic_to": None if prefix is None else prefix[:-1] + "/",
         "tenant": filter.tenant, "older_than": filter.older_than,
         "newer_than": filter.newer_than, "error": filter.error, "payload": filter.payload,
-        "scheduled_pending_only": scheduled_pending_only, "limit": limit,
+        "scheduled_pending_only": scheduled_pending_only, "limit": limit, "newest": newest,
     }
 
 

@@ -172,6 +172,35 @@ def test_overview_fits_a_phone_without_horizontal_scrolling(phone_page: Page, fr
     assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in a {widths[1]} px window"
 
 
+def test_a_phone_keeps_numbers_on_one_line_and_the_workers_table_whole(phone_page: Page,
+                                                                       fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        # A long topic squeezes the number columns of its row.
+        conn.execute("INSERT INTO conveyor.events (topic, payload, state, attempts, finished_at)"
+                     " SELECT 'billing.invoice.reminder_second_notice', '{}',"
+                     " (ARRAY['pending', 'failed'])[1 + i % 2], i % 2, CASE WHEN i % 2 = 1"
+                     " THEN now() END FROM generate_series(1, 20000) AS i")
+        conn.execute("INSERT INTO conveyor.workers (id, name, host, pid, topics, concurrency)"
+                     " VALUES (%s, 'vm-worker-1:24850', 'vm', 24850,"
+                     " ARRAY['email.*', 'sms.send', 'webhook.deliver'], 16)", (WORKER,))
+    with served(fresh_db) as base_url:
+        phone_page.goto(base_url + "/")
+        # Lines each number takes: its text's height over its line height.
+        lines = phone_page.evaluate("""() => [...document.querySelectorAll('.card .value, td.num')]
+            .map(e => { const r = document.createRange(); r.selectNodeContents(e);
+                        return [e.innerText, r.getBoundingClientRect().height
+                                / parseFloat(getComputedStyle(e).lineHeight)]; })""")
+        table = phone_page.locator("section:has(h2:has-text('Workers')) .table-wrap")
+        widths = table.evaluate("w => [w.scrollWidth, w.clientWidth]")
+        heartbeat = phone_page.locator("table.workers th", has_text="heartbeat").is_visible()
+        screenshot(phone_page, "dashboard-overview-phone-10000")
+    wrapped = [text for text, height in lines if height > 1.6 and text.strip()]
+    assert not wrapped, f"numbers wrapped onto two lines: {wrapped}"
+    assert "10\u2009000" in [text for text, _ in lines]                  # a card and a cell
+    assert widths[0] <= widths[1], f"the Workers table is {widths[0]} px wide in {widths[1]} px"
+    assert heartbeat
+
+
 # -- the events list ---------------------------------------------------------------
 
 
@@ -301,10 +330,11 @@ def test_pause_form_pauses_the_pattern_and_resume_removes_it(page: Page, fresh_d
         page.wait_for_url(re.compile(r"/\?done=resumed"))
         after_notice = page.locator("p.notice").inner_text()
         empty = page.locator("h2:text-is('Paused') + p.empty").inner_text()
-    assert notice == "Paused email.*."
+    # The notice is a code's text, never the URL's (a crafted link could say anything).
+    assert notice == "Paused: the pause is listed under Paused."
     assert len(paused_rows) == 1 and "email.*" in paused_rows[0] and reason in paused_rows[0]
     assert in_db_while_paused == [("email.*", None, reason)]
-    assert after_notice == "Resumed email.*." and empty == "Nothing is paused."
+    assert after_notice == "Resumed: the pause is lifted." and empty == "Nothing is paused."
     assert _pauses(fresh_db) == []
 
 

@@ -209,7 +209,8 @@ async def test_mounted_under_a_prefix_every_link_and_the_cookie_keep_it(fresh_db
         page = await client.get("/ops/queue/")
         assert page.status_code == 200
         links = re.findall(r'(?:href|action)="([^"]+)"', page.text)
-        assert links and all(link.startswith("http://dash.test/ops/queue/") for link in links), links
+        # Paths, never built from Host (a proxy may not pass it on).
+        assert links and all(link.startswith("/ops/queue/") for link in links), links
         assert "Path=/ops/queue" in page.headers["set-cookie"]
         css = await client.get("/ops/queue/static/dashboard.css")
         assert css.status_code == 200 and "--bad" in css.text
@@ -217,7 +218,7 @@ async def test_mounted_under_a_prefix_every_link_and_the_cookie_keep_it(fresh_db
         assert token is not None
         done = await client.post("/ops/queue/pauses", data={"csrf_token": token.group(1),
                                                              "pattern": "email.*", "reason": "relay down"})
-        assert done.status_code == 303 and done.headers["location"].startswith("http://dash.test/ops/queue/")
+        assert done.status_code == 303 and done.headers["location"].startswith("/ops/queue/")
     with psycopg.connect(fresh_db) as conn:
         assert conn.execute("SELECT pattern, reason FROM conveyor.pauses").fetchall() == [
             ("email.*", "relay down")]
@@ -279,8 +280,8 @@ async def test_the_payload_filter_lists_matches_and_is_off_when_payloads_are_hid
     async with _client(_app(fresh_db)) as client:
         page = await client.get(query)
     assert page.status_code == 200
-    assert f'href="http://dash.test/events/{ids["failed"]}"' in page.text
-    assert f'href="http://dash.test/events/{ids["pending"]}"' not in page.text
+    assert f'href="/events/{ids["failed"]}"' in page.text
+    assert f'href="/events/{ids["pending"]}"' not in page.text
     async with _client(_app(fresh_db, config=DashboardConfig(hide_payloads=True))) as client:
         hidden = await client.get(query)
         form = await client.get("/events")

@@ -10,20 +10,23 @@ answered with a redirect, so a reload never repeats one.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import psycopg
 from jinja2 import Environment, PackageLoader, select_autoescape
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.datastructures import FormData, QueryParams
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -36,20 +39,33 @@ from conveyor.dashboard.security import (
     CSRF_FIELD,
     Action,
     Authorize,
+    HostGuard,
     Unauthenticated,
     allowed,
-    csrf_ok,
     csrf_token,
+    origin_of,
+    origin_problem,
     read_only,
+    token_ok,
 )
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import ConfigError, ConveyorError, EventNotFoundError, InvalidInputError
-from conveyor.types import EventFilter, EventRecord, EventState
+from conveyor.types import EventFilter, EventRecord, EventState, TopicCount
 from conveyor.validation import check_schema_name
 
 STATEMENT_TIMEOUT_DEFAULT = 5.0
 PAGE_SIZE_DEFAULT = 50
 POOL_SIZE_DEFAULT = 4
+SEARCH_ROWS_DEFAULT = 100_000
+# The overview lists this many topics (those with the most open events); the
+# rest are one "other" row, so a producer that makes topics from data cannot
+# make the page grow without bound.
+TOPICS_SHOWN = 50
+OPEN_COLUMNS = ("pending", "scheduled", "running", "failed")
+# Topics the "no live worker claims" warning names; it counts the rest.
+UNHANDLED_SHOWN = 20
+# An event id as a URL may carry it: 1 to 19 ASCII digits, within bigint.
+EVENT_ID_MAX = 2**63 - 1
 # The "created within" choices of the events filter, in seconds.
 Handler = Callable[[Request], Awaitable[Response]]
 WITHIN = {"1h": 3600.0, "24h": 86_400.0, "7d": 7 * 86_400.0, "30d": 30 * 86_400.0}
@@ -67,6 +83,22 @@ class DashboardConfig:
             data); its size is shown instead. Defaults to False.
         page_size: events per page of the list, 1 to 500. Defaults to 50.
         pool_size: most database connections the dashboard holds. Defaults to 4.
+        search_rows: an error-text or payload search of the events list looks
+            at the newest this many events only (by id), so a search that
+            matches nothing never reads the whole table; the page says so.
+            Defaults to 100,000.
+        public_url: the address browsers use, when it is not the one the
+            dashboard is served on (behind a reverse proxy), e.g.
+            ``"https://ops.example.com/queue"``. A POST's ``Origin`` must be
+            its origin; ``https`` marks the CSRF cookie ``Secure``; its path
+            prefixes every link. Defaults to None (the request's own ``Host``).
+        allowed_hosts: the host names (``name`` or ``name:port``; ``"*"``: any)
+            the dashboard answers besides IP addresses, ``localhost`` and the
+            public URL's host; any other ``Host`` is answered 400 (a page that
+            rebinds its DNS name to this address sends its own name). Defaults
+            to None: no check, the host application's (Django's
+            ``ALLOWED_HOSTS``, Starlette's ``TrustedHostMiddleware``);
+            ``conveyor dashboard`` always checks.
     """
 
     schema: str = "conveyor"
@@ -74,6 +106,9 @@ class DashboardConfig:
     hide_payloads: bool = False
     page_size: int = PAGE_SIZE_DEFAULT
     pool_size: int = POOL_SIZE_DEFAULT
+    search_rows: int = SEARCH_ROWS_DEFAULT
+    public_url: str | None = None
+    allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -84,10 +119,43 @@ class DashboardConfig:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
                 or not math.isfinite(timeout) or not 0.01 <= timeout <= 3600:
             raise ConfigError(f"expected statement_timeout to be 0.01-3600 seconds, got {timeout!r}")
-        for name, low, high in (("page_size", 1, 500), ("pool_size", 1, 100)):
+        for name, low, high in (("page_size", 1, 500), ("pool_size", 1, 100),
+                                ("search_rows", 1, 100_000_000)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ConfigError(f"expected {name} to be an integer {low}-{high}, got {value!r}")
+        if self.public_url is not None:
+            _check_public_url(self.public_url)
+        if self.allowed_hosts is not None:
+            if isinstance(self.allowed_hosts, str):
+                raise ConfigError(f"expected allowed_hosts to be a tuple of host names, "
+                                  f"got the string {self.allowed_hosts!r}")
+            object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
+            for host in self.allowed_hosts:
+                if not isinstance(host, str) or not ALLOWED_HOST.fullmatch(host):
+                    raise ConfigError(f"expected each allowed host to be a name or name:port "
+                                      f"(or *), got {host!r}")
+
+    @property
+    def public_origin(self) -> str | None:
+        """``scheme://host[:port]`` of ``public_url``, or None."""
+        return origin_of(self.public_url) if self.public_url else None
+
+    @property
+    def public_path(self) -> str:
+        """The path ``public_url`` puts before every link, without its last slash."""
+        return urlsplit(self.public_url).path.rstrip("/") if self.public_url else ""
+
+
+ALLOWED_HOST = re.compile(r"\*|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?(:[0-9]{1,5})?")
+
+
+def _check_public_url(url: object) -> None:
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
+            or parts.query or parts.fragment or parts.username or parts.password:
+        raise ConfigError(f"expected public_url to be an http(s) address such as "
+                          f"https://ops.example.com or https://example.com/queue, got {url!r}")
 
 
 class _Database:
@@ -129,16 +197,17 @@ class _Database:
             self._pool = None
 
 
-# Messages an action's redirect may ask a page to show (codes, never free text
-# from the URL, so a crafted link cannot make the dashboard say anything).
+# Messages an action's redirect may ask a page to show: a code and a number,
+# never text from the URL, so a crafted link cannot make the dashboard say
+# anything (what was paused is in the Paused table below the notice).
 NOTICES = {
     "retried": "Event {n} will run again now.",
     "cancelled": "Event {n} was cancelled.",
     "bulk_retry": "{n} events will run again now.",
     "bulk_cancel": "{n} events were cancelled.",
-    "paused": "Paused {what}.",
-    "resumed": "Resumed {what}.",
-    "not_paused": "{what} was not paused.",
+    "paused": "Paused: the pause is listed under Paused.",
+    "resumed": "Resumed: the pause is lifted.",
+    "not_paused": "Nothing to resume: that was not paused.",
 }
 
 
@@ -174,6 +243,22 @@ def _utc(moment: datetime | str | None) -> str:
     else:
         parsed = moment
     return parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if parsed else "-"
+
+
+def _event_id(text: str, name: str = "event id") -> int:
+    """An id from the URL; InvalidInputError (400) for anything but a bigint's digits."""
+    if not (1 <= len(text) <= 19 and text.isascii() and text.isdigit()) \
+            or int(text) > EVENT_ID_MAX:
+        shown = text if len(text) <= 24 else text[:21] + "..."
+        raise InvalidInputError(f"invalid {name} {shown!r}: expected a positive integer "
+                                f"below 2**63")
+    return int(text)
+
+
+def _notice_number(request: Request) -> int | None:
+    """The ``n`` of a notice link; InvalidInputError when it is not an integer."""
+    n = request.query_params.get("n")
+    return None if n is None or "done" not in request.query_params else _event_id(n, "n")
 
 
 def _number(value: int) -> str:
@@ -255,6 +340,34 @@ def _query(shown: dict[str, Any], **extra: Any) -> str:
     return urlencode(pairs)
 
 
+def _topic_table(counts: Sequence[TopicCount], shown: int
+                 ) -> tuple[list[tuple[str, dict[str, int]]], dict[str, int] | None]:
+    """The overview's topic rows: the ``shown`` topics with the most open events
+    (pending, scheduled, running, failed), by name, and one row totalling the
+    rest (None when every topic is shown, else with ``topics``: how many)."""
+    table: dict[str, dict[str, int]] = {}
+    for count in counts:
+        row = table.setdefault(count.topic, {})
+        row[count.state.value] = row.get(count.state.value, 0) + count.count
+        if count.scheduled:
+            row["scheduled"] = row.get("scheduled", 0) + count.scheduled
+    if len(table) <= shown:
+        return sorted(table.items()), None
+
+    def open_events(item: tuple[str, dict[str, int]]) -> tuple[int, str]:
+        row = item[1]
+        return -sum(row.get(k, 0) for k in OPEN_COLUMNS), item[0]
+
+    ranked = heapq.nsmallest(shown, table.items(), key=open_events)
+    kept = {topic for topic, _ in ranked}
+    other: dict[str, int] = {"topics": len(table) - len(kept)}
+    for topic, row in table.items():
+        if topic not in kept:
+            for key, value in row.items():
+                other[key] = other.get(key, 0) + value
+    return sorted(ranked), other
+
+
 class _Pages:
     """The request handlers; one instance per app, holding its pool and templates."""
 
@@ -272,17 +385,13 @@ class _Pages:
                       **context: Any) -> Response:
         token, new = csrf_token(request)
         can = {a.value: await self._may(request, a) for a in Action if a is not Action.VIEW}
-        notice = request.query_params.get("done")
-        message = None
-        if notice in NOTICES:
-            n = request.query_params.get("n", "")
-            message = NOTICES[notice].format(n=_number(int(n)) if n.isdigit() else n,
-                                             what=request.query_params.get("what", ""))
-        body = self.env.get_template(template).render(
-            request=request, csrf_field=CSRF_FIELD, csrf_token=token, can=can, notice=message,
-            now=datetime.now(UTC), ago=_ago, config=self.config, states=[s.value for s in EventState],
-            within_choices=list(WITHIN), url=lambda name, **p: str(request.url_for(name, **p)),
-            **context)
+        # Rendered in a thread: a big page must not stall every other request.
+        body = await asyncio.to_thread(
+            self.env.get_template(template).render,
+            request=request, csrf_field=CSRF_FIELD, csrf_token=token, can=can,
+            notice=self._notice(request), now=datetime.now(UTC), ago=_ago, config=self.config,
+            states=[s.value for s in EventState], within_choices=list(WITHIN),
+            url=lambda name, **p: self._path(request, name, **p), **context)
         response = HTMLResponse(body, status_code=http_status)
         response.headers["Cache-Control"] = "no-store"
         response.headers["X-Frame-Options"] = "DENY"
@@ -291,10 +400,27 @@ class _Pages:
             "frame-ancestors 'none'; form-action 'self'")
         response.headers["Referrer-Policy"] = "same-origin"
         if new:
-            path = request.scope.get("root_path") or "/"
+            path = (self.config.public_path + request.scope.get("root_path", "")) or "/"
+            secure = (self.config.public_origin or str(request.url)).startswith("https:")
             response.set_cookie(CSRF_COOKIE, token, httponly=True, samesite="strict", path=path,
-                                secure=request.url.scheme == "https")
+                                secure=secure)
         return response
+
+    def _path(self, request: Request, name: str, **params: Any) -> str:
+        """A link to a page: a path, never built from ``Host`` (a proxy may not pass it on)."""
+        return self.config.public_path + request.url_for(name, **params).path
+
+    @staticmethod
+    def _notice(request: Request) -> str | None:
+        """The notice ``done=CODE&n=NUMBER`` asks for (the guard has refused a bad ``n``)."""
+        code = request.query_params.get("done")
+        if code not in NOTICES:
+            return None
+        try:
+            n = _notice_number(request)
+        except InvalidInputError:
+            return None
+        return NOTICES[code].format(n=_number(n) if n is not None else "")
 
     async def _may(self, request: Request, action: Action) -> bool:
         try:
@@ -319,14 +445,11 @@ class _Pages:
                     return await self._problem(request, 403, "Not allowed",
                                                f"This dashboard does not allow {action.value} "
                                                "for you (it is read-only unless configured).")
+                _notice_number(request)      # 400 before the page, for a crafted link
                 if request.method == "POST":
-                    form = await request.form()
-                    field = form.get(CSRF_FIELD)
-                    if not csrf_ok(request, field if isinstance(field, str) else None):
-                        return await self._problem(
-                            request, 403, "Stale or foreign form",
-                            "The form's security token did not match: reload the page and "
-                            "try again.")
+                    refused = await self._refuse_post(request)
+                    if refused is not None:
+                        return refused
                 return await handler(request)
             except Unauthenticated:
                 return Response("Authentication required.\n", status_code=401,
@@ -339,12 +462,33 @@ class _Pages:
                     "(a topic, a state, a time range) and try again.")
             except EventNotFoundError as exc:
                 return await self._problem(request, 404, "Not found", str(exc))
+            except psycopg.errors.DataError as exc:
+                # A value only the database can judge (a payload filter's regular
+                # expression, a number out of range): the request's fault, not ours.
+                return await self._problem(request, 400, "Cannot do that",
+                                           f"the database refused a value of this request: "
+                                           f"{exc.diag.message_primary or exc}")
             except (InvalidInputError, ConveyorError) as exc:
                 return await self._problem(request, 400, "Cannot do that", str(exc))
             except psycopg.OperationalError as exc:
                 return await self._problem(request, 503, "Database unavailable",
                                            f"The database could not be reached: {exc}")
         return endpoint
+
+    async def _refuse_post(self, request: Request) -> Response | None:
+        """The 403 for a POST from another origin or without its CSRF token, else None."""
+        problem = origin_problem(request, self.config.public_origin)
+        if problem is not None:
+            return await self._problem(request, 403, "Stale or foreign form", problem)
+        form = await request.form()
+        field = form.get(CSRF_FIELD)
+        if not token_ok(request, field if isinstance(field, str) else None):
+            return await self._problem(
+                request, 403, "Stale or foreign form",
+                "The form's security token does not match the browser's conveyor_csrf cookie "
+                "(the cookie is missing or the form came from elsewhere): reload the page and "
+                "try again.")
+        return None
 
     # -- pages ---------------------------------------------------------------
 
@@ -360,29 +504,34 @@ class _Pages:
             series = await cur.fetchall()
             clock = await (await conn.execute(self.queries["clock_now"])).fetchone()
         chart = charts.build(series, span, float(clock[0]) if clock else datetime.now(UTC).timestamp())
-        topics: dict[str, dict[str, int]] = {}
-        for count in status.by_topic:
-            row = topics.setdefault(count.topic, {})
-            row[count.state.value] = row.get(count.state.value, 0) + count.count
-            if count.scheduled:
-                row["scheduled"] = row.get("scheduled", 0) + count.scheduled
+        topics, other = await asyncio.to_thread(_topic_table, status.by_topic, TOPICS_SHOWN)
+        unhandled = status.unhandled_topics
         return await self._render(request, "overview.html", status=status, pauses=pauses,
-                                  topics=sorted(topics.items()), chart=chart, spans=list(charts.SPANS),
-                                  estimated=set(status.estimated_states))
+                                  topics=topics, other=other, chart=chart, spans=list(charts.SPANS),
+                                  estimated=set(status.estimated_states),
+                                  unhandled=unhandled[:UNHANDLED_SHOWN],
+                                  unhandled_more=max(0, len(unhandled) - UNHANDLED_SHOWN))
 
     async def events(self, request: Request) -> Response:
         filter, shown = _filter_from(request.query_params, hide_payloads=self.config.hide_payloads)
-        after = request.query_params.get("after") or None
+        after_text = request.query_params.get("after") or None
+        after = _event_id(after_text, "after") if after_text else None
         async with self.db.connection() as conn:
-            page = await self.admin.events(conn, filter, after=int(after) if after and after.isdigit()
-                                           else None, limit=self.config.page_size)
+            page = await self.admin.events(conn, filter, after=after, limit=self.config.page_size,
+                                           newest=self._newest(filter))
         return await self._render(
             request, "events.html", page=page, shown=shown, filtered=not filter.is_empty(),
             next_query=_query(shown, after=page.next_after) if page.next_after else None,
-            first_query=_query(shown) if after else None, filter_query=_query(shown))
+            first_query=_query(shown) if after else None, filter_query=_query(shown),
+            searched=self._newest(filter))
+
+    def _newest(self, filter: EventFilter) -> int | None:
+        """How many of the newest events a search may read: bounded for the filters no
+        index serves (error text, payload), so one that matches nothing stays cheap."""
+        return self.config.search_rows if filter.error or filter.payload else None
 
     async def event(self, request: Request) -> Response:
-        event_id = request.path_params["event_id"]
+        event_id = _event_id(request.path_params["event_id"])
         async with self.db.connection() as conn:
             record = await self.admin.show(conn, event_id)
         payload = json.dumps(record.payload, indent=2, ensure_ascii=False, sort_keys=True)
@@ -392,18 +541,19 @@ class _Pages:
     # -- actions ---------------------------------------------------------------
 
     def _back(self, request: Request, name: str, query: str = "", **params: Any) -> Response:
-        target = str(request.url_for(name, **params))
+        # A path: the browser resolves it against the address it used.
+        target = self._path(request, name, **params)
         return RedirectResponse(f"{target}?{query}" if query else target, status_code=303)
 
     async def retry(self, request: Request) -> Response:
-        event_id = request.path_params["event_id"]
+        event_id = _event_id(request.path_params["event_id"])
         async with self.db.connection() as conn:
             await self.admin.retry(conn, event_id)
         return self._back(request, "event", urlencode({"done": "retried", "n": event_id}),
                           event_id=event_id)
 
     async def cancel(self, request: Request) -> Response:
-        event_id = request.path_params["event_id"]
+        event_id = _event_id(request.path_params["event_id"])
         async with self.db.connection() as conn:
             await self.admin.cancel(conn, event_id)
         return self._back(request, "event", urlencode({"done": "cancelled", "n": event_id}),
@@ -444,8 +594,7 @@ class _Pages:
         reason = str(form.get("reason") or "").strip() or None
         async with self.db.connection() as conn:
             await self.admin.pause(conn, pattern, tenant=tenant, reason=reason)
-        what = pattern + (f" for tenant {tenant}" if tenant else "")
-        return self._back(request, "overview", urlencode({"done": "paused", "what": what}))
+        return self._back(request, "overview", urlencode({"done": "paused"}))
 
     async def resume(self, request: Request) -> Response:
         form = await request.form()
@@ -453,9 +602,8 @@ class _Pages:
         tenant = str(form.get("tenant") or "").strip() or None
         async with self.db.connection() as conn:
             existed = await self.admin.resume(conn, pattern, tenant=tenant)
-        what = pattern + (f" for tenant {tenant}" if tenant else "")
         return self._back(request, "overview",
-                          urlencode({"done": "resumed" if existed else "not_paused", "what": what}))
+                          urlencode({"done": "resumed" if existed else "not_paused"}))
 
 
 def dashboard_app(conninfo: str, config: DashboardConfig | None = None, *,
@@ -487,10 +635,12 @@ def dashboard_app(conninfo: str, config: DashboardConfig | None = None, *,
     routes = [
         Route("/", g(None, pages.overview), name="overview"),
         Route("/events", g(None, pages.events), name="events"),
-        Route("/events/{event_id:int}", g(None, pages.event), name="event"),
-        Route("/events/{event_id:int}/retry", g(Action.RETRY, pages.retry), methods=["POST"],
+        # Ids are checked by the page (400 naming the value), not by Starlette's
+        # int convertor, which answers 500 to 5,000 digits.
+        Route("/events/{event_id}", g(None, pages.event), name="event"),
+        Route("/events/{event_id}/retry", g(Action.RETRY, pages.retry), methods=["POST"],
               name="retry"),
-        Route("/events/{event_id:int}/cancel", g(Action.CANCEL, pages.cancel), methods=["POST"],
+        Route("/events/{event_id}/cancel", g(Action.CANCEL, pages.cancel), methods=["POST"],
               name="cancel"),
         Route("/bulk/{kind}", g(None, pages.bulk_confirm), name="bulk_confirm"),
         Route("/bulk/retry/run", g(Action.BULK_RETRY, pages.bulk_run("retry")), methods=["POST"],
@@ -501,6 +651,10 @@ def dashboard_app(conninfo: str, config: DashboardConfig | None = None, *,
         Route("/pauses/resume", g(Action.RESUME, pages.resume), methods=["POST"], name="resume"),
         Mount("/static", StaticFiles(packages=[("conveyor.dashboard", "static")]), name="static"),
     ]
-    app = Starlette(routes=routes)
+    config = pages.config
+    middleware = [] if config.allowed_hosts is None else [
+        Middleware(HostGuard, allowed=config.allowed_hosts,
+                   public_host=urlsplit(config.public_url).hostname if config.public_url else None)]
+    app = Starlette(routes=routes, middleware=middleware)
     app.state.conveyor_dashboard = pages.db
     return app

@@ -23,12 +23,17 @@
 -- newest first through the primary key.
 -- `error`, `payload` (a SQL/JSON path predicate) and `older_than` only
 -- filter: they read rows the other conditions (or the primary key, newest
--- first) bring until `limit` of them match.
+-- first) bring until `limit` of them match. `newest` bounds that read to the
+-- newest `newest` ids: max(id) is one index probe, and `id >` it minus
+-- `newest` is an index condition, so a search matching nothing stops there
+-- instead of reading the whole table.
 -- Columns are read by name (admin._summary_from_row).
 SELECT id, tenant, topic, state, attempts, max_attempts, priority, run_at,
        created_at, updated_at, last_error
 FROM {schema}.events
 WHERE (%(after)s::bigint IS NULL OR id < %(after)s::bigint)
+  AND (%(newest)s::bigint IS NULL
+       OR id > (SELECT coalesce(max(id), 0) FROM {schema}.events) - %(newest)s::bigint)
   AND (cardinality(%(ids)s::bigint[]) = 0 OR id = ANY(%(ids)s::bigint[]))
   AND (cardinality(%(states)s::text[]) = 0 OR state = ANY(%(states)s::text[]))
   AND (%(topic)s::text IS NULL OR topic COLLATE "C" = %(topic)s::text)
