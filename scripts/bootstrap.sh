@@ -1,4 +1,6 @@
-# Sourced by the other scripts: create .venv and install Conveyor and its tools
+# Sourced by the other scripts: create the virtual environment (CONVEYOR_VENV,
+# .venv by default) with the extras CONVEYOR_EXTRAS (`test` by default) and
+# install Conveyor and its tools
 # (tools/: `conveyor bench`, `conveyor demo`, the chaos ledger) into it when
 # missing or when either pyproject.toml changed since the last install.
 set -euo pipefail

@@ -236,4 +236,4 @@ def test_chain_is_skipped_with_a_note_without_its_packages(monkeypatch: pytest.M
     assert chain.run_chain("postgresql://nowhere.invalid/x", out) == 0
     assert out.getvalue().strip() == (
         "Part 2 (the example engine chain) skipped: conveyor_no_such_module not installed; "
-        "install the test extra (pip install -e '.[test]', as scripts/demo.sh does).")
+        "install the demo extra (pip install -e '.[demo]', as scripts/demo.sh does).")

@@ -142,6 +142,25 @@ def test_extras_in_pyproject_cover_every_optional_module() -> None:
     assert optional <= _requirements(extras, "test"), "the test extra includes every extra"
 
 
+def test_the_demo_extra_brings_what_the_demo_imports_and_not_the_test_toolchain() -> None:
+    """``scripts/demo.sh`` installs ``.[demo]`` into .venv-demo (newcomer review 3, L8)."""
+    from conveyor_tools.demo import chain
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    demo = _requirements(extras, "demo")
+    # Part one runs on the embedded server; part two's engine, consumers, sink and workbooks.
+    assert _requirements(extras, "embedded") | _requirements(extras, "email") \
+        | _requirements(extras, "xlsx") <= demo
+    distributions = {"psycopg_pool": "psycopg-pool", "xlsxwriter": "xlsxwriter"}
+    assert {distributions.get(m, m) for m in chain.NEEDED_MODULES} <= demo
+    toolchain = {"pytest", "hypothesis", "playwright", "mypy", "django", "opentelemetry-sdk"}
+    assert demo & toolchain == set()
+    assert demo <= _requirements(extras, "test"), "the test extra includes the demo's"
+    script = (REPO / "scripts" / "demo.sh").read_text()
+    assert 'CONVEYOR_EXTRAS="${CONVEYOR_EXTRAS:-demo}"' in script
+    assert ".venv-demo" in script
+
+
 # ------------------------------------------------------------- core imports
 
 def test_core_modules_import_no_optional_module() -> None:

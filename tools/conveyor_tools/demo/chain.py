@@ -16,7 +16,7 @@ each job's aggregate or failure reason, the task's status and the received
 mails.
 
 The example engine lives in the repository (``examples/``), not in the
-installed package, and needs the ``test`` extra (Starlette, uvicorn,
+installed package, and needs the ``demo`` extra (Starlette, uvicorn,
 psycopg-pool, aiosmtpd, XlsxWriter). Without them the part is skipped with a
 one-line note.
 """
@@ -92,8 +92,8 @@ def find_examples_root() -> tuple[Path | None, str]:
                       "checkout of the repository (bash scripts/demo.sh)")
     missing = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]
     if missing:
-        return None, (f"{', '.join(missing)} not installed; install the test extra "
-                      "(pip install -e '.[test]', as scripts/demo.sh does)")
+        return None, (f"{', '.join(missing)} not installed; install the demo extra "
+                      "(pip install -e '.[demo]', as scripts/demo.sh does)")
     return root, ""
 
 
