@@ -135,7 +135,12 @@ WITH RECURSIVE tenants AS (
     SELECT events.id, placed.tenant, placed.turn, placed.later
     FROM {schema}.events
     JOIN placed ON placed.id = events.id
-    WHERE events.state = 'pending'
+    -- The candidates by id as well as by the join: the planner cannot tell how
+    -- few they are, and from a few thousand rows up to some tens of thousands
+    -- it read the whole table to hash-join them (40 ms a claim at 10,000;
+    -- 4-6 ms this way, benchmarks/flow_control.py --claims).
+    WHERE events.id = ANY (ARRAY(SELECT id FROM placed))
+      AND events.state = 'pending'
       -- include: _claim_unpaused
     ORDER BY placed.turn, placed.later, placed.tenant NULLS LAST
     LIMIT %(limit)s
