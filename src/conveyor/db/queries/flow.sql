@@ -136,9 +136,8 @@ WITH RECURSIVE tenants AS (
     FROM {schema}.events
     JOIN placed ON placed.id = events.id
     -- The candidates by id as well as by the join: the planner cannot tell how
-    -- few they are, and from a few thousand rows up to some tens of thousands
-    -- it read the whole table to hash-join them (40 ms a claim at 10,000;
-    -- 4-6 ms this way, benchmarks/flow_control.py --claims).
+    -- few they are, and from a few thousand rows to some tens of thousands it
+    -- read the whole table to hash-join them (measured: docs/flow-control.md).
     WHERE events.id = ANY (ARRAY(SELECT id FROM placed))
       AND events.state = 'pending'
       -- include: _claim_unpaused
