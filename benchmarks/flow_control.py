@@ -19,6 +19,15 @@ median ratio of at least 0.9.
     .venv/bin/python benchmarks/flow_control.py --database-url postgresql://root@127.0.0.1:5432/test
         [--workers 4] [--concurrency 50] [--free 20000] [--limited 3000] [--limit 5] [--rounds 3]
 
+``--claims`` times the flow claims instead, with no worker: one tenant's
+backlog of 1,000, 10,000 and 100,000 events in the limited lane beside 50
+other tenants' single events, and the median time of a fair claim
+(``fair_by="tenant"``) and of a per-key claim (``fifo_by="tenant"``) taking
+1 and 4 events, each in a transaction rolled back. The fair claim's cost must
+follow the tenants, not the backlog (docs/flow-control.md).
+
+    .venv/bin/python benchmarks/flow_control.py --claims [--json PATH]
+
 The schema ``conveyor_bench_flow`` is created afresh and dropped at the end.
 """
 
@@ -32,12 +41,15 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
 from conveyor import Admin, Migrator, NewEvent, Producer, ProducerConfig
+from conveyor.db.named_queries import queries_for
+from conveyor.router import pattern_filter
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = "conveyor_bench_flow"
@@ -105,6 +117,62 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait(timeout=60)
 
 
+CLAIM_BACKLOGS = (1_000, 10_000, 100_000)
+CLAIM_TENANTS = 50
+CLAIM_REPEATS = 25
+
+
+def _claim_ms(conn: psycopg.Connection, query: str, params: dict[str, object]) -> float:
+    """The median time of one claim, each in a transaction rolled back (the backlog stays)."""
+    times = []
+    for _ in range(CLAIM_REPEATS):
+        started = time.perf_counter()
+        conn.execute(query, params).fetchall()
+        times.append(time.perf_counter() - started)
+        conn.rollback()
+    return round(statistics.median(times) * 1000, 2)
+
+
+def claims(url: str) -> dict[str, object]:
+    """Time the fair and the per-key claim behind one tenant's growing backlog."""
+    q = queries_for(SCHEMA)
+    figures: list[dict[str, object]] = []
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(sql.SQL("INSERT INTO {}.flow_limits (pattern, fair_by, fifo_by) VALUES "
+                              "('fair.job', 'tenant', NULL), ('fifo.job', NULL, 'tenant')")
+                      .format(sql.Identifier(SCHEMA)))
+    written = 0
+    for backlog in CLAIM_BACKLOGS:
+        for topic in ("fair.job", "fifo.job"):
+            with psycopg.connect(url) as conn:
+                producer = Producer(ProducerConfig(schema=SCHEMA))
+                producer.enqueue_bulk(conn, [NewEvent(topic=topic, payload=i, tenant="big")
+                                             for i in range(backlog - written)])
+                if not written:
+                    producer.enqueue_bulk(conn, [NewEvent(topic=topic, payload=i, tenant=f"t{i:02}")
+                                                 for i in range(CLAIM_TENANTS)])
+        written = backlog
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(sql.SQL("UPDATE {}.events SET limited = true WHERE NOT limited")
+                          .format(sql.Identifier(SCHEMA)))
+            admin.execute(sql.SQL("VACUUM ANALYZE {}.events").format(sql.Identifier(SCHEMA)))
+        row: dict[str, object] = {"backlog": backlog, "tenants": CLAIM_TENANTS + 1}
+        with psycopg.connect(url) as conn:
+            for limit in (1, 4):
+                base = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
+                        "tenants": [], "owner": str(uuid.uuid4()), "lease_ttl": 30, "limit": limit}
+                row[f"fair_{limit}_ms"] = _claim_ms(conn, q["flow_claim_fair"], {
+                    **base, **pattern_filter(["fair.job"], prefix="limit_"), "pattern": "fair.job"})
+                row[f"fifo_{limit}_ms"] = _claim_ms(conn, q["flow_claim_fifo"], {
+                    **base, **pattern_filter(["fifo.job"], prefix="limit_"), "pattern": "fifo.job",
+                    "fifo_tenant": True, "fifo_path": []})
+        figures.append(row)
+        print(f"backlog {backlog:>7,} + {CLAIM_TENANTS} tenants: fair claim of 1 / 4 "
+              f"{row['fair_1_ms']} / {row['fair_4_ms']} ms, per-key claim of 1 / 4 "
+              f"{row['fifo_1_ms']} / {row['fifo_4_ms']} ms")
+    return {"claims": figures}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default="postgresql://root@127.0.0.1:5432/test")
@@ -114,11 +182,23 @@ def main() -> None:
     parser.add_argument("--limited", type=int, default=3000)
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--claims", action="store_true",
+                        help="time the fair and per-key claims behind a growing backlog instead")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with psycopg.connect(args.database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
         Migrator(SCHEMA).apply(conn)
+    if args.claims:
+        try:
+            result = claims(args.database_url)
+        finally:
+            with psycopg.connect(args.database_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                    sql.Identifier(SCHEMA)))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return
     rounds: list[dict[str, float]] = []
     try:
         procs = _fleet(args)

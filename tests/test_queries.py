@@ -1057,7 +1057,7 @@ def _flow_params(owner: str, limit_pattern: str, limit: int) -> dict[str, Any]:
     from conveyor.router import pattern_filter
     return {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
             "tenants": [], "owner": owner, "lease_ttl": 30, "limit": limit,
-            **pattern_filter([limit_pattern], prefix="limit_")}
+            "pattern": limit_pattern, **pattern_filter([limit_pattern], prefix="limit_")}
 
 
 @exercises("flow_declare", "flow_list", "flow_remove", "flow_lock", "flow_running",
@@ -1207,6 +1207,118 @@ def test_the_fifo_claim_takes_each_keys_first_unfinished_event_only(db: Conn) ->
                " lease_expires_at = NULL WHERE id IN (%s, %s)", (ids[4], ids[5]))
     assert claim(10, fifo_tenant=False, fifo_path=["to"]) == [ids[1], ids[5], ids[6]]
     assert pattern_filter(["ledger.*"])["prefixes"] == ["ledger.%"]
+
+
+@exercises("flow_claim_fair")
+def test_the_fair_claim_serves_the_tenants_in_turn_across_claims(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.flow_limits")
+    db.execute("INSERT INTO conveyor.flow_limits (pattern, fair_by) VALUES ('mail.*', 'tenant')")
+    # b's backlog is the oldest, the events without a tenant the newest.
+    for tenant in ["b"] * 4 + ["c", "a", None]:
+        _insert(db, "mail.send", tenant=tenant)
+    _sort(db, ["mail.*"])
+
+    def claim(limit: int) -> list[str | None]:
+        rows = db.execute(Q["flow_claim_fair"], _flow_params(_owner(), "mail.*", limit)).fetchall()
+        return sorted((r[1] for r in rows), key=str)
+
+    def cursor() -> str | None:
+        row = db.execute("SELECT fair_cursor FROM conveyor.flow_limits"
+                         " WHERE pattern = 'mail.*'").fetchone()
+        assert row is not None
+        value: str | None = row[0]
+        return value
+
+    # One event a claim: the tenants in name order, the events without one
+    # last, then round again; not b's backlog first.
+    assert [claim(1) for _ in range(5)] == [["a"], ["b"], ["c"], [None], ["b"]]
+    assert cursor() == "b"
+    for tenant in ("a", "c", "a"):
+        _insert(db, "mail.send", tenant=tenant)
+    _sort(db, ["mail.*"])
+    # From after b: c, then a (the round wraps), and the cursor rests on a.
+    assert claim(2) == ["a", "c"] and cursor() == "a"
+    # Two turns: b's and a's first (b comes first, after a), then b's second.
+    assert claim(3) == ["a", "b", "b"] and cursor() == "b"
+    assert claim(1) == [] and cursor() == "b"         # nothing claimed: the cursor stays
+
+
+def _events_rows_read(plan: Any) -> int:
+    """Rows the scans of the events table and its indexes returned or filtered out."""
+    if isinstance(plan, list):
+        return sum(_events_rows_read(p) for p in plan)
+    if not isinstance(plan, dict):
+        return 0
+    own = 0
+    if plan.get("Node Type") in ("Index Scan", "Index Only Scan", "Seq Scan", "Bitmap Heap Scan") \
+            and (plan.get("Relation Name") == "events"
+                 or str(plan.get("Index Name", "")).startswith("events_")):
+        own = (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) \
+            * plan.get("Actual Loops", 1)
+    return own + sum(_events_rows_read(p) for p in plan.get("Plans", []))
+
+
+def test_the_fair_claim_reads_per_tenant_not_per_backlog_event(db: Conn) -> None:
+    # 5,000 of one tenant: the planner read the table whole to hash-join the
+    # candidates until they were also given by id.
+    db.execute("DELETE FROM conveyor.flow_limits")
+    db.execute("INSERT INTO conveyor.flow_limits (pattern, fair_by, fair_cursor)"
+               " VALUES ('mail.*', 'tenant', 'm')")
+    db.execute("INSERT INTO conveyor.events (topic, payload, tenant, limited)"
+               " SELECT 'mail.send', '{}', 'big', true FROM generate_series(1, 5000)")
+    for tenant in ("a", "z", None):
+        _insert(db, "mail.send", tenant=tenant)
+    _sort(db, ["mail.*"])
+    db.execute("ANALYZE conveyor.events")
+    for limit in (1, 4):
+        row = db.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["flow_claim_fair"],
+                         _flow_params(_owner(), "mail.*", limit)).fetchone()
+        assert row is not None
+        plan = row[0][0]["Plan"]
+        # Per tenant (big, a, z, none): a probe and its first `limit` events.
+        assert _events_rows_read(plan) <= 8 * (limit + 2), (limit, _events_rows_read(plan))
+        assert "events_fair_idx" in _index_names(plan)
+
+
+@exercises("flow_claim_fifo")
+def test_the_fifo_claim_passes_a_fresh_delayed_event_and_holds_a_running_key(db: Conn) -> None:
+    def insert(delay: float = 0, priority: int = 0) -> int:
+        event = _insert(db, "ledger.post", tenant="acme", delay=delay, priority=priority)
+        assert event is not None
+        # In the limited lane at once, as a sort of the open lane's front may do.
+        db.execute("UPDATE conveyor.events SET limited = true WHERE id = %s", (event,))
+        return event
+
+    def claim() -> list[int]:
+        rows = db.execute(Q["flow_claim_fifo"], {**_flow_params(_owner(), "ledger.*", 10),
+                                                 "fifo_tenant": True, "fifo_path": []})
+        return sorted(r[0] for r in rows.fetchall())
+
+    reminder = insert(delay=3600)
+    first = insert()
+    # The reminder is not due and was never tried: it does not hold acme's place.
+    assert claim() == [first]
+    # first runs: a higher-priority event of acme waits for it.
+    urgent = insert(priority=10)
+    assert claim() == []
+    db.execute("UPDATE conveyor.events SET state = 'succeeded', lease_owner = NULL,"
+               " lease_expires_at = NULL WHERE id = %s", (first,))
+    assert claim() == [urgent]
+    # urgent fails and waits for its retry: tried before, it keeps acme's place.
+    later = insert()
+    db.execute("UPDATE conveyor.events SET state = 'pending', lease_owner = NULL,"
+               " lease_expires_at = NULL, run_at = now() + interval '1 hour' WHERE id = %s",
+               (urgent,))
+    assert claim() == []
+    db.execute("UPDATE conveyor.events SET state = 'succeeded' WHERE id = %s", (urgent,))
+    # The reminder comes due: it takes its place, enqueued before `later`.
+    db.execute("UPDATE conveyor.events SET run_at = now() - interval '1 second' WHERE id = %s",
+               (reminder,))
+    assert claim() == [reminder]
+    assert claim() == []
+    db.execute("UPDATE conveyor.events SET state = 'succeeded', lease_owner = NULL,"
+               " lease_expires_at = NULL WHERE id = %s", (reminder,))
+    assert claim() == [later]
 
 
 def test_fragments_are_included_and_never_run_alone() -> None:

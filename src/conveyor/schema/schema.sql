@@ -206,7 +206,10 @@ CREATE TABLE conveyor.flow_limits (
     tokens      float8      NOT NULL DEFAULT 0,
     refilled_at timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now(),
-    fifo_by     text
+    fifo_by     text,
+    -- The last tenant a fair claim served (0017; NULL: the events without a
+    -- tenant, or none yet): the next claim starts with the tenant after it.
+    fair_cursor text
 );
 
 -- Wake-ups: no trigger (0007). The producer's INSERT statements call

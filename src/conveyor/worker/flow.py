@@ -8,7 +8,8 @@ another worker holding it is claiming it now), count the pattern's running
 events with a snapshot taken after the lock, refill the token bucket, and
 claim at most ``min(free slots, max_running - running, tokens)``, in claim
 order or, with ``fair_by="tenant"``, each tenant's first event before
-anyone's second. Because every claim of a pattern happens under its lock
+anyone's second, the tenants in turn from the one after the last served (so
+claims of one event each go round the tenants too). Because every claim of a pattern happens under its lock
 with a fresh count, the fleet never has more than ``max_running`` of its
 events running (a lease that expires while its handler still runs is the one
 exception: the event may run again beside it, as at-least-once allows).
@@ -286,7 +287,8 @@ class FlowControl:
                                        {"pattern": limit.pattern, "tokens": tokens})
                 return []
             self._claimed_at[limit.pattern] = time.monotonic()
-            claim = {**params, **pattern_filter([limit.pattern], prefix="limit_"), "limit": budget}
+            claim = {**params, **pattern_filter([limit.pattern], prefix="limit_"), "limit": budget,
+                     "pattern": limit.pattern}
             if limit.fifo_by is not None:
                 query = q["flow_claim_fifo"]
                 claim.update(limit.fifo_params)

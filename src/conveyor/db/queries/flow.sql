@@ -69,13 +69,19 @@ WITH next AS (
 
 -- name: flow_claim_fair
 -- flow_claim taking the tenants in turn: each tenant's first `limit` due
--- events are numbered in claim order, and the claim takes every tenant's
--- first before anyone's second, so a tenant with a deep backlog cannot hold
--- back another's event. The tenants are walked through events_fair_idx
--- (0015: the limited lane by tenant; one probe per tenant, a recursive skip
--- scan), and each one's first events read from it, so the cost follows the
--- number of tenants, not the backlog. Events without a tenant are one more
--- turn of their own.
+-- events are numbered (its turns), and the claim takes every tenant's first
+-- before anyone's second, so a tenant with a deep backlog cannot hold back
+-- another's event. Within a turn the tenants come in name order, starting
+-- after the last one the pattern's claims served (flow_limits.fair_cursor,
+-- 0017; events without a tenant are one more tenant, after every name, whose
+-- turn leaves the cursor NULL), and the claim records the last one it serves:
+-- so claims of one event each (max_running=1, a rate limit's tokens one by
+-- one) serve the tenants round-robin instead of the oldest backlog each time.
+-- Priority orders a tenant's own events, not the turns. The tenants are
+-- walked through events_fair_idx (0015: the limited lane by tenant; one probe
+-- per tenant, a recursive skip scan), and each one's first events read from
+-- it, so the cost follows the number of tenants, not the backlog. The caller
+-- holds the pattern's row (flow_lock).
 WITH RECURSIVE tenants AS (
     (SELECT tenant FROM {schema}.events
      WHERE state = 'pending' AND limited AND tenant IS NOT NULL
@@ -90,7 +96,7 @@ WITH RECURSIVE tenants AS (
     SELECT f.*
     FROM tenants AS t
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at,
+        SELECT id, t.tenant,
                row_number() OVER (ORDER BY priority DESC, run_at, id) AS turn
         FROM (SELECT id, priority, run_at
               FROM {schema}.events
@@ -106,7 +112,7 @@ WITH RECURSIVE tenants AS (
     ) AS f
     WHERE t.tenant IS NOT NULL
     UNION ALL
-    SELECT id, priority, run_at,
+    SELECT id, NULL::text,
            row_number() OVER (ORDER BY priority DESC, run_at, id) AS turn
     FROM (SELECT id, priority, run_at
           FROM {schema}.events
@@ -119,34 +125,56 @@ WITH RECURSIVE tenants AS (
             AND %(all_tenants)s
           ORDER BY priority DESC, run_at, id
           LIMIT %(limit)s) AS untenanted
+), placed AS (
+    -- `later`: the tenants up to the cursor wait for the next round of this
+    -- turn (after the cursor: not later; no cursor: nobody is).
+    SELECT firsts.*, (firsts.tenant <= (SELECT fair_cursor FROM {schema}.flow_limits
+                                        WHERE pattern = %(pattern)s)) IS TRUE AS later
+    FROM firsts
 ), next AS (
-    SELECT events.id
+    SELECT events.id, placed.tenant, placed.turn, placed.later
     FROM {schema}.events
-    JOIN firsts ON firsts.id = events.id
-    WHERE events.state = 'pending'
+    JOIN placed ON placed.id = events.id
+    -- The candidates by id as well as by the join: the planner cannot tell how
+    -- few they are, and from a few thousand rows to some tens of thousands it
+    -- read the whole table to hash-join them (measured: docs/flow-control.md).
+    WHERE events.id = ANY (ARRAY(SELECT id FROM placed))
+      AND events.state = 'pending'
       -- include: _claim_unpaused
-    ORDER BY firsts.turn, firsts.priority DESC, firsts.run_at, firsts.id
+    ORDER BY placed.turn, placed.later, placed.tenant NULLS LAST
     LIMIT %(limit)s
     FOR UPDATE OF events SKIP LOCKED
+), claimed AS (
+    -- include: _claim_update
+), served AS (
+    UPDATE {schema}.flow_limits
+    SET fair_cursor = (SELECT tenant FROM next
+                       ORDER BY turn DESC, later DESC, tenant DESC NULLS FIRST LIMIT 1)
+    WHERE pattern = %(pattern)s
+      AND EXISTS (SELECT 1 FROM next)
 )
--- include: _claim_update
+SELECT * FROM claimed
 
 -- name: flow_claim_fifo
--- flow_claim for a pattern with fifo_by (0014): each key's first unfinished
--- event (by priority, then id: a retry's later due time keeps its place) is
--- its head, and only heads that are pending and due are claimed, so the
--- events of one key run one at a time and in order. The key is the tenant
--- (`fifo_tenant`) or the payload's value at `fifo_path`; events without it
--- share one key. Unfinished: pending in the limited lane (a flow claim leaves
--- its events there, so a retried or rescued event is back in it) or running.
--- An event still in the open lane is not seen: the sorts take the open
--- lane's front in claim order, so it is a later arrival, or one enqueued
--- with a delay that takes its place when it comes due.
+-- flow_claim for a pattern with fifo_by (0014): each key's head is claimed
+-- only when it is pending and due, so the events of one key run one at a time
+-- and in order. The head is the key's running event while it has one (a
+-- pending event of the key, whatever its priority, waits for it), else its
+-- first unfinished event by priority, then id (a retry's later due time keeps
+-- its place). The key is the tenant (`fifo_tenant`) or the payload's value at
+-- `fifo_path`; events without it share one key. Unfinished: running, or
+-- pending in the limited lane (a flow claim leaves its events there, so a
+-- retried or rescued event is back in it) and either due or attempted before.
+-- A fresh event that is not due yet (enqueued with a delay) is left out: it
+-- takes its place when it comes due, and does not hold its key meanwhile. An
+-- event still in the open lane is not seen: the sorts take the open lane's
+-- front in claim order, so it is a later arrival.
 WITH unfinished AS (
     SELECT id, state, priority, run_at,
            CASE WHEN %(fifo_tenant)s THEN tenant ELSE payload #>> %(fifo_path)s::text[] END AS k
     FROM {schema}.events
-    WHERE (state = 'running' OR (state = 'pending' AND limited))
+    WHERE (state = 'running'
+           OR (state = 'pending' AND limited AND (run_at <= now() OR attempted_at IS NOT NULL)))
       AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
            OR topic LIKE ANY(%(limit_prefixes)s::text[]))
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
@@ -154,7 +182,7 @@ WITH unfinished AS (
 ), heads AS (
     SELECT DISTINCT ON (k) id, state, priority, run_at
     FROM unfinished
-    ORDER BY k, priority DESC, id
+    ORDER BY k, state = 'running' DESC, priority DESC, id
 ), next AS (
     SELECT events.id
     FROM {schema}.events

@@ -1,0 +1,13 @@
+-- Conveyor 0017: fair claims take the tenants in turn across claims.
+-- `{schema}` is replaced by the quoted schema identifier; this file holds no
+-- other braces on purpose.
+--
+-- flow_claim_fair (fair_by="tenant") took each tenant's first event before
+-- anyone's second within one claim, but started every claim from the oldest
+-- head: a claim for one slot (max_running=1, a rate limit's tokens coming one
+-- by one) always took the tenant with the oldest backlog, and another
+-- tenant's event waited for all of it. The pattern's row remembers the last
+-- tenant served (NULL: the events without a tenant, or none yet); the next
+-- claim starts with the tenant after it. The claim holds the row's lock
+-- already. A catalog change only.
+ALTER TABLE {schema}.flow_limits ADD COLUMN fair_cursor text;
