@@ -435,9 +435,11 @@ class Executor:
                 continue
             if not route.is_async and not route.blocking and not self._async_hooks:
                 # A plain handler routed blocking=False runs to completion in one
-                # call that nothing can interrupt: it needs no task, coroutine or
-                # deadline of its own.
+                # call that nothing can interrupt: it needs no task or coroutine
+                # of its own, and its deadline only bounds how long the watchdog
+                # keeps its lease while it blocks the loop.
                 running.task = self._finished(loop)
+                running.deadline = now + (override or route.timeout or default_timeout)
                 self._call_inline(route, event)
                 continue
             timeout = override or route.timeout or default_timeout
@@ -487,6 +489,30 @@ class Executor:
             if running.task is task:
                 return running.event
         return self._starting_event
+
+    def held_during_stall(self, loop_now: float, stalled_for: float) -> list[int]:
+        """Ids of the events whose leases to keep while the loop has been stuck for
+        ``stalled_for`` seconds; ``loop_now`` is the loop's clock now. Safe from another thread.
+
+        A call still running is held until its deadline: the handler blocking
+        the loop may finish and succeed, but one that blocks for ever must not
+        hold its event for ever. A call not started yet, or whose outcome waits
+        for the loop to be written, is held for the handler timeout from the
+        start of the stall.
+        """
+        default = self._timeout or self._handler_timeout
+        stall_started = loop_now - stalled_for
+        inline = self._inline_event
+        held = []
+        for running in list(self._entries.values()):
+            task = running.task
+            if task is None or (task.done() and running.event is not inline):
+                limit = stall_started + default
+            else:
+                limit = running.deadline
+            if loop_now < limit:
+                held.append(running.event.id)
+        return held
 
     def event_of_current_task(self) -> Event | None:
         """The event whose handler runs in the current task of this executor's loop, or None.
