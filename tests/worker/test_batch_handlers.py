@@ -199,13 +199,12 @@ class _Counting:
     """A middleware that only counts: its presence takes the per-event hook path."""
 
     def __init__(self) -> None:
-        self.after = self._after
         self.seen = 0
 
     def before(self, event: Event) -> None:
         return None
 
-    def _after(self, event: Event, result: HandlerResult) -> None:
+    def after(self, event: Event, result: HandlerResult) -> None:
         self.seen += 1
 
 

@@ -80,3 +80,25 @@ async def test_a_call_that_ends_without_an_outcome_is_a_failed_attempt_then_park
     assert len(missing) == 6
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
     assert worker.in_flight == 0
+
+
+class _ExitingAfter:
+    def before(self, event: Event) -> None:
+        return None
+
+    def after(self, event: Event, result: HandlerResult) -> None:
+        raise SystemExit(3)     # a hook calling sys.exit(): its own doing, as in a handler
+
+
+@pytest.mark.parametrize("kind", ["async", "thread", "inline", "batch"])
+async def test_a_middleware_after_hook_raising_system_exit_changes_no_outcome(
+        db: str, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR)
+    await enqueue_many(db, [NewEvent(topic="net", payload=i) for i in range(3)])
+    worker = Worker(db, _router(kind), fast_config(), middleware=[_ExitingAfter()])
+    async with running(worker) as task:
+        await wait_all_in(db, {"succeeded"}, timeout=15)
+        assert not task.done(), "the worker must keep running"
+    failed_hooks = [r for r in caplog.records if getattr(r, "action", None) == "middleware_failed"]
+    assert len(failed_hooks) == 3
+    assert worker.stats.succeeded == 3
