@@ -79,9 +79,10 @@ class StallLeases:
                 return 0, 0
             conn = self._conn
             if conn is None or conn.closed:
+                # No prepared statements: a transaction pooler may stand in between.
                 conn = self._conn = connect(
                     self._conninfo, autocommit=True, application_name="conveyor-watchdog",
-                    connect_timeout=max(1, round(self._timeout)))
+                    connect_timeout=max(1, round(self._timeout)), prepare_threshold=None)
             with conn.transaction():
                 # Transaction-local, so a transaction pooler keeps no setting.
                 conn.execute("SELECT set_config('statement_timeout', %s, true)",
