@@ -193,3 +193,110 @@ async def test_a_batch_still_running_at_shutdown_is_handed_back_whole(db: str) -
         await asyncio.wait_for(started.wait(), 10)
     rows = await query(db, "SELECT state, attempts FROM conveyor.events")
     assert rows == [{"state": "pending", "attempts": 0}] * 5
+
+
+class _Counting:
+    """A middleware that only counts: its presence takes the per-event hook path."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def before(self, event: Event) -> None:
+        return None
+
+    def after(self, event: Event, result: HandlerResult) -> None:
+        self.seen += 1
+
+
+async def test_a_batch_handler_that_changes_its_list_still_answers_for_every_event(
+        db: str) -> None:
+    # Adversary finding N1: the handler got the very list its results were
+    # zipped with, so emptying or shrinking it left events without an outcome,
+    # `running` for good (and a KeyError with middleware).
+    async def pops(events: list[Event]) -> None:
+        while events:
+            events.pop()            # consumed them all, then "every event succeeded"
+
+    async def clears(events: list[Event]) -> list[None]:
+        events.clear()
+        return [None for _ in events]
+
+    async def shrinks(events: list[Event]) -> list[None]:
+        events[:] = events[:2]
+        return [None for _ in events]
+
+    router = Router()
+    router.add("p.*", pops, batch=True, backoff=FAST_BACKOFF)
+    router.add("c.*", clears, batch=True, backoff=FAST_BACKOFF)
+    router.add("s.*", shrinks, batch=True, backoff=FAST_BACKOFF)
+    await enqueue_many(db, [NewEvent(topic=f"{t}.x", payload=i, max_attempts=2)
+                            for t in "pcs" for i in range(4)])
+    hooks = _Counting()
+    async with running(Worker(db, router, fast_config(batch_size=20, concurrency=20),
+                              middleware=[hooks])) as task:
+        await wait_all_in(db, {"succeeded", "failed"}, timeout=15)
+        assert not task.done()
+    rows = await query(db, "SELECT topic, state, attempts, last_error FROM conveyor.events "
+                           "ORDER BY id")
+    by_topic: dict[str, set[tuple[str, int, str | None]]] = {}
+    for row in rows:
+        by_topic.setdefault(row["topic"], set()).add(
+            (row["state"], row["attempts"], row["last_error"]))
+    assert by_topic["p.x"] == {("succeeded", 1, None)}
+    # Each retry comes back in a batch of its own (or with its neighbours):
+    # whatever the size, an emptied list answers with no item at all.
+    [(state, attempts, error)] = by_topic["c.x"]
+    assert (state, attempts) == ("failed", 2)
+    assert error.startswith("batch handler of c.* returned 0 items for ")
+    shrunk = by_topic["s.x"]
+    assert {(s, a) for s, a, _ in shrunk} <= {("failed", 2), ("succeeded", 1), ("succeeded", 2)}
+    assert any(e and e.startswith("batch handler of s.* returned 2 items for ") for _, _, e in shrunk)
+    assert hooks.seen >= 12
+
+
+async def test_a_batch_handler_whose_results_raise_part_way_fails_each_event_and_parks_it(
+        db: str) -> None:
+    async def generator(events: list[Event]) -> Any:
+        def answers() -> Any:
+            yield None
+            raise ValueError("generator broke mid-way")
+        return answers()
+
+    class Unlistable:
+        def __iter__(self) -> Any:
+            raise KeyboardInterrupt
+
+    async def unlistable(events: list[Event]) -> Any:
+        return Unlistable()
+
+    router = Router()
+    router.add("g.*", generator, batch=True, backoff=FAST_BACKOFF)
+    router.add("u.*", unlistable, batch=True, backoff=FAST_BACKOFF)
+    await enqueue_many(db, [NewEvent(topic=f"{t}.x", payload=i, max_attempts=2)
+                            for t in "gu" for i in range(3)])
+    async with running(Worker(db, router, fast_config(batch_size=20, concurrency=20))) as task:
+        await wait_all_in(db, {"failed"}, timeout=15)
+        assert not task.done()
+    rows = await query(db, "SELECT topic, attempts, last_error FROM conveyor.events ORDER BY id")
+    for row in rows:
+        assert row["attempts"] == 2, row
+        if row["topic"] == "g.x":
+            assert row["last_error"] == ("batch handler of g.* returned a generator that raised "
+                                         "ValueError: generator broke mid-way"), row
+        else:
+            assert row["last_error"] == ("batch handler of u.* returned an Unlistable that "
+                                         "raised KeyboardInterrupt"), row
+
+
+async def test_a_batch_handler_that_empties_its_list_and_hangs_still_times_out(db: str) -> None:
+    async def hangs(events: list[Event]) -> None:
+        events.clear()
+        await asyncio.sleep(30)
+
+    router = Router()
+    router.add("h.*", hangs, batch=True, timeout=0.3)
+    await enqueue_many(db, [NewEvent(topic="h.x", payload=i, max_attempts=1) for i in range(3)])
+    async with running(Worker(db, router, fast_config())):
+        await wait_all_in(db, {"failed"}, timeout=10)
+    rows = await query(db, "SELECT last_error FROM conveyor.events")
+    assert {r["last_error"] for r in rows} == {"batch handler timed out after 0.3s"}

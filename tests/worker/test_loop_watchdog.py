@@ -14,7 +14,9 @@ import time
 
 import pytest
 
-from conveyor import Event, Worker
+from conveyor import BackoffPolicy, Event, Router, Worker
+from conveyor.worker.executor import Executor
+from conveyor.worker.running import RunningSet
 from waiting import wait_until
 from worker_support import enqueue, fast_config, router_for, running
 
@@ -93,3 +95,27 @@ async def test_a_busy_worker_that_never_blocks_reports_nothing(
         await wait_until(all_done, timeout=20, what="100 quick events")
     assert not _actions(caplog, "loop_blocked")
     assert worker.stats.loop_stalls == 0
+
+
+async def test_while_the_loop_is_stuck_each_lease_is_held_only_until_its_handlers_timeout() -> None:
+    slots = RunningSet(10)
+    events = {i: Event(id=i, topic="t", payload_text="{}") for i in range(1, 6)}
+    slots.take(events.values())
+    executor = Executor(Router(), slots, lambda outcome: None, handler_timeout=30.0,
+                        backoff=BackoffPolicy(), threads=1)
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    done.set_result(None)
+    running_call = loop.create_future()
+    entries = slots.entries
+    entries[(1, 1)].task, entries[(1, 1)].deadline = running_call, 100.0   # blocking the loop
+    entries[(2, 1)].task, entries[(2, 1)].deadline = running_call, 50.0    # past its timeout
+    entries[(3, 1)].task, entries[(3, 1)].deadline = done, 50.0           # decided, unwritten
+    # 4: claimed, not started yet (no task); 5: acknowledged, gone.
+    del entries[(5, 1)]
+    # The loop's clock reads 60, stuck for 10 s: 2 is past its deadline.
+    assert executor.held_during_stall(60.0, 10.0) == [1, 3, 4]
+    # Stuck 35 s: what waits on the loop is held for handler_timeout (30 s) only.
+    assert executor.held_during_stall(85.0, 35.0) == [1]
+    assert executor.held_during_stall(101.0, 51.0) == []
+    running_call.cancel()

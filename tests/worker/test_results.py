@@ -23,6 +23,7 @@ from conveyor import (
     WaitTimeoutError,
     Worker,
 )
+from waiting import wait_until
 from worker_support import enqueue, event_row, fast_config, running
 
 
@@ -218,3 +219,50 @@ def test_sync_wait_and_result_see_a_worker_in_another_thread(db: str) -> None:
         worked.join(20)
     assert (pending.state, pending.finished, pending.value) == (EventState.PENDING, False, None)
     assert (found.state, found.value) == (EventState.SUCCEEDED, {"echo": [1, 2]})
+
+
+class _LazyMapping(dict[str, Any]):
+    """A mapping whose items come from somewhere that is gone (a closed session)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(a=1)
+        self.error = error
+
+    def items(self) -> Any:
+        raise self.error
+
+
+@pytest.mark.parametrize("kind", ["async", "thread", "inline"])
+@pytest.mark.parametrize("error", [RuntimeError("session is closed"), MemoryError(),
+                                   KeyboardInterrupt()], ids=["runtime", "memory", "interrupt"])
+async def test_a_result_whose_encoding_raises_anything_is_a_failed_attempt_and_the_worker_lives(
+        db: str, kind: str, error: BaseException) -> None:
+    # Adversary finding N2: encoding the result ran outside every try. The
+    # event stayed `running` for good (async, thread), or the worker died with
+    # it and every worker after it (inline), its batch-mates never run.
+    router = Router()
+    if kind == "async":
+        async def lazy_async(event: Event) -> object:
+            return _LazyMapping(error)
+        router.add("lazy", lazy_async, store_result=True)
+    else:
+        router.add("lazy", lambda event: _LazyMapping(error), store_result=True,
+                   blocking=kind == "thread")
+    router.add("fine", lambda event: event.payload, store_result=True,
+               blocking=kind == "thread")
+    bad = await enqueue(db, "lazy", max_attempts=3)
+    mates = [await enqueue(db, "fine", n) for n in range(4)]
+    async with running(Worker(db, router, fast_config())) as task:
+        async def settled() -> bool:
+            rows = [await event_row(db, i) for i in (bad, *mates)]
+            return all(r["state"] in ("failed", "succeeded") for r in rows)
+        await wait_until(settled, timeout=10, what=f"the {kind} events to finish")
+        assert not task.done(), "the worker must keep running"
+    row = await event_row(db, bad)
+    # Parked at once, as for any result that cannot be stored.
+    assert (row["state"], row["attempts"], row["result"]) == ("failed", 1, None)
+    assert row["last_error"] == ("handler of lazy succeeded but its result could not be stored: "
+                                 f"{type(error).__name__}" + (f": {error}" if str(error) else ""))
+    assert "in items" in row["errors"][0]["traceback"]
+    for n, mate in enumerate(mates):
+        assert (await event_row(db, mate))["result"] == n

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import logging
 import math
@@ -48,6 +49,9 @@ FALLBACK_RETRY_DELAY = 60.0
 # handlers, never from an exception inside a handler, so nothing is lost by
 # not letting them through, and the handler's neighbours finish normally.
 HANDLER_EXITS: tuple[type[BaseException], ...] = (SystemExit, KeyboardInterrupt, GeneratorExit)
+# What a middleware hook's after() may raise without changing the decided
+# outcome: the same as a handler (a CancelledError is a stop, and goes through).
+HOOK_ERRORS: tuple[type[BaseException], ...] = (Exception, *HANDLER_EXITS)
 
 
 # Not frozen: one is made per handled event, and a frozen dataclass's __init__
@@ -93,10 +97,12 @@ def _describe(exc: BaseException) -> str:
     return _clip(reason_text(exc), ERROR_MAX_CHARS)
 
 
-def _traceback() -> str | None:
-    """The traceback being handled, clipped; None if even formatting it fails."""
+def _traceback(exc: BaseException | None = None) -> str | None:
+    """The traceback of ``exc`` (default: the one being handled), clipped; None if even
+    formatting it fails."""
     try:
-        return _clip(traceback.format_exc(), TRACEBACK_MAX_CHARS)
+        text = traceback.format_exc() if exc is None else "".join(traceback.format_exception(exc))
+        return _clip(text, TRACEBACK_MAX_CHARS)
     except BaseException:  # noqa: BLE001 - a broken __str__ deep in a chain must not lose the outcome
         return None
 
@@ -147,6 +153,38 @@ async def _in_thread(route: Route, event: Event, pool: ThreadExecutor,
         raise
 
 
+def _failure_never_raising(event: Event, error: str, tb: str | None,
+                           backoff: RetryPolicy) -> Outcome:
+    """:func:`failure`, falling back to a fixed delay if even the retry policy raises."""
+    try:
+        return failure(event, error, tb, backoff)
+    except BaseException:  # the event needs an outcome whatever the policy does
+        log.exception("the retry policy failed; retrying in %gs", FALLBACK_RETRY_DELAY,
+                      extra={"action": "outcome_fallback", "event_id": event.id})
+        if event.attempt >= event.max_attempts:
+            return Outcome(event.id, event.attempt, EventState.FAILED, error=error, traceback=tb)
+        return Outcome(event.id, event.attempt, EventState.PENDING, delay=FALLBACK_RETRY_DELAY,
+                       error=error, traceback=tb)
+
+
+def unsettled_outcome(route: Route, event: Event, exc: BaseException | None,
+                      backoff: RetryPolicy) -> Outcome:
+    """The failed attempt of an event whose call ended without an outcome.
+
+    The executor's safety net: every way a call ends is meant to decide an
+    outcome, and an event left without one would stay ``running``, its lease
+    renewed, for as long as the worker lives. Whatever slipped through (``exc``)
+    is recorded, and the event is retried or parked like after any failure.
+    """
+    what = f": {_describe(exc)}" if exc is not None else ""
+    error = _clip(f"handler call of {route.pattern} ended without an outcome{what}",
+                  ERROR_MAX_CHARS)
+    log.error("event %d (%s): %s; recorded as a failed attempt", event.id, event.topic, error,
+              extra={"action": "outcome_missing", "event_id": event.id, "topic": event.topic,
+                     "attempt": event.attempt})
+    return _failure_never_raising(event, error, None if exc is None else _traceback(exc), backoff)
+
+
 def outcome_of_error(exc: BaseException, event: Event, backoff: RetryPolicy) -> Outcome:
     """What a handler call that raised ``exc`` leads to (a signal, or a failed attempt).
 
@@ -185,21 +223,36 @@ def _classify(exc: BaseException, event: Event, backoff: RetryPolicy) -> Outcome
     return failure(event, message, _traceback(), backoff)
 
 
+def _a(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def _batch_outcomes(route: Route, events: list[Event], results: object,
                     backoff: RetryPolicy) -> list[Outcome]:
     """Each event's outcome from what a batch handler returned (see Router.add)."""
     if results is None:
         return [success(e) for e in events]
+    items: list[Any] | None
     try:
-        items = list(results)  # type: ignore[call-overload]
+        iterator = iter(results)  # type: ignore[call-overload]
     except TypeError:
         items = None
+    except BaseException as exc:  # noqa: BLE001 - the handler's object; see HANDLER_EXITS
+        return _batch_failed(route, events, f"returned {_a(results)} that raised "
+                             f"{reason_text(exc)}", _traceback(), backoff)
+    else:
+        try:
+            # A generator runs the handler's code here, and may raise part-way.
+            items = list(iterator)
+        except BaseException as exc:  # noqa: BLE001 - as above
+            return _batch_failed(route, events, f"returned {_a(results)} that raised "
+                                 f"{reason_text(exc)}", _traceback(), backoff)
     if items is None or len(items) != len(events) \
             or not all(r is None or isinstance(r, BaseException) for r in items):
         shown = f"{len(items)} items" if items is not None else f"{type(results).__name__}"
-        error = _clip(f"batch handler of {route.pattern} returned {shown} for {len(events)} "
-                      "events: expected None or one None-or-exception per event", ERROR_MAX_CHARS)
-        return [failure(e, error, None, backoff) for e in events]
+        return _batch_failed(route, events, f"returned {shown} for {len(events)} events: "
+                             "expected None or one None-or-exception per event", None, backoff)
     outcomes = []
     for event, result in zip(events, items, strict=True):
         if result is None:
@@ -212,6 +265,12 @@ def _batch_outcomes(route: Route, events: list[Event], results: object,
     return outcomes
 
 
+def _batch_failed(route: Route, events: list[Event], what: str, tb: str | None,
+                  backoff: RetryPolicy) -> list[Outcome]:
+    error = _clip(f"batch handler of {route.pattern} {what}", ERROR_MAX_CHARS)
+    return [failure(e, error, tb, backoff) for e in events]
+
+
 def success(event: Event) -> Outcome:
     return Outcome(event.id, event.attempt, EventState.SUCCEEDED)
 
@@ -220,17 +279,24 @@ def stored_success(event: Event, route: Route, value: object) -> Outcome:
     """A success that keeps the handler's return value; one that cannot be stored parks the event.
 
     Parked, not retried: the handler's work is done, and running it again
-    would not make what it returns storable.
+    would not make what it returns storable. Never raises: the value's own
+    code runs here (a mapping's ``items()``, a ``__str__``), and whatever it
+    raises, even MemoryError or SystemExit, is the reason recorded.
     """
+    tb = None
     try:
         text = encode_payload(value, max_bytes=route.result_limit, max_depth=RESULT_MAX_DEPTH)
     except InvalidInputError as exc:
         # The payload checks' messages, about the result here.
         reason = str(exc).replace("payload", "the result", 1)
-        return Outcome(event.id, event.attempt, EventState.FAILED, watched=True,
-                       error=_clip(f"handler of {event.topic} succeeded but its result could not "
-                                   f"be stored: {reason}", ERROR_MAX_CHARS))
-    return Outcome(event.id, event.attempt, EventState.SUCCEEDED, result=text, watched=True)
+    except BaseException as exc:  # noqa: BLE001 - see above
+        reason = reason_text(exc)
+        tb = _traceback()
+    else:
+        return Outcome(event.id, event.attempt, EventState.SUCCEEDED, result=text, watched=True)
+    return Outcome(event.id, event.attempt, EventState.FAILED, watched=True, traceback=tb,
+                   error=_clip(f"handler of {event.topic} succeeded but its result could not "
+                               f"be stored: {reason}", ERROR_MAX_CHARS))
 
 
 async def call_handler(route: Route, event: Event, thread_pool: ThreadExecutor | None,
@@ -274,8 +340,14 @@ def _after_quietly(hook: Middleware, event: Event, result: HandlerResult) -> Non
         done = hook.after(event, result)
         if done is not None:   # an async hook on the inline path cannot happen: see _async_hooks
             raise TypeError("an async after() hook needs a task; handlers ran inline")
-    except Exception:  # noqa: BLE001 - logged with its traceback by _hook_failed
+    except HOOK_ERRORS:  # logged with its traceback by _hook_failed
         _hook_failed(hook, event)
+
+
+def _stopped() -> bool:
+    """Whether the current task is being cancelled from outside (a stop, a lost lease)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _exit_refused(exc: BaseException, event: Event) -> None:
@@ -363,9 +435,11 @@ class Executor:
                 continue
             if not route.is_async and not route.blocking and not self._async_hooks:
                 # A plain handler routed blocking=False runs to completion in one
-                # call that nothing can interrupt: it needs no task, coroutine or
-                # deadline of its own.
+                # call that nothing can interrupt: it needs no task or coroutine
+                # of its own, and its deadline only bounds how long the watchdog
+                # keeps its lease while it blocks the loop.
                 running.task = self._finished(loop)
+                running.deadline = now + (override or route.timeout or default_timeout)
                 self._call_inline(route, event)
                 continue
             timeout = override or route.timeout or default_timeout
@@ -385,6 +459,9 @@ class Executor:
         for route, runnings in (batches or {}).values():
             timeout = override or route.timeout or default_timeout
             task = loop.create_task(self._call_batch(route, runnings, timeout))
+            # One callback per batch (per event it would cost about 2 us on the
+            # hot path; a one-event call guarantees its outcome in _call itself).
+            task.add_done_callback(functools.partial(self._batch_ended, route, runnings))
             for running in runnings:
                 running.task = task
                 running.deadline = now + timeout
@@ -412,6 +489,30 @@ class Executor:
             if running.task is task:
                 return running.event
         return self._starting_event
+
+    def held_during_stall(self, loop_now: float, stalled_for: float) -> list[int]:
+        """Ids of the events whose leases to keep while the loop has been stuck for
+        ``stalled_for`` seconds; ``loop_now`` is the loop's clock now. Safe from another thread.
+
+        A call still running is held until its deadline: the handler blocking
+        the loop may finish and succeed, but one that blocks for ever must not
+        hold its event for ever. A call not started yet, or whose outcome waits
+        for the loop to be written, is held for the handler timeout from the
+        start of the stall.
+        """
+        default = self._timeout or self._handler_timeout
+        stall_started = loop_now - stalled_for
+        inline = self._inline_event
+        held = []
+        for running in list(self._entries.values()):
+            task = running.task
+            if task is None or (task.done() and running.event is not inline):
+                limit = stall_started + default
+            else:
+                limit = running.deadline
+            if loop_now < limit:
+                held.append(running.event.id)
+        return held
 
     def event_of_current_task(self) -> Event | None:
         """The event whose handler runs in the current task of this executor's loop, or None.
@@ -466,26 +567,32 @@ class Executor:
         entered: list[Middleware] = [] if hooks else _NONE_ENTERED
         started = time.monotonic() if hooks else 0.0
         raised: BaseException | None = None
+        outcome: Outcome | None = None
         try:
-            if hooks:
-                for hook in hooks:
-                    hook.before(event)
-                    entered.append(hook)
-            value = route.handler(event)
-        except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
-            raised = exc
-            outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
-            if isinstance(exc, HANDLER_EXITS):
-                _exit_refused(exc, event)
-        else:
-            outcome = stored_success(event, route, value) if route.store_result else success(event)
-        if route.store_result:
-            outcome.watched = True
-        try:
+            try:
+                if hooks:
+                    for hook in hooks:
+                        hook.before(event)
+                        entered.append(hook)
+                value = route.handler(event)
+            except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
+                raised = exc
+                outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
+                if isinstance(exc, HANDLER_EXITS):
+                    _exit_refused(exc, event)
+            else:
+                outcome = (stored_success(event, route, value) if route.store_result
+                           else success(event))
+            if route.store_result:
+                outcome.watched = True
             if entered:
                 result = _result(outcome, raised, started)
                 for hook in reversed(entered):
                     _after_quietly(hook, event, result)
+        except BaseException as exc:  # noqa: BLE001 - the safety net: see unsettled_outcome
+            # Raised here, it would end the fetch loop and the worker with it.
+            if outcome is None:
+                outcome = unsettled_outcome(route, event, exc, route.backoff or self._backoff)
         finally:
             self._inline_event = None
         self._sink(outcome)
@@ -496,52 +603,67 @@ class Executor:
         entered: list[Middleware] = [] if hooks else _NONE_ENTERED
         started = time.monotonic() if hooks else 0.0
         raised: BaseException | None = None
+        outcome: Outcome | None = None
         try:
-            if hooks:
-                # Written out here rather than in a helper coroutine: a coroutine
-                # object per call and per hook is measurable on a no-op handler.
-                for hook in hooks:
-                    done = hook.before(event)
-                    if done is not None:
-                        await done
-                    entered.append(hook)   # its after() runs, whatever comes next
-            if route.is_async:
-                value = await route.handler(event)
-            else:
-                value = await call_handler(route, event, self._pool, self._running.thread_abandoned,
-                                           contextvars.copy_context() if hooks else None)
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            cancelling = task.cancelling() if task is not None else 0
-            if not cancelling:
-                # The handler raised CancelledError itself: a failed attempt like any other.
+            try:
+                if hooks:
+                    # Written out here rather than in a helper coroutine: a coroutine
+                    # object per call and per hook is measurable on a no-op handler.
+                    for hook in hooks:
+                        done = hook.before(event)
+                        if done is not None:
+                            await done
+                        entered.append(hook)   # its after() runs, whatever comes next
+                if route.is_async:
+                    value = await route.handler(event)
+                else:
+                    value = await call_handler(route, event, self._pool,
+                                               self._running.thread_abandoned,
+                                               contextvars.copy_context() if hooks else None)
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                cancelling = task.cancelling() if task is not None else 0
+                if not cancelling:
+                    # The handler raised CancelledError itself: a failed attempt like any other.
+                    raised = exc
+                    outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
+                elif running.timed_out and cancelling == 1:
+                    assert task is not None
+                    task.uncancel()
+                    outcome = failure(event, f"handler timed out after {timeout:g}s", None,
+                                      route.backoff or self._backoff)
+                else:
+                    raise   # a stop or a lost lease: the worker decides what to write
+            except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
                 raised = exc
                 outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
-            elif running.timed_out and cancelling == 1:
-                assert task is not None
-                task.uncancel()
-                outcome = failure(event, f"handler timed out after {timeout:g}s", None,
-                                  route.backoff or self._backoff)
+                if isinstance(exc, HANDLER_EXITS):
+                    _exit_refused(exc, event)
             else:
+                outcome = (stored_success(event, route, value) if route.store_result
+                           else success(event))
+            if route.store_result:
+                outcome.watched = True
+            if entered:
+                result = _result(outcome, raised, started)
+                for hook in reversed(entered):
+                    try:
+                        done = hook.after(event, result)
+                        if done is not None:
+                            await done
+                    except HOOK_ERRORS:  # logged with its traceback by _hook_failed
+                        _hook_failed(hook, event)
+                    except asyncio.CancelledError:
+                        if _stopped():
+                            raise
+                        _hook_failed(hook, event)   # raised by the hook itself
+        except BaseException as exc:  # the safety net: see unsettled_outcome
+            # Here rather than in a done callback on every task: that costs
+            # about 2 us per event (measured with a no-op handler).
+            if isinstance(exc, asyncio.CancelledError) and _stopped():
                 raise   # a stop or a lost lease: the worker decides what to write
-        except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
-            raised = exc
-            outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
-            if isinstance(exc, HANDLER_EXITS):
-                _exit_refused(exc, event)
-        else:
-            outcome = stored_success(event, route, value) if route.store_result else success(event)
-        if route.store_result:
-            outcome.watched = True
-        if entered:
-            result = _result(outcome, raised, started)
-            for hook in reversed(entered):
-                try:
-                    done = hook.after(event, result)
-                    if done is not None:
-                        await done
-                except Exception:  # noqa: BLE001 - logged with its traceback by _hook_failed
-                    _hook_failed(hook, event)
+            if outcome is None:
+                outcome = unsettled_outcome(route, event, exc, route.backoff or self._backoff)
         if (event.id, event.attempt) in self._entries:
             self._sink(outcome)
 
@@ -551,7 +673,9 @@ class Executor:
         Middleware sees each event as if it had a call of its own: every
         ``before`` in order, the call, every ``after`` in reverse. The deadline
         is the batch's: the sweeper cancels the task when it passes, and every
-        event of the batch gets the timeout.
+        event of the batch gets the timeout. Whatever escapes, the task's done
+        callback (:meth:`_batch_ended`) gives the events left without an outcome
+        a failed attempt.
         """
         events = [r.event for r in runnings]
         backoff = route.backoff or self._backoff
@@ -568,7 +692,9 @@ class Executor:
                         await done
                     entered.append((event, hook))
             handler: Any = route.handler    # a batch handler takes the list (Router.add)
-            results = await handler(events)
+            # A copy: the handler may consume or reorder its list (``events.pop()``),
+            # and the results are matched to these events, in this order.
+            results = await handler(list(events))
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             cancelling = task.cancelling() if task is not None else 0
@@ -588,7 +714,11 @@ class Executor:
             if isinstance(exc, HANDLER_EXITS):
                 _exit_refused(exc, events[0])
         else:
-            outcomes = _batch_outcomes(route, events, results, backoff)
+            try:
+                outcomes = _batch_outcomes(route, events, results, backoff)
+            except BaseException as exc:  # noqa: BLE001 - the handler's objects ran in there
+                outcomes = _batch_failed(route, events, f"returned {_a(results)} that could "
+                                         f"not be read: {reason_text(exc)}", _traceback(), backoff)
         by_id = {o.event_id: o for o in outcomes}
         for event, hook in reversed(entered):
             outcome = by_id[event.id]
@@ -596,11 +726,33 @@ class Executor:
                 done = hook.after(event, _result(outcome, raised, started))
                 if done is not None:
                     await done
-            except Exception:  # noqa: BLE001 - logged with its traceback by _hook_failed
+            except HOOK_ERRORS:  # logged with its traceback by _hook_failed
                 _hook_failed(hook, event)
-        for outcome in outcomes:
+            except asyncio.CancelledError:
+                if _stopped():
+                    raise   # a stop: the worker decides what to write
+                _hook_failed(hook, event)   # raised by the hook itself
+        for running, outcome in zip(runnings, outcomes, strict=True):
+            running.settled = True
             if (outcome.event_id, outcome.attempt) in self._entries:
                 self._sink(outcome)
+
+    def _batch_ended(self, route: Route, runnings: list[Running],
+                     task: asyncio.Future[None]) -> None:
+        """The safety net of a batch call: an event it left without an outcome gets a failure.
+
+        A cancelled task was stopped from outside (a shutdown, lost leases):
+        the worker hands those events back or has dropped them already.
+        """
+        if task.cancelled():
+            return
+        exc = task.exception()   # retrieved, so asyncio does not report it at exit
+        for running in runnings:
+            event = running.event
+            if running.settled or self._entries.get((event.id, event.attempt)) is not running:
+                continue
+            running.settled = True
+            self._sink(unsettled_outcome(route, event, exc, route.backoff or self._backoff))
 
     async def _sweep_deadlines(self) -> None:
         """Cancel handlers past their deadline: one periodic pass instead of a timer per call."""

@@ -32,6 +32,9 @@ class Running:
     task: asyncio.Task[None] | asyncio.Future[None] | None
     deadline: float = float("inf")    # loop time after which the sweeper cancels it
     timed_out: bool = False
+    # Its outcome was handed on; a batch call whose task ended leaves none
+    # unsettled (the executor's safety net).
+    settled: bool = False
 
 
 class RunningSet:

@@ -60,7 +60,7 @@ from conveyor.worker.running import RunningSet
 from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.stats import CANCELLED, FAILED, RETRIED, SUCCEEDED, OutcomeTally, WorkerStats
 from conveyor.worker.wakeups import DueTimes, PauseState
-from conveyor.worker.watchdog import LoopWatchdog
+from conveyor.worker.watchdog import LoopWatchdog, StallLeases
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,12 @@ class Worker:
                                  send_probe=self.maintenance.send_probe)
         self.watchdog = LoopWatchdog(identify=self.executor.blocking_event,
                                      warn_after=min(LOOP_STALL_WARNING, c.lease_ttl / 4),
-                                     lease_ttl=c.lease_ttl, on_stall=self._stalled)
+                                     lease_ttl=c.lease_ttl, on_stall=self._stalled,
+                                     leases=StallLeases(conninfo, self._q, self.id,
+                                                        lease_ttl=c.lease_ttl,
+                                                        query_timeout=c.query_timeout,
+                                                        held=self.executor.held_during_stall),
+                                     renew_every=c.heartbeat_interval)
         self.scheduler: Scheduler | None = None
         if self.connections.cron is not None:
             self.scheduler = Scheduler(self.connections.cron, self._q, router.schedules,
