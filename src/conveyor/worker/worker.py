@@ -53,6 +53,7 @@ from conveyor.worker.connection import (
 )
 from conveyor.worker.deadline import StopFlag, with_deadline, with_deadline_in_task
 from conveyor.worker.executor import Executor, Outcome
+from conveyor.worker.failure_log import FailureLogLimiter
 from conveyor.worker.flow import FlowControl
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
@@ -71,28 +72,34 @@ _TALLIED = {EventState.SUCCEEDED: SUCCEEDED, EventState.PENDING: RETRIED,
 # A loop that has not run for this long (or a quarter of the lease, if less) is
 # reported: every handler and the heartbeat wait on it.
 LOOP_STALL_WARNING = 1.0
+_OUTCOME_ACTIONS = {EventState.PENDING: "retry_scheduled", EventState.FAILED: "event_parked",
+                    EventState.CANCELLED: "event_cancelled"}
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
 
 
-def log_outcome(event: Event, outcome: Outcome) -> None:
+def log_outcome(event: Event, outcome: Outcome, limiter: FailureLogLimiter | None = None) -> None:
     """One line per failed attempt, scheduled retry, parked or handler-cancelled event.
 
     Written once the outcome is stored, so the log never tells of a result the
     database refused (a lost lease); the traceback follows at debug level.
+    ``limiter`` thins a storm of them to a few lines and a count per topic.
     """
+    action = _OUTCOME_ACTIONS.get(outcome.state)
+    if action is None or (limiter is not None and not limiter.admit(event.topic, action)):
+        return
     fields = {"event_id": event.id, "topic": event.topic, "tenant": event.tenant,
               "attempt": event.attempt, "error": outcome.error}
     if outcome.state is EventState.PENDING:
         log.warning("event %d (%s) attempt %d/%d failed: %s; retrying in %.1fs", event.id,
                     event.topic, event.attempt, event.max_attempts, outcome.error, outcome.delay,
-                    extra={"action": "retry_scheduled", "retry_in_s": outcome.delay, **fields})
+                    extra={"action": action, "retry_in_s": outcome.delay, **fields})
     elif outcome.state is EventState.FAILED:
         log.error("event %d (%s) parked failed after attempt %d/%d: %s", event.id, event.topic,
                   event.attempt, event.max_attempts, outcome.error,
-                  extra={"action": "event_parked", **fields})
-    elif outcome.state is EventState.CANCELLED:
+                  extra={"action": action, **fields})
+    else:
         log.info("event %d (%s) %s", event.id, event.topic, outcome.error,
-                 extra={"action": "event_cancelled", **fields})
+                 extra={"action": action, **fields})
     if outcome.traceback and log.isEnabledFor(logging.DEBUG):
         log.debug("event %d attempt %d traceback:\n%s", event.id, event.attempt,
                   outcome.traceback, extra={"action": "attempt_traceback", **fields})
@@ -128,6 +135,7 @@ class Worker:
         self.name = c.name or f"{socket.gethostname()}:{os.getpid()}"
         self.stats = WorkerStats()
         self.tally = OutcomeTally()   # outcomes by minute and topic, for event_counts (0008)
+        self.failure_log = FailureLogLimiter(c.failure_log_limit, c.failure_log_window)
         self._q = queries_for(c.schema)
         tenants = c.tenants
         claim_filter = {**router.claim_filter(), "all_tenants": tenants is None,
@@ -343,6 +351,7 @@ class Worker:
             pass
         await self.connections.close()
         self.executor.close()
+        self.failure_log.flush(everything=True)
         log.info("worker stopped", extra={"action": "stopped", "worker": self.id})
 
     async def _fetch_loop(self) -> None:
@@ -545,7 +554,7 @@ class Worker:
             if outcome.refund:
                 continue  # snoozes and hand-backs spend no attempt and count as neither
             if outcome.error is not None and entry is not None:
-                log_outcome(entry.event, outcome)
+                log_outcome(entry.event, outcome, self.failure_log)
             if outcome.state is EventState.SUCCEEDED:
                 s.succeeded += 1
             elif outcome.state is EventState.PENDING:
