@@ -21,6 +21,7 @@ from conveyor.cli.progress import Ticker
 from conveyor.config import (
     ProducerConfig,
 )
+from conveyor.cron import default_name
 from conveyor.db.execute import run
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import (
@@ -250,7 +251,10 @@ def format_schedules(schedules: Sequence[ScheduleInfo]) -> list[str]:
     for s in schedules:
         zone = "" if s.timezone == "UTC" else f" {s.timezone}"
         nxt = _utc(s.next_fire_at) if s.next_fire_at else "-"
-        line = (f"  {escape(s.name)}: {escape(s.expression)}{escape(zone)} -> {escape(s.topic)}, "
+        # A schedule defined without a name is named by what follows: said once.
+        named = "" if s.name == default_name(s.topic, s.expression, s.timezone) \
+            else f"{escape(s.name)}: "
+        line = (f"  {named}{escape(s.expression)}{escape(zone)} -> {escape(s.topic)}, "
                 f"next {nxt}")
         if s.overdue:
             line += f", OVERDUE by {s.overdue_s:.0f}s: no running worker fires it"
