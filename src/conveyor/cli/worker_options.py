@@ -47,11 +47,16 @@ Env = Callable[..., str | None]
 log = logging.getLogger(__name__)
 
 
-def add_worker_options(p: argparse.ArgumentParser, env: Env) -> None:
-    """The options of a worker process, but --app (conveyor worker and conveyor relay)."""
-    p.add_argument("--embedded", action="store_true",
-                   help="without a database URL, run on the embedded PostgreSQL (for trying "
-                        "Conveyor: its data is private to this machine)")
+def add_worker_options(p: argparse.ArgumentParser, env: Env, *, embedded: bool = True) -> None:
+    """The options of a worker process, but --app (conveyor worker and conveyor relay).
+
+    ``embedded=False`` leaves out ``--embedded`` (``manage.py conveyor_worker``,
+    whose database is Django's).
+    """
+    if embedded:
+        p.add_argument("--embedded", action="store_true",
+                       help="without a database URL, run on the embedded PostgreSQL (for "
+                            "trying Conveyor: its data is private to this machine)")
     option(p, "--concurrency", env="CONCURRENCY", type=positive_int, default=CONCURRENCY_DEFAULT,
            help="handlers running at once")
     option(p, "--batch-size", env="BATCH_SIZE", type=positive_int, default=BATCH_SIZE_DEFAULT,
