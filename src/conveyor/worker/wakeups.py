@@ -29,6 +29,8 @@ PAUSE_NOTIFICATION = "!pause"
 # A due time announced further ahead than this is not believed (and a timer
 # that far out would be useless: the poll comes much sooner).
 MAX_NOTIFIED_AHEAD = 366 * 24 * 3600.0
+# "!pause" notifications wake the fetch loop at most once per this many seconds.
+PAUSE_WAKE_INTERVAL = 0.1
 
 
 def due_epoch(text: str) -> float | None:
@@ -140,21 +142,54 @@ class PauseState:
     plain claim back on once the last pause is gone. With no pause, the
     worker's claim is exactly the statement it had before pauses existed.
 
+    Any role may send ``!pause``: a flood of them is coalesced (adversary N11).
+    The first wakes the fetch loop at once (a resume lets events wait no
+    longer than that); the next ones within :data:`PAUSE_WAKE_INTERVAL` wake
+    it once, at the interval's end, so a flood costs at most about ten claims
+    a second, not one per notification.
+
     Args:
         wake: asks the fetch loop to claim now.
+        clock: monotonic seconds; tests pass a fake one. Defaults to
+            :func:`time.monotonic`.
     """
 
-    def __init__(self, wake: Callable[[], None]) -> None:
+    def __init__(self, wake: Callable[[], None], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._wake = wake
+        self._clock = clock
         self.any = True
         # Bumped by every notification, so a check that read the table before
         # one came in cannot turn the paused claim off after it.
         self.version = 0
+        self._woken_at = -math.inf
+        self.wake_pending = False
+        self._timer: asyncio.TimerHandle | None = None
 
     def notified(self) -> None:
         self.any = True
         self.version += 1
-        self._wake()   # a resume lets events wait no longer than this
+        if self.wake_pending:
+            return      # the trailing wake is due already
+        now = self._clock()
+        wait = self._woken_at + PAUSE_WAKE_INTERVAL - now
+        if wait <= 0:
+            self._woken_at = now
+            self._wake()
+            return
+        self.wake_pending = True
+        try:
+            self._timer = asyncio.get_running_loop().call_later(wait, self.trailing_wake)
+        except RuntimeError:
+            pass        # no loop (a test driving it by hand): it calls trailing_wake
+
+    def trailing_wake(self) -> None:
+        """The one wake for the notifications that came within the interval."""
+        self._timer = None
+        if self.wake_pending:
+            self.wake_pending = False
+            self._woken_at = self._clock()
+            self._wake()
 
     def checked(self, exists: bool, version: int) -> None:
         """The table held a pause (``exists``) when read at ``version``."""
