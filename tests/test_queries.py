@@ -615,6 +615,17 @@ def test_clock_now_is_the_database_clock(db: Conn) -> None:
     assert local is not None and abs(row[0] - local[0]) < 5
 
 
+@exercises("vacuum_health")
+def test_vacuum_health_reads_the_events_tables_catalog_rows_by_name(db: Conn) -> None:
+    from conveyor.vacuum_health import VACUUM_HEALTH_COLUMNS
+
+    cur = db.execute(Q["vacuum_health"], {"table": Q.events_table})
+    row = cur.fetchone()
+    assert cur.description is not None
+    assert tuple(c.name for c in cur.description) == VACUUM_HEALTH_COLUMNS
+    assert row is not None and row[0] in ("on", "off")
+
+
 @exercises("horizon_holders", "events_dead_rows")
 def test_horizon_holders_names_an_open_transaction(db: Conn, server_url: str) -> None:
     dbname = db.info.dbname

@@ -32,6 +32,7 @@ from conveyor.errors import (
 from conveyor.producer import Producer
 from conveyor.schema.migrator import Migrator, migration_script
 from conveyor.types import Pause, QueueStatus, ScheduleInfo
+from conveyor.vacuum_health import vacuum_warnings
 
 Env = Callable[..., str | None]
 Sub = Any  # argparse's private _SubParsersAction
@@ -273,12 +274,15 @@ def run_status(ctx: Context, args: argparse.Namespace) -> int:
     status = admin.status(conn)
     pauses = admin.paused(conn)
     schedules = admin.schedules(conn)
+    warnings = vacuum_warnings(conn, ctx.schema)
     if args.json:
         emit_json({**status.to_json(), "paused": [p.to_json() for p in pauses],
-                   "schedules": [s.to_json() for s in schedules]})
+                   "schedules": [s.to_json() for s in schedules],
+                   "warnings": [{"action": w.action, "message": w.message} for w in warnings]})
     else:
         say("\n".join([format_status(status), *format_pauses(pauses),
-                       *format_schedules(schedules)]))
+                       *format_schedules(schedules),
+                       *(f"warning: {escape(w.message)}" for w in warnings)]))
     return 0
 
 

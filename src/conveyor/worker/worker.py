@@ -43,6 +43,7 @@ from conveyor.middleware import Middleware
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
 from conveyor.types import Event, EventState
+from conveyor.vacuum_health import vacuum_warnings_async
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
     CONNECTION_ERRORS,
@@ -244,6 +245,7 @@ class Worker:
         await self._register()
         await self._learn_pauses()
         await self._learn_flow()
+        await self._check_vacuum()
         tasks = [asyncio.create_task(self.maintenance.run(self._closing),
                                      name="conveyor-maintenance")]
         if self.listens:
@@ -304,6 +306,24 @@ class Worker:
             pass
         except CONNECTION_ERRORS as exc:
             await self.connections.maintenance.discard(exc)
+
+    async def _check_vacuum(self) -> None:
+        # Once at start: a server or table without autovacuum is the
+        # environment's doing, and one line saves the hunt for why claims slow.
+        try:
+            conn = await self.connections.maintenance.get()
+            found = await with_deadline(conn, vacuum_warnings_async(conn, self.config.schema),
+                                        self.config.query_timeout)
+        except StopRequested:
+            return
+        except CONNECTION_ERRORS as exc:
+            await self.connections.maintenance.discard(exc)
+            return
+        except psycopg.Error as exc:
+            log.debug("vacuum check failed: %s", exc)
+            return
+        for warning in found:
+            log.warning(warning.message, extra={"action": warning.action})
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]],
                         completer: asyncio.Task[None]) -> None:
