@@ -7,6 +7,7 @@ explain the speed; the poll-only worker relies on its maintenance re-check.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -246,3 +247,49 @@ def test_pause_notifications_wake_at_once_then_at_most_once_per_interval() -> No
     now[0] += PAUSE_WAKE_INTERVAL
     state.notified()
     assert len(woken) == 3
+
+
+def _actions(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "action", None) == action]
+
+
+async def test_a_pause_and_its_resume_each_log_a_line(
+        db: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Newcomer review L3: "grep -i paus worker1.log" was empty after a pause.
+    caplog.set_level(logging.INFO, logger="conveyor.worker")
+    async with running(Worker(db, _recording_router({}), fast_config(poll_interval=SLOW_POLL))):
+        await _pause(db, "email.*", tenant="acme", reason="smtp migration")
+
+        async def paused_line() -> bool:
+            return bool(_actions(caplog, "pause_in_force"))
+        await wait_until(paused_line, timeout=5, what="the pause's line")
+        await _resume(db, "email.*", tenant="acme")
+
+        async def lifted_line() -> bool:
+            return bool(_actions(caplog, "pause_lifted"))
+        await wait_until(lifted_line, timeout=5, what="the resume's line")
+    [paused] = _actions(caplog, "pause_in_force")
+    assert paused.getMessage() == ("pause in force: email.* (tenant acme): this worker claims "
+                                   "none of its events until it is resumed (smtp migration)")
+    [lifted] = _actions(caplog, "pause_lifted")
+    assert lifted.getMessage() == "pause lifted: email.* (tenant acme): its events are claimed again"
+
+
+async def test_the_start_line_lists_schedules_pauses_and_limits(
+        db: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="conveyor.worker")
+    await _pause(db, "report.*")
+    router = _recording_router({})
+    router.add("export.*", lambda event: None, max_running=2, rate="5/s", fair_by="tenant")
+    router.cron("0 6 * * *", "report.build", name="daily report")
+    try:
+        async with running(Worker(db, router, fast_config(poll_interval=SLOW_POLL))):
+            pass
+    finally:
+        await _resume(db, "report.*")
+    [started] = _actions(caplog, "started")
+    text = started.getMessage()
+    assert "; cron: daily report (0 6 * * * -> report.build)" in text, text
+    assert "; limits: export.* max_running=2 rate=5/s fair_by=tenant" in text, text
+    assert "; paused: report.*" in text, text
+    assert not _actions(caplog, "pause_in_force")      # the start line told of it

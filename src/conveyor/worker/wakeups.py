@@ -131,6 +131,11 @@ class DueTimes:
         self._arm()
 
 
+def describe_pause(pattern: str, tenant: str | None) -> str:
+    """``email.*`` or ``email.* (tenant acme)``, as log lines name a pause."""
+    return pattern if tenant is None else f"{pattern} (tenant {tenant})"
+
+
 class PauseState:
     """Whether this worker must claim with the statement that skips paused topics.
 
@@ -165,6 +170,8 @@ class PauseState:
         self._woken_at = -math.inf
         self.wake_pending = False
         self._timer: asyncio.TimerHandle | None = None
+        # The pauses as last read, (pattern, tenant) -> reason; None before the first read.
+        self.in_force: dict[tuple[str, str | None], str | None] | None = None
 
     def notified(self) -> None:
         self.any = True
@@ -190,6 +197,27 @@ class PauseState:
             self.wake_pending = False
             self._woken_at = self._clock()
             self._wake()
+
+    def read(self, pauses: list[tuple[str, str | None, str | None]], version: int) -> None:
+        """The pauses table's rows (pattern, tenant, reason), read at ``version``.
+
+        Each pause that appeared or went since the last read gets a line; the
+        first read gets none (the worker's start line lists what it found).
+        """
+        now = {(pattern, tenant): reason for pattern, tenant, reason in pauses}
+        if self.in_force is not None:
+            for key, reason in now.items():
+                if key not in self.in_force:
+                    log.info("pause in force: %s: this worker claims none of its events until "
+                             "it is resumed%s", describe_pause(*key),
+                             f" ({reason})" if reason else "",
+                             extra={"action": "pause_in_force", "pattern": key[0],
+                                    "tenant": key[1]})
+            for key in self.in_force.keys() - now.keys():
+                log.info("pause lifted: %s: its events are claimed again", describe_pause(*key),
+                         extra={"action": "pause_lifted", "pattern": key[0], "tenant": key[1]})
+        self.in_force = now
+        self.checked(bool(now), version)
 
     def checked(self, exists: bool, version: int) -> None:
         """The table held a pause (``exists``) when read at ``version``."""

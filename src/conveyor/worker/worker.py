@@ -35,10 +35,12 @@ from typing import Any
 import psycopg
 
 from conveyor.config import WorkerConfig
+from conveyor.cron import default_name
 from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import CLAIM_PRIORITY
 from conveyor.errors import ConfigError
+from conveyor.flow import FlowLimit
 from conveyor.middleware import Middleware
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
@@ -61,7 +63,7 @@ from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
 from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.stats import CANCELLED, FAILED, RETRIED, SUCCEEDED, OutcomeTally, WorkerStats
-from conveyor.worker.wakeups import DueTimes, PauseState
+from conveyor.worker.wakeups import DueTimes, PauseState, describe_pause
 from conveyor.worker.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,20 @@ LOOP_STALL_WARNING = 1.0
 _OUTCOME_ACTIONS = {EventState.PENDING: "retry_scheduled", EventState.FAILED: "event_parked",
                     EventState.CANCELLED: "event_cancelled"}
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
+
+
+def describe_limit(limit: FlowLimit) -> str:
+    """``export.* max_running=2 rate=5/s fair_by=tenant``: a route's flow limit in one piece."""
+    parts = [limit.pattern]
+    if limit.max_running is not None:
+        parts.append(f"max_running={limit.max_running}")
+    if limit.rate is not None:
+        parts.append(f"rate={limit.rate:g}/s")
+    if limit.fair_by is not None:
+        parts.append(f"fair_by={limit.fair_by}")
+    if limit.fifo_by is not None:
+        parts.append(f"fifo_by={limit.fifo_by}")
+    return " ".join(parts)
 
 
 def log_outcome(event: Event, outcome: Outcome, limiter: FailureLogLimiter | None = None) -> None:
@@ -260,8 +276,8 @@ class Worker:
         self._flow_task = asyncio.create_task(self._flow_loop(), name="conveyor-flow")
         tasks.append(self._flow_task)
         completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
-        log.info("worker %s started: topics %s, concurrency %d", self.name,
-                 ", ".join(self.router.patterns), self.config.concurrency,
+        log.info("worker %s started: topics %s, concurrency %d%s", self.name,
+                 ", ".join(self.router.patterns), self.config.concurrency, self._start_details(),
                  extra={"action": "started", "worker": self.id})
         self.started.set()
         self.watchdog.start()
@@ -272,6 +288,22 @@ class Worker:
                 await self._shutdown(tasks, completer)
             finally:
                 self.watchdog.stop()
+
+    def _start_details(self) -> str:
+        """``; cron: ...; limits: ...; paused: ...``: what else decides what this worker claims."""
+        details = []
+        if self.router.schedules:
+            details.append("cron: " + ", ".join(
+                f"{s.name} ({s.expression} -> {s.topic})" if s.name != default_name(
+                    s.topic, s.expression, s.timezone) else s.name
+                for s in self.router.schedules))
+        limits = [describe_limit(route.flow) for route in self.router.routes if route.flow]
+        if limits:
+            details.append("limits: " + ", ".join(limits))
+        if self.pauses.in_force:
+            details.append("paused: " + ", ".join(describe_pause(*key)
+                                                  for key in self.pauses.in_force))
+        return "".join(f"; {detail}" for detail in details)
 
     async def _register(self) -> None:
         try:
