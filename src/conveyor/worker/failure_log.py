@@ -100,8 +100,10 @@ class FailureLogLimiter:
         if not current.suppressed:
             return
         topic, action = key
+        # A window cut short by the worker's stop says how long it really was.
+        seconds = min(self.window, self._clock() - current.started)
         log.warning("%d more %s of topic %s suppressed in the last %.0fs", current.suppressed,
-                    _WHAT.get(action, action), topic, self.window,
+                    _WHAT.get(action, action), topic, max(seconds, 1.0),
                     extra={"action": "failures_suppressed", "topic": topic, "outcome": action,
                            "suppressed": current.suppressed})
 
