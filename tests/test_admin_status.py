@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -22,9 +23,10 @@ from conveyor import Admin, AsyncAdmin, EventState, Producer, QueueStatus
 from conveyor import admin as admin_module
 from conveyor.admin import EXACT_FINISHED_LIMIT
 from conveyor.admin_core import _estimate_finished
-from conveyor.cli.commands import format_status
+from conveyor.cli.commands import format_schedules, format_status
+from conveyor.cron import Schedule
 from conveyor.db.named_queries import queries_for
-from conveyor.types import TopicCount
+from conveyor.types import ScheduleInfo, TopicCount
 from query_plans import plan_session, scans
 
 Q = queries_for("conveyor")
@@ -371,3 +373,22 @@ def test_oldest_due_age_probes_one_entry_per_priority(big: Conn) -> None:
     assert read <= 3 * 3, nodes
     age = big.execute(Q["status_oldest_due_age"]).fetchone()
     assert age is not None and 7190 < age[0] < 7300       # the -3 priority's, two hours
+
+
+def _schedule(name: str, expression: str, tz: str, topic: str) -> ScheduleInfo:
+    moment = datetime(2026, 12, 2, 5, 0, tzinfo=UTC)
+    return ScheduleInfo(name=name, expression=expression, timezone=tz, topic=topic, catch_up=0.0,
+                        fired_through=moment, next_fire_at=moment, last_fired_at=None, missed=0,
+                        last_missed_at=None, overdue_s=0.0)
+
+
+def test_status_names_a_schedule_once_when_its_name_is_the_default() -> None:
+    # Newcomer review L4: "mail.digest 0 6 * * mon-fri Europe/Madrid: 0 6 * * mon-fri
+    # Europe/Madrid -> mail.digest".
+    default = Schedule.define("0 6 * * mon-fri", "mail.digest", tz="Europe/Madrid").name
+    lines = format_schedules([_schedule(default, "0 6 * * mon-fri", "Europe/Madrid",
+                                        "mail.digest"),
+                              _schedule("nightly", "0 3 * * *", "UTC", "report.build")])
+    assert lines[2] == ("  0 6 * * mon-fri Europe/Madrid -> mail.digest, "
+                        "next 2026-12-02 05:00:00 UTC")
+    assert lines[3] == "  nightly: 0 3 * * * -> report.build, next 2026-12-02 05:00:00 UTC"

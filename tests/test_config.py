@@ -37,6 +37,8 @@ WORKER_EXPECTED = {
     "retention": (0.0, 3650 * 86_400.0, "0s", "3650d"),
     "query_timeout": (0.1, 86_400.0, "0.1s", "1d"),
     "horizon_alert_after": (0.1, 604_800.0, "0.1s", "7d"),
+    "failure_log_limit": (1, 1_000_000, "1", "1000000"),
+    "failure_log_window": (1.0, 86_400.0, "1s", "1d"),
 }
 PRODUCER_EXPECTED = {
     "max_payload_bytes": (1, 64 * 1024 * 1024, "1", "67108864"),
@@ -44,7 +46,7 @@ PRODUCER_EXPECTED = {
     "max_attempts": (1, 1000, "1", "1000"),
 }
 INTEGER_FIELDS = {"concurrency", "batch_size", "max_batch_size", "max_payload_bytes", "max_payload_depth",
-                  "max_attempts"}
+                  "max_attempts", "failure_log_limit"}
 
 
 # heartbeat_interval must stay below lease_ttl and reconnect_max above
@@ -131,6 +133,9 @@ def test_non_finite_durations_are_refused_as_such(field: str, value: float) -> N
 def test_counts_must_be_integers(field: str, value: Any) -> None:
     if field == "max_batch_size" and value is None:
         assert WorkerConfig(max_batch_size=None).max_batch_size is None  # None: half of concurrency
+        return
+    if field == "failure_log_limit" and value is None:
+        assert WorkerConfig(failure_log_limit=None).failure_log_limit is None  # None: no limit
         return
     low_text, high_text = ALL_EXPECTED[field][2:]
     with pytest.raises(ConfigError) as caught:

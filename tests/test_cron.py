@@ -119,3 +119,24 @@ def test_fire_time_reads_the_slot_from_a_cron_events_key() -> None:
     assert fire_time(event("cron:report.build 0 6 * * *@2026-12-01T06:00:00Z")) == _at(2026, 12, 1, 6)
     assert fire_time(event("order-42")) is None
     assert fire_time(event(None)) is None
+
+
+def test_the_docs_example_runs_as_written() -> None:
+    # Newcomer review L5: it called conveyor.cron.fire_time but imported only Router,
+    # so a copy raised NameError in the handler.
+    import asyncio
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cron.md").read_text()
+    example = re.search(r"```python\n(.*?)```", text, re.S)
+    assert example is not None
+    namespace: dict[str, object] = {}
+    exec(compile(example.group(1), "docs/cron.md", "exec"), namespace)
+    router = namespace["router"]
+    assert isinstance(router, Router) and len(router.schedules) == 3
+    fired = Event(id=1, topic="report.build", payload_text='{"kind":"5min"}',
+                  idempotency_key="cron:report.build */5 * * * *@2026-12-01T06:05:00Z")
+    route = router.resolve("report.build")
+    assert route is not None
+    asyncio.run(route.handler(fired))  # type: ignore[arg-type]

@@ -33,6 +33,9 @@ LISTENER_PING_INTERVAL_DEFAULT = 10.0
 RETENTION_DEFAULT = 7 * 24 * 3600.0
 QUERY_TIMEOUT_DEFAULT = 30.0
 HORIZON_ALERT_DEFAULT = 120.0
+# Failure log lines per topic and outcome, and the window they are counted in.
+FAILURE_LOG_LIMIT_DEFAULT = 10
+FAILURE_LOG_WINDOW_DEFAULT = 60.0
 
 
 # Allowed ranges, checked on creation: (lowest, highest). No real deployment
@@ -64,6 +67,8 @@ WORKER_RANGES: dict[str, tuple[float, float]] = {
     "retention": (0.0, 3650 * _DAY),
     "query_timeout": (0.1, _DAY),
     "horizon_alert_after": (0.1, 7 * _DAY),
+    "failure_log_limit": (1, 1_000_000),
+    "failure_log_window": (1.0, _DAY),
 }
 PRODUCER_RANGES: dict[str, tuple[float, float]] = {
     # jsonb refuses values past 255 MiB; a claim reads a batch of payloads at once.
@@ -73,7 +78,7 @@ PRODUCER_RANGES: dict[str, tuple[float, float]] = {
     "max_attempts": (1, 1000),
 }
 _COUNTS = frozenset({"concurrency", "batch_size", "max_batch_size", "max_payload_bytes", "max_payload_depth",
-                     "max_attempts"})
+                     "max_attempts", "failure_log_limit"})
 
 
 def _seconds_text(seconds: float) -> str:
@@ -205,6 +210,14 @@ class WorkerConfig:
             most every 30 s); dead rows of finished events pile up behind such a
             transaction and claims slow down. ``None`` turns the check off.
             Defaults to 120.0.
+        failure_log_limit: log lines of failed attempts, parked and cancelled
+            events the worker writes per topic and outcome in each
+            ``failure_log_window``; past that they are counted, and one line per
+            topic and outcome gives the count when the window ends (the first
+            failure of each window is always written; every error stays stored
+            with its event). ``None`` writes every one. Defaults to 10.
+        failure_log_window: seconds of one ``failure_log_limit`` window.
+            Defaults to 60.0.
     """
 
     schema: str = SCHEMA_DEFAULT
@@ -229,6 +242,8 @@ class WorkerConfig:
     listen: bool = True
     transaction_pooler: bool | None = None
     horizon_alert_after: float | None = HORIZON_ALERT_DEFAULT
+    failure_log_limit: int | None = FAILURE_LOG_LIMIT_DEFAULT
+    failure_log_window: float = FAILURE_LOG_WINDOW_DEFAULT
 
     def __post_init__(self) -> None:
         _schema(self.schema)
@@ -248,7 +263,7 @@ class WorkerConfig:
         for name in WORKER_RANGES:
             value = getattr(self, name)
             if value is not None or name not in ("retention", "horizon_alert_after",
-                                                 "max_batch_size"):
+                                                 "max_batch_size", "failure_log_limit"):
                 _check_range(name, value, WORKER_RANGES)
         if self.max_batch_size is not None and self.max_batch_size < self.batch_size:
             raise ConfigError(f"expected max_batch_size to be >= batch_size ({self.batch_size}), "

@@ -74,6 +74,11 @@ def _cronsim_error() -> type[Exception]:
     return CronSimError
 
 
+def default_name(topic: str, expression: str, tz: str) -> str:
+    """The name of a schedule defined without one: ``"mail.digest 0 6 * * * Europe/Madrid"``."""
+    return f"{topic} {expression}" + ("" if tz == "UTC" else f" {tz}")
+
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """One cron schedule, as :meth:`conveyor.Router.cron` declares it.
@@ -134,7 +139,7 @@ class Schedule:
             raise ConfigError(f"expected catch_up to be seconds from 0 to {CATCH_UP_MAX:.0f}, "
                               f"got {catch_up!r:.60}")
         if name is None:
-            name = f"{topic} {expression}" + ("" if tz == "UTC" else f" {tz}")
+            name = default_name(topic, expression, tz)
         if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX_LENGTH \
                 or any(ord(c) < 32 for c in name):
             raise ConfigError(f"expected a schedule name of 1 to {NAME_MAX_LENGTH} printable "

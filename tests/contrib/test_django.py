@@ -8,6 +8,7 @@ module, on a database of its own, and migrated with ``manage.py migrate``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -209,6 +210,27 @@ def test_failures_priority_queues_context_async_and_deferral(db: str) -> None:
     assert later.status == TaskResultStatus.READY       # due in an hour: not run
 
 
+def test_a_failed_task_attempt_logs_one_warning_line_and_no_traceback(
+        db: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Newcomer review M3: under the worker, the Tasks framework logged a whole
+    # traceback at ERROR for every failed attempt, beside Conveyor's own line.
+    from shop.tasks import decline
+
+    from conveyor.contrib.django.backend import TaskResultStatus
+
+    caplog.set_level(logging.INFO)
+    declined = decline.enqueue("card expired")
+    assert _work(db) == 2                                   # MAX_ATTEMPTS 2
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.levelname, getattr(r, "action", None)) for r in lines] == [
+        ("WARNING", "retry_scheduled"), ("ERROR", "event_parked")], caplog.text
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert not [r for r in caplog.records if r.name.startswith(("django_tasks", "django.tasks"))]
+    declined.refresh()                                      # the tracebacks stay stored
+    assert declined.status == TaskResultStatus.FAILED
+    assert all("Declined: card expired" in e.traceback for e in declined.errors)
+
+
 def test_unknown_results_and_bad_tasks_are_refused(db: str) -> None:
     from shop.tasks import add
 
@@ -225,6 +247,55 @@ def test_unknown_results_and_bad_tasks_are_refused(db: str) -> None:
         add.using(queue_name="reports").enqueue(1, 2)
     with pytest.raises(InvalidTaskError, match="payload is not JSON-serialisable"):
         add.enqueue({1, 2}, 3)
+
+
+def test_the_worker_imports_nothing_an_event_names_unless_it_is_a_registered_task(
+        db: str) -> None:
+    # Adversary N13: run_task called import_string(payload["task"]) before
+    # checking that it named a task, so any event could import any module.
+    import tempfile
+
+    from conveyor.contrib.django import enqueue
+
+    marker = Path(tempfile.gettempdir()) / f"conveyor-django-side-effect-{os.getpid()}"
+    marker.unlink(missing_ok=True)
+    named = [enqueue("django.default", {"task": path, "args": [], "kwargs": {}}, max_attempts=1)
+             for path in ("shop.side_effect.run", "shop.side_effect", "this.x",
+                          "shop.tasks.Declined")]
+    assert _work(db) == len(named)
+    assert "shop.side_effect" not in sys.modules and "this" not in sys.modules
+    assert not marker.exists()
+    with psycopg.connect(db) as conn:
+        rows = conn.execute("SELECT state, last_error FROM conveyor.events WHERE id = ANY(%s)"
+                            " ORDER BY id", (named,)).fetchall()
+    assert [state for state, _ in rows] == ["failed"] * len(named)
+    assert "'shop.side_effect.run' is not a task this worker loaded" in rows[0][1]
+    assert "'shop.tasks.Declined' is not a Django task" in rows[3][1]
+
+
+def test_task_modules_outside_apps_tasks_are_loaded_from_the_setting(
+        db: str, settings_override: Any) -> None:
+    from conveyor import ConfigError
+    from conveyor.contrib.django.worker import build_router
+
+    assert "shop.extra_tasks" not in sys.modules
+    with settings_override(CONVEYOR={"ROUTER": "shop.jobs:router",
+                                     "TASK_MODULES": ["shop.extra_tasks"]}):
+        build_router()
+    assert "shop.extra_tasks" in sys.modules
+    from conveyor.contrib.django import enqueue
+    shout = enqueue("django.default", {"task": "shop.extra_tasks.shout", "args": ["hi"],
+                                       "kwargs": {}})
+    assert _work(db) == 1
+    with psycopg.connect(db) as conn:
+        from conveyor import Admin
+        assert Admin().result(conn, shout).value == "HI"
+    with settings_override(CONVEYOR={"TASK_MODULES": ["shop.nowhere"]}), \
+            pytest.raises(ConfigError, match=r"names 'shop\.nowhere', which cannot be imported"):
+        build_router()
+    with settings_override(CONVEYOR={"TASK_MODULES": "shop.extra_tasks"}), \
+            pytest.raises(ConfigError, match="to be a list of module names"):
+        build_router()
 
 
 # ---------------------------------------------------------------- commands
@@ -244,6 +315,20 @@ def test_manage_py_conveyor_runs_the_cli_on_the_projects_database(
         call_command("conveyor", "show", "999999")
 
 
+def _django_env(db: str, settings: str = "settings") -> dict[str, str]:
+    """The environment of a ``python -m django`` child process on the test project."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env.update({"CONVEYOR_DJANGO_TEST_DB": db, "DJANGO_SETTINGS_MODULE": settings,
+                "PYTHONPATH": os.pathsep.join([str(PROJECT), str(REPO / "src")])})
+    return env
+
+
+def _manage(db: str, *arguments: str, settings: str = "settings"
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "django", *arguments], env=_django_env(
+        db, settings), capture_output=True, text=True, timeout=120, check=False)
+
+
 def test_manage_py_conveyor_worker_runs_tasks_and_the_projects_router_until_sigterm(
         db: str, tmp_path: Path) -> None:
     from shop.tasks import add
@@ -252,13 +337,10 @@ def test_manage_py_conveyor_worker_runs_tasks_and_the_projects_router_until_sigt
 
     result = add.enqueue(20, 22)
     audit = enqueue("shop.audit", {"who": "ops"})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-    env.update({"CONVEYOR_DJANGO_TEST_DB": db, "DJANGO_SETTINGS_MODULE": "settings",
-                "PYTHONPATH": os.pathsep.join([str(PROJECT), str(REPO / "src")])})
     log = tmp_path / "worker.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "django", "conveyor_worker",
-                                 "--concurrency", "4"], env=env, stdout=out,
+                                 "--concurrency", "4"], env=_django_env(db), stdout=out,
                                 stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 30
@@ -277,6 +359,23 @@ def test_manage_py_conveyor_worker_runs_tasks_and_the_projects_router_until_sigt
     with psycopg.connect(db) as conn:
         from conveyor import Admin
         assert Admin().result(conn, audit).value == {"audited": {"who": "ops"}}
+
+
+def test_manage_py_conveyor_worker_help_shows_its_own_usage(db: str) -> None:
+    # Newcomer review L6: it printed conveyor worker's usage (--app required,
+    # "a worker needs --database-url", --embedded, --data-dir).
+    done = _manage(db, "conveyor_worker", "--help")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert text.startswith("usage: manage.py conveyor_worker"), text
+    for present in ("--concurrency", "--database ALIAS", "--metrics-port", "--log-level",
+                    "CONVEYOR['ROUTER']"):
+        assert present in text, present
+    for absent in ("--app", "--database-url", "--embedded", "--data-dir", "MODULE:ROUTER"):
+        assert absent not in text, absent
+    refused = _manage(db, "conveyor_worker", "--app", "shop.jobs:router")
+    assert refused.returncode == 1
+    assert "manage.py conveyor_worker takes no --app" in refused.stderr, refused.stderr
 
 
 # ---------------------------------------------------------------- admin
@@ -334,6 +433,16 @@ def test_admin_lists_events_read_only_and_retries_and_cancels_for_operators(db: 
     assert (f"Event {failed} is succeeded; only pending, running or failed events can be "
             "cancelled") in text
     assert states() == {failed: "succeeded", pending: "cancelled"}
+
+
+@pytest.mark.parametrize("settings", ["settings", "settings_without_backport"])
+def test_the_project_starts_with_and_without_the_backport_installed(
+        db: str, settings: str) -> None:
+    # Adversary N9: Django 6's documented setup leaves "django_tasks" out of
+    # INSTALLED_APPS; the admin then crashed at start (ModelAdmin[Event]).
+    done = _manage(db, "check", settings=settings)
+    assert done.returncode == 0, done.stderr
+    assert "System check identified no issues" in done.stdout, done.stdout + done.stderr
 
 
 def test_the_backend_keeps_the_frameworks_contract(db: str) -> None:

@@ -7,6 +7,7 @@ explain the speed; the poll-only worker relies on its maintenance re-check.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -14,7 +15,8 @@ import psycopg
 import pytest
 
 from conveyor import AsyncAdmin, Event, Router, Worker
-from conveyor.worker.wakeups import DueTimes, PauseState
+from conveyor.worker.wakeups import PAUSE_WAKE_INTERVAL, DueTimes, PauseState
+from waiting import wait_until
 from worker_support import enqueue, fast_config, query, running
 
 SLOW_POLL = 30.0
@@ -192,3 +194,102 @@ def test_a_check_that_read_the_table_before_a_notification_does_not_undo_it() ->
     state.checked(False, state.version)
     assert not state.any
     assert len(woken) == 3
+
+
+async def test_a_flood_of_pause_notifications_is_coalesced(db: str) -> None:
+    # Adversary N11: any role may NOTIFY; each "!pause" cost the worker a claim
+    # (about two transactions), 10,000 of them ~20,000 transactions in 5 s.
+    router = Router()
+    router.add("a.*", _recording_router({}).routes[0].handler)
+    worker = Worker(db, router, fast_config(poll_interval=SLOW_POLL))
+    claims = 0
+    claim = worker._claim
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal claims
+        claims += 1
+        return await claim(*args, **kwargs)
+
+    worker._claim = counting  # type: ignore[method-assign]
+    flood = 2000
+    async with running(worker):
+        heard_before, claims_before = worker.listener.notifications, claims
+        started = time.monotonic()
+
+        def send() -> None:
+            with psycopg.connect(db, autocommit=True) as conn:
+                for _ in range(flood):      # one transaction each: PostgreSQL folds repeats in one
+                    conn.execute("SELECT pg_notify(%s, '!pause')", (worker._q.channel,))
+        await asyncio.to_thread(send)
+
+        async def all_heard() -> bool:
+            return worker.listener.notifications - heard_before >= flood
+        await wait_until(all_heard, timeout=30, what="the flood heard")
+        elapsed = time.monotonic() - started
+        made = claims - claims_before
+    # At most one wake per PAUSE_WAKE_INTERVAL, and one more at the end.
+    assert made <= elapsed / PAUSE_WAKE_INTERVAL + 3, (made, elapsed)
+    assert made < flood / 10, made
+
+
+def test_pause_notifications_wake_at_once_then_at_most_once_per_interval() -> None:
+    woken: list[float] = []
+    now = [100.0]
+    state = PauseState(lambda: woken.append(now[0]), clock=lambda: now[0])
+    state.notified()                    # at once: a resume must not wait
+    for _ in range(50):
+        now[0] += 0.001
+        state.notified()
+    assert woken == [100.0]
+    assert state.wake_pending
+    state.trailing_wake()               # the timer's call: the last ones are not lost
+    assert len(woken) == 2 and not state.wake_pending
+    now[0] += PAUSE_WAKE_INTERVAL
+    state.notified()
+    assert len(woken) == 3
+
+
+def _actions(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "action", None) == action]
+
+
+async def test_a_pause_and_its_resume_each_log_a_line(
+        db: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Newcomer review L3: "grep -i paus worker1.log" was empty after a pause.
+    caplog.set_level(logging.INFO, logger="conveyor.worker")
+    async with running(Worker(db, _recording_router({}), fast_config(poll_interval=SLOW_POLL))):
+        await _pause(db, "email.*", tenant="acme", reason="smtp migration")
+
+        async def paused_line() -> bool:
+            return bool(_actions(caplog, "pause_in_force"))
+        await wait_until(paused_line, timeout=5, what="the pause's line")
+        await _resume(db, "email.*", tenant="acme")
+
+        async def lifted_line() -> bool:
+            return bool(_actions(caplog, "pause_lifted"))
+        await wait_until(lifted_line, timeout=5, what="the resume's line")
+    [paused] = _actions(caplog, "pause_in_force")
+    assert paused.getMessage() == ("pause in force: email.* (tenant acme): this worker claims "
+                                   "none of its events until it is resumed (smtp migration)")
+    [lifted] = _actions(caplog, "pause_lifted")
+    assert lifted.getMessage() == "pause lifted: email.* (tenant acme): its events are claimed again"
+
+
+async def test_the_start_line_lists_schedules_pauses_and_limits(
+        db: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="conveyor.worker")
+    await _pause(db, "report.*")
+    router = _recording_router({})
+    router.add("export.*", lambda event: None, max_running=2, rate="5/s", fair_by="tenant")
+    router.cron("0 6 * * *", "report.build", name="daily report")
+    try:
+        async with running(Worker(db, router, fast_config(poll_interval=SLOW_POLL))):
+            pass
+    finally:
+        await _resume(db, "report.*")
+    [started] = _actions(caplog, "started")
+    text = started.getMessage()
+    assert "; cron: daily report (0 6 * * * -> report.build)" in text, text
+    assert "; limits: export.* max_running=2 rate=5/s fair_by=tenant" in text, text
+    assert "; paused: report.*" in text, text
+    assert not _actions(caplog, "pause_in_force")      # the start line told of it

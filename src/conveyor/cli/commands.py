@@ -21,6 +21,7 @@ from conveyor.cli.progress import Ticker
 from conveyor.config import (
     ProducerConfig,
 )
+from conveyor.cron import default_name
 from conveyor.db.execute import run
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import (
@@ -31,6 +32,7 @@ from conveyor.errors import (
 from conveyor.producer import Producer
 from conveyor.schema.migrator import Migrator, migration_script
 from conveyor.types import Pause, QueueStatus, ScheduleInfo
+from conveyor.vacuum_health import vacuum_warnings
 
 Env = Callable[..., str | None]
 Sub = Any  # argparse's private _SubParsersAction
@@ -250,7 +252,10 @@ def format_schedules(schedules: Sequence[ScheduleInfo]) -> list[str]:
     for s in schedules:
         zone = "" if s.timezone == "UTC" else f" {s.timezone}"
         nxt = _utc(s.next_fire_at) if s.next_fire_at else "-"
-        line = (f"  {escape(s.name)}: {escape(s.expression)}{escape(zone)} -> {escape(s.topic)}, "
+        # A schedule defined without a name is named by what follows: said once.
+        named = "" if s.name == default_name(s.topic, s.expression, s.timezone) \
+            else f"{escape(s.name)}: "
+        line = (f"  {named}{escape(s.expression)}{escape(zone)} -> {escape(s.topic)}, "
                 f"next {nxt}")
         if s.overdue:
             line += f", OVERDUE by {s.overdue_s:.0f}s: no running worker fires it"
@@ -269,12 +274,15 @@ def run_status(ctx: Context, args: argparse.Namespace) -> int:
     status = admin.status(conn)
     pauses = admin.paused(conn)
     schedules = admin.schedules(conn)
+    warnings = vacuum_warnings(conn, ctx.schema)
     if args.json:
         emit_json({**status.to_json(), "paused": [p.to_json() for p in pauses],
-                   "schedules": [s.to_json() for s in schedules]})
+                   "schedules": [s.to_json() for s in schedules],
+                   "warnings": [{"action": w.action, "message": w.message} for w in warnings]})
     else:
         say("\n".join([format_status(status), *format_pauses(pauses),
-                       *format_schedules(schedules)]))
+                       *format_schedules(schedules),
+                       *(f"warning: {escape(w.message)}" for w in warnings)]))
     return 0
 
 

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from conveyor.cli.output import escape, escape_lines
 from conveyor.log_context import CONTEXT_FIELDS, EventContextFilter
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -42,20 +43,37 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """Time, level, logger, message; a handler's own lines end with their event."""
+    """Time, level, logger, message; a handler's own lines end with their event.
+
+    Messages and exception text carry handler error text, which may hold
+    terminal escape sequences or CR/LF: each is escaped as ``conveyor show``
+    does (ESC reads ``\\x1b``), and every line after a record's first is
+    marked ``  | ``, so no text inside a record can pass for a record of its own
+    (adversary N15). JSON lines keep the exact text.
+    """
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record, self.datefmt)
+        text = record.message
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            text += "\n" + record.exc_text
+        if record.stack_info:
+            text += "\n" + self.formatStack(record.stack_info)
+        first, *rest = escape_lines(text.rstrip("\n"))
+        line = f"{record.asctime} {record.levelname} {record.name}: {first}"
         fields = vars(record)
         # Conveyor's own lines name the event in their message already.
         if "event_id" in fields and not record.name.startswith("conveyor."):
-            context = " ".join(f"{key}={fields[key]}" for key in CONTEXT_FIELDS
+            context = " ".join(f"{key}={escape(fields[key])}" for key in CONTEXT_FIELDS
                                if fields.get(key) is not None)
             line += f" [{context}]"
-        return line
+        return "".join([line, *(f"\n  | {more}" for more in rest)])
 
 
 def configure(level: str, fmt: str) -> None:

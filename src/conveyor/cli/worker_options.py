@@ -21,6 +21,7 @@ from conveyor.cli.process import (
 from conveyor.config import (
     BATCH_SIZE_DEFAULT,
     CONCURRENCY_DEFAULT,
+    FAILURE_LOG_LIMIT_DEFAULT,
     HANDLER_TIMEOUT_DEFAULT,
     HEARTBEAT_INTERVAL_DEFAULT,
     HORIZON_ALERT_DEFAULT,
@@ -46,11 +47,16 @@ Env = Callable[..., str | None]
 log = logging.getLogger(__name__)
 
 
-def add_worker_options(p: argparse.ArgumentParser, env: Env) -> None:
-    """The options of a worker process, but --app (conveyor worker and conveyor relay)."""
-    p.add_argument("--embedded", action="store_true",
-                   help="without a database URL, run on the embedded PostgreSQL (for trying "
-                        "Conveyor: its data is private to this machine)")
+def add_worker_options(p: argparse.ArgumentParser, env: Env, *, embedded: bool = True) -> None:
+    """The options of a worker process, but --app (conveyor worker and conveyor relay).
+
+    ``embedded=False`` leaves out ``--embedded`` (``manage.py conveyor_worker``,
+    whose database is Django's).
+    """
+    if embedded:
+        p.add_argument("--embedded", action="store_true",
+                       help="without a database URL, run on the embedded PostgreSQL (for "
+                            "trying Conveyor: its data is private to this machine)")
     option(p, "--concurrency", env="CONCURRENCY", type=positive_int, default=CONCURRENCY_DEFAULT,
            help="handlers running at once")
     option(p, "--batch-size", env="BATCH_SIZE", type=positive_int, default=BATCH_SIZE_DEFAULT,
@@ -104,6 +110,10 @@ def add_worker_options(p: argparse.ArgumentParser, env: Env) -> None:
            default=HORIZON_ALERT_DEFAULT,
            help="log an alert when a transaction holds back vacuum this long; 'off' disables "
                 "the check")
+    option(p, "--failure-log-limit", env="FAILURE_LOG_LIMIT", type=off_or_count,
+           default=FAILURE_LOG_LIMIT_DEFAULT,
+           help="log lines of failures per topic and outcome a minute; the rest are counted "
+                "in one line a minute; 'off' logs every one")
     add_metrics_args(p)
     add_tracing_arg(p)
     add_event_loop_arg(p, env)
@@ -117,6 +127,16 @@ def retention(text: str) -> float | None:
 def off_or_duration(text: str) -> float | None:
     """argparse type: a duration, or 'off' (None: the check is disabled)."""
     return None if text.strip().lower() == "off" else duration(text)
+
+
+def off_or_count(text: str) -> int | None:
+    """argparse type: a whole number, or 'off' (None: no limit)."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or 'off', got {text!r}") from None
 
 
 def refuse_without_database(ctx: Context, args: argparse.Namespace, what: str) -> None:
@@ -145,7 +165,8 @@ def build_worker(ctx: Context, args: argparse.Namespace, router: Router,
             backoff=BackoffPolicy(base_delay=args.backoff_base,
                                   max_delay=max(args.backoff_max, args.backoff_base)),
             listen=args.listen, transaction_pooler=args.transaction_pooler,
-            horizon_alert_after=args.horizon_alert, query_timeout=args.query_timeout)
+            horizon_alert_after=args.horizon_alert, query_timeout=args.query_timeout,
+            failure_log_limit=args.failure_log_limit)
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
     if stop.requested:

@@ -53,7 +53,7 @@ CRON_SLOTS_KEPT = 86_400.0
 HORIZON_CHECK_INTERVAL = 30.0
 HORIZON_REPEAT = 300.0     # a pin that lasts is reported again this often
 # Pauses are honoured within 1 s: a re-check every half second leaves the
-# other half for the next claim. One index-free EXISTS on a table of a few rows.
+# other half for the next claim. One read of a table of a few rows.
 PAUSE_CHECK_INTERVAL = 0.5
 
 
@@ -174,13 +174,13 @@ class Maintenance:
         await self._prune(conn)
 
     async def check_pauses(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Tell the pause state whether the pauses table holds a row."""
+        """Tell the pause state which pauses the table holds."""
         if self._pauses is None:
             return
         version = self._pauses.version
-        cur = await conn.execute(self._q["pause_any"])
-        row = await cur.fetchone()
-        self._pauses.checked(bool(row and row[0]), version)
+        cur = await conn.execute(self._q["pause_list"])
+        rows = await cur.fetchall()
+        self._pauses.read([(row[0], row[1], row[2]) for row in rows], version)
 
     async def register(self) -> None:
         """Add the worker to the registry; the first heartbeat does it if the database is away."""

@@ -29,6 +29,8 @@ PAUSE_NOTIFICATION = "!pause"
 # A due time announced further ahead than this is not believed (and a timer
 # that far out would be useless: the poll comes much sooner).
 MAX_NOTIFIED_AHEAD = 366 * 24 * 3600.0
+# "!pause" notifications wake the fetch loop at most once per this many seconds.
+PAUSE_WAKE_INTERVAL = 0.1
 
 
 def due_epoch(text: str) -> float | None:
@@ -129,6 +131,11 @@ class DueTimes:
         self._arm()
 
 
+def describe_pause(pattern: str, tenant: str | None) -> str:
+    """``email.*`` or ``email.* (tenant acme)``, as log lines name a pause."""
+    return pattern if tenant is None else f"{pattern} (tenant {tenant})"
+
+
 class PauseState:
     """Whether this worker must claim with the statement that skips paused topics.
 
@@ -140,21 +147,77 @@ class PauseState:
     plain claim back on once the last pause is gone. With no pause, the
     worker's claim is exactly the statement it had before pauses existed.
 
+    Any role may send ``!pause``: a flood of them is coalesced (adversary N11).
+    The first wakes the fetch loop at once (a resume lets events wait no
+    longer than that); the next ones within :data:`PAUSE_WAKE_INTERVAL` wake
+    it once, at the interval's end, so a flood costs at most about ten claims
+    a second, not one per notification.
+
     Args:
         wake: asks the fetch loop to claim now.
+        clock: monotonic seconds; tests pass a fake one. Defaults to
+            :func:`time.monotonic`.
     """
 
-    def __init__(self, wake: Callable[[], None]) -> None:
+    def __init__(self, wake: Callable[[], None], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._wake = wake
+        self._clock = clock
         self.any = True
         # Bumped by every notification, so a check that read the table before
         # one came in cannot turn the paused claim off after it.
         self.version = 0
+        self._woken_at = -math.inf
+        self.wake_pending = False
+        self._timer: asyncio.TimerHandle | None = None
+        # The pauses as last read, (pattern, tenant) -> reason; None before the first read.
+        self.in_force: dict[tuple[str, str | None], str | None] | None = None
 
     def notified(self) -> None:
         self.any = True
         self.version += 1
-        self._wake()   # a resume lets events wait no longer than this
+        if self.wake_pending:
+            return      # the trailing wake is due already
+        now = self._clock()
+        wait = self._woken_at + PAUSE_WAKE_INTERVAL - now
+        if wait <= 0:
+            self._woken_at = now
+            self._wake()
+            return
+        self.wake_pending = True
+        try:
+            self._timer = asyncio.get_running_loop().call_later(wait, self.trailing_wake)
+        except RuntimeError:
+            pass        # no loop (a test driving it by hand): it calls trailing_wake
+
+    def trailing_wake(self) -> None:
+        """The one wake for the notifications that came within the interval."""
+        self._timer = None
+        if self.wake_pending:
+            self.wake_pending = False
+            self._woken_at = self._clock()
+            self._wake()
+
+    def read(self, pauses: list[tuple[str, str | None, str | None]], version: int) -> None:
+        """The pauses table's rows (pattern, tenant, reason), read at ``version``.
+
+        Each pause that appeared or went since the last read gets a line; the
+        first read gets none (the worker's start line lists what it found).
+        """
+        now = {(pattern, tenant): reason for pattern, tenant, reason in pauses}
+        if self.in_force is not None:
+            for key, reason in now.items():
+                if key not in self.in_force:
+                    log.info("pause in force: %s: this worker claims none of its events until "
+                             "it is resumed%s", describe_pause(*key),
+                             f" ({reason})" if reason else "",
+                             extra={"action": "pause_in_force", "pattern": key[0],
+                                    "tenant": key[1]})
+            for key in self.in_force.keys() - now.keys():
+                log.info("pause lifted: %s: its events are claimed again", describe_pause(*key),
+                         extra={"action": "pause_lifted", "pattern": key[0], "tenant": key[1]})
+        self.in_force = now
+        self.checked(bool(now), version)
 
     def checked(self, exists: bool, version: int) -> None:
         """The table held a pause (``exists``) when read at ``version``."""

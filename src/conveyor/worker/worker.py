@@ -35,14 +35,17 @@ from typing import Any
 import psycopg
 
 from conveyor.config import WorkerConfig
+from conveyor.cron import default_name
 from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import CLAIM_PRIORITY
 from conveyor.errors import ConfigError
+from conveyor.flow import FlowLimit
 from conveyor.middleware import Middleware
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
 from conveyor.types import Event, EventState
+from conveyor.vacuum_health import vacuum_warnings_async
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
     CONNECTION_ERRORS,
@@ -53,13 +56,14 @@ from conveyor.worker.connection import (
 )
 from conveyor.worker.deadline import StopFlag, with_deadline, with_deadline_in_task
 from conveyor.worker.executor import Executor, Outcome
+from conveyor.worker.failure_log import FailureLogLimiter
 from conveyor.worker.flow import FlowControl
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
 from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.stats import CANCELLED, FAILED, RETRIED, SUCCEEDED, OutcomeTally, WorkerStats
-from conveyor.worker.wakeups import DueTimes, PauseState
+from conveyor.worker.wakeups import DueTimes, PauseState, describe_pause
 from conveyor.worker.watchdog import LoopWatchdog, StallLeases
 
 log = logging.getLogger(__name__)
@@ -71,28 +75,48 @@ _TALLIED = {EventState.SUCCEEDED: SUCCEEDED, EventState.PENDING: RETRIED,
 # A loop that has not run for this long (or a quarter of the lease, if less) is
 # reported: every handler and the heartbeat wait on it.
 LOOP_STALL_WARNING = 1.0
+_OUTCOME_ACTIONS = {EventState.PENDING: "retry_scheduled", EventState.FAILED: "event_parked",
+                    EventState.CANCELLED: "event_cancelled"}
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
 
 
-def log_outcome(event: Event, outcome: Outcome) -> None:
+def describe_limit(limit: FlowLimit) -> str:
+    """``export.* max_running=2 rate=5/s fair_by=tenant``: a route's flow limit in one piece."""
+    parts = [limit.pattern]
+    if limit.max_running is not None:
+        parts.append(f"max_running={limit.max_running}")
+    if limit.rate is not None:
+        parts.append(f"rate={limit.rate:g}/s")
+    if limit.fair_by is not None:
+        parts.append(f"fair_by={limit.fair_by}")
+    if limit.fifo_by is not None:
+        parts.append(f"fifo_by={limit.fifo_by}")
+    return " ".join(parts)
+
+
+def log_outcome(event: Event, outcome: Outcome, limiter: FailureLogLimiter | None = None) -> None:
     """One line per failed attempt, scheduled retry, parked or handler-cancelled event.
 
     Written once the outcome is stored, so the log never tells of a result the
     database refused (a lost lease); the traceback follows at debug level.
+    ``limiter`` thins a storm of them to a few lines and a count per topic.
     """
+    action = _OUTCOME_ACTIONS.get(outcome.state)
+    if action is None or (limiter is not None and not limiter.admit(event.topic, action)):
+        return
     fields = {"event_id": event.id, "topic": event.topic, "tenant": event.tenant,
               "attempt": event.attempt, "error": outcome.error}
     if outcome.state is EventState.PENDING:
         log.warning("event %d (%s) attempt %d/%d failed: %s; retrying in %.1fs", event.id,
                     event.topic, event.attempt, event.max_attempts, outcome.error, outcome.delay,
-                    extra={"action": "retry_scheduled", "retry_in_s": outcome.delay, **fields})
+                    extra={"action": action, "retry_in_s": outcome.delay, **fields})
     elif outcome.state is EventState.FAILED:
         log.error("event %d (%s) parked failed after attempt %d/%d: %s", event.id, event.topic,
                   event.attempt, event.max_attempts, outcome.error,
-                  extra={"action": "event_parked", **fields})
-    elif outcome.state is EventState.CANCELLED:
+                  extra={"action": action, **fields})
+    else:
         log.info("event %d (%s) %s", event.id, event.topic, outcome.error,
-                 extra={"action": "event_cancelled", **fields})
+                 extra={"action": action, **fields})
     if outcome.traceback and log.isEnabledFor(logging.DEBUG):
         log.debug("event %d attempt %d traceback:\n%s", event.id, event.attempt,
                   outcome.traceback, extra={"action": "attempt_traceback", **fields})
@@ -128,6 +152,7 @@ class Worker:
         self.name = c.name or f"{socket.gethostname()}:{os.getpid()}"
         self.stats = WorkerStats()
         self.tally = OutcomeTally()   # outcomes by minute and topic, for event_counts (0008)
+        self.failure_log = FailureLogLimiter(c.failure_log_limit, c.failure_log_window)
         self._q = queries_for(c.schema)
         tenants = c.tenants
         claim_filter = {**router.claim_filter(), "all_tenants": tenants is None,
@@ -241,6 +266,7 @@ class Worker:
         await self._register()
         await self._learn_pauses()
         await self._learn_flow()
+        await self._check_vacuum()
         tasks = [asyncio.create_task(self.maintenance.run(self._closing),
                                      name="conveyor-maintenance")]
         if self.listens:
@@ -255,8 +281,8 @@ class Worker:
         self._flow_task = asyncio.create_task(self._flow_loop(), name="conveyor-flow")
         tasks.append(self._flow_task)
         completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
-        log.info("worker %s started: topics %s, concurrency %d", self.name,
-                 ", ".join(self.router.patterns), self.config.concurrency,
+        log.info("worker %s started: topics %s, concurrency %d%s", self.name,
+                 ", ".join(self.router.patterns), self.config.concurrency, self._start_details(),
                  extra={"action": "started", "worker": self.id})
         self.started.set()
         self.watchdog.start()
@@ -267,6 +293,22 @@ class Worker:
                 await self._shutdown(tasks, completer)
             finally:
                 self.watchdog.stop()
+
+    def _start_details(self) -> str:
+        """``; cron: ...; limits: ...; paused: ...``: what else decides what this worker claims."""
+        details = []
+        if self.router.schedules:
+            details.append("cron: " + ", ".join(
+                f"{s.name} ({s.expression} -> {s.topic})" if s.name != default_name(
+                    s.topic, s.expression, s.timezone) else s.name
+                for s in self.router.schedules))
+        limits = [describe_limit(route.flow) for route in self.router.routes if route.flow]
+        if limits:
+            details.append("limits: " + ", ".join(limits))
+        if self.pauses.in_force:
+            details.append("paused: " + ", ".join(describe_pause(*key)
+                                                  for key in self.pauses.in_force))
+        return "".join(f"; {detail}" for detail in details)
 
     async def _register(self) -> None:
         try:
@@ -301,6 +343,24 @@ class Worker:
             pass
         except CONNECTION_ERRORS as exc:
             await self.connections.maintenance.discard(exc)
+
+    async def _check_vacuum(self) -> None:
+        # Once at start: a server or table without autovacuum is the
+        # environment's doing, and one line saves the hunt for why claims slow.
+        try:
+            conn = await self.connections.maintenance.get()
+            found = await with_deadline(conn, vacuum_warnings_async(conn, self.config.schema),
+                                        self.config.query_timeout)
+        except StopRequested:
+            return
+        except CONNECTION_ERRORS as exc:
+            await self.connections.maintenance.discard(exc)
+            return
+        except psycopg.Error as exc:
+            log.debug("vacuum check failed: %s", exc)
+            return
+        for warning in found:
+            log.warning(warning.message, extra={"action": warning.action})
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]],
                         completer: asyncio.Task[None]) -> None:
@@ -348,6 +408,7 @@ class Worker:
             pass
         await self.connections.close()
         self.executor.close()
+        self.failure_log.flush(everything=True)
         log.info("worker stopped", extra={"action": "stopped", "worker": self.id})
 
     async def _fetch_loop(self) -> None:
@@ -550,7 +611,7 @@ class Worker:
             if outcome.refund:
                 continue  # snoozes and hand-backs spend no attempt and count as neither
             if outcome.error is not None and entry is not None:
-                log_outcome(entry.event, outcome)
+                log_outcome(entry.event, outcome, self.failure_log)
             if outcome.state is EventState.SUCCEEDED:
                 s.succeeded += 1
             elif outcome.state is EventState.PENDING:

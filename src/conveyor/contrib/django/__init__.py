@@ -21,6 +21,7 @@ pages of the events. Settings, all optional, in ``CONVEYOR``::
         "SCHEMA": "conveyor",         # the schema holding Conveyor's tables
         "ROUTER": "myapp.jobs:router",  # the router manage.py conveyor_worker runs,
                                         # besides the Django tasks' own
+        "TASK_MODULES": ["myapp.jobs.tasks"],  # modules of tasks outside an app's tasks.py
     }
 
 A backend for Django's Tasks framework is :class:`conveyor.contrib.django.backend.ConveyorBackend`
@@ -51,7 +52,8 @@ from conveyor.producer_core import EventLike
 
 __all__ = ["aenqueue", "conninfo", "enqueue", "enqueue_many", "psycopg_connection", "setting"]
 
-DEFAULTS: dict[str, Any] = {"DATABASE": "default", "SCHEMA": "conveyor", "ROUTER": None}
+DEFAULTS: dict[str, Any] = {"DATABASE": "default", "SCHEMA": "conveyor", "ROUTER": None,
+                             "TASK_MODULES": ()}
 
 _producers: dict[str, Producer] = {}
 

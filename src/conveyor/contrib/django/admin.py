@@ -38,7 +38,11 @@ def _apply(request: HttpRequest, queryset: QuerySet[Event], verb: str) -> None:
 
 
 @admin.register(Event)
-class EventAdmin(admin.ModelAdmin[Event]):
+# Not ModelAdmin[Event]: ModelAdmin is generic for django-stubs only, and
+# subscripting it at run time works just after django_stubs_ext.monkeypatch(),
+# which importing the django-tasks backport does; Django 6's setup leaves the
+# backport out, and the admin crashed at start (adversary N9).
+class EventAdmin(admin.ModelAdmin):
     list_display = ("id", "topic", "tenant", "state", "attempts", "max_attempts", "run_at",
                     "last_error")
     list_filter = ("state",)

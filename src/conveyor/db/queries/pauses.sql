@@ -20,10 +20,7 @@ WHERE pattern = %(pattern)s AND tenant IS NOT DISTINCT FROM %(tenant)s
 RETURNING pattern
 
 -- name: pause_list
+-- Also the worker's re-check (twice a second): which pauses are in force.
 SELECT pattern, tenant, reason, paused_at
 FROM {schema}.pauses
 ORDER BY pattern, tenant NULLS FIRST
-
--- name: pause_any
--- Whether the worker must claim with event_claim_unpaused; one row at most.
-SELECT EXISTS (SELECT 1 FROM {schema}.pauses)

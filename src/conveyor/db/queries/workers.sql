@@ -80,3 +80,15 @@ LIMIT 20
 
 -- name: events_dead_rows
 SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relid = to_regclass(%(table)s)
+
+-- name: vacuum_health
+-- Whether autovacuum looks after the events table (vacuum_health.py reads it
+-- by these names): the server's switch, the table's own options, and its dead
+-- rows and last analysis. A catalog read; the table itself is not touched.
+SELECT current_setting('autovacuum') AS autovacuum,
+       c.reloptions AS reloptions,
+       s.n_dead_tup AS dead_rows,
+       greatest(s.last_analyze, s.last_autoanalyze) AS last_analyzed
+FROM pg_class AS c
+LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass(%(table)s)
