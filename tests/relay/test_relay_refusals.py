@@ -287,6 +287,11 @@ async def test_rabbitmq_a_message_over_max_message_size_is_refused_and_parked(
         assert sorted(set(got)) == sorted(set(ids) - refused)
         await connection.close()
         _none_put_back(caplog)
+        server.kill()
+
+        async def server_gone() -> bool:
+            return not server.processes()
+        await wait_until(server_gone, timeout=10, what="the private rabbitmq-server to die")
     finally:
         server.kill()
         shutil.rmtree(home, ignore_errors=True)
