@@ -866,6 +866,43 @@ def test_pause_delete_list_and_any(db: Conn) -> None:
     assert [r[:2] for r in db.execute(Q["pause_list"])] == [("email.*", "acme")]
 
 
+@exercises("pause_print")
+def test_pause_print_changes_with_the_set_of_pauses(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.pauses")
+    assert db.execute(Q["pause_print"]).fetchone() == (None,)
+    _pause(db, "email.*", "acme")
+    _pause(db, "email.*")
+    assert db.execute(Q["pause_print"]).fetchone() == ("email.* acme,email.* ",)
+
+
+_OWN = {"all_topics": False, "topics": ["own"], "prefixes": [], "all_tenants": True,
+        "tenants": []}
+
+
+@exercises("lane_set_aside", "lane_bring_back", "lane_try_lock", "lane_lock")
+def test_lanes_set_aside_what_no_live_worker_claims_and_bring_back_the_own(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.pauses")
+    own, orphan, peer = _insert(db, "own"), _insert(db, "orphan"), _insert(db, "peer.a")
+    db.execute("INSERT INTO conveyor.workers (id, name, host, pid, topics, concurrency)"
+               " VALUES (gen_random_uuid(), 'w', 'h', 1, '{peer.*}', 1)")
+    lock = {"key": "conveyor lanes test"}
+    assert db.execute(Q["lane_try_lock"], lock).fetchone() == (True,)
+    db.execute(Q["lane_lock"], lock)
+    moved = db.execute(Q["lane_set_aside"], {**_OWN, "window": 100, "alive_within": 30})
+    assert moved.rowcount == 1
+    assert _row(db, orphan, "limited") == (None,)
+    assert _row(db, own, "limited") == _row(db, peer, "limited") == (False,)
+    # A pause sets aside even the worker's own topic; lifted, it comes back.
+    _pause(db, "own", None)
+    db.execute(Q["lane_set_aside"], {**_OWN, "window": 100, "alive_within": 30})
+    assert _row(db, own, "limited") == (None,)
+    assert db.execute(Q["lane_bring_back"], {**_OWN, "batch": 10}).rowcount == 0
+    db.execute("DELETE FROM conveyor.pauses")
+    assert db.execute(Q["lane_bring_back"], {**_OWN, "batch": 10}).rowcount == 1
+    assert _row(db, own, "limited") == (False,)
+    assert _row(db, orphan, "limited") == (None,)      # not this worker's topic
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("label", list(CLAIM_FILTERS))
 def test_claim_unpaused_plan_uses_the_claim_index_with_pauses_present(

@@ -245,14 +245,16 @@ WITH front AS (
     ORDER BY priority DESC, run_at, id
     LIMIT %(window)s
 ), picked AS (
-    SELECT e.id
-    FROM {schema}.events AS e
-    JOIN front ON front.id = e.id
-    WHERE (%(limit_all_topics)s OR front.topic = ANY(%(limit_topics)s::text[])
-           OR front.topic LIKE ANY(%(limit_prefixes)s::text[]))
-      AND e.state = 'pending'
-      AND NOT e.limited
-    FOR UPDATE OF e SKIP LOCKED
+    -- By primary key (an array, not a join): lanes.sql's lane_set_aside says why.
+    SELECT id
+    FROM {schema}.events
+    WHERE id = ANY (ARRAY(
+              SELECT front.id FROM front
+              WHERE %(limit_all_topics)s OR front.topic = ANY(%(limit_topics)s::text[])
+                    OR front.topic LIKE ANY(%(limit_prefixes)s::text[])))
+      AND state = 'pending'
+      AND NOT limited
+    FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.events AS e
 SET limited = true

@@ -27,3 +27,10 @@ ORDER BY pattern, tenant NULLS FIRST
 -- name: pause_any
 -- Whether the worker must claim with event_claim_unpaused; one row at most.
 SELECT EXISTS (SELECT 1 FROM {schema}.pauses)
+
+-- name: pause_print
+-- Every pause as one text, read while some pause exists: a worker that sees
+-- it change brings back the events a lifted pause had set aside (0018), even
+-- without the !pause notification (a poll-only worker, a pause deleted in SQL).
+SELECT string_agg(format('%s %s', pattern, tenant), ',' ORDER BY pattern, tenant)
+FROM {schema}.pauses
