@@ -565,6 +565,9 @@ def test_status_open_counts_and_age(db: Conn) -> None:
                              ("c", None, "running", 1, None), ("d", None, "failed", 1, None)],
                             key=str)
     assert db.execute(Q["status_oldest_due_age"]).fetchone() == (30,)
+    # Set aside (0018), the oldest still counts, with its lane's own priorities.
+    db.execute("UPDATE conveyor.events SET limited = NULL, priority = -2 WHERE id = %s", (old,))
+    assert db.execute(Q["status_oldest_due_age"]).fetchone() == (30,)
 
 
 @exercises("status_finished_sample", "status_table_estimate")
@@ -901,6 +904,13 @@ def test_lanes_set_aside_what_no_live_worker_claims_and_bring_back_the_own(db: C
     assert db.execute(Q["lane_bring_back"], {**_OWN, "batch": 10}).rowcount == 1
     assert _row(db, own, "limited") == (False,)
     assert _row(db, orphan, "limited") == (None,)      # not this worker's topic
+    # An operator's retry or reschedule takes an event out of the aside lane
+    # (judged again, as a new one is) and leaves the limited lane's alone.
+    db.execute(Q["event_retry"], {"id": orphan})
+    assert _row(db, orphan, "limited") == (False,)
+    db.execute("UPDATE conveyor.events SET limited = true WHERE id = %s", (peer,))
+    db.execute(Q["event_reschedule"], {"id": peer, "run_at": None, "delay": 5})
+    assert _row(db, peer, "limited") == (True,)
 
 
 @pytest.mark.slow

@@ -10,12 +10,19 @@ from typing import Any
 
 import psycopg
 
-from conveyor import AsyncAdmin, NewEvent, Router, Worker
+from conveyor import AsyncAdmin, Event, NewEvent, Router, Worker
 from conveyor.db.named_queries import queries_for
 from waiting import wait_until
 from worker_support import enqueue, enqueue_many, fast_config, query, running, wait_all_in
 
 Q = queries_for("conveyor")
+
+
+def _route(router: Router, pattern: str, done: list[int]) -> None:
+    """A no-op route that records the ids it ran."""
+    def handle(event: Event) -> None:
+        done.append(event.id)
+    router.add(pattern, handle, blocking=False)
 
 
 async def _lanes(url: str) -> dict[Any, int]:
@@ -50,9 +57,10 @@ async def _claim_rows_read(url: str, topic: str) -> int:
         # entries until a vacuum).
         await conn.execute("SET LOCAL enable_bitmapscan = off")
         cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["event_claim"], params)
-        plan = (await cur.fetchone() or [None])[0]
+        row = await cur.fetchone()
         await conn.rollback()
-    return _index_rows(plan[0]["Plan"])
+    assert row is not None
+    return _index_rows(row[0][0]["Plan"])
 
 
 async def test_the_plain_claim_no_longer_reads_the_events_no_worker_handles(db: str) -> None:
@@ -60,7 +68,7 @@ async def test_the_plain_claim_no_longer_reads_the_events_no_worker_handles(db: 
     await enqueue_many(db, [NewEvent(topic="orphan.job", payload=n) for n in range(3000)])
     await enqueue_many(db, [NewEvent(topic="handled.job", payload=n) for n in range(5)])
     router = Router()
-    router.add("handled.job", lambda event: None, blocking=False)
+    _route(router, "handled.job", [])
     worker = Worker(db, router, fast_config())
     try:
         await worker.maintenance.run_once()       # registers, then one lanes pass
@@ -78,7 +86,7 @@ async def test_an_unhandled_topics_event_is_claimed_promptly_once_its_worker_sta
     routers = {}
     for topic in done:
         router = Router()
-        router.add(topic, lambda event: done[event.topic].append(event.id), blocking=False)
+        _route(router, topic, done[topic])
         routers[topic] = router
     # retention=0: the brought-back event is deleted once done, as any other.
     a = Worker(db, routers["a.job"], fast_config(retention=0))
@@ -112,7 +120,7 @@ async def test_a_paused_topics_events_are_set_aside_and_come_back_when_resumed(d
     await _clear_pauses(db)
     done: list[int] = []
     router = Router()
-    router.add("p.*", lambda event: done.append(event.id), blocking=False)
+    _route(router, "p.*", done)
     try:
         async with await psycopg.AsyncConnection.connect(db) as conn:
             await AsyncAdmin().pause(conn, "p.held")
@@ -137,7 +145,7 @@ async def test_a_pause_lifted_in_sql_brings_the_events_back_to_a_poll_only_worke
     await _clear_pauses(db)
     done: list[int] = []
     router = Router()
-    router.add("q.*", lambda event: done.append(event.id), blocking=False)
+    _route(router, "q.*", done)
     try:
         await query(db, "INSERT INTO conveyor.pauses (pattern) VALUES ('q.held'), ('q.other')")
         held = await enqueue_many(db, [NewEvent(topic="q.held", payload=n) for n in range(20)])
@@ -164,7 +172,7 @@ async def test_no_event_is_stranded_when_a_topics_worker_stops_and_another_start
 
     def router(topic: str) -> Router:
         r = Router()
-        r.add(topic, lambda event: done.append(event.id), blocking=False)
+        _route(r, topic, done)
         return r
 
     async with running(Worker(db, router("other.job"), fast_config())):
@@ -183,7 +191,7 @@ async def test_a_rescued_event_is_claimed_and_pruning_leaves_the_aside_lane_alon
         db: str) -> None:
     done: list[int] = []
     router = Router()
-    router.add("r.job", lambda event: done.append(event.id), blocking=False)
+    _route(router, "r.job", done)
     # An event whose worker died mid-run, and one of a topic no worker handles.
     lost = await enqueue(db, "r.job")
     await query(db, "UPDATE conveyor.events SET state = 'running', attempts = 1,"
@@ -201,7 +209,7 @@ async def test_a_rescued_event_is_claimed_and_pruning_leaves_the_aside_lane_alon
 async def test_a_worker_that_claims_once_brings_its_topics_back_first(db: str) -> None:
     done: list[int] = []
     router = Router()
-    router.add("once.job", lambda event: done.append(event.id), blocking=False)
+    _route(router, "once.job", done)
     ids = await enqueue_many(db, [NewEvent(topic="once.job", payload=n) for n in range(3)])
     await query(db, "UPDATE conveyor.events SET limited = NULL")
     worker = Worker(db, router, fast_config())
@@ -225,7 +233,7 @@ async def test_set_aside_keeps_events_a_live_worker_or_the_worker_itself_handles
                     " (gen_random_uuid(), 'dead', 'h', 2, '{gone.job}', NULL, 1,"
                     "  now() - interval '1 hour')")
     router = Router()
-    router.add("own.job", lambda event: None, blocking=False)
+    _route(router, "own.job", [])
     worker = Worker(db, router, fast_config())
     async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
         moved = await worker.lanes.set_aside(conn)
@@ -239,7 +247,7 @@ async def test_set_aside_keeps_events_a_live_worker_or_the_worker_itself_handles
 
 async def test_a_set_aside_waits_for_no_bring_back_and_skips_while_one_runs(db: str) -> None:
     router = Router()
-    router.add("own.job", lambda event: None, blocking=False)
+    _route(router, "own.job", [])
     worker = Worker(db, router, fast_config())
     await enqueue(db, "nobody.job")
     async with await psycopg.AsyncConnection.connect(db) as holder, \

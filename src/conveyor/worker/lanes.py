@@ -19,10 +19,11 @@ Each worker, on its maintenance connection:
   a ``!pause`` notification, and every ``RETURN_EVERY`` seconds.
 
 No event is stranded: both take one advisory lock (``lane_lock``) before
-their statement, so a set-aside either ran before a worker's bring-back
-(which then sees and returns its events) or after its registration (and so
-sees the worker alive). The periodic bring-back catches a worker taken for
-gone while its heartbeat was late, and a pause lifted by hand in SQL. An
+their statement, a set-aside alone and bring-backs shared, so a set-aside
+either ran before a worker's bring-back (which then sees and returns its
+events) or after its registration (and so sees the worker alive). The
+periodic bring-back catches a worker taken for gone while its heartbeat was
+late, and a pause lifted by hand in SQL. An
 event that returns to pending from a claim (a retry, a rescued lease) is in
 the lane it was claimed from, the open one, and is judged again there.
 
@@ -58,8 +59,9 @@ ALIVE_WITHIN = 30.0
 # Seconds between two bring-backs when nothing asks for one sooner.
 RETURN_EVERY = 30.0
 
-# Events one lane_bring_back statement moves.
-RETURN_BATCH = 10_000
+# Events one lane_bring_back statement moves: the claims are woken after
+# each, so a resumed backlog starts to drain after the first.
+RETURN_BATCH = 2_000
 
 
 class Lanes:
@@ -140,9 +142,8 @@ class Lanes:
                 cur = await conn.execute(q["lane_bring_back"], params)
             moved = max(cur.rowcount, 0)
             total += moved
+            if moved:
+                self.brought_back_total += moved
+                self._on_back()
             if moved < RETURN_BATCH:
-                break
-        if total:
-            self.brought_back_total += total
-            self._on_back()
-        return total
+                return total

@@ -238,18 +238,18 @@ WITH seen AS (
 -- events in claim order (read from the index alone); an event further back is
 -- moved when it gets there. Rows a claim holds are skipped: it is taking them.
 WITH front AS (
-    SELECT id, topic
+    SELECT ctid, topic
     FROM {schema}.events
     WHERE state = 'pending'
       AND NOT limited
     ORDER BY priority DESC, run_at, id
     LIMIT %(window)s
 ), picked AS (
-    -- By primary key (an array, not a join): lanes.sql's lane_set_aside says why.
+    -- By their place in the table, not a join: lanes.sql's lane_set_aside says why.
     SELECT id
     FROM {schema}.events
-    WHERE id = ANY (ARRAY(
-              SELECT front.id FROM front
+    WHERE ctid = ANY (ARRAY(
+              SELECT front.ctid FROM front
               WHERE %(limit_all_topics)s OR front.topic = ANY(%(limit_topics)s::text[])
                     OR front.topic LIKE ANY(%(limit_prefixes)s::text[])))
       AND state = 'pending'
