@@ -105,7 +105,12 @@ def _commits(url: str) -> int:
 
 
 def _drain(url: str, n: int) -> dict[str, float]:
-    """Write n free.job events and time their drain."""
+    """Write n free.job events and time their drain; also says how many events of
+    the other topics were still in the open lane (not set aside) at the start."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        # The lane column of the code under test: limited IS NULL is 0018's aside lane.
+        in_way = _one(conn, "SELECT count(*) FROM {s}.events WHERE state = 'pending'"
+                            " AND limited IS NOT DISTINCT FROM false AND topic <> 'free.job'")
     commits = _commits(url)
     wal = _enqueue(url, "free.job", n)
     started = time.monotonic()
@@ -118,7 +123,8 @@ def _drain(url: str, n: int) -> dict[str, float]:
                 raise SystemExit("free.job did not drain in 10 minutes")
             time.sleep(0.02)
     took = time.monotonic() - started
-    return {"per_s": round(n / took), "wal_per_event": round(wal / n, 1),
+    return {"per_s": round(n / took), "in_the_way_at_start": in_way,
+            "wal_per_event": round(wal / n, 1),
             "commits_per_event": round((_commits(url) - commits) / n, 4)}
 
 

@@ -260,3 +260,24 @@ async def test_a_set_aside_waits_for_no_bring_back_and_skips_while_one_runs(db: 
         assert await worker.lanes.set_aside(conn) == 1
     await worker.close()
     assert await _lanes(db) == {None: 1}
+
+
+async def test_a_pass_brings_back_a_bounded_share_and_the_next_goes_on(
+        db: str, monkeypatch: Any) -> None:
+    import conveyor.worker.lanes as lanes
+
+    monkeypatch.setattr(lanes, "RETURN_BATCH", 2)
+    monkeypatch.setattr(lanes, "RETURN_BATCHES", 3)
+    await enqueue_many(db, [NewEvent(topic="own.job", payload=n) for n in range(7)])
+    await query(db, "UPDATE conveyor.events SET limited = NULL")
+    router = Router()
+    _route(router, "own.job", [])
+    worker = Worker(db, router, fast_config())
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+        await worker.lanes.run(conn)
+        assert await _lanes(db) == {None: 1, False: 6}
+        assert worker.lanes.due_at() <= time.monotonic()      # the next pass goes on
+        await worker.lanes.run(conn)
+    await worker.close()
+    assert await _lanes(db) == {False: 7}
+    assert worker.lanes.brought_back_total == 7
