@@ -570,6 +570,9 @@ def test_status_open_counts_and_age(db: Conn) -> None:
                              ("c", None, "running", 1, None), ("d", None, "failed", 1, None)],
                             key=str)
     assert db.execute(Q["status_oldest_due_age"]).fetchone() == (30,)
+    # Set aside (0018), the oldest still counts, with its lane's own priorities.
+    db.execute("UPDATE conveyor.events SET limited = NULL, priority = -2 WHERE id = %s", (old,))
+    assert db.execute(Q["status_oldest_due_age"]).fetchone() == (30,)
 
 
 @exercises("status_finished_sample", "status_table_estimate")
@@ -879,6 +882,41 @@ def test_pause_delete_and_list(db: Conn) -> None:
     deleted = db.execute(Q["pause_delete"], {"pattern": "email.*", "tenant": None}).fetchall()
     assert deleted == [("email.*",)]
     assert [r[:2] for r in db.execute(Q["pause_list"])] == [("email.*", "acme")]
+
+
+_OWN = {"all_topics": False, "topics": ["own"], "prefixes": [], "all_tenants": True,
+        "tenants": []}
+
+
+@exercises("lane_set_aside", "lane_bring_back", "lane_try_lock", "lane_lock")
+def test_lanes_set_aside_what_no_live_worker_claims_and_bring_back_the_own(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.pauses")
+    own, orphan, peer = _insert(db, "own"), _insert(db, "orphan"), _insert(db, "peer.a")
+    db.execute("INSERT INTO conveyor.workers (id, name, host, pid, topics, concurrency)"
+               " VALUES (gen_random_uuid(), 'w', 'h', 1, '{peer.*}', 1)")
+    lock = {"key": "conveyor lanes test"}
+    assert db.execute(Q["lane_try_lock"], lock).fetchone() == (True,)
+    db.execute(Q["lane_lock"], lock)
+    moved = db.execute(Q["lane_set_aside"], {**_OWN, "window": 100, "alive_within": 30})
+    assert moved.rowcount == 1
+    assert _row(db, orphan, "limited") == (None,)
+    assert _row(db, own, "limited") == _row(db, peer, "limited") == (False,)
+    # A pause sets aside even the worker's own topic; lifted, it comes back.
+    _pause(db, "own", None)
+    db.execute(Q["lane_set_aside"], {**_OWN, "window": 100, "alive_within": 30})
+    assert _row(db, own, "limited") == (None,)
+    assert db.execute(Q["lane_bring_back"], {**_OWN, "batch": 10}).rowcount == 0
+    db.execute("DELETE FROM conveyor.pauses")
+    assert db.execute(Q["lane_bring_back"], {**_OWN, "batch": 10}).rowcount == 1
+    assert _row(db, own, "limited") == (False,)
+    assert _row(db, orphan, "limited") == (None,)      # not this worker's topic
+    # An operator's retry or reschedule takes an event out of the aside lane
+    # (judged again, as a new one is) and leaves the limited lane's alone.
+    db.execute(Q["event_retry"], {"id": orphan})
+    assert _row(db, orphan, "limited") == (False,)
+    db.execute("UPDATE conveyor.events SET limited = true WHERE id = %s", (peer,))
+    db.execute(Q["event_reschedule"], {"id": peer, "run_at": None, "delay": 5})
+    assert _row(db, peer, "limited") == (True,)
 
 
 @pytest.mark.slow

@@ -61,9 +61,12 @@ CREATE TABLE conveyor.events (
     tracestate       conveyor.tracestate,
     -- A handler's return value, for routes that store it (0010; docs/results.md).
     result           conveyor.event_result,
-    -- A pending event of a flow-limited pattern, in the flow claims' lane of
-    -- events_claim_idx (0013; conveyor/worker/flow.py).
-    limited          boolean     NOT NULL DEFAULT false,
+    -- The pending event's lane in events_claim_idx: false the open lane, true
+    -- the flow claims' lane of a flow-limited pattern (0013;
+    -- conveyor/worker/flow.py), NULL the aside lane of events no live worker
+    -- handles or a pause holds, which no claim reads (0018;
+    -- conveyor/worker/lanes.py).
+    limited          boolean     DEFAULT false,
     -- The transaction that wrote the event (0016; NULL for events older than
     -- 0016): the ordered relay reads in (xid, id) order, past no running one.
     xid              xid8        DEFAULT pg_current_xact_id(),

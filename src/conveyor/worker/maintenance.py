@@ -33,6 +33,7 @@ from conveyor.worker.connection import (
     ManagedConnection,
 )
 from conveyor.worker.deadline import with_deadline
+from conveyor.worker.lanes import Lanes
 from conveyor.worker.running import Key, RunningSet
 from conveyor.worker.stats import OutcomeTally, WorkerStats
 from conveyor.worker.wakeups import PauseState
@@ -89,13 +90,19 @@ class Maintenance:
             Defaults to None (no re-check).
         tally: the outcomes the worker has written, added to ``event_counts``
             at each heartbeat. Defaults to None (nothing counted).
+        lanes: moves the events no live worker claims to the aside lane and
+            back (0018), after the heartbeat of each pass it is due in.
+            Defaults to None (no lanes kept).
     """
 
     def __init__(self, conn: ManagedConnection, queries: Queries, config: WorkerConfig,
                  owner: str, name: str, topics: list[str], running: RunningSet,
                  decided: Callable[[], set[Key]], stats: WorkerStats, *,
-                 pauses: PauseState | None = None, tally: OutcomeTally | None = None) -> None:
+                 pauses: PauseState | None = None, tally: OutcomeTally | None = None,
+                 lanes: Lanes | None = None) -> None:
         self.conn = conn
+        self.lanes = lanes
+        self._pause_print: frozenset[tuple[str, str | None]] | None = None   # as last read
         self.tally = tally
         self._pauses = pauses
         self._q = queries
@@ -139,6 +146,10 @@ class Maintenance:
                 if self._pauses is not None and now >= next_pauses:
                     await with_deadline(conn, self.check_pauses(conn), c.query_timeout)
                     next_pauses = now + PAUSE_CHECK_INTERVAL
+                if self.lanes is not None and now >= self.lanes.due_at():
+                    # After the heartbeat: a bring-back follows this worker's
+                    # registry row, so no set-aside can miss it (lanes.py).
+                    await with_deadline(conn, self.lanes.run(conn), c.query_timeout)
                 if now >= next_rescue:
                     await self._rescue(conn)
                     next_rescue = now + c.rescue_interval * (1 - 0.2 * self._rng.random())
@@ -157,7 +168,8 @@ class Maintenance:
                 continue
             sleep_for = max(0.05, min(next_beat, next_rescue,
                                       next_horizon if horizon_every else next_beat,
-                                      next_pauses if self._pauses else next_beat)
+                                      next_pauses if self._pauses else next_beat,
+                                      self.lanes.due_at() if self.lanes else next_beat)
                             - time.monotonic())
             try:
                 await asyncio.wait_for(closing.wait(), timeout=sleep_for)
@@ -165,10 +177,13 @@ class Maintenance:
                 pass
 
     async def run_once(self) -> None:
-        """One pass of everything: heartbeat and clock, pauses, rescue, horizon check, pruning."""
+        """One pass of everything: heartbeat and clock, pauses, lanes, rescue, horizon
+        check, pruning."""
         conn = await self.conn.get(give_up_on_stop=False)
         await self._beat(conn)
         await with_deadline(conn, self.check_pauses(conn), self._config.query_timeout)
+        if self.lanes is not None:
+            await with_deadline(conn, self.lanes.run(conn), self._config.query_timeout)
         await self._rescue(conn)
         await with_deadline(conn, self.check_horizon(conn), self._config.query_timeout)
         await self._prune(conn)
@@ -181,6 +196,14 @@ class Maintenance:
         cur = await conn.execute(self._q["pause_list"])
         rows = await cur.fetchall()
         self._pauses.read([(row[0], row[1], row[2]) for row in rows], version)
+        if self.lanes is not None:
+            # A pause set that changed may have lost one, whose events come back
+            # from aside, even without the !pause notification (a poll-only
+            # worker, a pause deleted in SQL).
+            printed = frozenset((row[0], row[1]) for row in rows)
+            if self._pause_print is not None and printed != self._pause_print:
+                self.lanes.bring_back_soon()
+            self._pause_print = printed
 
     async def register(self) -> None:
         """Add the worker to the registry; the first heartbeat does it if the database is away."""

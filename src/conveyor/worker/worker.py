@@ -58,6 +58,7 @@ from conveyor.worker.deadline import StopFlag, with_deadline, with_deadline_in_t
 from conveyor.worker.executor import Executor, Outcome
 from conveyor.worker.failure_log import FailureLogLimiter
 from conveyor.worker.flow import FlowControl
+from conveyor.worker.lanes import Lanes
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
@@ -182,13 +183,15 @@ class Worker:
                                  threads=2 * c.concurrency, middleware=middleware)
         self.flow = FlowControl(self._q, router)
         self.pauses = PauseState(self.wake)
+        self.lanes = Lanes(self._q, self._filter, heartbeat_interval=c.heartbeat_interval,
+                           on_back=self.wake)
         self.maintenance = Maintenance(self.connections.maintenance, self._q, c, self.id,
                                        self.name, router.patterns, self.running,
                                        self.completer.unacknowledged, self.stats,
-                                       pauses=self.pauses, tally=self.tally)
+                                       pauses=self.pauses, tally=self.tally, lanes=self.lanes)
         self.due_times = DueTimes(self.wake, router.handles,
                                   lambda: self.maintenance.clock_offset,
-                                  on_pause=self.pauses.notified)
+                                  on_pause=self._pauses_changed)
         self.listener = Listener(self.connections.listen, self._q.channel,
                                  on_notify=self.due_times.notified, on_connected=self.wake,
                                  ping_interval=c.listener_ping_interval,
@@ -231,6 +234,10 @@ class Worker:
         """Ask the fetch loop to claim now (a NOTIFY arrived, or a slot freed)."""
         self._wake.set()
         self.flow.poke()
+
+    def _pauses_changed(self) -> None:
+        self.pauses.notified()
+        self.lanes.bring_back_soon()   # a resume: the aside events come back
 
     def request_stop(self) -> None:
         """Begin a graceful stop: claim nothing more, let running handlers finish."""
@@ -635,6 +642,8 @@ class Worker:
         if not self._flow_learned:
             await self._learn_flow()
             self._flow_learned = True
+            # Unregistered, this worker may find its topics set aside by others.
+            await self.lanes.bring_back(await self.connections.fetch.get())
         want = min(self.running.free_slots(), self.config.batch_size)
         claimed = await self._claim(want) or []
         if self.flow.active and len(claimed) < want:

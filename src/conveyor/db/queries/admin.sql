@@ -57,6 +57,8 @@ LIMIT %(limit)s
 -- since), with the same rule as event_retry, limited to the filter's states.
 UPDATE {schema}.events
 SET state = 'pending',
+    -- Out of the aside lane (0018): judged again, as a new event is.
+    limited = COALESCE(limited, false),
     run_at = now(),
     max_attempts = GREATEST(max_attempts, attempts + 1),
     finished_at = NULL,

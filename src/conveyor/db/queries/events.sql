@@ -306,6 +306,8 @@ WHERE id = %(id)s
 -- Operator retry: run again now, granting one more attempt if all are spent.
 UPDATE {schema}.events
 SET state = 'pending',
+    -- Out of the aside lane (0018): judged again, as a new event is.
+    limited = COALESCE(limited, false),
     run_at = now(),
     max_attempts = GREATEST(max_attempts, attempts + 1),
     finished_at = NULL,
@@ -320,6 +322,8 @@ RETURNING id
 -- which knows the topic and due time from RETURNING.
 UPDATE {schema}.events
 SET state = 'pending',
+    -- Out of the aside lane (0018): judged again, as a new event is.
+    limited = COALESCE(limited, false),
     run_at = COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'),
     max_attempts = GREATEST(max_attempts, attempts + 1),
     finished_at = NULL,
@@ -331,6 +335,8 @@ RETURNING id, topic, run_at, extract(epoch FROM run_at)::float8 AS due_epoch,
 -- name: event_retry_failed
 UPDATE {schema}.events
 SET state = 'pending',
+    -- Out of the aside lane (0018): judged again, as a new event is.
+    limited = COALESCE(limited, false),
     run_at = now(),
     max_attempts = GREATEST(max_attempts, attempts + 1),
     finished_at = NULL,

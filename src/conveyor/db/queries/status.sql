@@ -77,9 +77,9 @@ WHERE c.oid = %(table)s::regclass
 -- Seconds since the oldest due pending event became due. events_claim_idx is
 -- ordered by lane and priority first, so min(run_at) over it would read every
 -- due entry (35-44 ms at 200,000 pending); this walks the priorities in use in
--- each lane instead (a recursive skip scan: one index probe per distinct
--- priority) and takes the first due entry of each, which is that priority's
--- oldest in that lane: 0.3 ms.
+-- each lane, the aside lane too (0018), instead (a recursive skip scan: one
+-- index probe per distinct priority) and takes the first due entry of each,
+-- which is that priority's oldest in that lane: 0.3 ms.
 WITH RECURSIVE priorities AS (
     SELECT lane.limited,
            (SELECT e.priority FROM {schema}.events AS e
@@ -93,14 +93,39 @@ WITH RECURSIVE priorities AS (
             ORDER BY e.limited, e.priority DESC, e.run_at, e.id LIMIT 1)
     FROM priorities AS p
     WHERE p.priority IS NOT NULL
+), aside AS (
+    -- The aside lane (0018, `limited` NULL, which `=` cannot match): the same walk.
+    SELECT (SELECT e.priority FROM {schema}.events AS e
+            WHERE e.state = 'pending' AND e.limited IS NULL
+            ORDER BY e.limited, e.priority DESC, e.run_at, e.id LIMIT 1) AS priority
+    UNION ALL
+    SELECT (SELECT e.priority FROM {schema}.events AS e
+            WHERE e.state = 'pending' AND e.limited IS NULL AND e.priority < a.priority
+            ORDER BY e.limited, e.priority DESC, e.run_at, e.id LIMIT 1)
+    FROM aside AS a
+    WHERE a.priority IS NOT NULL
 )
 SELECT extract(epoch FROM now() - min(oldest.run_at))::float8
-FROM priorities AS p
-CROSS JOIN LATERAL (
-    SELECT e.run_at FROM {schema}.events AS e
-    WHERE e.state = 'pending' AND e.limited = p.limited AND e.priority = p.priority
-      AND e.run_at <= now()
-    ORDER BY e.limited, e.priority DESC, e.run_at, e.id
-    LIMIT 1
+FROM (
+    SELECT o.run_at
+    FROM priorities AS p
+    CROSS JOIN LATERAL (
+        SELECT e.run_at FROM {schema}.events AS e
+        WHERE e.state = 'pending' AND e.limited = p.limited AND e.priority = p.priority
+          AND e.run_at <= now()
+        ORDER BY e.limited, e.priority DESC, e.run_at, e.id
+        LIMIT 1
+    ) AS o
+    WHERE p.priority IS NOT NULL
+    UNION ALL
+    SELECT o.run_at
+    FROM aside AS a
+    CROSS JOIN LATERAL (
+        SELECT e.run_at FROM {schema}.events AS e
+        WHERE e.state = 'pending' AND e.limited IS NULL AND e.priority = a.priority
+          AND e.run_at <= now()
+        ORDER BY e.limited, e.priority DESC, e.run_at, e.id
+        LIMIT 1
+    ) AS o
+    WHERE a.priority IS NOT NULL
 ) AS oldest
-WHERE p.priority IS NOT NULL

@@ -1,0 +1,21 @@
+-- Conveyor 0018: the aside lane, for pending events that no live worker
+-- handles or that a pause holds back. `{schema}` is replaced by the quoted
+-- schema identifier; this file holds no other braces on purpose.
+--
+-- The plain claim reads the open lane of events_claim_idx (`NOT limited`,
+-- 0013) in claim order and steps over every event of a topic it does not
+-- claim: 55,000 due events of a topic no worker handled, ahead in that order,
+-- cut a handled topic's drain from about 19,000 to 4,000-8,000 events a
+-- second (2026-12-02). `limited` becomes three-valued: false is the open
+-- lane, true the limited lane (the flow claims'), NULL the aside lane, which
+-- no claim reads (`NOT limited` and `limited` are both NULL there, so every
+-- claim and index predicate already leaves it out). NULL sorts after both
+-- lanes in the index, so the aside lane is a range of its own: no index is
+-- rebuilt, no row rewritten, no claim changed. A worker sets aside the
+-- events at the open lane's front that no live worker claims or that a pause
+-- holds (lane_set_aside), and brings its own topics' events back when it
+-- starts, when a pause is lifted and every LANE_RETURN_EVERY seconds
+-- (lane_bring_back; conveyor/worker/lanes.py).
+--
+-- Dropping NOT NULL is a catalog change: no scan, a moment at any size.
+ALTER TABLE {schema}.events ALTER COLUMN limited DROP NOT NULL;
