@@ -746,16 +746,30 @@ def test_claim_plan_uses_the_claim_index_among_a_million_finished_rows(
 def test_claim_among_a_million_finished_rows_is_fast(
     million_finished_db: str, label: str,
 ) -> None:
+    # Measured against a baseline on the same table, not a fixed 50 ms a loaded
+    # machine can exceed: the claim must take a small fraction of one pass over
+    # the million rows, which is what a claim that walked them would cost. Best of
+    # five, so that one descheduling of the backend does not decide.
     params = {**CLAIM_FILTERS[label], "limit": 100, "owner": _owner(), "lease_ttl": 30}
     with psycopg.connect(million_finished_db) as conn:
         conn.execute(Q["event_claim"], params).fetchall()  # warm the cache
         conn.rollback()
-        started = time.perf_counter()
-        claimed = conn.execute(Q["event_claim"], params).fetchall()
-        elapsed = time.perf_counter() - started
-        conn.rollback()
-    assert 1 <= len(claimed) <= 4
-    assert elapsed < 0.05, f"claim took {elapsed * 1000:.1f} ms"
+        claims: list[float] = []
+        for _ in range(5):
+            started = time.perf_counter()
+            claimed = conn.execute(Q["event_claim"], params).fetchall()
+            claims.append(time.perf_counter() - started)
+            conn.rollback()
+            assert 1 <= len(claimed) <= 4
+        scans: list[float] = []
+        for _ in range(3):
+            started = time.perf_counter()
+            conn.execute("SELECT count(*) FROM conveyor.events WHERE payload IS NOT NULL")
+            scans.append(time.perf_counter() - started)
+            conn.rollback()
+    claim, scan = min(claims), min(scans)
+    print(f"{label}: claim {claim * 1000:.1f} ms, full scan {scan * 1000:.1f} ms")
+    assert claim < scan / 10, f"claim took {claim * 1000:.1f} ms, a full scan {scan * 1000:.1f} ms"
 
 
 def test_claim_with_tenants_takes_only_those_tenants(db: Conn) -> None:
