@@ -360,7 +360,7 @@ def test_notify_delivers_payload_on_the_channel(fresh_db: str) -> None:
             psycopg.connect(fresh_db, autocommit=True) as conn:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(Q.channel)))
         conn.execute(Q["event_notify"], {"channel": Q.channel, "payload": "*"})
-        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["*"]
+        assert [n.payload for n in listener.notifies(timeout=20, stop_after=1)] == ["*"]
 
 
 # ------------------------------------------------------------------ operator
@@ -978,7 +978,7 @@ def test_notify_finished_names_each_event_on_the_results_channel(fresh_db: str) 
             psycopg.connect(fresh_db, autocommit=True) as conn:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(Q.results_channel)))
         conn.execute(Q["event_notify_finished"], {"channel": Q.results_channel, "ids": [7, 9]})
-        assert [n.payload for n in listener.notifies(timeout=2, stop_after=2)] == ["7", "9"]
+        assert [n.payload for n in listener.notifies(timeout=20, stop_after=2)] == ["7", "9"]
     assert Q.results_channel == "conveyor.results"
 
 
