@@ -1281,7 +1281,14 @@ def test_ordered_relay_reads_past_no_running_transaction_in_xid_order(fresh_db: 
         assert [r[0] for r in rows] == [old]          # `second` waits behind `early`
         assert reader.execute(Q["relay_ordered_held"], route).fetchone()[0] == 1
         early.commit()
-        rows = reader.execute(Q["relay_ordered_next"], route).fetchall()
+        # Read past the snapshot's xmin, which is cluster-wide: on a server shared
+        # with other tests a transaction elsewhere, older than `first`, holds the
+        # stream back until it ends (seen on a loaded machine: [old] alone). So
+        # wait for the rows, bounded; no transaction of this test is open now.
+        deadline = time.monotonic() + 60
+        while len(rows := reader.execute(Q["relay_ordered_next"], route).fetchall()) < 3 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert [r[0] for r in rows] == [old, first, second]
         assert [(r[7], r[8]) for r in rows] == [(False, False)] * 3   # due, not paused
         assert reader.execute(Q["relay_ordered_held"], route).fetchone()[0] == 0
