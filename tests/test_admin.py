@@ -281,7 +281,7 @@ def test_retry_notifies_workers(fresh_db: str) -> None:
             listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier("conveyor.events")))
             Admin().retry(conn, event_id)
             conn.commit()
-            assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["*"]
+            assert [n.payload for n in listener.notifies(timeout=20, stop_after=1)] == ["*"]
 
 
 def test_retry_failed_retries_every_failed_event(db: psycopg.Connection[Any]) -> None:
@@ -599,7 +599,7 @@ def test_reschedule_wakes_the_workers_with_the_due_time(fresh_db: str) -> None:
         listener.execute('LISTEN "conveyor.events"')
         with conn.transaction():
             Admin().reschedule(conn, event_id, run_at=at)
-        heard = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+        heard = [n.payload for n in listener.notifies(timeout=20, stop_after=1)]
     assert len(heard) == 1 and heard[0].startswith("wake.me|")
     assert abs(float(heard[0].split("|")[1]) - at.timestamp()) < 0.001
 

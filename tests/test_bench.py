@@ -139,17 +139,33 @@ def test_ratios_are_the_quotients_of_the_figures_they_compare(
     assert result["raw_single_per_s"] == result["raw_insert_one_tx_per_s"]
 
 
+def _rounding_us(rate: float) -> float:
+    """How far 1e6 / rate can move when the report rounds ``rate`` (report.rounded)."""
+    half_unit = 0.05 if abs(rate) >= 100 else 0.00005
+    return 1e6 * half_unit / (abs(rate) - half_unit) ** 2
+
+
 def test_outbox_cost_is_what_each_event_adds_to_the_business_transaction(
         quick_run: tuple[str, dict[str, Any]]) -> None:
     _, result = quick_run
     business = 1e6 / result["outbox_business_per_s"]
-    added = {shape: 1e6 / result[key] - business for shape, key in (
-        ("enqueue", "outbox_business_enqueue_per_s"),
-        ("raw_insert", "outbox_business_raw_insert_per_s"))}
-    assert result["outbox_marginal_us"] == pytest.approx(added, rel=2e-3, abs=0.05)
+    keys = {"enqueue": "outbox_business_enqueue_per_s",
+            "raw_insert": "outbox_business_raw_insert_per_s"}
+    added = {shape: 1e6 / result[key] - business for shape, key in keys.items()}
+    # The report computes from the measured rates, then rounds them (1 decimal from
+    # 100/s): recomputing from the rounded rates is off by up to 1e6 * 0.05 / rate**2
+    # per rate, which the fixed rel=2e-3 missed on a loaded machine (rates of a few
+    # hundred a second: 185.2 reported, 186.33 recomputed).
+    slack = {shape: _rounding_us(result[key]) + _rounding_us(result["outbox_business_per_s"])
+             + 0.05 for shape, key in keys.items()}
+    for shape, want in added.items():
+        got = result["outbox_marginal_us"][shape]
+        assert abs(got - want) <= max(slack[shape], 2e-3 * abs(want), 0.05), (shape, got, want)
     ratio = result["outbox_marginal_cost_ratio"]
     if added["raw_insert"] > 0:
-        assert ratio == pytest.approx(added["enqueue"] / added["raw_insert"], rel=5e-3, abs=2e-4)
+        rel = slack["enqueue"] / abs(added["enqueue"]) + slack["raw_insert"] / added["raw_insert"]
+        assert ratio == pytest.approx(added["enqueue"] / added["raw_insert"],
+                                      rel=max(rel, 5e-3), abs=2e-4)
     else:  # noise above the effect: no ratio, and the target is not met
         assert ratio is None and result["targets"]["outbox_marginal_cost_ratio"]["met"] is False
 

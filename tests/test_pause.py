@@ -86,10 +86,10 @@ def test_pause_notifies_the_workers_only_when_it_commits(fresh_db: str) -> None:
         assert [n.payload for n in listener.notifies(timeout=0.3)] == []
         admin.pause(conn, "email.*")
         conn.commit()
-        assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["!pause"]
+        assert [n.payload for n in listener.notifies(timeout=20, stop_after=1)] == ["!pause"]
         assert admin.resume(conn, "email.*")
         conn.commit()
-        assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["!pause"]
+        assert [n.payload for n in listener.notifies(timeout=20, stop_after=1)] == ["!pause"]
 
 
 async def test_async_admin_pauses_resumes_and_lists(

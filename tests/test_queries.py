@@ -360,7 +360,7 @@ def test_notify_delivers_payload_on_the_channel(fresh_db: str) -> None:
             psycopg.connect(fresh_db, autocommit=True) as conn:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(Q.channel)))
         conn.execute(Q["event_notify"], {"channel": Q.channel, "payload": "*"})
-        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["*"]
+        assert [n.payload for n in listener.notifies(timeout=20, stop_after=1)] == ["*"]
 
 
 # ------------------------------------------------------------------ operator
@@ -765,16 +765,30 @@ def test_claim_plan_uses_the_claim_index_among_a_million_finished_rows(
 def test_claim_among_a_million_finished_rows_is_fast(
     million_finished_db: str, label: str,
 ) -> None:
+    # Measured against a baseline on the same table, not a fixed 50 ms a loaded
+    # machine can exceed: the claim must take a small fraction of one pass over
+    # the million rows, which is what a claim that walked them would cost. Best of
+    # five, so that one descheduling of the backend does not decide.
     params = {**CLAIM_FILTERS[label], "limit": 100, "owner": _owner(), "lease_ttl": 30}
     with psycopg.connect(million_finished_db) as conn:
         conn.execute(Q["event_claim"], params).fetchall()  # warm the cache
         conn.rollback()
-        started = time.perf_counter()
-        claimed = conn.execute(Q["event_claim"], params).fetchall()
-        elapsed = time.perf_counter() - started
-        conn.rollback()
-    assert 1 <= len(claimed) <= 4
-    assert elapsed < 0.05, f"claim took {elapsed * 1000:.1f} ms"
+        claims: list[float] = []
+        for _ in range(5):
+            started = time.perf_counter()
+            claimed = conn.execute(Q["event_claim"], params).fetchall()
+            claims.append(time.perf_counter() - started)
+            conn.rollback()
+            assert 1 <= len(claimed) <= 4
+        scans: list[float] = []
+        for _ in range(3):
+            started = time.perf_counter()
+            conn.execute("SELECT count(*) FROM conveyor.events WHERE payload IS NOT NULL")
+            scans.append(time.perf_counter() - started)
+            conn.rollback()
+    claim, scan = min(claims), min(scans)
+    print(f"{label}: claim {claim * 1000:.1f} ms, full scan {scan * 1000:.1f} ms")
+    assert claim < scan / 10, f"claim took {claim * 1000:.1f} ms, a full scan {scan * 1000:.1f} ms"
 
 
 def test_claim_with_tenants_takes_only_those_tenants(db: Conn) -> None:
@@ -1017,7 +1031,7 @@ def test_notify_finished_names_each_event_on_the_results_channel(fresh_db: str) 
             psycopg.connect(fresh_db, autocommit=True) as conn:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(Q.results_channel)))
         conn.execute(Q["event_notify_finished"], {"channel": Q.results_channel, "ids": [7, 9]})
-        assert [n.payload for n in listener.notifies(timeout=2, stop_after=2)] == ["7", "9"]
+        assert [n.payload for n in listener.notifies(timeout=20, stop_after=2)] == ["7", "9"]
     assert Q.results_channel == "conveyor.results"
 
 
@@ -1432,7 +1446,14 @@ def test_ordered_relay_reads_past_no_running_transaction_in_xid_order(fresh_db: 
         assert [r[0] for r in rows] == [old]          # `second` waits behind `early`
         assert reader.execute(Q["relay_ordered_held"], route).fetchone()[0] == 1
         early.commit()
-        rows = reader.execute(Q["relay_ordered_next"], route).fetchall()
+        # Read past the snapshot's xmin, which is cluster-wide: on a server shared
+        # with other tests a transaction elsewhere, older than `first`, holds the
+        # stream back until it ends (seen on a loaded machine: [old] alone). So
+        # wait for the rows, bounded; no transaction of this test is open now.
+        deadline = time.monotonic() + 60
+        while len(rows := reader.execute(Q["relay_ordered_next"], route).fetchall()) < 3 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert [r[0] for r in rows] == [old, first, second]
         assert [(r[7], r[8]) for r in rows] == [(False, False)] * 3   # due, not paused
         assert reader.execute(Q["relay_ordered_held"], route).fetchone()[0] == 0

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.slow
 
 EVENTS = 1000
 CUTS = 3
-WAKE_LIMIT = 2.0
+# Far under the workers' 60 s poll, so only a NOTIFY explains a start this soon; not
+# the 2 s it was, which a loaded machine's scheduling alone can use up.
+WAKE_LIMIT = 10.0
 
 
 def terminate_worker_backends(url: str) -> set[int]:
@@ -37,12 +39,12 @@ def enqueue_one(url: str) -> tuple[int, float]:
 
 
 def assert_listen_wakes_worker(url: str, worker: WorkerProcess, old: set[int]) -> float:
-    """With a 60 s poll only a NOTIFY can start a new event within two seconds."""
+    """With a 60 s poll only a NOTIFY can start a new event within WAKE_LIMIT seconds."""
     wait_for(lambda: listening(url, exclude=old), 30, "a new LISTEN session", alive=[worker])
     time.sleep(0.3)  # let the fetch loop settle into its idle wait
     event_id, enqueued_at = enqueue_one(url)
     started = wait_for(lambda: query(url, "SELECT started FROM public.ledger WHERE event_id = %s",
-                                     (event_id,)), 10, f"event {event_id} to run", alive=[worker])
+                                     (event_id,)), 30, f"event {event_id} to run", alive=[worker])
     return float(started[0][0]) - enqueued_at
 
 

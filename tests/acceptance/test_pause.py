@@ -48,7 +48,9 @@ def test_pause_survives_a_worker_restart_until_resumed(
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, worker.log()[-3000:]
 
-    restarted = spawn(acc_db)
+    # A 60 s poll: only the resume's notification can start the held events within
+    # the bound below, which leaves a loaded machine room (it was 1.5 s).
+    restarted = spawn(acc_db, "--poll-interval", "60")
     flowing = _enqueue(acc_db, "acc.flow")
     wait_for(lambda: _ran(acc_db, flowing) == set(flowing), 20, "the restarted worker's event",
              alive=[restarted])
@@ -60,6 +62,6 @@ def test_pause_survives_a_worker_restart_until_resumed(
     done = run_cli("--database-url", acc_db, "resume", "acc.paused")
     assert done.returncode == 0, done.stderr
     resumed = time.monotonic()
-    wait_for(lambda: _ran(acc_db, held) == set(held), 5, "the resumed topic",
+    wait_for(lambda: _ran(acc_db, held) == set(held), 20, "the resumed topic",
              interval=0.02, alive=[restarted])
-    assert time.monotonic() - resumed < 1.5
+    assert time.monotonic() - resumed < 20

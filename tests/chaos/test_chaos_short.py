@@ -87,7 +87,12 @@ def test_r6_short_server_restart_mid_drain(chaos: Chaos) -> None:
 HORIZON_ALERT = 10.0
 HORIZON_CHECK = min(30.0, HORIZON_ALERT / 4)
 ALERT_MARGIN = 5.0
-R13_RATE = 200
+# The feed must stay well within what the two workers manage on a loaded machine,
+# or the backlog never clears after the release, pin or no pin: at 200/s, with two
+# CPU burners on the 2-core box, they worked about 125/s and R13b's backlog was
+# still 451 events when the run ended (cleared_after_release_s None). At 50/s
+# the pin still leaves its dead rows and xmin age, and the alert is the same.
+R13_RATE = 50
 
 
 def assert_pin_reported(report: dict[str, Any], holder: str) -> None:

@@ -50,7 +50,7 @@ async def test_sixteen_producers_committing_out_of_id_order_lose_nothing(fresh_d
 
         async def delivered() -> bool:
             return committed <= set(handled)
-        await wait_until(delivered, timeout=20, what="every committed event to run")
+        await wait_until(delivered, timeout=60, what="every committed event to run")
         await asyncio.sleep(0.5)
     ids_in_order = sorted(committed)
     print(f"\nR17: {len(committed)} committed, {len(rolled_back)} rolled back, "

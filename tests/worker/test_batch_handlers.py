@@ -21,6 +21,7 @@ from conveyor import (
 from conveyor.middleware import HandlerResult
 from conveyor.types import Event
 from conveyor.worker.running import RunningSet
+from waiting import wait_until
 from worker_support import FAST_BACKOFF, enqueue_many, fast_config, query, running, wait_all_in
 
 
@@ -118,7 +119,7 @@ async def test_a_batch_past_its_timeout_fails_every_event_and_the_worker_goes_on
     await enqueue_many(db, [NewEvent(topic="slow.x", payload=i, max_attempts=1)
                             for i in range(3)] + [NewEvent(topic="quick.x", payload=1)])
     async with running(Worker(db, router, fast_config())):
-        states = await wait_all_in(db, {"failed", "succeeded"}, timeout=10)
+        states = await wait_all_in(db, {"failed", "succeeded"}, timeout=30)
     assert sorted(states.values()) == ["failed"] * 3 + ["succeeded"]
     rows = await query(db, "SELECT last_error FROM conveyor.events WHERE topic = 'slow.x'")
     assert {r["last_error"] for r in rows} == {"batch handler timed out after 0.3s"}
@@ -141,8 +142,11 @@ async def test_middleware_sees_each_event_of_a_batch(db: str) -> None:
     router.add("m.*", handle, batch=True)
     ids = await enqueue_many(db, [NewEvent(topic="m.x", payload=i) for i in range(6)])
     async with running(Worker(db, router, fast_config(batch_size=10), middleware=[Recorder()])):
-        await wait_all_in(db, {"succeeded", "pending"}, timeout=10)
-        await asyncio.sleep(0.2)
+        # Waited for, not slept for: the events start pending, so waiting for
+        # 'succeeded or pending' alone returned at once and left 0.2 s for the batch.
+        async def all_after() -> bool:
+            return sum(kind == "after" for kind, _, _ in seen) >= len(ids)
+        await wait_until(all_after, timeout=30, what="the middleware's after() for every event")
     befores = [i for kind, i, _ in seen if kind == "before"]
     afters = {i: state for kind, i, state in seen if kind == "after"}
     assert sorted(befores) == ids
@@ -190,7 +194,7 @@ async def test_a_batch_still_running_at_shutdown_is_handed_back_whole(db: str) -
     router.add("s.*", stuck, batch=True)
     await enqueue_many(db, [NewEvent(topic="s.x", payload=i) for i in range(5)])
     async with running(Worker(db, router, fast_config(shutdown_timeout=0.3))):
-        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.wait_for(started.wait(), 30)
     rows = await query(db, "SELECT state, attempts FROM conveyor.events")
     assert rows == [{"state": "pending", "attempts": 0}] * 5
 

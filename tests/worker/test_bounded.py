@@ -44,7 +44,8 @@ async def test_no_answer_in_time_closes_the_socket_and_raises_timeout(shared_db_
         with pytest.raises(TimeoutError, match=r"within 0\.3s"):
             await with_deadline_in_task(conn, conn.execute("SELECT pg_sleep(30)"), 0.3)
         took = time.monotonic() - started
-        assert 0.25 <= took < 2.0, took
+        # Far under the statement's 30 s: the deadline ended it, even on a loaded machine.
+        assert 0.25 <= took < 15.0, took
         assert conn.closed
         # The timer's cancellation was taken back: this task goes on undisturbed.
         current = asyncio.current_task()
@@ -61,10 +62,11 @@ async def test_a_stop_shortens_the_wait_to_the_grace(shared_db_url: str) -> None
         asyncio.get_running_loop().call_later(0.1, stopping.set)
         started = time.monotonic()
         with pytest.raises(TimeoutError):
-            await with_deadline_in_task(conn, conn.execute("SELECT pg_sleep(30)"), 20.0,
+            await with_deadline_in_task(conn, conn.execute("SELECT pg_sleep(120)"), 60.0,
                                stopping=stopping, grace=0.2)
         took = time.monotonic() - started
-        assert 0.25 <= took < 2.0, took
+        # Far under the 60 s deadline: the stop shortened the wait, even on a loaded machine.
+        assert 0.25 <= took < 20.0, took
         assert conn.closed
         assert stopping._callbacks == []   # nothing left registered on the flag
     finally:

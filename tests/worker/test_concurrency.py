@@ -138,7 +138,7 @@ async def test_a_row_locked_by_an_operator_does_not_stall_the_other_acknowledgem
 
             async def claimed() -> bool:
                 return (await event_row(db, held))["state"] == "running"
-            await wait_until(claimed, timeout=3, what="the locked event to be claimed")
+            await wait_until(claimed, timeout=20, what="the locked event to be claimed")
             await locker.execute("SELECT id FROM conveyor.events WHERE id = %s FOR UPDATE",
                                  (held,))
             gate.set()                       # its result now waits on the lock
@@ -149,7 +149,7 @@ async def test_a_row_locked_by_an_operator_does_not_stall_the_other_acknowledgem
                 current = await states(db)
                 return all(current[i] == "succeeded" for i in others)
             try:
-                await wait_until(others_done, timeout=3,
+                await wait_until(others_done, timeout=20,
                                  what="unrelated events to be acknowledged")
             finally:
                 await locker.rollback()

@@ -30,7 +30,7 @@ def _gated_router(gate: asyncio.Event, outcome: str, calls: list[int]) -> Router
     return router
 
 
-async def _claimed_by(url: str, event_id: int, worker: Worker, timeout: float = 5) -> None:
+async def _claimed_by(url: str, event_id: int, worker: Worker, timeout: float = 20) -> None:
     async def owned() -> bool:
         row = await event_row(url, event_id)
         return row["state"] == "running" and row["owner"] == worker.id
@@ -66,7 +66,7 @@ async def test_late_outcome_of_a_rescued_attempt_does_not_overwrite_the_new_owne
         assert await worker_b.run_once() == 1
         settled_by_b = _snapshot(await event_row(db, event_id))
         gate_a.set()
-        assert await asyncio.wait_for(run_a, 5) == 1
+        assert await asyncio.wait_for(run_a, 20) == 1
     finally:
         gate_a.set()
         await worker_a.close()
@@ -99,12 +99,12 @@ async def test_late_outcome_while_the_new_owner_still_runs_leaves_it_running(
         run_b = asyncio.create_task(worker_b.run_once())
         await _claimed_by(db, event_id, worker_b)
         gate_a.set()
-        assert await asyncio.wait_for(run_a, 5) == 1
+        assert await asyncio.wait_for(run_a, 20) == 1
         row = await event_row(db, event_id)
         assert row["state"] == "running" and row["owner"] == worker_b.id
         assert row["attempts"] == 2
         gate_b.set()
-        assert await asyncio.wait_for(run_b, 5) == 1
+        assert await asyncio.wait_for(run_b, 20) == 1
     finally:
         gate_a.set()
         gate_b.set()
@@ -138,13 +138,13 @@ async def test_heartbeat_notices_a_lost_lease_and_cancels_the_stale_handler(
     thief = str(uuid.uuid4())
     async with running(worker):
         event_id = await enqueue(db, "lease.long")
-        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.wait_for(started.wait(), 20)
         # Another worker took it over (after a rescue); its lease is long, so this
         # worker's own rescuer leaves it alone.
         await query(db, "UPDATE conveyor.events SET lease_owner = %s, "
                               "lease_expires_at = now() + interval '1 minute' WHERE id = %s",
                     (thief, event_id))
-        await asyncio.wait_for(cancelled.wait(), 3)
+        await asyncio.wait_for(cancelled.wait(), 20)
         assert worker.stats.lost == 1
         assert worker.in_flight == 0
         # The slot came back: with concurrency 1, another event can run.
@@ -152,7 +152,7 @@ async def test_heartbeat_notices_a_lost_lease_and_cancels_the_stale_handler(
 
         async def other_done() -> bool:
             return (await event_row(db, other))["state"] == "succeeded"
-        await wait_until(other_done, timeout=3, what="the next event to run in the freed slot")
+        await wait_until(other_done, timeout=20, what="the next event to run in the freed slot")
     row = await event_row(db, event_id)
     # The stale worker wrote nothing: the new owner's claim stands untouched.
     assert row["state"] == "running" and row["owner"] == thief
@@ -182,9 +182,10 @@ async def test_rescue_requeues_expired_leases_and_parks_spent_ones(db: str) -> N
         async def settled() -> bool:
             return ((await event_row(db, spent))["state"] == "failed"
                     and (await event_row(db, retry))["state"] == "succeeded")
-        await wait_until(settled, timeout=3, what="rescue of both events")
-    # The requeued event ran well before the 30 s poll: the rescue's NOTIFY woke us.
-    assert time.monotonic() - start < 3
+        await wait_until(settled, timeout=20, what="rescue of both events")
+    # The requeued event ran well before the 30 s poll: the rescue's NOTIFY woke us
+    # (bounded at 20 s, not 3, for a loaded machine: still under the poll).
+    assert time.monotonic() - start < 20
     assert ran == [retry]
     parked = await event_row(db, spent)
     assert parked["attempts"] == 2 and parked["finished_at"] is not None
@@ -243,14 +244,14 @@ async def test_reclaiming_an_event_still_running_here_keeps_the_new_attempt(
 
             async def reclaimed() -> bool:
                 return calls == [1, 2]
-            await wait_until(reclaimed, timeout=3, what="this worker to claim attempt 2")
+            await wait_until(reclaimed, timeout=20, what="this worker to claim attempt 2")
             gates[1].set()                       # the stale attempt ends first ...
             await asyncio.sleep(0.2)
             gates[2].set()                       # ... then the live one succeeds
 
             async def succeeded() -> bool:
                 return (await event_row(db, event_id))["state"] == "succeeded"
-            await wait_until(succeeded, timeout=2, what="attempt 2's success to be written")
+            await wait_until(succeeded, timeout=20, what="attempt 2's success to be written")
     finally:
         for gate in gates.values():
             gate.set()
@@ -280,7 +281,7 @@ async def test_heartbeats_keep_a_long_handler_leased_past_lease_ttl(db: str) -> 
         async with running(rescuer):
             async def done() -> bool:
                 return (await event_row(db, event_id))["state"] == "succeeded"
-            await wait_until(done, timeout=5, what="the long handler to succeed")
+            await wait_until(done, timeout=20, what="the long handler to succeed")
     row = await event_row(db, event_id)
     assert calls == ["owner"]
     assert row["attempts"] == 1 and row["errors"] == []

@@ -137,12 +137,13 @@ async def test_rate_limit_bounds_the_starts_in_every_window(db: str) -> None:
     router = Router()
     router.add("sms.send", ping, rate="20/s", blocking=False)
     await enqueue_many(db, [NewEvent(topic="sms.send", payload=n) for n in range(100)])
-    started = time.monotonic()
     async with running(Worker(db, router, fast_config(concurrency=50))), \
             running(Worker(db, router, fast_config(concurrency=50))):
-        await wait_all_in(db, {"succeeded"}, timeout=30)
-    took = time.monotonic() - started
+        await wait_all_in(db, {"succeeded"}, timeout=60)
     starts = sorted(seen.starts)
+    # From the first start to the last: neither the workers' start-up nor the
+    # test's polling, which a loaded machine stretches, count against the rate.
+    took = starts[-1] - starts[0]
     # A full bucket (burst = one second's worth, 20) at once, then 20 a second:
     # any window of w seconds holds at most 20 * w + 20 starts.
     for i, first in enumerate(starts):
@@ -173,8 +174,9 @@ async def test_fair_by_tenant_starts_a_small_tenants_event_despite_a_big_backlog
         while "small" not in started and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
     assert "small" in started
-    # At 4 running x 20 ms, the 3000 ahead of it would take 15 s in claim order.
-    assert started["small"] - enqueued < 1.0, started["small"] - enqueued
+    # At 4 running x 20 ms, the 3000 ahead of it would take 15 s in claim order (more
+    # on a loaded machine): a third of that leaves a loaded machine room.
+    assert started["small"] - enqueued < 5.0, started["small"] - enqueued
     left = await query(db, "SELECT count(*) AS n FROM conveyor.events WHERE state = 'pending'")
     assert left[0]["n"] > 1000                    # it did not wait for the backlog
 
@@ -197,7 +199,7 @@ async def test_unlimited_topics_are_not_held_back_by_a_saturated_limit(db: str) 
     await enqueue_many(db, [NewEvent(topic="slow.job", payload=n) for n in range(50)])
     await enqueue_many(db, [NewEvent(topic="fast.job", payload=n) for n in range(2000)])
     async with running(Worker(db, router, fast_config(concurrency=20, batch_size=20))):
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while len(fast_done) < 2000 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         rows = await query(db, "SELECT topic, state, count(*) AS n FROM conveyor.events"
@@ -250,7 +252,7 @@ async def test_a_limited_backlog_leaves_the_plain_claims_lane(db: str) -> None:
     await enqueue_many(db, [NewEvent(topic="fast.job", payload=n) for n in range(200)])
     worker = Worker(db, router, fast_config(concurrency=20, batch_size=20))
     async with running(worker):
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while len(fast_done) < 200 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         release.set()

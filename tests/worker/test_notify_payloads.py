@@ -34,7 +34,8 @@ async def test_a_hostile_notification_never_makes_an_idle_worker_spin(
     async def handler(event: Event) -> None:
         handled.append(event.id)
 
-    worker = Worker(db, router_for("*", handler), fast_config(poll_interval=5.0))
+    # A 30 s poll: the real event below must be woken by its NOTIFY.
+    worker = Worker(db, router_for("*", handler), fast_config(poll_interval=30.0))
     claims = 0
     claim = worker._claim
 
@@ -57,4 +58,5 @@ async def test_a_hostile_notification_never_makes_an_idle_worker_spin(
 
         async def handled_it() -> bool:
             return event_id in handled
-        await wait_until(handled_it, timeout=2, what="a real event after the hostile NOTIFY")
+        # Far under the poll, with room for a loaded machine (it was 2 s under a 5 s poll).
+        await wait_until(handled_it, timeout=10, what="a real event after the hostile NOTIFY")

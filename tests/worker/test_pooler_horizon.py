@@ -41,9 +41,10 @@ async def test_poll_only_worker_opens_no_listen_connection_and_still_finds_event
         await asyncio.wait_for(worker.started.wait(), 10)
         started = time.monotonic()
         event_id = await enqueue(db, "job.a")
-        done = await wait_all_in(db, {"succeeded"}, timeout=5)
+        done = await wait_all_in(db, {"succeeded"}, timeout=30)
         assert done == {event_id: "succeeded"}
-        assert time.monotonic() - started < 2.0          # found by the 0.3 s poll
+        # Found by the 0.3 s poll (no NOTIFY reaches it); a loaded machine may take a while.
+        assert time.monotonic() - started < 10.0
         assert "conveyor-listen" not in await _backends(db)
         assert worker.listener.notifications == 0
 
@@ -51,7 +52,7 @@ async def test_poll_only_worker_opens_no_listen_connection_and_still_finds_event
 async def test_listener_probe_confirms_a_working_listen(db: str) -> None:
     worker = Worker(db, _noop_router(), fast_config())
     async with running(worker):
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while worker.listener.hears is None and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert worker.listener.hears is True
@@ -73,13 +74,14 @@ async def test_a_listen_that_hears_nothing_is_reported_and_polling_carries_on(
                     listen_conninfo=elsewhere)
     async with running(worker):
         listening = time.monotonic()
-        deadline = listening + 15
+        deadline = listening + 25
         while worker.listener.hears is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert worker.listener.hears is False
-        assert time.monotonic() - listening < PROBE_TIMEOUT + 2.5
+        # Under the 30 s ping even on a loaded machine: the probe's timeout gave the verdict.
+        assert time.monotonic() - listening < PROBE_TIMEOUT + 15
         event_id = await enqueue(db, "job.b")
-        assert await wait_all_in(db, {"succeeded"}, timeout=5) == {event_id: "succeeded"}
+        assert await wait_all_in(db, {"succeeded"}, timeout=30) == {event_id: "succeeded"}
     deaf = [r for r in caplog.records if getattr(r, "action", None) == "listen_deaf"]
     assert len(deaf) == 1
     assert "PgBouncer" in deaf[0].getMessage() and "--listen-url" in deaf[0].getMessage()
@@ -90,7 +92,7 @@ async def test_transaction_pooler_mode_keeps_no_session_state_and_does_not_liste
     assert worker.listens is False
     async with running(worker):
         event_ids = {await enqueue(db, "job.c") for _ in range(30)}
-        done = await wait_all_in(db, {"succeeded"}, timeout=10)
+        done = await wait_all_in(db, {"succeeded"}, timeout=30)
         assert set(done) == event_ids
         assert "conveyor-listen" not in await _backends(db)
         for managed in (worker.connections.fetch, worker.connections.ack):
@@ -117,7 +119,7 @@ async def test_transaction_pooler_with_a_direct_listen_url_still_listens(db: str
                     listen_conninfo=db + " ")   # a distinct string for the same server
     assert worker.listens is True
     async with running(worker):
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while worker.listener.hears is None and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert worker.listener.hears is True
@@ -134,7 +136,7 @@ async def test_pinned_vacuum_horizon_raises_an_alert_and_its_release_clears_it(
     try:
         await holder.execute("SELECT txid_current()")   # holds an xid, idle in transaction
         async with running(worker):
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 30
             while worker.maintenance.horizon is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             pinned = worker.maintenance.horizon
@@ -142,7 +144,7 @@ async def test_pinned_vacuum_horizon_raises_an_alert_and_its_release_clears_it(
             assert "horizon-holder" in pinned.who and pinned.kind == "session"
             assert pinned.seconds >= 1.0
             await holder.rollback()
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 30
             while worker.maintenance.horizon is not None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert worker.maintenance.horizon is None
@@ -159,9 +161,15 @@ async def test_a_short_transaction_raises_no_alert(db: str) -> None:
     try:
         async with running(worker):
             await asyncio.wait_for(worker.started.wait(), 10)
+            began = time.monotonic()       # the transaction starts after this
             await holder.execute("SELECT txid_current()")
-            await asyncio.sleep(1.5)      # six checks, all under the 3 s threshold
-            assert worker.maintenance.horizon is None
+            # About two checks (every 0.75 s) during a 1.5 s hold, all under the 3 s
+            # threshold. Looked at only while the hold is under 1.5 s: a loaded machine
+            # may stretch a fixed sleep past the threshold, where an alert is due.
+            while (held := time.monotonic() - began) < 1.5:
+                assert worker.maintenance.horizon is None, \
+                    f"alert after {held:.2f}s: {worker.maintenance.horizon}"
+                await asyncio.sleep(0.05)
             await holder.rollback()
     finally:
         await holder.close()

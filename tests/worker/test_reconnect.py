@@ -29,7 +29,7 @@ async def test_worker_survives_all_its_connections_being_terminated(db: str) -> 
         if event.topic == "cut.wake":
             woken.append(time.time())
             return
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)   # 200 of them, 5 at a time: the cut lands mid-drain
         handled.append(event.id)
 
     router = Router()
@@ -43,7 +43,7 @@ async def test_worker_survives_all_its_connections_being_terminated(db: str) -> 
     async with running(worker) as task:
         async def some_done() -> bool:
             return len(handled) >= 30
-        await wait_until(some_done, timeout=5, what="the drain to get going")
+        await wait_until(some_done, timeout=30, what="the drain to get going")
         killed = await query(db, TERMINATE)
         assert len(killed) == 4 and all(r["killed"] for r in killed)
         assert len(handled) < total, "the drain finished before the cut"
@@ -51,21 +51,22 @@ async def test_worker_survives_all_its_connections_being_terminated(db: str) -> 
         async def all_done() -> bool:
             current = await states(db)
             return all(current[i] == "succeeded" for i in ids)
-        await wait_until(all_done, timeout=15, what="every event to succeed after the cut")
+        await wait_until(all_done, timeout=60, what="every event to succeed after the cut")
         assert not task.done()
 
         async def all_reconnected() -> bool:
             return all(m.reconnects > 0 for m in managed.values())
-        await wait_until(all_reconnected, timeout=3, what="every connection to reconnect")
-        await asyncio.wait_for(worker.listener.connected.wait(), 3)
+        await wait_until(all_reconnected, timeout=20, what="every connection to reconnect")
+        await asyncio.wait_for(worker.listener.connected.wait(), 20)
         await asyncio.sleep(0.1)  # let the LISTEN statement finish on the new connection
         sent = time.time()
         wake_id = await enqueue(db, "cut.wake")
 
         async def woke() -> bool:
             return bool(woken)
-        await wait_until(woke, timeout=2, what="a NOTIFY to wake the reconnected worker")
-        assert woken[0] - sent < 1.0
+        # Far under the 30 s poll_interval: only the NOTIFY can wake it this soon.
+        await wait_until(woke, timeout=15, what="a NOTIFY to wake the reconnected worker")
+        assert woken[0] - sent < 15
     assert (await event_row(db, wake_id))["state"] == "succeeded"
     assert set(handled) == set(ids) and len(handled) == total
 
@@ -90,7 +91,7 @@ async def test_stopping_while_the_database_refuses_connections_backs_off(
     dbname = conninfo_to_dict(fresh_db)["dbname"]
     task = asyncio.create_task(worker.run())
     try:
-        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.wait_for(started.wait(), 20)
         await query(server_url, f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS false')
         await query(server_url, TERMINATE_IN, (dbname,))
         caplog.clear()
@@ -98,7 +99,7 @@ async def test_stopping_while_the_database_refuses_connections_backs_off(
         stopped_at = time.monotonic()
         worker.request_stop()
         gate.set()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, 30)
         took = time.monotonic() - stopped_at
     finally:
         gate.set()
@@ -107,8 +108,12 @@ async def test_stopping_while_the_database_refuses_connections_backs_off(
         await worker.close()
         await query(server_url, f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS true')
     attempts = [r for r in caplog.records if getattr(r, "action", "") == "reconnect_wait"]
-    assert took < 4.0
-    # Backing off from 0.1 s to 0.4 s allows about a dozen attempts in these seconds.
-    assert len(attempts) < 40, f"{len(attempts)} connection attempts in {took:.1f}s"
+    # Bounded: a loaded machine may need more than the 1 s grace; a worker that kept
+    # trying to acknowledge would not return at all.
+    assert took < 10.0
+    # Backing off from 0.1 s to 0.4 s allows about a dozen attempts in 4 s; the
+    # allowance grows with the time a loaded machine took, never to hammering.
+    assert len(attempts) < 40 * max(1.0, took / 4.0), \
+        f"{len(attempts)} connection attempts in {took:.1f}s"
     row = await event_row(fresh_db, event_id)
     assert row["state"] == "running"          # left to lease expiry, as documented

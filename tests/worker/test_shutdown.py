@@ -26,7 +26,7 @@ async def test_stop_acks_handlers_that_finish_and_hands_back_the_rest(db: str) -
     async def quick(event: Event) -> None:
         note(event.topic)
         await asyncio.wait_for(stop_requested.wait(), 10)
-        await asyncio.sleep(0.1)          # finishes well within shutdown_timeout
+        await asyncio.sleep(0.1)          # finishes well within shutdown_timeout, even loaded
 
     async def stuck(event: Event) -> None:
         note(event.topic)
@@ -46,21 +46,23 @@ async def test_stop_acks_handlers_that_finish_and_hands_back_the_rest(db: str) -
     # One of them had spent two attempts before: the hand-back must restore exactly that.
     await query(db, "UPDATE conveyor.events SET attempts = 2 WHERE id = %s",
                 (ids["stuck.async"],))
-    worker = Worker(db, router, fast_config(concurrency=4, shutdown_timeout=0.6))
+    # The grace leaves the quick handlers room on a loaded machine; the bound on `took`
+    # below stays far under the 10 s the thread handler would hold run() if awaited.
+    worker = Worker(db, router, fast_config(concurrency=4, shutdown_timeout=2.0))
     task = asyncio.create_task(worker.run())
     try:
-        await asyncio.wait_for(all_started.wait(), 5)
+        await asyncio.wait_for(all_started.wait(), 20)
         stopped_at = time.monotonic()
         worker.request_stop()
         stop_requested.set()
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 20)
         took = time.monotonic() - stopped_at
     finally:
         release_thread.set()
         if not task.done():
             task.cancel()
         await worker.close()
-    assert 0.5 <= took < 2.0, f"run() returned {took:.2f}s after request_stop"
+    assert 1.9 <= took < 8.0, f"run() returned {took:.2f}s after request_stop"
     for topic in ("quick.a", "quick.b"):
         row = await event_row(db, ids[topic])
         assert row["state"] == "succeeded" and row["attempts"] == 1
@@ -88,12 +90,13 @@ async def test_stop_while_idle_returns_promptly_and_claims_nothing_more(db: str)
     worker = Worker(db, router, fast_config(poll_interval=30))
     task = asyncio.create_task(worker.run())
     try:
-        await asyncio.wait_for(worker.started.wait(), 5)
+        await asyncio.wait_for(worker.started.wait(), 20)
         await asyncio.sleep(0.2)
         stopped_at = time.monotonic()
         worker.request_stop()
-        await asyncio.wait_for(task, 5)
-        assert time.monotonic() - stopped_at < 1.0
+        await asyncio.wait_for(task, 20)
+        # Far under the 30 s poll_interval: the stop woke the idle wait, however loaded.
+        assert time.monotonic() - stopped_at < 10.0
     finally:
         if not task.done():
             task.cancel()
@@ -124,7 +127,7 @@ async def test_worker_is_registered_while_running_and_removed_after_stop(db: str
         async def beat_advanced() -> bool:
             rows = await registry()
             return bool(rows) and rows[0]["heartbeat_at"] > first["heartbeat_at"]  # type: ignore[operator]
-        await wait_until(beat_advanced, timeout=2, what="heartbeat_at to advance")
+        await wait_until(beat_advanced, timeout=20, what="heartbeat_at to advance")
     assert await registry() == []
 
 
@@ -138,7 +141,7 @@ async def test_leases_stay_renewed_while_a_stopping_worker_drains(db: str) -> No
     async def slow(event: Event) -> None:
         calls.append("draining")
         started.set()
-        await asyncio.sleep(1.8)
+        await asyncio.sleep(4.0)
 
     async def rescuer_handler(event: Event) -> None:
         calls.append("rescuer")
@@ -148,15 +151,16 @@ async def test_leases_stay_renewed_while_a_stopping_worker_drains(db: str) -> No
     router_b = Router()
     router_b.add("drain.job", rescuer_handler)
     event_id = await enqueue(db, "drain.job", max_attempts=5)
-    draining = Worker(db, router_a, fast_config(lease_ttl=1.0, heartbeat_interval=0.3,
-                                                      shutdown_timeout=4.0))
+    # The lease leaves heartbeats slack on a loaded machine; the handler still outlasts it.
+    draining = Worker(db, router_a, fast_config(lease_ttl=3.0, heartbeat_interval=0.3,
+                                                      shutdown_timeout=10.0))
     rescuer = Worker(db, router_b, fast_config(rescue_interval=0.2))
     task = asyncio.create_task(draining.run())
     try:
-        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.wait_for(started.wait(), 20)
         async with running(rescuer):
             draining.request_stop()
-            await asyncio.wait_for(task, 6)
+            await asyncio.wait_for(task, 30)
     finally:
         if not task.done():
             task.cancel()
@@ -174,7 +178,7 @@ async def test_stop_requested_before_run_returns_cleanly(db: str) -> None:
     event_id = await enqueue(db, "early.stop")
     worker.request_stop()
     try:
-        await asyncio.wait_for(worker.run(), 5)
+        await asyncio.wait_for(worker.run(), 20)
     finally:
         await worker.close()
     row = await event_row(db, event_id)
@@ -200,9 +204,9 @@ async def test_a_handler_whose_cleanup_outlasts_the_grace_is_still_handed_back(d
     worker = Worker(db, _router(slow_cleanup), fast_config(shutdown_timeout=0.3))
     task = asyncio.create_task(worker.run())
     try:
-        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.wait_for(started.wait(), 20)
         worker.request_stop()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, 20)
     finally:
         if not task.done():
             task.cancel()
