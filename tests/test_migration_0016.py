@@ -9,7 +9,8 @@ import pytest
 
 from conveyor.db.named_queries import queries_for
 from conveyor.router import pattern_filter
-from conveyor.schema.migrator import Migrator
+from conveyor.schema import migrator_core as migrator_module
+from conveyor.schema.migrator import Migrator, load_migrations
 from migration_support import migrate_to, storage
 
 ROWS = 20_000
@@ -29,11 +30,16 @@ def version_15(empty_db: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return empty_db
 
 
-def test_0016_adds_the_xid_without_rewriting_and_old_events_come_first(version_15: str) -> None:
+def test_0016_adds_the_xid_without_rewriting_and_old_events_come_first(
+        version_15: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with psycopg.connect(version_15, autocommit=True) as conn:
         before = storage(conn)
         rows = conn.execute("SELECT id, state, payload FROM conveyor.events ORDER BY id").fetchall()
-        assert [m.version for m in Migrator().apply(conn)] == [16]
+        # 0016 alone: the later migrations have their own tests, and their changes
+        # are not what this one measures.
+        with monkeypatch.context() as patch:
+            patch.setattr(migrator_module, "load_migrations", lambda: load_migrations()[:16])
+            assert [m.version for m in Migrator().apply(conn)] == [16]
         after = storage(conn)
         assert {k: v for k, v in after.items() if k != "events_relay_order_idx"} == before, \
             "the table or an index was rewritten"
