@@ -1158,20 +1158,23 @@ def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: C
     # or a plain claim moves them.
     assert db.execute(Q["flow_claim"], _flow_params(_owner(), "mail.*", 5)).fetchall() == []
     plain = db.execute(Q["event_claim_flow"], {
-        **_flow_params(_owner(), "mail.*", 2), **pattern_filter(["mail.*"], prefix="except_")
+        **_flow_params(_owner(), "mail.*", 2), **pattern_filter(["mail.*"], prefix="except_"),
+        **pattern_filter([], prefix="fifo_")
     }).fetchall()
     # The first two in claim order are mail.* events: moved, not claimed; the
     # last row counts them.
     assert plain == [(None,) * 4 + (2,) + (None,) * 6]
     assert _lanes(db) == {"mail.send": [True, True, False, False], "other.job": [False]}
     plain = db.execute(Q["event_claim_flow"], {
-        **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_")
+        **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_"),
+        **pattern_filter([], prefix="fifo_")
     }).fetchall()
     assert [r[2] for r in plain] == ["other.job", None] and plain[-1][4] == 2
     _insert(db, "other.job")
     db.execute("INSERT INTO conveyor.pauses (pattern) VALUES ('other.*')")
     paused = db.execute(Q["event_claim_flow_unpaused"], {
-        **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_")
+        **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_"),
+        **pattern_filter([], prefix="fifo_")
     }).fetchall()
     assert paused == []                              # mail.* left to the flow claim, other.* paused
     db.execute("DELETE FROM conveyor.pauses")
@@ -1198,10 +1201,15 @@ def _lanes(db: Conn) -> dict[str, list[bool]]:
     return lanes
 
 
-@exercises("flow_sort", "flow_unsort")
+@exercises("flow_sort", "flow_unsort", "flow_sort_lock")
 def test_the_sort_moves_the_fronts_limited_events_and_the_unsort_brings_back_the_uncovered(
         db: Conn) -> None:
     from conveyor.router import pattern_filter
+    # With a fifo_by limit the sorts take turns: a second one is refused at once.
+    lock = {"key": "conveyor flow sort test"}
+    assert db.execute(Q["flow_sort_lock"], lock).fetchone() == (True,)
+    with psycopg.connect(db.info.dsn, autocommit=True) as other:
+        assert other.execute(Q["flow_sort_lock"], lock).fetchone() == (False,)
     for topic in ("mail.a", "sms.x", "mail.b", "other", "sms.x", "mail.c"):
         _insert(db, topic)
     # The front is the next `window` events in claim order: the first four here.

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from typing import Any
 
+import psycopg
+import pytest
+
 from conveyor import Event, NewEvent, Router, Worker
+from conveyor.db.named_queries import queries_for
+from conveyor.worker import lanes as lanes_module
+from conveyor.worker.flow import FlowControl
+from conveyor.worker.lanes import Lanes
 from waiting import wait_until
 from worker_support import enqueue, enqueue_many, event_row, fast_config, query, running
 
@@ -160,3 +168,123 @@ async def test_fifo_by_a_higher_priority_event_waits_for_its_keys_running_one(db
         release.set()
         await wait_until(lambda: ended("urgent"), timeout=10, what="the urgent event to run")
     assert spans["urgent"][0] >= spans["long"][1], spans
+
+
+# ---------------------------------------------------------------- a key's events in order,
+# while another worker's statement holds one of them
+
+def _fifo_router() -> Router:
+    router = Router()
+    router.add("ledger.post", _no_op, fifo_by="tenant")
+    return router
+
+
+async def _no_op(event: Event) -> None:
+    return None
+
+
+async def _two_flows(db: str, router: Router) -> tuple[FlowControl, FlowControl, dict[str, Any]]:
+    """Worker A's and worker B's view of the limits, B's claim parameters."""
+    q = queries_for("conveyor")
+    a, b = FlowControl(q, router), FlowControl(q, router)
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+        await a.declare(conn)
+        await a.refresh(conn)
+        await b.refresh(conn)
+    params = {**router.claim_filter(), "all_tenants": True, "tenants": [],
+              "owner": str(uuid.uuid4()), "lease_ttl": 30}
+    return a, b, params
+
+
+async def _claimed_ids(flow: FlowControl, conn: psycopg.AsyncConnection[Any],
+                       params: dict[str, Any]) -> list[int]:
+    flow.poke()
+    return [row[0] for row in await flow.claim(conn, 10, params)]
+
+
+async def test_fifo_by_a_plain_claim_holding_a_keys_first_event_does_not_let_its_second_start(
+        db: str) -> None:
+    await _reset(db)
+    router = _fifo_router()
+    first = await enqueue(db, "ledger.post", "first", tenant="acme")
+    second = await enqueue(db, "ledger.post", "second", tenant="acme")
+    a, b, params = await _two_flows(db, router)
+    q = queries_for("conveyor")
+    # Worker A's plain claim of one event, not committed yet; meanwhile worker B
+    # sorts and claims. Before: A's claim locked the first event to move it, B's
+    # sort skipped it and moved the second, which B then claimed as the key's
+    # head (seen as the per-key relay publishing out of order under load).
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn_a, \
+            await psycopg.AsyncConnection.connect(db, autocommit=True) as conn_b, \
+            conn_a.transaction():
+        await conn_a.execute(q["event_claim_flow"], {**params, "limit": 1, **a.plain_params()})
+        assert await _claimed_ids(b, conn_b, params) == [first]
+    row = await event_row(db, second)
+    assert (row["state"], row["attempts"]) == ("pending", 0)
+
+
+async def test_fifo_by_two_sorts_at_once_do_not_split_a_keys_events(db: str) -> None:
+    await _reset(db)
+    router = _fifo_router()
+    first = await enqueue(db, "ledger.post", "first", tenant="acme")
+    await enqueue(db, "ledger.post", "second", tenant="acme")
+    a, b, params = await _two_flows(db, router)
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn_a, \
+            await psycopg.AsyncConnection.connect(db, autocommit=True) as conn_b:
+        # Worker A sorts a window of one event and has not committed; worker B
+        # sorts and claims meanwhile. Before: B's sort skipped the first event
+        # (A held it) and moved the second, and B claimed it.
+        async with conn_a.transaction():
+            a._sort_params["window"] = 1
+            assert await a.sort(conn_a) == 1
+            assert await _claimed_ids(b, conn_b, params) == []
+        claimed: list[int] = []
+
+        async def b_claims() -> bool:
+            claimed.extend(await _claimed_ids(b, conn_b, params))
+            return bool(claimed)
+
+        await wait_until(b_claims, timeout=10, what="B to claim the key's first event")
+    assert claimed == [first]
+
+
+async def test_fifo_by_two_bring_backs_at_once_do_not_split_a_keys_events(
+        db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    await _reset(db)
+    router = _fifo_router()
+    first = await enqueue(db, "ledger.post", "first", tenant="acme")
+    await enqueue(db, "ledger.post", "second", tenant="acme")
+    await query(db, "UPDATE conveyor.events SET limited = NULL")     # both set aside
+    _a, b, params = await _two_flows(db, router)
+    monkeypatch.setattr(lanes_module, "RETURN_BATCH", 1)
+    claim_filter = {k: v for k, v in params.items() if k not in ("owner", "lease_ttl")}
+    q = queries_for("conveyor")
+    lanes_a, lanes_b = (Lanes(q, claim_filter, heartbeat_interval=1.0, on_back=lambda: None)
+                        for _ in range(2))
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn_a, \
+            await psycopg.AsyncConnection.connect(db, autocommit=True) as conn_b:
+        b_pid = conn_b.info.backend_pid
+        # Worker A brings back one event (the first) and has not committed; worker
+        # B brings back meanwhile. Before: B skipped the first (A held it), brought
+        # back the second, sorted it and claimed it as the key's head.
+        async with conn_a.transaction():
+            assert await lanes_a.bring_back(conn_a, batches=1) == 1
+            b_back = asyncio.create_task(lanes_b.bring_back(conn_b, batches=1))
+
+            async def b_done_or_waiting() -> bool:
+                rows = await query(db, "SELECT wait_event_type FROM pg_stat_activity"
+                                       " WHERE pid = %s", (b_pid,))
+                return b_back.done() or rows[0]["wait_event_type"] == "Lock"
+
+            await wait_until(b_done_or_waiting, timeout=10, what="B's bring-back to end or wait")
+            if b_back.done():
+                assert await _claimed_ids(b, conn_b, params) == [], "B claimed the second event"
+        assert await b_back == 1
+        claimed: list[int] = []
+
+        async def b_claims() -> bool:
+            claimed.extend(await _claimed_ids(b, conn_b, params))
+            return bool(claimed)
+
+        await wait_until(b_claims, timeout=10, what="B to claim the key's first event")
+    assert claimed == [first]

@@ -21,7 +21,9 @@ event's way. Every event is written to the open lane; a plain claim moves
 the limited events it meets instead of claiming them, the flow loop of each
 worker moves those it finds at the lane's front (``flow_sort``, the next 100
 to 10,000 events in claim order); a flow claim leaves its events in the
-limited lane, so a retried event waits there. A limit that is gone sends its
+limited lane, so a retried event waits there. A fifo_by pattern's events are
+moved by the sorts alone, one at a time across the fleet, so a key's events
+reach the limited lane in claim order. A limit that is gone sends its
 events back (``flow_unsort``) when a worker reads the table and finds the set
 of patterns changed, and once every UNSORT_EVERY seconds (an event that was
 running when its limit went returns to pending in the limited lane).
@@ -108,6 +110,10 @@ class FlowControl:
         self._sorted_at = -math.inf
         self._sort_params: dict[str, Any] = {}
         self._unsorted_at = -math.inf
+        self._sort_lock = {"key": f"conveyor flow sort {queries.schema}"}
+        # The fifo_by patterns of the fleet: the plain claim leaves their events
+        # where they are, and the sorts take turns.
+        self._fifo: list[str] = []
         self.sorted = 0             # events moved to the limited lane, for stats
 
     @property
@@ -196,6 +202,7 @@ class FlowControl:
                                  "window": SORT_WINDOW_MAX}
             self._sort_at = 0.0
         self.limits = limits
+        self._fifo = [x.pattern for x in limits if x.fifo_by is not None]
         routes = self._router.routes
         self.handled = [x for x in limits
                         if any(patterns_overlap(r.pattern, x.pattern) for r in routes)]
@@ -209,7 +216,19 @@ class FlowControl:
             return 0
         params = self._sort_params
         window = params["window"]
-        cur = await conn.execute(self._q["flow_sort"], params)
+        if self._fifo:
+            # The fleet's sorts take turns while a key's order is at stake
+            # (flow.sql's flow_sort_lock); one that finds another at it leaves
+            # the work to it.
+            async with conn.transaction():
+                cur = await conn.execute(self._q["flow_sort_lock"], self._sort_lock)
+                row = await cur.fetchone()
+                if not (row and row[0]):
+                    self._sort_at = now + FLOW_RECHECK
+                    return 0
+                cur = await conn.execute(self._q["flow_sort"], params)
+        else:
+            cur = await conn.execute(self._q["flow_sort"], params)
         moved = max(cur.rowcount, 0)
         self.sorted += moved
         self._sorted_at = now
@@ -226,8 +245,10 @@ class FlowControl:
         return moved
 
     def plain_params(self) -> dict[str, Any]:
-        """What the plain claim leaves out: every limited pattern."""
-        return pattern_filter([x.pattern for x in self.limits], prefix="except_")
+        """What the plain claim leaves out: every limited pattern (and the fifo_by
+        ones it must not even move: only the sorts do, event_claim_flow says why)."""
+        return {**pattern_filter([x.pattern for x in self.limits], prefix="except_"),
+                **pattern_filter(self._fifo, prefix="fifo_")}
 
     async def claim(self, conn: psycopg.AsyncConnection[Any], want: int,
                     params: dict[str, Any]) -> list[tuple[Any, ...]]:

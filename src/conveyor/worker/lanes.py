@@ -19,7 +19,7 @@ Each worker, on its maintenance connection:
   a ``!pause`` notification, and every ``RETURN_EVERY`` seconds.
 
 No event is stranded: both take one advisory lock (``lane_lock``) before
-their statement, a set-aside alone and bring-backs shared, so a set-aside
+their statement, in turn, so a set-aside
 either ran before a worker's bring-back (which then sees and returns its
 events) or after its registration (and so sees the worker alive). The
 periodic bring-back catches a worker taken for gone while its heartbeat was

@@ -273,6 +273,7 @@ class Worker:
         await self._register()
         await self._learn_pauses()
         await self._learn_flow()
+        await self._bring_back_keys()
         await self._check_vacuum()
         tasks = [asyncio.create_task(self.maintenance.run(self._closing),
                                      name="conveyor-maintenance")]
@@ -349,6 +350,20 @@ class Worker:
         except StopRequested:
             pass
         except CONNECTION_ERRORS as exc:
+            await self.connections.maintenance.discard(exc)
+
+    async def _bring_back_keys(self) -> None:
+        # A fifo_by route's aside events come back before the first claim, not
+        # in the first maintenance pass beside it: a key's event written since
+        # the others were set aside would otherwise run before them.
+        if not any(r.flow is not None and r.flow.fifo_by is not None for r in self.router.routes):
+            return
+        try:
+            conn = await self.connections.maintenance.get()
+            await with_deadline(conn, self.lanes.bring_back(conn), self.config.query_timeout)
+        except StopRequested:
+            pass
+        except RECOVERABLE_ERRORS as exc:   # the maintenance pass brings them back then
             await self.connections.maintenance.discard(exc)
 
     async def _check_vacuum(self) -> None:

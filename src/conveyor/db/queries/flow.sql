@@ -167,8 +167,9 @@ SELECT * FROM claimed
 -- retried or rescued event is back in it) and either due or attempted before.
 -- A fresh event that is not due yet (enqueued with a delay) is left out: it
 -- takes its place when it comes due, and does not hold its key meanwhile. An
--- event still in the open lane is not seen: the sorts take the open lane's
--- front in claim order, so it is a later arrival.
+-- event still in the open lane is not seen: only the sorts move it, the open
+-- lane's front in claim order, one sort at a time and holding none back, so it is a
+-- later arrival.
 WITH unfinished AS (
     SELECT id, state, priority, run_at,
            CASE WHEN %(fifo_tenant)s THEN tenant ELSE payload #>> %(fifo_path)s::text[] END AS k
@@ -227,6 +228,12 @@ HAVING count(*) > 0
 -- it, so no claim meets it twice. After the claimed rows, a row of NULLs but
 -- for `attempts` counts the events it moved, when it moved any: the worker
 -- claims again at once after a claim that moved some (conveyor/worker/flow.py).
+-- A fifo_by pattern's events (`fifo_*`) are neither moved nor locked here:
+-- only flow_sort moves them, one sort at a time, so they reach the limited
+-- lane in claim order. A claim that moved a key's later event while another
+-- statement held its earlier one (SKIP LOCKED) made the later one the key's
+-- head until that statement committed: the per-key relay published out of
+-- order under load (tests/worker/test_flow_turns.py).
 WITH seen AS (
     SELECT id, (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
                 OR topic LIKE ANY(%(except_prefixes)s::text[])) AS held
@@ -236,6 +243,8 @@ WITH seen AS (
       AND run_at <= now()
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
       AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+      AND NOT (%(fifo_all_topics)s OR topic = ANY(%(fifo_topics)s::text[])
+               OR topic LIKE ANY(%(fifo_prefixes)s::text[]))
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -253,11 +262,18 @@ WITH seen AS (
       AND run_at <= now()
       AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
       AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+      AND NOT (%(fifo_all_topics)s OR topic = ANY(%(fifo_topics)s::text[])
+               OR topic LIKE ANY(%(fifo_prefixes)s::text[]))
       -- include: _claim_unpaused
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 -- include: _claim_flow_moves
+
+-- name: flow_sort_lock
+-- Taken (or not: false at once) in the transaction of a flow_sort while a
+-- fifo_by limit exists, so two sorts never split a key's events.
+SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0))
 
 -- name: flow_sort
 -- Moves the limited patterns' events (`limit_*`: every limit of the fleet)
@@ -265,6 +281,9 @@ WITH seen AS (
 -- (0013), where only the flow claims read. The front is the next `window`
 -- events in claim order (read from the index alone); an event further back is
 -- moved when it gets there. Rows a claim holds are skipped: it is taking them.
+-- While a fifo_by limit exists the sorts of the fleet take turns (flow_sort_lock):
+-- no claim holds a fifo_by event (event_claim_flow), so none is skipped, and a
+-- key's events reach the limited lane in claim order.
 WITH front AS (
     SELECT ctid, topic
     FROM {schema}.events

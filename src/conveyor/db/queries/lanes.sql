@@ -3,15 +3,17 @@
 
 -- name: lane_lock
 -- Orders bringing back after setting aside (docs/workers.md#the-aside-lane):
--- a worker bringing events back takes this lock shared, one setting aside
--- takes it alone (lane_try_lock), each before its statement, so a bring-back
--- sees every set-aside committed before it and a set-aside every
--- registration and resume committed before it. Bring-backs run side by side.
-SELECT pg_advisory_xact_lock_shared(hashtextextended(%(key)s, 0))
+-- a worker bringing events back waits for this lock, one setting aside tries
+-- it (lane_try_lock), each before its statement, so a bring-back sees every
+-- set-aside committed before it and a set-aside every registration and
+-- resume committed before it. Bring-backs take turns too: two side by side
+-- could each return part of a key's events (SKIP LOCKED), the later part
+-- first, and a fifo_by key would run its later event first.
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))
 
 -- name: lane_try_lock
--- lane_lock, alone, for setting aside: false at once when another worker
--- holds it (setting aside, or bringing back).
+-- lane_lock for setting aside: false at once when another worker holds it
+-- (setting aside, or bringing back).
 SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0))
 
 -- name: lane_set_aside
