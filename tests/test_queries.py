@@ -1430,7 +1430,7 @@ def test_replay_reads_succeeded_events_of_its_topics_in_finish_order(db: Conn) -
 
 
 @exercises("relay_ordered_lock", "relay_ordered_next", "relay_ordered_held",
-           "relay_ordered_done", "relay_ordered_failed")
+           "relay_ordered_done", "relay_ordered_failed", "relay_order_topics")
 def test_ordered_relay_reads_past_no_running_transaction_in_xid_order(fresh_db: str) -> None:
     from conveyor.router import pattern_filter
 
@@ -1442,10 +1442,13 @@ def test_ordered_relay_reads_past_no_running_transaction_in_xid_order(fresh_db: 
         key = {"key": "conveyor.relay.ordered:conveyor:order.*"}
         assert reader.execute(Q["relay_ordered_lock"], key).fetchone() == (True,)
         assert rival.execute(Q["relay_ordered_lock"], key).fetchone() == (False,)
-        # An event written before 0016 (no xid) comes first; then `early` takes an id
-        # and stays open while a later id commits.
+        # The route's trigger (0019): its topics' events carry their xid from now on.
+        assert reader.execute(Q["relay_order_topics"], {"pattern": "order.*"}).fetchone() \
+            == (0,)
+        # An event written before 0016 (order_topics gave it xid 0) comes first; then
+        # `early` takes an id and stays open while a later id commits.
         old = _insert(reader, "order.old")
-        reader.execute("UPDATE conveyor.events SET xid = NULL WHERE id = %s", (old,))
+        reader.execute("UPDATE conveyor.events SET xid = '0' WHERE id = %s", (old,))
         first = _insert(early, "order.a")
         second = _insert(reader, "order.b")
         _insert(reader, "other.x")

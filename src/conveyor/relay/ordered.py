@@ -10,7 +10,9 @@ are inserted, transactions commit later, in any order. A reader that follows
 ids (the Kafka Connect JDBC source's "incrementing" mode) reads id 11, moves
 its cursor past it, and never sees id 10, whose transaction committed a moment
 after 11's. Every event remembers the transaction that wrote it (the ``xid``
-column, migration 0016), and the stream reads only events whose transaction
+column, migration 0016; written by a trigger the stream adds for its own
+pattern when it first leads, migration 0019, so other topics carry none and
+cost the ordered relay's index nothing), and the stream reads only events whose transaction
 is older than the oldest transaction still running (its snapshot's xmin), in
 (xid, id) order: whatever it has not read yet comes after everything it has.
 The price: while a transaction stays open, events of younger transactions
@@ -46,7 +48,7 @@ from psycopg import sql
 
 from conveyor.db.connect_async import connect_async
 from conveyor.db.named_queries import queries_for
-from conveyor.errors import BrokerUnavailableError
+from conveyor.errors import BrokerUnavailableError, ConfigError
 from conveyor.retry import BackoffPolicy
 from conveyor.router import pattern_filter
 from conveyor.schema.migrator_async import AsyncMigrator
@@ -108,6 +110,7 @@ class OrderedStream:
         self.held: tuple[int, float] | None = None
         self._failures = 0
         self._checked = False
+        self._ordered = False      # the route's trigger is known to exist
         self._registration = {
             "id": uuid.uuid4(), "name": f"{name} (ordered {route.pattern})",
             "host": socket.gethostname(), "pid": os.getpid(), "topics": [route.pattern],
@@ -164,6 +167,16 @@ class OrderedStream:
         else:
             return
         self.leading = True
+        busy = 0
+        while not await self._order_topics(conn):
+            busy += 1
+            delay = RETRY_BACKOFF.delay(busy)
+            log.warning("ordered stream %s: transactions writing events hold its trigger back, "
+                        "again in %.1fs", self.pattern, delay,
+                        extra={"action": "relay_order_topics_waiting"})
+            await self._sleep(delay)
+            if self._stop.is_set():
+                return
         log.info("ordered stream %s: leading", self.pattern, extra={"action": "relay_leading"})
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._q.channel)))
         self._beat = 0.0
@@ -180,6 +193,30 @@ class OrderedStream:
                     await conn.execute(self._q["worker_unregister"], self._registration)
                 except psycopg.Error:
                     pass
+
+    async def _order_topics(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Make sure the route's events carry their transaction's id (its trigger, 0019);
+        False when transactions writing events kept the trigger from being created."""
+        if self._ordered:
+            return True
+        try:
+            cur = await conn.execute(self._q["relay_order_topics"], {"pattern": self.pattern})
+        except psycopg.errors.LockNotAvailable:
+            return False
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ConfigError(
+                f"the ordered stream {self.pattern!r} needs its trigger on "
+                f"{self._schema}.events and this role may not create it: run "
+                f"SELECT {self._schema}.order_topics('{self.pattern}') once as the table's "
+                f"owner ({exc.diag.message_primary})") from None
+        row = await cur.fetchone()
+        stamped = row[0] if row else None
+        if stamped is not None:
+            log.info("ordered stream %s: its topics' events carry their transaction id from now "
+                     "on (%d pending ones before it in id order)", self.pattern, stamped,
+                     extra={"action": "relay_order_topics"})
+        self._ordered = True
+        return True
 
     async def _heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Keep this stream in the worker registry as the one serving its route's topics."""

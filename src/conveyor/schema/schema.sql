@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0016 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0019 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -67,9 +67,11 @@ CREATE TABLE conveyor.events (
     -- handles or a pause holds, which no claim reads (0018;
     -- conveyor/worker/lanes.py).
     limited          boolean     DEFAULT false,
-    -- The transaction that wrote the event (0016; NULL for events older than
-    -- 0016): the ordered relay reads in (xid, id) order, past no running one.
-    xid              xid8        DEFAULT pg_current_xact_id(),
+    -- The transaction that wrote the event, for the topics of an ordered
+    -- relay route only (0016, 0019: written by the route's trigger, see
+    -- order_topics below; NULL for every other event): the ordered relay
+    -- reads in (xid, id) order, past no running one.
+    xid              xid8,
     -- state and topic keep table CHECKs: partial indexes read them (0007).
     CONSTRAINT events_state_check
         CHECK (state IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
@@ -94,11 +96,12 @@ CREATE INDEX events_fair_idx
     ON conveyor.events (tenant, priority DESC, run_at, id) INCLUDE (topic)
     WHERE state = 'pending' AND limited;
 
--- The ordered relay (0016) walks the topics with pending events and reads
--- each matching one's oldest in (xid, id) order.
+-- The ordered relay (0016, 0019) walks the topics with pending events that
+-- have an xid and reads each matching one's oldest in (xid, id) order. Only
+-- the topics of ordered routes have one: other events cost this index nothing.
 CREATE INDEX events_relay_order_idx
-    ON conveyor.events (topic, xid NULLS FIRST, id)
-    WHERE state = 'pending';
+    ON conveyor.events (topic, xid, id)
+    WHERE state = 'pending' AND xid IS NOT NULL;
 
 -- The rescuer looks for running events whose lease has expired.
 CREATE INDEX events_lease_idx
@@ -218,3 +221,63 @@ CREATE TABLE conveyor.flow_limits (
 -- Wake-ups: no trigger (0007). The producer's INSERT statements call
 -- pg_notify('conveyor.events', <topic>[|<due epoch>]) themselves, delivered
 -- at COMMIT (conveyor/db/queries/events.sql, docs/producing.md).
+
+-- The ordered relay routes' triggers (0019): each route's pattern gets one
+-- that writes its events' xid; order_topics creates it.
+CREATE FUNCTION "conveyor".stamp_xid() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.xid := pg_current_xact_id();
+    RETURN NEW;
+END
+$$;
+
+-- Makes the events of `pattern` (an exact topic, `prefix.*` or `*`) carry
+-- their transaction's id from now on; returns how many pending events without
+-- one it gave this transaction's, or NULL when the pattern had its trigger
+-- already. Creating the trigger waits for the transactions writing events and
+-- holds new ones back until this one commits, so no event of the pattern is
+-- written without an xid after it; it waits at most half a second (then
+-- lock_not_available: the stream tries again later), so a long transaction
+-- that wrote events cannot hold every producer back behind it.
+CREATE FUNCTION "conveyor".order_topics(pattern text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    name text := 'events_order_' || left(md5(pattern), 16);
+    condition text;
+    oldest bigint;
+    stamped bigint;
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_trigger
+               WHERE tgrelid = '"conveyor".events'::regclass AND tgname = name) THEN
+        RETURN NULL;
+    END IF;
+    SELECT min(id) INTO oldest
+    FROM "conveyor".events
+    WHERE state = 'pending'
+      AND xid IS NOT NULL
+      AND (pattern = '*' OR topic = pattern
+           OR (right(pattern, 2) = '.*' AND starts_with(topic, left(pattern, -1))));
+    IF pattern = '*' THEN
+        condition := 'true';
+    ELSIF right(pattern, 2) = '.*' THEN
+        condition := format('starts_with(NEW.topic, %L)', left(pattern, -1));
+    ELSE
+        condition := format('NEW.topic = %L', pattern);
+    END IF;
+    PERFORM set_config('lock_timeout', '500ms', true);
+    EXECUTE format('CREATE OR REPLACE TRIGGER %I BEFORE INSERT ON "conveyor".events '
+                   'FOR EACH ROW WHEN (%s) EXECUTE FUNCTION "conveyor".stamp_xid()',
+                   name, condition);
+    EXECUTE format('COMMENT ON TRIGGER %I ON "conveyor".events IS %L', name,
+                   'conveyor: the ordered relay route ' || pattern);
+    UPDATE "conveyor".events
+    SET xid = CASE WHEN id < oldest THEN '0'::xid8 ELSE pg_current_xact_id() END
+    WHERE state = 'pending'
+      AND xid IS NULL
+      AND (pattern = '*' OR topic = pattern
+           OR (right(pattern, 2) = '.*' AND starts_with(topic, left(pattern, -1))));
+    GET DIAGNOSTICS stamped = ROW_COUNT;
+    RETURN stamped;
+END
+$$;

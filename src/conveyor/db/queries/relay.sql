@@ -21,21 +21,29 @@ LIMIT %(limit)s
 -- connection dies loses it at once. The key names the schema and the route.
 SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))
 
+-- name: relay_order_topics
+-- Before a stream first leads: its pattern's trigger, which gives each new
+-- event of its topics its transaction's id (0019; NULL: it had one already).
+SELECT {schema}.order_topics(%(pattern)s)
+
 -- name: relay_ordered_next
 -- The ordered stream's next events: pending events of the route's topics
 -- whose transaction is older than the oldest still running (the statement
--- snapshot's xmin; events older than 0016 have no xid and come first), in
--- (xid, id) order. Any event written later has a larger xid than every one
--- returned here, so reading in batches never skips one (0016). The topics with
--- pending events are walked through events_relay_order_idx (one probe each),
--- and each matching one's oldest read from it. `later` and `paused` tell the
--- relay to stop at that event: the stream does not pass an event that is not
--- due yet or that a pause holds.
+-- snapshot's xmin), in (xid, id) order. Any event written later has a larger
+-- xid than every one returned here, so reading in batches never skips one
+-- (0016). Only the topics of ordered routes have an xid (0019: their
+-- triggers write it), so the topics with pending events that have one are
+-- walked through events_relay_order_idx (one probe each), and each matching
+-- one's oldest read from it. `later` and `paused` tell the relay to stop at
+-- that event: the stream does not pass an event that is not due yet or that
+-- a pause holds.
 WITH RECURSIVE topics AS (
-    (SELECT topic FROM {schema}.events WHERE state = 'pending' ORDER BY topic LIMIT 1)
+    (SELECT topic FROM {schema}.events
+     WHERE state = 'pending' AND xid IS NOT NULL
+     ORDER BY topic LIMIT 1)
     UNION ALL
     SELECT (SELECT e.topic FROM {schema}.events AS e
-            WHERE e.state = 'pending' AND e.topic > t.topic
+            WHERE e.state = 'pending' AND e.xid IS NOT NULL AND e.topic > t.topic
             ORDER BY e.topic LIMIT 1)
     FROM topics AS t
     WHERE t.topic IS NOT NULL
@@ -55,13 +63,13 @@ FROM topics AS t, horizon AS h, LATERAL (
     FROM {schema}.events AS e
     WHERE e.state = 'pending'
       AND e.topic = t.topic
-      AND (e.xid IS NULL OR e.xid < h.xmin)
-    ORDER BY e.xid NULLS FIRST, e.id
+      AND e.xid < h.xmin
+    ORDER BY e.xid, e.id
     LIMIT %(limit)s
 ) AS n
 WHERE t.topic IS NOT NULL
   AND (%(all_topics)s OR t.topic = ANY(%(topics)s::text[]) OR t.topic LIKE ANY(%(prefixes)s::text[]))
-ORDER BY n.xid NULLS FIRST, n.id
+ORDER BY n.xid, n.id
 LIMIT %(limit)s
 
 -- name: relay_ordered_held
