@@ -45,7 +45,8 @@ OTHERS = ("wake_p50_ms", "wake_p99_ms", "raw_wake_p50_ms", "raw_wake_p99_ms", "w
           "drain_default_ratio",
           "drain_best_ratio", "enqueue_one_tx_ratio", "enqueue_autocommit_ratio",
           "drain_default_vs_best_ratio", "worker_cpu_us_per_event", "raw_cpu_us_per_event",
-          "worker_cpu_ratio", "drain_default_wal_ratio", "drain_best_wal_ratio")
+          "worker_cpu_ratio", "drain_default_wal_ratio", "drain_best_wal_ratio",
+          "enqueue_bulk_wal_bytes", "enqueue_bulk_wal_ratio", "enqueue_single_wal_ratio")
 # ratio: (numerator, denominator), each a key or a path into the result
 QUOTIENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "enqueue_single_ratio": (("enqueue_single_per_s",), ("raw_single_per_s",)),
@@ -59,10 +60,14 @@ QUOTIENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                                 ("wal_bytes_per_event", "raw_same_commit")),
     "drain_best_wal_ratio": (("wal_bytes_per_event", "drain_best"),
                              ("wal_bytes_per_event", "raw_strongest")),
+    "enqueue_bulk_wal_ratio": (("wal_bytes_per_event", "enqueue_bulk"),
+                               ("wal_bytes_per_event", "raw_copy")),
+    "enqueue_single_wal_ratio": (("wal_bytes_per_event", "enqueue_single"),
+                                 ("wal_bytes_per_event", "raw_insert_one_tx")),
 }
 NEW_TARGETS = {"drain_default_vs_best_ratio", "worker_cpu_ratio", "drain_default_wal_ratio",
                "drain_best_wal_ratio", "enqueue_one_tx_ratio", "enqueue_autocommit_ratio",
-               "outbox_marginal_cost_ratio"}
+               "outbox_marginal_cost_ratio", "enqueue_bulk_wal_bytes"}
 VARIANT = re.compile(r"^(mark|delete) batch=[1-9][0-9]* commit=[a-z_]+$")
 
 

@@ -242,6 +242,70 @@ def enqueue_batch(url: str, schemas: Schemas, count: int, batch: int = 1000,
     return tuple(batches * batch / s for s in spent)  # type: ignore[return-value]
 
 
+@dataclass(frozen=True, slots=True)
+class EnqueueWal:
+    """Bytes of WAL per enqueued event: bulk (``enqueue_bulk``, 1000 a transaction) against
+    a raw COPY, single (``enqueue`` + COMMIT) against a raw INSERT + COMMIT."""
+
+    bulk: float
+    raw_copy: float
+    single: float
+    raw_insert: float
+
+
+def enqueue_wal(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count: int,
+                tries: int = 3) -> EnqueueWal:
+    """WAL per event of each enqueue shape, the least of ``tries`` runs of ``count`` events.
+
+    WAL is counted server-wide (``pg_current_wal_insert_lsn()``), so another
+    session's writes (or a checkpoint's full-page images) can only add to a
+    run: the least is the shape's own. Nothing else in the figure depends on
+    the machine's load.
+    """
+    producer = Producer(ProducerConfig(schema=schemas.conveyor))
+    insert = insert_sql(schemas.raw)
+    batch = 1000
+    singles = max(1, count // 10)
+
+    with psycopg.connect(url) as c_conn, psycopg.connect(url) as r_conn:
+        def bulk() -> int:
+            for _ in range(max(1, count // batch)):
+                producer.enqueue_bulk(c_conn, [(NOOP_TOPIC, {"i": i}) for i in range(batch)])
+                c_conn.commit()
+            return max(1, count // batch) * batch
+
+        def raw_copy() -> int:
+            for _ in range(max(1, count // batch)):
+                copy_rows(r_conn, schemas.raw,
+                          ((NOOP_TOPIC, json.dumps({"i": i})) for i in range(batch)))
+                r_conn.commit()
+            return max(1, count // batch) * batch
+
+        def single() -> int:
+            for i in range(singles):
+                producer.enqueue(c_conn, NOOP_TOPIC, {"i": i})
+                c_conn.commit()
+            return singles
+
+        def raw_insert() -> int:
+            for i in range(singles):
+                r_conn.execute(insert, (NOOP_TOPIC, json.dumps({"i": i})))
+                r_conn.commit()
+            return singles
+
+        least: dict[str, float] = {}
+        for _ in range(tries):
+            for name, fn in (("bulk", bulk), ("raw_copy", raw_copy), ("single", single),
+                             ("raw_insert", raw_insert)):
+                _reset_all(admin, schemas)
+                lsn = scratch.wal_lsn(admin)
+                n = fn()
+                per_event = scratch.wal_since(admin, lsn) / n
+                least[name] = min(least.get(name, per_event), per_event)
+    _reset_all(admin, schemas)
+    return EnqueueWal(**least)
+
+
 def _rotate(total: int, rounds: int, fns: Sequence[Callable[[int], None]]) -> list[float]:
     """Run each of ``fns`` over ``total`` units, in an order rotated every round; their seconds."""
     spent = [0.0] * len(fns)

@@ -221,6 +221,8 @@ class Suite:
         self.say(f"enqueue, 1000 events per transaction ({p.batch_events:,} each)")
         batch, batch_in_tx, batch_ids, raw_copy = measure.enqueue_batch(
             self.url, s, p.batch_events)
+        self.say(f"WAL per enqueued event, 4 shapes ({p.batch_events:,} bulk each)")
+        enqueue_wal = measure.enqueue_wal(admin, self.url, s, p.batch_events)
         for schema in s.all:
             scratch.reset(admin, schema)
         commit = worker_commit()
@@ -259,7 +261,11 @@ class Suite:
             "raw_drain_strongest_variant": strongest.label,
             "wal_bytes_per_event": {"drain_default": _wal(default), "drain_best": _wal(best),
                                     "raw_same_commit": _wal(raw_same_commit),
-                                    "raw_strongest": _wal(raw_strongest)},
+                                    "raw_strongest": _wal(raw_strongest),
+                                    "enqueue_bulk": enqueue_wal.bulk,
+                                    "raw_copy": enqueue_wal.raw_copy,
+                                    "enqueue_single": enqueue_wal.single,
+                                    "raw_insert_one_tx": enqueue_wal.raw_insert},
             "worker_cpu_us_per_event": _cpu(default)["client"],
             "raw_cpu_us_per_event": _cpu(raw_same_commit)["client"],
             "wake_p50_ms": wake.p(50), "wake_p95_ms": wake.p(95), "wake_p99_ms": wake.p(99),
