@@ -1,18 +1,26 @@
 -- Named queries on the events table. `{schema}` is replaced by the quoted
 -- schema identifier; parameters are always bound, never formatted in.
 
+-- name: _notify_on
+-- A transaction that set conveyor.notify = 'off' wakes nobody (docs/producing.md).
+current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
+
+-- name: _wake(topic, run_at)
+-- The wake-up of `topic`'s workers: its payload is the topic, and for an
+-- event not due yet also the due time in epoch seconds ("topic|1767225600.5"),
+-- so an idle worker can set a timer (conveyor/worker/wakeups.py reads it).
+pg_notify({channel}, CASE WHEN {run_at} <= now() THEN {topic}
+                          ELSE {topic} || '|' || extract(epoch FROM {run_at})::text END)
+
 -- name: event_insert
 -- One event, and its wake-up in the same statement (0007 dropped the insert
 -- trigger, whose per-statement cost exceeded the insert's). With an
 -- idempotency key that already exists nothing is inserted, nobody is woken
 -- and no row comes back; the caller then looks the first event up.
--- The NOTIFY is delivered at COMMIT and dropped by a ROLLBACK; its payload is
--- the topic, and for a delayed event also its due time in epoch seconds
--- ("topic|1767225600.5"), so an idle worker can set a timer. `run_at`, an
--- absolute due time, wins over `delay` (the producer sends one or the other). A transaction
--- that set conveyor.notify = 'off' sends none (docs/producing.md). Numbers are
--- cast to the columns' base types: a parameter typed as a domain would run
--- the domain's input function on every execution.
+-- The NOTIFY (_wake) is delivered at COMMIT and dropped by a ROLLBACK.
+-- `run_at`, an absolute due time, wins over `delay` (the producer sends one
+-- or the other). Numbers are cast to the columns' base types: a parameter
+-- typed as a domain would run the domain's input function on every execution.
 INSERT INTO {schema}.events
     (tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
 VALUES
@@ -21,9 +29,8 @@ VALUES
      COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'))
 ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id,
-    CASE WHEN current_setting('conveyor.notify', true) IS DISTINCT FROM 'off' THEN
-        pg_notify({channel}, CASE WHEN run_at <= now() THEN topic
-                                  ELSE topic || '|' || extract(epoch FROM run_at)::text END)
+    CASE WHEN -- include: _notify_on
+    THEN -- include: _wake(topic, run_at)
     END
 
 -- name: event_insert_plain
@@ -33,8 +40,8 @@ RETURNING id,
 INSERT INTO {schema}.events (tenant, topic, payload, priority, max_attempts)
 VALUES (%(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s, %(max_attempts)s::int)
 RETURNING id,
-    CASE WHEN current_setting('conveyor.notify', true) IS DISTINCT FROM 'off' THEN
-        pg_notify({channel}, topic)
+    CASE WHEN -- include: _notify_on
+    THEN pg_notify({channel}, topic)
     END
 
 -- name: event_insert_many_ids
@@ -55,11 +62,11 @@ WITH new AS (
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, topic, run_at
 ), woken AS (
-    SELECT count(pg_notify({channel},
-                           CASE WHEN due.run_at <= now() THEN due.topic
-                                ELSE due.topic || '|' || extract(epoch FROM due.run_at)::text END))
+    SELECT count(
+        -- include: _wake(due.topic, due.run_at)
+    )
     FROM (SELECT topic, min(run_at) AS run_at FROM new GROUP BY topic) AS due
-    WHERE current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
+    WHERE -- include: _notify_on
 )
 SELECT new.id FROM new, woken
 
@@ -68,7 +75,7 @@ SELECT new.id FROM new, woken
 -- pg_notify() on: one NOTIFY per topic, delivered at COMMIT like the others.
 SELECT count(pg_notify({channel}, topic))
 FROM unnest(%(topics)s::text[]) AS topic
-WHERE current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
+WHERE -- include: _notify_on
 
 -- name: event_sequence
 -- The identity sequence behind events.id; looked up once per producer.
