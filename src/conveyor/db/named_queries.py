@@ -151,8 +151,8 @@ def expand_includes(queries: dict[str, str]) -> dict[str, str]:
 
 
 @cache
-def raw_queries() -> dict[str, str]:
-    """Every named query, unbound, from all files in the package (fragments included)."""
+def _package_blocks() -> dict[str, str]:
+    """Every block of the package's queries/*.sql, fragments too, unexpanded."""
     folder = resources.files("conveyor.db") / "queries"
     merged: dict[str, str] = {}
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
@@ -162,7 +162,19 @@ def raw_queries() -> dict[str, str]:
             if name in merged:
                 raise ValueError(f"query {name!r} is defined in two files")
             merged[name] = body
-    return expand_includes(merged)
+    return merged
+
+
+@cache
+def raw_queries() -> dict[str, str]:
+    """Every named query, unbound, from all files in the package (fragments included)."""
+    return expand_includes(_package_blocks())
+
+
+def with_package_fragments(queries: dict[str, str]) -> dict[str, str]:
+    """Another file's queries (``parse_named_queries``) expanded with queries/*.sql's fragments."""
+    fragments = {name: body for name, body in _package_blocks().items() if name.startswith("_")}
+    return expand_includes({**fragments, **queries})
 
 
 class Queries:

@@ -111,19 +111,59 @@ WHERE e.id = next.id
 RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
           e.idempotency_key, e.created_at, e.traceparent, e.tracestate
 
+-- name: _topic_in(topic, prefix=)
+-- Whether `topic` matches the patterns router.pattern_filter(patterns,
+-- prefix) binds: one query may test several sets side by side (the worker's
+-- own, and a flow limit's `limit_`, `except_` or `fifo_`).
+(%({prefix}all_topics)s OR {topic} = ANY(%({prefix}topics)s::text[])
+ OR {topic} LIKE ANY(%({prefix}prefixes)s::text[]))
+
+-- name: _pattern_matches(pattern, topic)
+-- A stored pattern (a pause's, a flow limit's, a worker's in the registry:
+-- '*', a topic, or 'prefix.*') against a topic; router.patterns_match is
+-- the same test in Python. starts_with, not LIKE: a stored pattern is not
+-- escaped for LIKE, and a topic may hold '_' or '%'.
+({pattern} = '*' OR {pattern} = {topic}
+       OR (right({pattern}, 2) = '.*' AND starts_with({topic}, left({pattern}, -1))))
+
+-- name: _paused(topic, tenant)
+-- Whether a row of the pauses table (0005) holds back an event of this topic
+-- and tenant: a pause names a tenant or all of them.
+EXISTS (
+    SELECT 1 FROM {schema}.pauses AS p
+    WHERE -- include: _pattern_matches(p.pattern, {topic})
+      AND (p.tenant IS NULL OR p.tenant = {tenant}))
+
 -- name: _claim_unpaused
--- The claim's pause test (0005): a candidate row a pause holds back is
--- skipped. Used by the variants a worker runs while it knows of a pause.
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.pauses AS p
-          WHERE (p.pattern = '*' OR p.pattern = events.topic
-                 OR (right(p.pattern, 2) = '.*' AND starts_with(events.topic, left(p.pattern, -1))))
-            AND (p.tenant IS NULL OR p.tenant = events.tenant))
+-- The claim's pause test: a candidate row a pause holds back is skipped.
+-- Used by the variants a worker runs while it knows of a pause.
+      AND NOT -- include: _paused(events.topic, events.tenant)
+
+-- name: _claim_filter
+-- The worker's own claim filter: its routes' topic patterns and its tenants.
+      AND -- include: _topic_in(topic)
+      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+
+-- name: _claim_candidates
+-- The open lane's due events the worker may claim: the candidates of
+-- event_claim and event_claim_flow, with or without the pause test.
+    FROM {schema}.events
+    WHERE state = 'pending'
+      AND NOT limited
+      AND run_at <= now()
+      -- include: _claim_filter
+
+-- name: _claim_order
+-- The claim order, events_claim_idx's (its lane and state lead it). SKIP
+-- LOCKED lets concurrent workers take disjoint rows without waiting on each
+-- other.
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
 
 -- name: event_claim
--- Claims up to `limit` due events of the worker's topics. SKIP LOCKED lets
--- concurrent workers take disjoint rows without waiting on each other; the
--- attempt is counted at claim time so a crash mid-run still spends it.
+-- Claims up to `limit` due events of the worker's topics. The attempt is
+-- counted at claim time so a crash mid-run still spends it.
 -- Which rows are claimed follows the ORDER BY; the order RETURNING hands them
 -- back follows the UPDATE's join (after an ANALYZE of a small table, the
 -- table's physical order), so the worker sorts a batch by priority itself: a
@@ -132,15 +172,8 @@ RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, 
 -- to it, so a reordering fails there instead of shifting fields.
 WITH next AS (
     SELECT id
-    FROM {schema}.events
-    WHERE state = 'pending'
-      AND NOT limited
-      AND run_at <= now()
-      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    -- include: _claim_candidates
+    -- include: _claim_order
 )
 -- include: _claim_update
 
@@ -148,20 +181,13 @@ WITH next AS (
 -- event_claim, skipping the events a row of the pauses table holds back
 -- (0005). The worker uses it only while it knows of a pause, so an empty
 -- pauses table costs the claim nothing; the anti-join runs per candidate row
--- of events_claim_idx, against a table of a few rows. Kept equal to
--- event_claim but for the NOT EXISTS (tests/test_pause_queries.py).
+-- of events_claim_idx, against a table of a few rows. Equal to event_claim
+-- but for the NOT EXISTS (tests/test_pause_queries.py).
 WITH next AS (
     SELECT id
-    FROM {schema}.events
-    WHERE state = 'pending'
-      AND NOT limited
-      AND run_at <= now()
-      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-      -- include: _claim_unpaused
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    -- include: _claim_candidates
+    -- include: _claim_unpaused
+    -- include: _claim_order
 )
 -- include: _claim_update
 

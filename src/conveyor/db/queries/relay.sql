@@ -11,7 +11,7 @@ WHERE state = 'succeeded'
   AND finished_at >= %(after_at)s
   AND (finished_at, id) > (%(after_at)s, %(after_id)s)
   AND (%(until)s::timestamptz IS NULL OR finished_at < %(until)s)
-  AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
+  AND -- include: _topic_in(topic)
 ORDER BY finished_at, id
 LIMIT %(limit)s
 
@@ -44,11 +44,8 @@ WITH RECURSIVE topics AS (
 )
 SELECT n.id, n.tenant, n.topic, n.payload::text, n.attempts, n.traceparent, n.tracestate,
        n.run_at > now() AS later,
-       EXISTS (
-           SELECT 1 FROM {schema}.pauses AS p
-           WHERE (p.pattern = '*' OR p.pattern = n.topic
-                  OR (right(p.pattern, 2) = '.*' AND starts_with(n.topic, left(p.pattern, -1))))
-             AND (p.tenant IS NULL OR p.tenant = n.tenant)) AS paused
+       -- include: _paused(n.topic, n.tenant)
+           AS paused
 FROM topics AS t, horizon AS h, LATERAL (
     SELECT e.id, e.tenant, e.topic, e.payload, e.attempts, e.traceparent, e.tracestate,
            e.run_at, e.xid
@@ -60,7 +57,7 @@ FROM topics AS t, horizon AS h, LATERAL (
     LIMIT %(limit)s
 ) AS n
 WHERE t.topic IS NOT NULL
-  AND (%(all_topics)s OR t.topic = ANY(%(topics)s::text[]) OR t.topic LIKE ANY(%(prefixes)s::text[]))
+  AND -- include: _topic_in(t.topic)
 ORDER BY n.xid NULLS FIRST, n.id
 LIMIT %(limit)s
 
@@ -72,7 +69,7 @@ SELECT count(*), extract(epoch FROM now() - min(e.created_at))::float8
 FROM {schema}.events AS e
 WHERE e.state = 'pending'
   AND e.xid >= pg_snapshot_xmin(pg_current_snapshot())
-  AND (%(all_topics)s OR e.topic = ANY(%(topics)s::text[]) OR e.topic LIKE ANY(%(prefixes)s::text[]))
+  AND -- include: _topic_in(e.topic)
 
 -- name: relay_ordered_done
 -- Events the broker confirmed, in the stream's order: relayed. Only pending
