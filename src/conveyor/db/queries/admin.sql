@@ -55,14 +55,7 @@ LIMIT %(limit)s
 -- One batch of retry_matching: the ids come from event_list; each row's state
 -- is checked again here (a worker or another operator may have moved it
 -- since), with the same rule as event_retry, limited to the filter's states.
-UPDATE {schema}.events
-SET state = 'pending',
-    -- Out of the aside lane (0018): judged again, as a new event is.
-    limited = COALESCE(limited, false),
-    run_at = now(),
-    max_attempts = GREATEST(max_attempts, attempts + 1),
-    finished_at = NULL,
-    updated_at = now()
+-- include: _reopen(now())
 WHERE id = ANY(%(ids)s::bigint[])
   AND state = ANY(%(states)s::text[])
   AND (state IN ('failed', 'cancelled') OR (state = 'pending' AND run_at > now()))
@@ -71,12 +64,7 @@ RETURNING id
 -- name: event_cancel_ids
 -- One batch of cancel_matching, checked again like event_retry_ids. A running
 -- event is cancelled too: its worker's late result is then fenced out.
-UPDATE {schema}.events
-SET state = 'cancelled',
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    finished_at = now(),
-    updated_at = now()
+-- include: _cancel
 WHERE id = ANY(%(ids)s::bigint[])
   AND state = ANY(%(states)s::text[])
   AND state IN ('pending', 'running', 'failed')

@@ -217,6 +217,14 @@ WHERE e.id = d.id
   AND e.attempts = d.attempt
 RETURNING e.id
 
+-- name: _errors_appended(attempt, error, traceback, worker)
+-- The events row `e`'s error history with one more entry. It keeps the last
+-- 10 attempts (with the caps on each entry in executor.py, at most about
+-- 60 KB), however many attempts an event has; rows.py decodes the entries.
+(CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0 ELSE e.errors END)
+|| jsonb_build_array(jsonb_build_object('attempt', {attempt}, 'at', now(), 'error', {error},
+                                        'traceback', {traceback}, 'worker', {worker}))
+
 -- name: event_settle_many
 -- Every other outcome, fenced like event_succeed_many. `refund` gives the
 -- attempt back (snooze, hand-back on shutdown); `error` appends to the history;
@@ -228,13 +236,9 @@ SET state = d.state,
     run_at = CASE WHEN d.delay IS NULL THEN e.run_at
                   ELSE now() + d.delay * interval '1 second' END,
     last_error = COALESCE(d.error, e.last_error),
-    -- The history keeps the last 10 attempts (with the caps on each entry in
-    -- executor.py, at most about 60 KB), however many attempts an event has.
     errors = CASE WHEN d.error IS NULL THEN e.errors
-                  ELSE (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
-                             ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
-                      'attempt', d.attempt, 'at', now(), 'error', d.error,
-                      'traceback', d.traceback, 'worker', %(owner)s::text)) END,
+                  ELSE -- include: _errors_appended(d.attempt, d.error, d.traceback, %(owner)s::text)
+             END,
     lease_owner = NULL,
     lease_expires_at = NULL,
     finished_at = CASE WHEN d.state IN ('succeeded', 'failed', 'cancelled') THEN now() END,
@@ -300,11 +304,8 @@ SET state = CASE WHEN e.attempts >= e.max_attempts THEN 'failed' ELSE 'pending' 
     -- not behind the whole backlog.
     run_at = LEAST(e.run_at, now()),
     last_error = 'lease expired: the worker running attempt ' || e.attempts || ' was lost',
-    errors = (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
-                   ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
-        'attempt', e.attempts, 'at', now(),
-        'error', 'lease expired: the worker running this attempt was lost',
-        'traceback', NULL, 'worker', e.lease_owner::text)),
+    errors = (-- include: _errors_appended(e.attempts, 'lease expired: the worker running this attempt was lost', NULL, e.lease_owner::text)
+    ),
     lease_owner = NULL,
     lease_expires_at = NULL,
     finished_at = CASE WHEN e.attempts >= e.max_attempts THEN now() END,
@@ -335,16 +336,30 @@ SELECT id, state, result AS value, last_error AS error, finished_at
 FROM {schema}.events
 WHERE id = %(id)s
 
--- name: event_retry
--- Operator retry: run again now, granting one more attempt if all are spent.
+-- name: _reopen(run_at)
+-- An operator's retry or reschedule: the event is pending again, due at
+-- `run_at`, with one more attempt if all are spent.
 UPDATE {schema}.events
 SET state = 'pending',
     -- Out of the aside lane (0018): judged again, as a new event is.
     limited = COALESCE(limited, false),
-    run_at = now(),
+    run_at = {run_at},
     max_attempts = GREATEST(max_attempts, attempts + 1),
     finished_at = NULL,
     updated_at = now()
+
+-- name: _cancel
+-- A cancelled event is finished, and no worker's lease holds it any more.
+UPDATE {schema}.events
+SET state = 'cancelled',
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+
+-- name: event_retry
+-- Operator retry: run again now, granting one more attempt if all are spent.
+-- include: _reopen(now())
 WHERE id = %(id)s AND state IN ('pending', 'failed', 'cancelled')
 RETURNING id
 
@@ -353,38 +368,19 @@ RETURNING id
 -- a failed or cancelled event becomes pending again, with one more attempt
 -- if all are spent, as event_retry grants. The wake-up comes from the caller,
 -- which knows the topic and due time from RETURNING.
-UPDATE {schema}.events
-SET state = 'pending',
-    -- Out of the aside lane (0018): judged again, as a new event is.
-    limited = COALESCE(limited, false),
-    run_at = COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'),
-    max_attempts = GREATEST(max_attempts, attempts + 1),
-    finished_at = NULL,
-    updated_at = now()
+-- include: _reopen(COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'))
 WHERE id = %(id)s AND state IN ('pending', 'failed', 'cancelled')
 RETURNING id, topic, run_at, extract(epoch FROM run_at)::float8 AS due_epoch,
           run_at <= now() AS due_now
 
 -- name: event_retry_failed
-UPDATE {schema}.events
-SET state = 'pending',
-    -- Out of the aside lane (0018): judged again, as a new event is.
-    limited = COALESCE(limited, false),
-    run_at = now(),
-    max_attempts = GREATEST(max_attempts, attempts + 1),
-    finished_at = NULL,
-    updated_at = now()
+-- include: _reopen(now())
 WHERE state = 'failed' AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
 RETURNING id
 
 -- name: event_cancel
 -- A running event is cancelled too: its worker's late result is then fenced out.
-UPDATE {schema}.events
-SET state = 'cancelled',
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    finished_at = now(),
-    updated_at = now()
+-- include: _cancel
 WHERE id = %(id)s AND state IN ('pending', 'running', 'failed')
 RETURNING id
 

@@ -105,10 +105,8 @@ WITH refused AS (
     SET attempts = e.attempts + 1,
         attempted_at = now(),
         last_error = %(error)s::text,
-        errors = (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
-                       ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
-            'attempt', e.attempts + 1, 'at', now(), 'error', %(error)s::text,
-            'worker', %(relay)s::text)),
+        errors = (-- include: _errors_appended(e.attempts + 1, %(error)s::text, NULL, %(relay)s::text)
+        ),
         updated_at = now()
     WHERE e.id = %(id)s
       AND e.state = 'pending'
