@@ -75,10 +75,8 @@ RETURNING id
 -- indexes: events_prunable_idx for succeeded and cancelled rows, and
 -- events_failed_idx for failed ones only when they are asked for.
 SELECT (SELECT count(*) FROM {schema}.events
-        WHERE state IN ('succeeded', 'cancelled')
-          AND state = ANY(%(states)s::text[])
-          AND finished_at < now() - %(older_than)s * interval '1 second')
+        -- include: _prunable_done
+       )
      + (SELECT count(*) FROM {schema}.events
-        WHERE state = 'failed'
-          AND 'failed' = ANY(%(states)s::text[])
-          AND finished_at < now() - %(older_than)s * interval '1 second') AS n
+        -- include: _prunable_failed
+       ) AS n

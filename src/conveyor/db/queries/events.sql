@@ -387,15 +387,28 @@ RETURNING id
 -- name: event_state
 SELECT state FROM {schema}.events WHERE id = %(id)s
 
+-- name: _prunable_done
+-- Succeeded and cancelled rows finished `older_than` seconds ago, read
+-- through events_prunable_idx, which holds only them (0003). The states are
+-- named literally, so the planner can prove the partial index's predicate
+-- even in a generic plan; the states parameter then only filters.
+         WHERE state IN ('succeeded', 'cancelled')
+           AND state = ANY(%(states)s::text[])
+           AND finished_at < now() - %(older_than)s * interval '1 second'
+
+-- name: _prunable_failed
+-- Failed rows finished `older_than` seconds ago, read through
+-- events_failed_idx, and only when they are asked for (a one-time filter).
+         WHERE state = 'failed'
+           AND 'failed' = ANY(%(states)s::text[])
+           AND finished_at < now() - %(older_than)s * interval '1 second'
+
 -- name: event_prune
 -- Deletes finished events in bounded batches so no single statement holds
--- locks on a huge number of rows. Succeeded and cancelled rows are found
--- through events_prunable_idx, which holds only them (0003): the old failed
--- rows a queue keeps are never read. Each branch names its states literally,
--- so the planner can prove the partial index's predicate even in a generic
--- plan (the worker's connection prepares its queries); the states parameter
--- then only filters. The failed branch runs only when failed rows are asked for (a
--- one-time filter; the worker never asks) and reads events_failed_idx.
+-- locks on a huge number of rows. Each branch reads its own partial index,
+-- even in the generic plan of the worker's prepared statement, so the old
+-- failed rows a queue keeps are never read unless asked for (the worker
+-- never asks).
 -- The batch's ids are deleted through the primary key: a join to them let
 -- the planner, which cannot see that old finished rows are mostly failed ones
 -- and so expects a full batch, hash it and read the whole table. The outer
@@ -404,15 +417,11 @@ SELECT state FROM {schema}.events WHERE id = %(id)s
 DELETE FROM {schema}.events
 WHERE id = ANY(ARRAY(
         (SELECT id FROM {schema}.events
-         WHERE state IN ('succeeded', 'cancelled')
-           AND state = ANY(%(states)s::text[])
-           AND finished_at < now() - %(older_than)s * interval '1 second'
+         -- include: _prunable_done
          LIMIT %(limit)s)
         UNION ALL
         (SELECT id FROM {schema}.events
-         WHERE state = 'failed'
-           AND 'failed' = ANY(%(states)s::text[])
-           AND finished_at < now() - %(older_than)s * interval '1 second'
+         -- include: _prunable_failed
          LIMIT %(limit)s)
         LIMIT %(limit)s))
   AND state = ANY(%(states)s::text[])
