@@ -1,6 +1,8 @@
 -- Named queries behind the operator's listing and bulk actions (Admin.events,
 -- retry_matching, cancel_matching, prune's dry run). `{schema}` is replaced by
--- the quoted schema identifier; parameters are always bound.
+-- the quoted schema identifier; parameters are always bound. The retry, cancel
+-- and prune fragments included here are events.sql's, so the operator's batch
+-- actions change a row exactly as the single ones do.
 
 -- name: event_list
 -- One page of events, newest first, keyset-paginated on id (`after`: the

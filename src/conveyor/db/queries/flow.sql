@@ -1,4 +1,5 @@
 -- Flow control (migration 0012; conveyor/worker/flow.py, docs/flow-control.md).
+-- The fragments included here (`_topic_in`, `_claim_*`, ...) are events.sql's.
 
 -- name: flow_declare
 -- A worker's limited routes, at its start: a new pattern starts with a full

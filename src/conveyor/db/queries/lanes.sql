@@ -1,5 +1,6 @@
 -- The aside lane (migration 0018; conveyor/worker/lanes.py, docs/workers.md).
 -- `limited IS NULL` is the aside lane of events_claim_idx: no claim reads it.
+-- The fragments included here (`_paused`, `_claim_filter`, ...) are events.sql's.
 
 -- name: lane_lock
 -- Orders bringing back after setting aside (docs/workers.md#the-aside-lane):

@@ -1,4 +1,5 @@
 -- The relay (conveyor/relay, docs/relay.md).
+-- The fragments included here (`_topic_in`, `_paused`, ...) are events.sql's.
 
 -- name: relay_replay
 -- Relayed events of the relay's topics that finished from `after_at`, in

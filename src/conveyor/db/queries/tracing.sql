@@ -2,7 +2,8 @@
 -- event_insert_many_ids with the W3C trace context of the producer's send span
 -- (0006, docs/tracing.md). Separate statements so that an enqueue outside a
 -- span binds nothing more than before; tests/test_tracing_producer.py holds
--- each equal to its twin but for the two trace columns.
+-- each equal to its twin but for the two trace columns. `_wake` and
+-- `_notify_on` are events.sql's.
 
 -- name: event_insert_traced
 INSERT INTO {schema}.events
