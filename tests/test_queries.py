@@ -8,6 +8,7 @@ runs; ``test_every_named_query_is_exercised`` fails when a query is added to a
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -1428,6 +1429,17 @@ def test_an_included_fragment_continues_its_line_indented_as_the_line() -> None:
                                      "    -- include: _two(y, z)\n"})
     # Commas inside parentheses or quotes belong to the argument.
     assert expanded == {"q": "SELECT\n    x, f(g(1, ','),\n      'p, q')\nf(y,\n  z)\n"}
+
+
+def test_every_fragment_is_included_somewhere() -> None:
+    from importlib import resources
+    texts = [entry.read_text("utf-8") for entry in
+             (resources.files("conveyor.db") / "queries").iterdir() if entry.name.endswith(".sql")]
+    texts.append((resources.files("conveyor.metrics") / "queries.sql").read_text("utf-8"))
+    blocks = [name for text in texts for name in parse_named_queries(text)]
+    fragments = {name.partition("(")[0] for name in blocks if name.startswith("_")}
+    included = set(re.findall(r"-- include: (_[a-z_]+)", "\n".join(texts)))
+    assert sorted(fragments - included) == []
 
 
 @pytest.mark.parametrize(("queries", "error"), [

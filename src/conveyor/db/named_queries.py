@@ -8,8 +8,8 @@ the schema's NOTIFY channel as a ``psycopg.sql.Literal`` in place of
 
 A block whose name starts with ``_`` is a fragment, never run by itself: a
 line ``-- include: _fragment`` in a query is replaced by the fragment's SQL
-(its comment lines left out); a fragment may include another. One clause is
-so written once, and every query that means it says so by name.
+(its comment lines left out); a fragment may include another. So a clause
+is written once, and each query that uses it names it.
 
 A fragment may take parameters, declared on its name line and written in its
 body in braces, as ``{schema}`` is: ``-- name: _topic_in(topic, prefix=)``;
