@@ -64,12 +64,12 @@ WHERE id = ANY(%(ids)s::bigint[])
 RETURNING id
 
 -- name: event_cancel_ids
--- One batch of cancel_matching, checked again like event_retry_ids. A running
--- event is cancelled too: its worker's late result is then fenced out.
+-- One batch of cancel_matching, checked again like event_retry_ids, with the
+-- same rule as event_cancel.
 -- include: _cancel
 WHERE id = ANY(%(ids)s::bigint[])
   AND state = ANY(%(states)s::text[])
-  AND state IN ('pending', 'running', 'failed')
+  AND -- include: _cancellable
 RETURNING id
 
 -- name: event_prune_count

@@ -357,6 +357,11 @@ SET state = 'cancelled',
     finished_at = now(),
     updated_at = now()
 
+-- name: _cancellable
+-- A running event may be cancelled too: its worker's late result is then
+-- fenced out. A finished one stays as it ended.
+state IN ('pending', 'running', 'failed')
+
 -- name: event_retry
 -- Operator retry: run again now, granting one more attempt if all are spent.
 -- include: _reopen(now())
@@ -379,9 +384,8 @@ WHERE state = 'failed' AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
 RETURNING id
 
 -- name: event_cancel
--- A running event is cancelled too: its worker's late result is then fenced out.
 -- include: _cancel
-WHERE id = %(id)s AND state IN ('pending', 'running', 'failed')
+WHERE id = %(id)s AND -- include: _cancellable
 RETURNING id
 
 -- name: event_state
