@@ -116,7 +116,7 @@ RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, 
 -- prefix) binds: one query may test several sets side by side (the worker's
 -- own, and a flow limit's `limit_`, `except_` or `fifo_`).
 (%({prefix}all_topics)s OR {topic} = ANY(%({prefix}topics)s::text[])
- OR {topic} LIKE ANY(%({prefix}prefixes)s::text[]))
+     OR {topic} LIKE ANY(%({prefix}prefixes)s::text[]))
 
 -- name: _pattern_matches(pattern, topic)
 -- A stored pattern (a pause's, a flow limit's, a worker's in the registry:
