@@ -8,6 +8,7 @@ runs; ``test_every_named_query_is_exercised`` fails when a query is added to a
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -1406,6 +1407,58 @@ def test_fragments_are_included_and_never_run_alone() -> None:
     assert nested == {"q": "A\nB\nC"}
     with pytest.raises(ValueError, match="fragment '_a' includes itself"):
         expand_includes({"_a": "-- include: _b", "_b": "-- include: _a", "q": "-- include: _a"})
+
+
+def test_fragment_parameters_are_filled_in_order_with_their_defaults() -> None:
+    from conveyor.db.named_queries import expand_includes, parse_named_queries
+    parsed = parse_named_queries("-- name: _in(col, prefix=)\n-- why\n"
+                                 "({col} = ANY(%({prefix}names)s))\n"
+                                 "-- name: q\nSELECT 1 FROM {schema}.t\n"
+                                 "WHERE -- include: _in(t.name, except_)\n"
+                                 "  AND -- include: _in(name)\n")
+    assert set(parsed) == {"_in(col, prefix=)", "q"}
+    assert expand_includes(parsed) == {"q": "SELECT 1 FROM {schema}.t\n"
+                                            "WHERE (t.name = ANY(%(except_names)s))\n"
+                                            "  AND (name = ANY(%(names)s))"}
+
+
+def test_an_included_fragment_continues_its_line_indented_as_the_line() -> None:
+    from conveyor.db.named_queries import expand_includes
+    expanded = expand_includes({"_two(a, b)": "f({a},\n  {b})\n-- why",
+                                "q": "SELECT\n    x, -- include: _two(g(1, ','), 'p, q')\n"
+                                     "    -- include: _two(y, z)\n"})
+    # Commas inside parentheses or quotes belong to the argument.
+    assert expanded == {"q": "SELECT\n    x, f(g(1, ','),\n      'p, q')\nf(y,\n  z)\n"}
+
+
+def test_every_fragment_is_included_somewhere() -> None:
+    from importlib import resources
+    texts = [entry.read_text("utf-8") for entry in
+             (resources.files("conveyor.db") / "queries").iterdir() if entry.name.endswith(".sql")]
+    texts.append((resources.files("conveyor.metrics") / "queries.sql").read_text("utf-8"))
+    blocks = [name for text in texts for name in parse_named_queries(text)]
+    fragments = {name.partition("(")[0] for name in blocks if name.startswith("_")}
+    included = set(re.findall(r"-- include: (_[a-z_]+)", "\n".join(texts)))
+    assert sorted(fragments - included) == []
+
+
+@pytest.mark.parametrize(("queries", "error"), [
+    ({"_f(a)": "{a}", "q": "-- include: _f"}, "fragment '_f' needs an argument for 'a'"),
+    ({"_f(a)": "{a}", "q": "-- include: _f(x, y)"}, "fragment '_f' takes 1 arguments, got 2"),
+    ({"_f(a)": "{b}", "q": "SELECT 1"}, "fragment '_f' has no parameter 'b'"),
+    ({"_f(a, a)": "{a}", "q": "SELECT 1"}, "bad parameter 'a' of fragment '_f'"),
+    ({"_f(schema)": "1", "q": "SELECT 1"}, "bad parameter 'schema' of fragment '_f'"),
+    ({"_f(a)": "{a}", "q": "-- include: _f(g(x)"}, r"unbalanced arguments \(g\(x\)"),
+    ({"_f": "1", "q": "-- include: f"}, "bad include '-- include: f'"),
+    ({"_f": "1", "q": "-- include: _f(x"}, r"bad include '-- include: _f\(x'"),
+    ({"_f": "1", "_f(a)": "{a}", "q": "SELECT 1"}, "fragment '_f' is defined twice"),
+    ({"q(a)": "SELECT 1"}, r"query 'q\(a\)' takes no parameters: only fragments do"),
+])
+def test_a_bad_fragment_or_include_is_refused_by_name(queries: dict[str, str],
+                                                      error: str) -> None:
+    from conveyor.db.named_queries import expand_includes
+    with pytest.raises(ValueError, match=error):
+        expand_includes(queries)
 
 
 @exercises("relay_replay")

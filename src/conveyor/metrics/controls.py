@@ -18,12 +18,12 @@ import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from psycopg import sql
 
-from conveyor.db.named_queries import parse_named_queries
+from conveyor.db.named_queries import parse_named_queries, with_package_fragments
 from conveyor.metrics.config import OTHER
 from conveyor.validation import check_schema_name
 
-_QUERIES = parse_named_queries(
-    (resources.files("conveyor.metrics") / "queries.sql").read_text("utf-8"))
+_QUERIES = with_package_fragments(parse_named_queries(
+    (resources.files("conveyor.metrics") / "queries.sql").read_text("utf-8")))
 
 
 def metrics_query(name: str, schema: str) -> str:

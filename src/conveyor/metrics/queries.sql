@@ -1,4 +1,5 @@
--- Named queries of the database gauges. `{schema}` is the quoted schema identifier.
+-- Named queries of the database gauges. `{schema}` is the quoted schema
+-- identifier; the fragments of conveyor/db/queries may be included.
 
 -- name: metrics_try_lock
 -- One refresher per schema: a session advisory lock, kept while the
@@ -23,16 +24,15 @@ FROM {schema}.pauses
 
 -- name: metrics_flow
 -- Every flow-limited pattern (declared by code, so few): its running events
--- fleet-wide, matched as the claim's pause test matches (exact, `prefix.*`,
--- `*`), each count read from events_lease_idx (running rows only: at most
+-- fleet-wide, matched as a pause's pattern is (exact, `prefix.*`, `*`),
+-- each count read from events_lease_idx (running rows only: at most
 -- the workers' slots); its max_running; and the tokens its bucket holds now,
 -- refilled as flow_lock's reader refills them (rate-limited patterns only).
 SELECT f.pattern, f.max_running,
        (SELECT count(*) FROM {schema}.events AS e
         WHERE e.state = 'running'
-          AND (f.pattern = '*' OR e.topic = f.pattern
-               OR (right(f.pattern, 2) = '.*' AND starts_with(e.topic, left(f.pattern, -1)))))
-           AS running,
+          AND -- include: _pattern_matches(f.pattern, e.topic)
+       ) AS running,
        CASE WHEN f.rate IS NOT NULL
             THEN LEAST(f.burst, f.tokens + f.rate * GREATEST(
                      0, extract(epoch FROM clock_timestamp() - f.refilled_at)))::float8

@@ -1,6 +1,8 @@
 -- Named queries behind the operator's listing and bulk actions (Admin.events,
 -- retry_matching, cancel_matching, prune's dry run). `{schema}` is replaced by
--- the quoted schema identifier; parameters are always bound.
+-- the quoted schema identifier; parameters are always bound. The retry, cancel
+-- and prune fragments included here are events.sql's, so the operator's batch
+-- actions change a row exactly as the single ones do.
 
 -- name: event_list
 -- One page of events, newest first, keyset-paginated on id (`after`: the
@@ -55,31 +57,19 @@ LIMIT %(limit)s
 -- One batch of retry_matching: the ids come from event_list; each row's state
 -- is checked again here (a worker or another operator may have moved it
 -- since), with the same rule as event_retry, limited to the filter's states.
-UPDATE {schema}.events
-SET state = 'pending',
-    -- Out of the aside lane (0018): judged again, as a new event is.
-    limited = COALESCE(limited, false),
-    run_at = now(),
-    max_attempts = GREATEST(max_attempts, attempts + 1),
-    finished_at = NULL,
-    updated_at = now()
+-- include: _reopen(now())
 WHERE id = ANY(%(ids)s::bigint[])
   AND state = ANY(%(states)s::text[])
   AND (state IN ('failed', 'cancelled') OR (state = 'pending' AND run_at > now()))
 RETURNING id
 
 -- name: event_cancel_ids
--- One batch of cancel_matching, checked again like event_retry_ids. A running
--- event is cancelled too: its worker's late result is then fenced out.
-UPDATE {schema}.events
-SET state = 'cancelled',
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    finished_at = now(),
-    updated_at = now()
+-- One batch of cancel_matching, checked again like event_retry_ids, with the
+-- same rule as event_cancel.
+-- include: _cancel
 WHERE id = ANY(%(ids)s::bigint[])
   AND state = ANY(%(states)s::text[])
-  AND state IN ('pending', 'running', 'failed')
+  AND -- include: _cancellable
 RETURNING id
 
 -- name: event_prune_count
@@ -87,10 +77,8 @@ RETURNING id
 -- indexes: events_prunable_idx for succeeded and cancelled rows, and
 -- events_failed_idx for failed ones only when they are asked for.
 SELECT (SELECT count(*) FROM {schema}.events
-        WHERE state IN ('succeeded', 'cancelled')
-          AND state = ANY(%(states)s::text[])
-          AND finished_at < now() - %(older_than)s * interval '1 second')
+        -- include: _prunable_done
+       )
      + (SELECT count(*) FROM {schema}.events
-        WHERE state = 'failed'
-          AND 'failed' = ANY(%(states)s::text[])
-          AND finished_at < now() - %(older_than)s * interval '1 second') AS n
+        -- include: _prunable_failed
+       ) AS n

@@ -1,18 +1,26 @@
 -- Named queries on the events table. `{schema}` is replaced by the quoted
 -- schema identifier; parameters are always bound, never formatted in.
 
+-- name: _notify_on
+-- A transaction that set conveyor.notify = 'off' wakes nobody (docs/producing.md).
+current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
+
+-- name: _wake(topic, run_at)
+-- The wake-up of `topic`'s workers: its payload is the topic, and for an
+-- event not due yet also the due time in epoch seconds ("topic|1767225600.5"),
+-- so an idle worker can set a timer (conveyor/worker/wakeups.py reads it).
+pg_notify({channel}, CASE WHEN {run_at} <= now() THEN {topic}
+                          ELSE {topic} || '|' || extract(epoch FROM {run_at})::text END)
+
 -- name: event_insert
 -- One event, and its wake-up in the same statement (0007 dropped the insert
 -- trigger, whose per-statement cost exceeded the insert's). With an
 -- idempotency key that already exists nothing is inserted, nobody is woken
 -- and no row comes back; the caller then looks the first event up.
--- The NOTIFY is delivered at COMMIT and dropped by a ROLLBACK; its payload is
--- the topic, and for a delayed event also its due time in epoch seconds
--- ("topic|1767225600.5"), so an idle worker can set a timer. `run_at`, an
--- absolute due time, wins over `delay` (the producer sends one or the other). A transaction
--- that set conveyor.notify = 'off' sends none (docs/producing.md). Numbers are
--- cast to the columns' base types: a parameter typed as a domain would run
--- the domain's input function on every execution.
+-- The NOTIFY (_wake) is delivered at COMMIT and dropped by a ROLLBACK.
+-- `run_at`, an absolute due time, wins over `delay` (the producer sends one
+-- or the other). Numbers are cast to the columns' base types: a parameter
+-- typed as a domain would run the domain's input function on every execution.
 INSERT INTO {schema}.events
     (tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
 VALUES
@@ -21,9 +29,8 @@ VALUES
      COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'))
 ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id,
-    CASE WHEN current_setting('conveyor.notify', true) IS DISTINCT FROM 'off' THEN
-        pg_notify({channel}, CASE WHEN run_at <= now() THEN topic
-                                  ELSE topic || '|' || extract(epoch FROM run_at)::text END)
+    CASE WHEN -- include: _notify_on
+    THEN -- include: _wake(topic, run_at)
     END
 
 -- name: event_insert_plain
@@ -33,8 +40,8 @@ RETURNING id,
 INSERT INTO {schema}.events (tenant, topic, payload, priority, max_attempts)
 VALUES (%(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s, %(max_attempts)s::int)
 RETURNING id,
-    CASE WHEN current_setting('conveyor.notify', true) IS DISTINCT FROM 'off' THEN
-        pg_notify({channel}, topic)
+    CASE WHEN -- include: _notify_on
+    THEN pg_notify({channel}, topic)
     END
 
 -- name: event_insert_many_ids
@@ -55,11 +62,11 @@ WITH new AS (
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, topic, run_at
 ), woken AS (
-    SELECT count(pg_notify({channel},
-                           CASE WHEN due.run_at <= now() THEN due.topic
-                                ELSE due.topic || '|' || extract(epoch FROM due.run_at)::text END))
+    SELECT count(
+        -- include: _wake(due.topic, due.run_at)
+    )
     FROM (SELECT topic, min(run_at) AS run_at FROM new GROUP BY topic) AS due
-    WHERE current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
+    WHERE -- include: _notify_on
 )
 SELECT new.id FROM new, woken
 
@@ -68,7 +75,7 @@ SELECT new.id FROM new, woken
 -- pg_notify() on: one NOTIFY per topic, delivered at COMMIT like the others.
 SELECT count(pg_notify({channel}, topic))
 FROM unnest(%(topics)s::text[]) AS topic
-WHERE current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
+WHERE -- include: _notify_on
 
 -- name: event_sequence
 -- The identity sequence behind events.id; looked up once per producer.
@@ -104,19 +111,59 @@ WHERE e.id = next.id
 RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
           e.idempotency_key, e.created_at, e.traceparent, e.tracestate
 
+-- name: _topic_in(topic, prefix=)
+-- Whether `topic` matches the patterns router.pattern_filter(patterns,
+-- prefix) binds: one query may test several sets side by side (the worker's
+-- own, and a flow limit's `limit_`, `except_` or `fifo_`).
+(%({prefix}all_topics)s OR {topic} = ANY(%({prefix}topics)s::text[])
+     OR {topic} LIKE ANY(%({prefix}prefixes)s::text[]))
+
+-- name: _pattern_matches(pattern, topic)
+-- A stored pattern (a pause's, a flow limit's, a worker's in the registry:
+-- '*', a topic, or 'prefix.*') against a topic; router.patterns_match is
+-- the same test in Python. starts_with, not LIKE: a stored pattern is not
+-- escaped for LIKE, and a topic may hold '_' or '%'.
+({pattern} = '*' OR {pattern} = {topic}
+       OR (right({pattern}, 2) = '.*' AND starts_with({topic}, left({pattern}, -1))))
+
+-- name: _paused(topic, tenant)
+-- Whether a row of the pauses table (0005) holds back an event of this topic
+-- and tenant: a pause names a tenant or all of them.
+EXISTS (
+    SELECT 1 FROM {schema}.pauses AS p
+    WHERE -- include: _pattern_matches(p.pattern, {topic})
+      AND (p.tenant IS NULL OR p.tenant = {tenant}))
+
 -- name: _claim_unpaused
--- The claim's pause test (0005): a candidate row a pause holds back is
--- skipped. Used by the variants a worker runs while it knows of a pause.
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.pauses AS p
-          WHERE (p.pattern = '*' OR p.pattern = events.topic
-                 OR (right(p.pattern, 2) = '.*' AND starts_with(events.topic, left(p.pattern, -1))))
-            AND (p.tenant IS NULL OR p.tenant = events.tenant))
+-- The claim's pause test: a candidate row a pause holds back is skipped.
+-- Used by the variants a worker runs while it knows of a pause.
+      AND NOT -- include: _paused(events.topic, events.tenant)
+
+-- name: _claim_filter
+-- The worker's own claim filter: its routes' topic patterns and its tenants.
+      AND -- include: _topic_in(topic)
+      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+
+-- name: _claim_candidates
+-- The open lane's due events the worker may claim: the candidates of
+-- event_claim and event_claim_flow, with or without the pause test.
+    FROM {schema}.events
+    WHERE state = 'pending'
+      AND NOT limited
+      AND run_at <= now()
+      -- include: _claim_filter
+
+-- name: _claim_order
+-- The claim order, events_claim_idx's (its lane and state lead it). SKIP
+-- LOCKED lets concurrent workers take disjoint rows without waiting on each
+-- other.
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
 
 -- name: event_claim
--- Claims up to `limit` due events of the worker's topics. SKIP LOCKED lets
--- concurrent workers take disjoint rows without waiting on each other; the
--- attempt is counted at claim time so a crash mid-run still spends it.
+-- Claims up to `limit` due events of the worker's topics. The attempt is
+-- counted at claim time so a crash mid-run still spends it.
 -- Which rows are claimed follows the ORDER BY; the order RETURNING hands them
 -- back follows the UPDATE's join (after an ANALYZE of a small table, the
 -- table's physical order), so the worker sorts a batch by priority itself: a
@@ -125,15 +172,8 @@ RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, 
 -- to it, so a reordering fails there instead of shifting fields.
 WITH next AS (
     SELECT id
-    FROM {schema}.events
-    WHERE state = 'pending'
-      AND NOT limited
-      AND run_at <= now()
-      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    -- include: _claim_candidates
+    -- include: _claim_order
 )
 -- include: _claim_update
 
@@ -141,20 +181,13 @@ WITH next AS (
 -- event_claim, skipping the events a row of the pauses table holds back
 -- (0005). The worker uses it only while it knows of a pause, so an empty
 -- pauses table costs the claim nothing; the anti-join runs per candidate row
--- of events_claim_idx, against a table of a few rows. Kept equal to
--- event_claim but for the NOT EXISTS (tests/test_pause_queries.py).
+-- of events_claim_idx, against a table of a few rows. Equal to event_claim
+-- but for the NOT EXISTS (tests/test_pause_queries.py).
 WITH next AS (
     SELECT id
-    FROM {schema}.events
-    WHERE state = 'pending'
-      AND NOT limited
-      AND run_at <= now()
-      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-      -- include: _claim_unpaused
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    -- include: _claim_candidates
+    -- include: _claim_unpaused
+    -- include: _claim_order
 )
 -- include: _claim_update
 
@@ -184,6 +217,14 @@ WHERE e.id = d.id
   AND e.attempts = d.attempt
 RETURNING e.id
 
+-- name: _errors_appended(attempt, error, traceback, worker)
+-- The events row `e`'s error history with one more entry. It keeps the last
+-- 10 attempts (with the caps on each entry in executor.py, at most about
+-- 60 KB), however many attempts an event has; rows.py decodes the entries.
+(CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0 ELSE e.errors END)
+|| jsonb_build_array(jsonb_build_object('attempt', {attempt}, 'at', now(), 'error', {error},
+                                        'traceback', {traceback}, 'worker', {worker}))
+
 -- name: event_settle_many
 -- Every other outcome, fenced like event_succeed_many. `refund` gives the
 -- attempt back (snooze, hand-back on shutdown); `error` appends to the history;
@@ -195,13 +236,9 @@ SET state = d.state,
     run_at = CASE WHEN d.delay IS NULL THEN e.run_at
                   ELSE now() + d.delay * interval '1 second' END,
     last_error = COALESCE(d.error, e.last_error),
-    -- The history keeps the last 10 attempts (with the caps on each entry in
-    -- executor.py, at most about 60 KB), however many attempts an event has.
     errors = CASE WHEN d.error IS NULL THEN e.errors
-                  ELSE (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
-                             ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
-                      'attempt', d.attempt, 'at', now(), 'error', d.error,
-                      'traceback', d.traceback, 'worker', %(owner)s::text)) END,
+                  ELSE -- include: _errors_appended(d.attempt, d.error, d.traceback, %(owner)s::text)
+             END,
     lease_owner = NULL,
     lease_expires_at = NULL,
     finished_at = CASE WHEN d.state IN ('succeeded', 'failed', 'cancelled') THEN now() END,
@@ -267,11 +304,8 @@ SET state = CASE WHEN e.attempts >= e.max_attempts THEN 'failed' ELSE 'pending' 
     -- not behind the whole backlog.
     run_at = LEAST(e.run_at, now()),
     last_error = 'lease expired: the worker running attempt ' || e.attempts || ' was lost',
-    errors = (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
-                   ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
-        'attempt', e.attempts, 'at', now(),
-        'error', 'lease expired: the worker running this attempt was lost',
-        'traceback', NULL, 'worker', e.lease_owner::text)),
+    errors = (-- include: _errors_appended(e.attempts, 'lease expired: the worker running this attempt was lost', NULL, e.lease_owner::text)
+    ),
     lease_owner = NULL,
     lease_expires_at = NULL,
     finished_at = CASE WHEN e.attempts >= e.max_attempts THEN now() END,
@@ -302,16 +336,35 @@ SELECT id, state, result AS value, last_error AS error, finished_at
 FROM {schema}.events
 WHERE id = %(id)s
 
--- name: event_retry
--- Operator retry: run again now, granting one more attempt if all are spent.
+-- name: _reopen(run_at)
+-- An operator's retry or reschedule: the event is pending again, due at
+-- `run_at`, with one more attempt if all are spent.
 UPDATE {schema}.events
 SET state = 'pending',
     -- Out of the aside lane (0018): judged again, as a new event is.
     limited = COALESCE(limited, false),
-    run_at = now(),
+    run_at = {run_at},
     max_attempts = GREATEST(max_attempts, attempts + 1),
     finished_at = NULL,
     updated_at = now()
+
+-- name: _cancel
+-- A cancelled event is finished, and no worker's lease holds it any more.
+UPDATE {schema}.events
+SET state = 'cancelled',
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+
+-- name: _cancellable
+-- A running event may be cancelled too: its worker's late result is then
+-- fenced out. A finished one stays as it ended.
+state IN ('pending', 'running', 'failed')
+
+-- name: event_retry
+-- Operator retry: run again now, granting one more attempt if all are spent.
+-- include: _reopen(now())
 WHERE id = %(id)s AND state IN ('pending', 'failed', 'cancelled')
 RETURNING id
 
@@ -320,53 +373,46 @@ RETURNING id
 -- a failed or cancelled event becomes pending again, with one more attempt
 -- if all are spent, as event_retry grants. The wake-up comes from the caller,
 -- which knows the topic and due time from RETURNING.
-UPDATE {schema}.events
-SET state = 'pending',
-    -- Out of the aside lane (0018): judged again, as a new event is.
-    limited = COALESCE(limited, false),
-    run_at = COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'),
-    max_attempts = GREATEST(max_attempts, attempts + 1),
-    finished_at = NULL,
-    updated_at = now()
+-- include: _reopen(COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'))
 WHERE id = %(id)s AND state IN ('pending', 'failed', 'cancelled')
 RETURNING id, topic, run_at, extract(epoch FROM run_at)::float8 AS due_epoch,
           run_at <= now() AS due_now
 
 -- name: event_retry_failed
-UPDATE {schema}.events
-SET state = 'pending',
-    -- Out of the aside lane (0018): judged again, as a new event is.
-    limited = COALESCE(limited, false),
-    run_at = now(),
-    max_attempts = GREATEST(max_attempts, attempts + 1),
-    finished_at = NULL,
-    updated_at = now()
+-- include: _reopen(now())
 WHERE state = 'failed' AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
 RETURNING id
 
 -- name: event_cancel
--- A running event is cancelled too: its worker's late result is then fenced out.
-UPDATE {schema}.events
-SET state = 'cancelled',
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    finished_at = now(),
-    updated_at = now()
-WHERE id = %(id)s AND state IN ('pending', 'running', 'failed')
+-- include: _cancel
+WHERE id = %(id)s AND -- include: _cancellable
 RETURNING id
 
 -- name: event_state
 SELECT state FROM {schema}.events WHERE id = %(id)s
 
+-- name: _prunable_done
+-- Succeeded and cancelled rows finished `older_than` seconds ago, read
+-- through events_prunable_idx, which holds only them (0003). The states are
+-- named literally, so the planner can prove the partial index's predicate
+-- even in a generic plan; the states parameter then only filters.
+         WHERE state IN ('succeeded', 'cancelled')
+           AND state = ANY(%(states)s::text[])
+           AND finished_at < now() - %(older_than)s * interval '1 second'
+
+-- name: _prunable_failed
+-- Failed rows finished `older_than` seconds ago, read through
+-- events_failed_idx, and only when they are asked for (a one-time filter).
+         WHERE state = 'failed'
+           AND 'failed' = ANY(%(states)s::text[])
+           AND finished_at < now() - %(older_than)s * interval '1 second'
+
 -- name: event_prune
 -- Deletes finished events in bounded batches so no single statement holds
--- locks on a huge number of rows. Succeeded and cancelled rows are found
--- through events_prunable_idx, which holds only them (0003): the old failed
--- rows a queue keeps are never read. Each branch names its states literally,
--- so the planner can prove the partial index's predicate even in a generic
--- plan (the worker's connection prepares its queries); the states parameter
--- then only filters. The failed branch runs only when failed rows are asked for (a
--- one-time filter; the worker never asks) and reads events_failed_idx.
+-- locks on a huge number of rows. Each branch reads its own partial index,
+-- even in the generic plan of the worker's prepared statement, so the old
+-- failed rows a queue keeps are never read unless asked for (the worker
+-- never asks).
 -- The batch's ids are deleted through the primary key: a join to them let
 -- the planner, which cannot see that old finished rows are mostly failed ones
 -- and so expects a full batch, hash it and read the whole table. The outer
@@ -375,15 +421,11 @@ SELECT state FROM {schema}.events WHERE id = %(id)s
 DELETE FROM {schema}.events
 WHERE id = ANY(ARRAY(
         (SELECT id FROM {schema}.events
-         WHERE state IN ('succeeded', 'cancelled')
-           AND state = ANY(%(states)s::text[])
-           AND finished_at < now() - %(older_than)s * interval '1 second'
+         -- include: _prunable_done
          LIMIT %(limit)s)
         UNION ALL
         (SELECT id FROM {schema}.events
-         WHERE state = 'failed'
-           AND 'failed' = ANY(%(states)s::text[])
-           AND finished_at < now() - %(older_than)s * interval '1 second'
+         -- include: _prunable_failed
          LIMIT %(limit)s)
         LIMIT %(limit)s))
   AND state = ANY(%(states)s::text[])

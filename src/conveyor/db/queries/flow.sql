@@ -1,4 +1,5 @@
 -- Flow control (migration 0012; conveyor/worker/flow.py, docs/flow-control.md).
+-- The fragments included here (`_topic_in`, `_claim_*`, ...) are events.sql's.
 
 -- name: flow_declare
 -- A worker's limited routes, at its start: a new pattern starts with a full
@@ -38,7 +39,7 @@ FOR UPDATE SKIP LOCKED
 SELECT count(*)
 FROM {schema}.events
 WHERE state = 'running'
-  AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
+  AND -- include: _topic_in(topic)
 
 -- name: flow_take_tokens
 UPDATE {schema}.flow_limits
@@ -56,14 +57,10 @@ WITH next AS (
     WHERE state = 'pending'
       AND limited
       AND run_at <= now()
-      AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
-           OR topic LIKE ANY(%(limit_prefixes)s::text[]))
-      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+      AND -- include: _topic_in(topic, limit_)
+      -- include: _claim_filter
       -- include: _claim_unpaused
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    -- include: _claim_order
 )
 -- include: _claim_update
 
@@ -102,11 +99,8 @@ WITH RECURSIVE tenants AS (
               FROM {schema}.events
               WHERE state = 'pending' AND limited AND tenant = t.tenant
                 AND run_at <= now()
-                AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
-                     OR topic LIKE ANY(%(limit_prefixes)s::text[]))
-                AND (%(all_topics)s OR topic = ANY(%(topics)s::text[])
-                     OR topic LIKE ANY(%(prefixes)s::text[]))
-                AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+                AND -- include: _topic_in(topic, limit_)
+                -- include: _claim_filter
               ORDER BY priority DESC, run_at, id
               LIMIT %(limit)s) AS own
     ) AS f
@@ -118,10 +112,8 @@ WITH RECURSIVE tenants AS (
           FROM {schema}.events
           WHERE state = 'pending' AND limited AND tenant IS NULL
             AND run_at <= now()
-            AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
-                 OR topic LIKE ANY(%(limit_prefixes)s::text[]))
-            AND (%(all_topics)s OR topic = ANY(%(topics)s::text[])
-                 OR topic LIKE ANY(%(prefixes)s::text[]))
+            AND -- include: _topic_in(topic, limit_)
+            AND -- include: _topic_in(topic)
             AND %(all_tenants)s
           ORDER BY priority DESC, run_at, id
           LIMIT %(limit)s) AS untenanted
@@ -176,10 +168,8 @@ WITH unfinished AS (
     FROM {schema}.events
     WHERE (state = 'running'
            OR (state = 'pending' AND limited AND (run_at <= now() OR attempted_at IS NOT NULL)))
-      AND (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
-           OR topic LIKE ANY(%(limit_prefixes)s::text[]))
-      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+      AND -- include: _topic_in(topic, limit_)
+      -- include: _claim_filter
 ), heads AS (
     SELECT DISTINCT ON (k) id, state, priority, run_at
     FROM unfinished
@@ -235,39 +225,23 @@ HAVING count(*) > 0
 -- head until that statement committed: the per-key relay published out of
 -- order under load (tests/worker/test_flow_turns.py).
 WITH seen AS (
-    SELECT id, (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
-                OR topic LIKE ANY(%(except_prefixes)s::text[])) AS held
-    FROM {schema}.events
-    WHERE state = 'pending'
-      AND NOT limited
-      AND run_at <= now()
-      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-      AND NOT (%(fifo_all_topics)s OR topic = ANY(%(fifo_topics)s::text[])
-               OR topic LIKE ANY(%(fifo_prefixes)s::text[]))
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    SELECT id, -- include: _topic_in(topic, except_)
+               AS held
+    -- include: _claim_candidates
+      AND NOT -- include: _topic_in(topic, fifo_)
+    -- include: _claim_order
 -- include: _claim_flow_moves
 
 -- name: event_claim_flow_unpaused
 -- event_claim_flow while a pause may be in force (event_claim_unpaused's
--- pause test). Kept equal to event_claim_flow but for that test.
+-- pause test). Equal to event_claim_flow but for that test.
 WITH seen AS (
-    SELECT id, (%(except_all_topics)s OR topic = ANY(%(except_topics)s::text[])
-                OR topic LIKE ANY(%(except_prefixes)s::text[])) AS held
-    FROM {schema}.events
-    WHERE state = 'pending'
-      AND NOT limited
-      AND run_at <= now()
-      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
-      AND NOT (%(fifo_all_topics)s OR topic = ANY(%(fifo_topics)s::text[])
-               OR topic LIKE ANY(%(fifo_prefixes)s::text[]))
+    SELECT id, -- include: _topic_in(topic, except_)
+               AS held
+    -- include: _claim_candidates
+      AND NOT -- include: _topic_in(topic, fifo_)
       -- include: _claim_unpaused
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    -- include: _claim_order
 -- include: _claim_flow_moves
 
 -- name: flow_sort_lock
@@ -297,8 +271,8 @@ WITH front AS (
     FROM {schema}.events
     WHERE ctid = ANY (ARRAY(
               SELECT front.ctid FROM front
-              WHERE %(limit_all_topics)s OR front.topic = ANY(%(limit_topics)s::text[])
-                    OR front.topic LIKE ANY(%(limit_prefixes)s::text[])))
+              WHERE -- include: _topic_in(front.topic, limit_)
+          ))
       AND state = 'pending'
       AND NOT limited
     FOR UPDATE SKIP LOCKED
@@ -318,8 +292,7 @@ WITH stale AS (
     FROM {schema}.events
     WHERE state = 'pending'
       AND limited
-      AND NOT (%(limit_all_topics)s OR topic = ANY(%(limit_topics)s::text[])
-               OR topic LIKE ANY(%(limit_prefixes)s::text[]))
+      AND NOT -- include: _topic_in(topic, limit_)
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 )

@@ -1,5 +1,6 @@
 -- The aside lane (migration 0018; conveyor/worker/lanes.py, docs/workers.md).
 -- `limited IS NULL` is the aside lane of events_claim_idx: no claim reads it.
+-- The fragments included here (`_paused`, `_claim_filter`, ...) are events.sql's.
 
 -- name: lane_lock
 -- Orders bringing back after setting aside (docs/workers.md#the-aside-lane):
@@ -35,23 +36,15 @@ WITH front AS (
 ), unclaimed AS (
     SELECT pairs.topic, pairs.tenant
     FROM pairs
-    WHERE EXISTS (
-              SELECT 1 FROM {schema}.pauses AS p
-              WHERE (p.pattern = '*' OR p.pattern = pairs.topic
-                     OR (right(p.pattern, 2) = '.*'
-                         AND starts_with(pairs.topic, left(p.pattern, -1))))
-                AND (p.tenant IS NULL OR p.tenant = pairs.tenant))
-       OR (NOT ((%(all_topics)s OR pairs.topic = ANY(%(topics)s::text[])
-                 OR pairs.topic LIKE ANY(%(prefixes)s::text[]))
+    WHERE -- include: _paused(pairs.topic, pairs.tenant)
+       OR (NOT (-- include: _topic_in(pairs.topic)
                 AND (%(all_tenants)s OR pairs.tenant = ANY(%(tenants)s::text[])))
            AND NOT EXISTS (
               SELECT 1
               FROM {schema}.workers AS w
               CROSS JOIN LATERAL unnest(w.topics) AS wp(pattern)
               WHERE w.heartbeat_at > now() - %(alive_within)s * interval '1 second'
-                AND (wp.pattern = '*' OR wp.pattern = pairs.topic
-                     OR (right(wp.pattern, 2) = '.*'
-                         AND starts_with(pairs.topic, left(wp.pattern, -1))))
+                AND -- include: _pattern_matches(wp.pattern, pairs.topic)
                 AND (w.tenants IS NULL OR pairs.tenant = ANY(w.tenants))))
 ), picked AS (
     -- The rows found again by their place in the table (a TID scan): by id,
@@ -85,8 +78,7 @@ WITH aside AS (
     FROM {schema}.events
     WHERE state = 'pending'
       AND limited IS NULL
-      AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
-      AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
+      -- include: _claim_filter
       -- include: _claim_unpaused
     -- The front first, so the claims can start on the first batch.
     ORDER BY priority DESC, run_at, id

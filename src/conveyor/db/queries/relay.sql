@@ -1,4 +1,5 @@
 -- The relay (conveyor/relay, docs/relay.md).
+-- The fragments included here (`_topic_in`, `_paused`, ...) are events.sql's.
 
 -- name: relay_replay
 -- Relayed events of the relay's topics that finished from `after_at`, in
@@ -11,7 +12,7 @@ WHERE state = 'succeeded'
   AND finished_at >= %(after_at)s
   AND (finished_at, id) > (%(after_at)s, %(after_id)s)
   AND (%(until)s::timestamptz IS NULL OR finished_at < %(until)s)
-  AND (%(all_topics)s OR topic = ANY(%(topics)s::text[]) OR topic LIKE ANY(%(prefixes)s::text[]))
+  AND -- include: _topic_in(topic)
 ORDER BY finished_at, id
 LIMIT %(limit)s
 
@@ -52,11 +53,8 @@ WITH RECURSIVE topics AS (
 )
 SELECT n.id, n.tenant, n.topic, n.payload::text, n.attempts, n.traceparent, n.tracestate,
        n.run_at > now() AS later,
-       EXISTS (
-           SELECT 1 FROM {schema}.pauses AS p
-           WHERE (p.pattern = '*' OR p.pattern = n.topic
-                  OR (right(p.pattern, 2) = '.*' AND starts_with(n.topic, left(p.pattern, -1))))
-             AND (p.tenant IS NULL OR p.tenant = n.tenant)) AS paused
+       -- include: _paused(n.topic, n.tenant)
+           AS paused
 FROM topics AS t, horizon AS h, LATERAL (
     SELECT e.id, e.tenant, e.topic, e.payload, e.attempts, e.traceparent, e.tracestate,
            e.run_at, e.xid
@@ -68,7 +66,7 @@ FROM topics AS t, horizon AS h, LATERAL (
     LIMIT %(limit)s
 ) AS n
 WHERE t.topic IS NOT NULL
-  AND (%(all_topics)s OR t.topic = ANY(%(topics)s::text[]) OR t.topic LIKE ANY(%(prefixes)s::text[]))
+  AND -- include: _topic_in(t.topic)
 ORDER BY n.xid, n.id
 LIMIT %(limit)s
 
@@ -80,7 +78,7 @@ SELECT count(*), extract(epoch FROM now() - min(e.created_at))::float8
 FROM {schema}.events AS e
 WHERE e.state = 'pending'
   AND e.xid >= pg_snapshot_xmin(pg_current_snapshot())
-  AND (%(all_topics)s OR e.topic = ANY(%(topics)s::text[]) OR e.topic LIKE ANY(%(prefixes)s::text[]))
+  AND -- include: _topic_in(e.topic)
 
 -- name: relay_ordered_done
 -- Events the broker confirmed, in the stream's order: relayed. Only pending
@@ -116,10 +114,8 @@ WITH refused AS (
     SET attempts = e.attempts + 1,
         attempted_at = now(),
         last_error = %(error)s::text,
-        errors = (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
-                       ELSE e.errors END) || jsonb_build_array(jsonb_build_object(
-            'attempt', e.attempts + 1, 'at', now(), 'error', %(error)s::text,
-            'worker', %(relay)s::text)),
+        errors = (-- include: _errors_appended(e.attempts + 1, %(error)s::text, NULL, %(relay)s::text)
+        ),
         updated_at = now()
     WHERE e.id = %(id)s
       AND e.state = 'pending'

@@ -2,7 +2,8 @@
 -- event_insert_many_ids with the W3C trace context of the producer's send span
 -- (0006, docs/tracing.md). Separate statements so that an enqueue outside a
 -- span binds nothing more than before; tests/test_tracing_producer.py holds
--- each equal to its twin but for the two trace columns.
+-- each equal to its twin but for the two trace columns. `_wake` and
+-- `_notify_on` are events.sql's.
 
 -- name: event_insert_traced
 INSERT INTO {schema}.events
@@ -15,9 +16,8 @@ VALUES
      %(traceparent)s::text, %(tracestate)s::text)
 ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id,
-    CASE WHEN current_setting('conveyor.notify', true) IS DISTINCT FROM 'off' THEN
-        pg_notify({channel}, CASE WHEN run_at <= now() THEN topic
-                                  ELSE topic || '|' || extract(epoch FROM run_at)::text END)
+    CASE WHEN -- include: _notify_on
+    THEN -- include: _wake(topic, run_at)
     END
 
 -- name: event_insert_many_ids_traced
@@ -36,10 +36,10 @@ WITH new AS (
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, topic, run_at
 ), woken AS (
-    SELECT count(pg_notify({channel},
-                           CASE WHEN due.run_at <= now() THEN due.topic
-                                ELSE due.topic || '|' || extract(epoch FROM due.run_at)::text END))
+    SELECT count(
+        -- include: _wake(due.topic, due.run_at)
+    )
     FROM (SELECT topic, min(run_at) AS run_at FROM new GROUP BY topic) AS due
-    WHERE current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
+    WHERE -- include: _notify_on
 )
 SELECT new.id FROM new, woken
