@@ -248,7 +248,8 @@ def test_settle_refund_gives_the_attempt_back(db: Conn) -> None:
     owner = _owner()
     _claim(db, owner)
     _settle(db, owner, [event_id], [1], ["pending"], delays=[0.0], refunds=[1])
-    assert _row(db, event_id, "state, attempts, errors") == ("pending", 0, [])
+    # No error: the history stays unwritten (NULL since 0020).
+    assert _row(db, event_id, "state, attempts, errors") == ("pending", 0, None)
 
 
 def test_settle_failed_is_fenced_and_finishes(db: Conn) -> None:
@@ -1527,7 +1528,7 @@ def test_ordered_relay_reads_past_no_running_transaction_in_xid_order(fresh_db: 
         states = dict(reader.execute(
             "SELECT id, (state, attempts, last_error, jsonb_array_length(errors))"
             " FROM conveyor.events").fetchall())
-        assert states[old] == ("succeeded", "1", None, "0")
+        assert states[old] == ("succeeded", "1", None, None)          # no history (0020)
         assert states[first] == ("pending", "1", "no", "1")
         # Both counted in this minute's outcomes, as a worker's tally would.
         assert reader.execute("SELECT topic, succeeded, retried FROM conveyor.event_counts"

@@ -60,7 +60,10 @@ async def event_row(url: str, event_id: int) -> dict[str, Any]:
     rows = await query(url, "SELECT *, lease_owner::text AS owner FROM conveyor.events "
                             "WHERE id = %s", (event_id,))
     assert rows, f"event {event_id} not found"
-    return rows[0]
+    row = rows[0]
+    # No failed attempt: NULL since 0020 (the rows written before have '[]').
+    row["errors"] = [] if row["errors"] is None else row["errors"]
+    return row
 
 
 async def states(url: str) -> dict[int, str]:

@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0019 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0020 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -50,10 +50,12 @@ CREATE TABLE conveyor.events (
     lease_owner      uuid,
     lease_expires_at timestamptz,
     last_error       text,
-    errors           jsonb       NOT NULL DEFAULT '[]',
+    -- The history of failed attempts, NULL until the first (0020).
+    errors           jsonb,
     idempotency_key  text,
     created_at       timestamptz NOT NULL DEFAULT now(),
-    updated_at       timestamptz NOT NULL DEFAULT now(),
+    -- NULL until the event's first change (0020): read as created_at.
+    updated_at       timestamptz,
     attempted_at     timestamptz,
     finished_at      timestamptz,
     -- The W3C trace context of the enqueuing span (0006; docs/tracing.md).

@@ -31,7 +31,7 @@
 -- instead of reading the whole table.
 -- Columns are read by name (admin._summary_from_row).
 SELECT id, tenant, topic, state, attempts, max_attempts, priority, run_at,
-       created_at, updated_at, last_error
+       created_at, COALESCE(updated_at, created_at) AS updated_at, last_error
 FROM {schema}.events
 WHERE (%(after)s::bigint IS NULL OR id < %(after)s::bigint)
   AND (%(newest)s::bigint IS NULL

@@ -218,10 +218,12 @@ WHERE e.id = d.id
 RETURNING e.id
 
 -- name: _errors_appended(attempt, error, traceback, worker)
--- The events row `e`'s error history with one more entry. It keeps the last
+-- The events row `e`'s error history with one more entry (NULL, a new
+-- event's, is an empty one: 0020). It keeps the last
 -- 10 attempts (with the caps on each entry in executor.py, at most about
 -- 60 KB), however many attempts an event has; rows.py decodes the entries.
-(CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0 ELSE e.errors END)
+(CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
+      ELSE COALESCE(e.errors, '[]') END)
 || jsonb_build_array(jsonb_build_object('attempt', {attempt}, 'at', now(), 'error', {error},
                                         'traceback', {traceback}, 'worker', {worker}))
 
@@ -326,7 +328,7 @@ FROM unnest(%(ids)s::bigint[]) AS finished(id)
 -- name: event_get
 SELECT id, tenant, topic, payload, state, attempts, max_attempts, priority, run_at,
        lease_owner::text, lease_expires_at, last_error, errors, idempotency_key,
-       created_at, updated_at, attempted_at, finished_at, result
+       created_at, COALESCE(updated_at, created_at) AS updated_at, attempted_at, finished_at, result
 FROM {schema}.events
 WHERE id = %(id)s
 

@@ -7,7 +7,7 @@
 -- until run_at (negative once due). The other fields are matched in Python.
 SELECT id, tenant, topic, payload, state, attempts, max_attempts, priority, run_at,
        lease_owner::text, lease_expires_at, last_error, errors, idempotency_key,
-       created_at, updated_at, attempted_at, finished_at, result,
+       created_at, COALESCE(updated_at, created_at) AS updated_at, attempted_at, finished_at, result,
        extract(epoch FROM run_at - now())::float8 AS due_in
 FROM {schema}.events
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
