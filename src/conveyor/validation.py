@@ -67,27 +67,6 @@ def check_topic(topic: object) -> str:
     return topic
 
 
-def check_topic_pattern(pattern: object) -> str:
-    """A routing pattern: an exact topic, ``prefix.*`` or ``*`` for everything."""
-    if pattern == "*":
-        return "*"
-    if isinstance(pattern, str) and pattern.endswith(".*"):
-        prefix = pattern[:-2]
-        try:
-            check_topic(prefix)
-        except InvalidInputError:
-            raise InvalidInputError(
-                f"malformed topic pattern {_show(pattern)}: expected 'topic', 'prefix.*' or '*'"
-            ) from None
-        return pattern
-    try:
-        return check_topic(pattern)
-    except InvalidInputError:
-        raise InvalidInputError(
-            f"malformed topic pattern {_show(pattern)}: expected 'topic', 'prefix.*' or '*'"
-        ) from None
-
-
 def check_tenant(tenant: object) -> str | None:
     if tenant is None:
         return None

@@ -34,10 +34,11 @@ from conveyor.db.named_queries import queries_for
 from conveyor.errors import BrokerUnavailableError, ConfigError, InvalidInputError
 from conveyor.flow import FlowLimit
 from conveyor.outcomes import PermanentFailure, Snooze
+from conveyor.patterns import TopicPattern, check_topic_pattern, sql_params
 from conveyor.retry import BackoffPolicy
-from conveyor.router import Router, pattern_filter
+from conveyor.router import Router
 from conveyor.types import Event
-from conveyor.validation import check_tenant, check_topic, check_topic_pattern
+from conveyor.validation import check_tenant, check_topic
 
 if TYPE_CHECKING:
     import psycopg
@@ -227,7 +228,7 @@ class Relay:
             raise ConfigError(f"pattern {pattern!r} is relayed twice")
         ordered = mode == "ordered"
         for r in self.routes:
-            if (ordered or r.ordered) and _overlap(r.pattern, pattern):
+            if (ordered or r.ordered) and TopicPattern(r.pattern).overlaps(TopicPattern(pattern)):
                 raise ConfigError(f"pattern {pattern!r} overlaps {r.pattern!r}, and an ordered "
                                   "route must have its topics to itself")
         fifo_by = key if mode == "per_key" else None
@@ -407,7 +408,7 @@ class Relay:
                         ) -> AsyncIterator[tuple[RelayRoute, Event]]:
         q = queries_for(schema)
         after_at, after_id = since, 0
-        params = {**pattern_filter([r.pattern for r in self.routes]), "until": until,
+        params = {**sql_params(r.pattern for r in self.routes), "until": until,
                   "limit": REPLAY_BATCH}
         router = Router()
         by_handler: dict[int, RelayRoute] = {}
@@ -431,20 +432,6 @@ class Relay:
                     traceparent=traceparent, tracestate=tracestate)
             if len(rows) < REPLAY_BATCH:
                 return
-
-
-def _overlap(a: str, b: str) -> bool:
-    """Whether some topic matches both patterns (exact, ``prefix.*`` or ``*``)."""
-    if a == "*" or b == "*":
-        return True
-    a_prefix, b_prefix = a.endswith(".*"), b.endswith(".*")
-    if a_prefix and b_prefix:
-        return a.startswith(b[:-1]) or b.startswith(a[:-1])
-    if a_prefix:
-        return b.startswith(a[:-1])
-    if b_prefix:
-        return a.startswith(b[:-1])
-    return a == b
 
 
 def _no_op(event: Event) -> None:

@@ -47,8 +47,8 @@ from psycopg import sql
 from conveyor.db.connect_async import connect_async
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import BrokerUnavailableError
+from conveyor.patterns import sql_params
 from conveyor.retry import BackoffPolicy
-from conveyor.router import pattern_filter
 from conveyor.schema.migrator_async import AsyncMigrator
 from conveyor.types import Event
 
@@ -99,7 +99,7 @@ class OrderedStream:
         self._batch = batch_size
         self._poll = poll_interval
         self._name = name
-        self._filter = pattern_filter([route.pattern])
+        self._filter = sql_params([route.pattern])
         self._key = f"conveyor.relay.ordered:{schema}:{route.pattern}"
         self._stop = asyncio.Event()
         self.relayed = 0
