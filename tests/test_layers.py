@@ -20,7 +20,8 @@ TOOLS = ROOT / "tools" / "conveyor_tools"
 # The shared vocabulary: the words every layer speaks. It imports only itself.
 VOCABULARY = {"conveyor.errors", "conveyor.outcomes", "conveyor.validation", "conveyor.retry",
               "conveyor.types", "conveyor.states", "conveyor.records", "conveyor.filters",
-              "conveyor.patterns", "conveyor.config", "conveyor.clock", "conveyor.log_context"}
+              "conveyor.patterns", "conveyor.notify", "conveyor.config", "conveyor.clock",
+              "conveyor.log_context"}
 
 
 def _module_name(path: Path) -> str:

@@ -11,20 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
+from conveyor import notify
 from conveyor.db.named_queries import Queries
 from conveyor.db.rows import worker_from_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, InvalidStateError
+from conveyor.filters import EventFilter
 from conveyor.patterns import TopicPattern, check_topic_pattern, matches_any
-from conveyor.types import (
-    FINISHED_STATES,
-    EventFilter,
-    EventPage,
-    EventState,
-    EventSummary,
-    Pause,
-    QueueStatus,
-    TopicCount,
-)
+from conveyor.records import EventPage, EventSummary, Pause, QueueStatus, TopicCount
+from conveyor.states import FINISHED_STATES, EventState
 from conveyor.validation import (
     DELAY_MAX_SECONDS,
     check_delay,
@@ -385,10 +379,9 @@ def _page(rows: Sequence[Mapping[str, Any]], limit: int) -> EventPage:
 # table's check holds the same limit.
 PAUSE_REASON_MAX_LENGTH = 500
 PAUSE_COLUMNS = ("pattern", "tenant", "reason", "paused_at")
-# The NOTIFY payload that tells workers the pauses changed. Topics cannot
-# contain "!", so no worker mistakes it for a topic; one that predates pauses
-# at most claims once more (it finds the same events as before).
-PAUSE_NOTIFICATION = "!pause"
+# The NOTIFY payload that tells workers the pauses changed (conveyor.notify); a
+# worker that predates pauses at most claims once more (it finds the same events).
+PAUSE_NOTIFICATION = notify.PAUSE_NOTIFICATION
 
 
 def pause_from_row(row: Sequence[Any]) -> Pause:
