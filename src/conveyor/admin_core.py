@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
-from conveyor import notify
 from conveyor.db.named_queries import Queries
 from conveyor.db.rows import worker_from_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, InvalidStateError
 from conveyor.filters import EventFilter
+from conveyor.notify import PAUSE_NOTIFICATION as _PAUSE_NOTIFICATION
 from conveyor.patterns import TopicPattern, check_topic_pattern, matches_any
 from conveyor.records import EventPage, EventSummary, Pause, QueueStatus, TopicCount
 from conveyor.states import FINISHED_STATES, EventState
@@ -381,7 +381,7 @@ PAUSE_REASON_MAX_LENGTH = 500
 PAUSE_COLUMNS = ("pattern", "tenant", "reason", "paused_at")
 # The NOTIFY payload that tells workers the pauses changed (conveyor.notify); a
 # worker that predates pauses at most claims once more (it finds the same events).
-PAUSE_NOTIFICATION = notify.PAUSE_NOTIFICATION
+PAUSE_NOTIFICATION = _PAUSE_NOTIFICATION
 
 
 def pause_from_row(row: Sequence[Any]) -> Pause:

@@ -14,8 +14,9 @@ connection. An event reaches the table by one of four routes:
   ``(topic, payload)`` rows, checked while they stream: the raw COPY rate.
 
 Inside a recording span (the ``otel`` extra, :mod:`conveyor.tracing`) every
-route also writes the send span's W3C context (:class:`_Trace`); outside one, the
-statements and COPY columns are exactly those above.
+route also writes the send span's W3C context
+(:class:`~conveyor.trace_context.TraceContext`); outside one, the statements
+and COPY columns are exactly those above.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from psycopg.pq import TransactionStatus
 from conveyor.config import MAX_ATTEMPTS_DEFAULT, ProducerConfig
 from conveyor.db.named_queries import Queries
 from conveyor.errors import DatabaseError, InvalidInputError, MissingExtraError
+from conveyor.trace_context import TraceContext
 from conveyor.validation import (
     KNOWN_TOPICS,
     check_delay,
@@ -196,13 +198,6 @@ def prepare_many(config: ProducerConfig, events: Iterable[EventLike]) -> list[_R
     return rows
 
 
-class _Trace(NamedTuple):
-    """The W3C context a traced enqueue stores in each of its rows (migration 0006)."""
-
-    traceparent: str
-    tracestate: str | None
-
-
 def producer_tracing(tracing: bool | None) -> ProducerTracing | None:
     """The producer's tracing: off (False), required (True) or when the ``otel`` extra is there (None).
 
@@ -220,7 +215,7 @@ def producer_tracing(tracing: bool | None) -> ProducerTracing | None:
     return ProducerTracing()
 
 
-def single_insert(row: _Row, trace: _Trace | None = None) -> tuple[str, dict[str, Any]]:
+def single_insert(row: _Row, trace: TraceContext | None = None) -> tuple[str, dict[str, Any]]:
     """The named query that writes one event, and its parameters.
 
     An event with no idempotency key and no delay or run_at (the common one) takes
@@ -245,7 +240,7 @@ def key_params(row: _Row) -> dict[str, Any]:
 
 
 def insert_many_params(rows: Sequence[_Row], ids: Sequence[int],
-                       trace: _Trace | None = None) -> dict[str, Any]:
+                       trace: TraceContext | None = None) -> dict[str, Any]:
     """``event_insert_many_ids``'s parameters: one array per column (and a ``trace``'s two)."""
     params = {
         "ids": list(ids),
@@ -278,7 +273,7 @@ def fits_copy(rows: Sequence[_Row]) -> bool:
 
 
 def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int],
-                  trace: _Trace | None = None) -> _Copy:
+                  trace: TraceContext | None = None) -> _Copy:
     """Rows with the ids reserved for them, every column sent."""
     copy = _Copy(f"COPY {q.events_table} (id, tenant, topic, payload, priority, max_attempts)"
                  " FROM STDIN",
@@ -287,7 +282,7 @@ def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int],
     return copy if trace is None else traced_copy(copy, trace)
 
 
-def copy_rows(q: Queries, rows: Sequence[_Row], trace: _Trace | None = None) -> _Copy:
+def copy_rows(q: Queries, rows: Sequence[_Row], trace: TraceContext | None = None) -> _Copy:
     """Rows without ids, sending only the columns some row sets away from its default.
 
     Fewer columns are measurably cheaper to format and to parse.
@@ -299,7 +294,7 @@ def copy_rows(q: Queries, rows: Sequence[_Row], trace: _Trace | None = None) -> 
     return copy if trace is None else traced_copy(copy, trace)
 
 
-def traced_copy(copy: _Copy, trace: _Trace) -> _Copy:
+def traced_copy(copy: _Copy, trace: TraceContext) -> _Copy:
     """``copy`` with the two trace columns appended to its column list and to every record."""
     statement = copy.statement.replace(") FROM STDIN", ", traceparent, tracestate) FROM STDIN")
     return copy._replace(statement=statement, records=(record + trace for record in copy.records))
@@ -316,7 +311,7 @@ class _NotPlain(Exception):
     """An event sets more than a topic and a payload: :func:`copy_plain` steps aside."""
 
 
-def copy_plain(q: Queries, pairs: Iterable[tuple[str, str]], trace: _Trace | None = None) -> _Copy:
+def copy_plain(q: Queries, pairs: Iterable[tuple[str, str]], trace: TraceContext | None = None) -> _Copy:
     """``(topic, JSON text)`` rows, every other column left to the table's default."""
     copy = _Copy(f"COPY {q.events_table} (topic, payload) FROM STDIN", pairs)
     return copy if trace is None else traced_copy(copy, trace)

@@ -53,7 +53,7 @@ from conveyor.schema.migrator_async import AsyncMigrator
 from conveyor.types import Event
 
 if TYPE_CHECKING:
-    from conveyor.relay.core import Relay, RelayRoute
+    from conveyor.relay.messages import MessageBuilder, RelayRoute
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class OrderedStream:
     holds events of the route back, else None.
     """
 
-    def __init__(self, relay: Relay, route: RelayRoute, conninfo: str, *,
+    def __init__(self, relay: MessageBuilder, route: RelayRoute, conninfo: str, *,
                  schema: str = "conveyor", batch_size: int = 100,
                  poll_interval: float = 1.0, name: str = "relay") -> None:
         self._relay = relay
