@@ -14,7 +14,7 @@ from typing import Any
 from conveyor.errors import InvalidInputError
 from conveyor.patterns import check_topic_pattern
 from conveyor.states import EventState
-from conveyor.validation import DELAY_MAX_SECONDS, check_event_id, check_tenant
+from conveyor.validation import DELAY_MAX_SECONDS, check_event_id, check_tenant, show
 
 # An error filter longer than this is surely a paste of something else.
 ERROR_FILTER_MAX_LENGTH = 1000
@@ -75,15 +75,10 @@ class EventFilter:
         return self == EventFilter()
 
 
-def _show(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _sequence(name: str, value: object, example: str) -> tuple[Any, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise InvalidInputError(
-            f"expected {name} to be a tuple such as {example}, got {_show(value)}")
+            f"expected {name} to be a tuple such as {example}, got {show(value)}")
     return tuple(value)
 
 
@@ -94,7 +89,7 @@ def _filter_states(states: object) -> tuple[str, ...]:
             out.append(EventState(state).value)
         except ValueError:
             raise InvalidInputError(
-                f"unknown state {_show(state)} in states: expected one of "
+                f"unknown state {show(state)} in states: expected one of "
                 + ", ".join(s.value for s in EventState)) from None
     return tuple(dict.fromkeys(out))
 
@@ -117,7 +112,7 @@ def _filter_seconds(name: str, value: object) -> float | None:
     if seconds is None or not 0 <= seconds <= DELAY_MAX_SECONDS:
         raise InvalidInputError(
             f"expected {name} to be a number of seconds from 0 to {DELAY_MAX_SECONDS:.0f}"
-            f" (100 years), got {_show(value)}")
+            f" (100 years), got {show(value)}")
     return seconds
 
 
@@ -126,18 +121,18 @@ def _filter_text(name: str, value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise InvalidInputError(f"expected {name} to be a non-empty string, got {_show(value)}")
+        raise InvalidInputError(f"expected {name} to be a non-empty string, got {show(value)}")
     if len(value) > ERROR_FILTER_MAX_LENGTH:
         raise InvalidInputError(
             f"{name} is {len(value)} characters, the limit is {ERROR_FILTER_MAX_LENGTH}:"
-            f" {_show(value)}")
+            f" {show(value)}")
     if "\x00" in value:
-        raise InvalidInputError(f"{name} contains a NUL character: {_show(value)}")
+        raise InvalidInputError(f"{name} contains a NUL character: {show(value)}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidInputError(
-            f"{name} is not valid Unicode (lone surrogate): {_show(value)}") from None
+            f"{name} is not valid Unicode (lone surrogate): {show(value)}") from None
     return value
 
 
@@ -149,6 +144,6 @@ def _filter_ids(ids: object) -> tuple[int, ...]:
     out = []
     for value in values:
         if isinstance(value, str):       # the caller parses command-line text
-            raise InvalidInputError(f"invalid event id {_show(value)} in ids: expected an integer")
+            raise InvalidInputError(f"invalid event id {show(value)} in ids: expected an integer")
         out.append(_filter_field("ids", value, check_event_id))
     return tuple(dict.fromkeys(out))

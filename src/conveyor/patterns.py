@@ -20,17 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import InvalidInputError
-from conveyor.validation import check_topic
+from conveyor.validation import check_topic, show
 
 __all__ = ["TopicPattern", "check_topic_pattern", "matches_any", "sql_params"]
 
 ALL = "*"
 _PREFIX_SUFFIX = ".*"
-
-
-def _show(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +51,7 @@ class TopicPattern:
             check_topic(topic)
         except InvalidInputError:
             raise InvalidInputError(
-                f"malformed topic pattern {_show(value)}: expected 'topic', 'prefix.*' or '*'"
+                f"malformed topic pattern {show(value)}: expected 'topic', 'prefix.*' or '*'"
             ) from None
         assert isinstance(value, str)  # check_topic refused anything else
         return cls(value)
