@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -34,6 +34,8 @@ from conveyor.config import MAX_ATTEMPTS_DEFAULT, ProducerConfig
 from conveyor.db.named_queries import Queries
 from conveyor.errors import DatabaseError, InvalidInputError, MissingExtraError
 from conveyor.trace_context import TraceContext
+from conveyor.types import EventLike as EventLike
+from conveyor.types import NewEvent as NewEvent
 from conveyor.validation import (
     KNOWN_TOPICS,
     check_delay,
@@ -56,57 +58,6 @@ COPY_THRESHOLD = 64
 # column every row of a COPY leaves at its default is not sent.
 COLUMN_DEFAULTS: dict[str, Any] = {"tenant": None, "priority": 0,
                                    "max_attempts": MAX_ATTEMPTS_DEFAULT}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True, init=False)
-class NewEvent:
-    """One event to enqueue with :meth:`Producer.enqueue_many`.
-
-    Attributes:
-        topic: dot-separated topic, e.g. ``"email.send"``.
-        payload: any JSON-serialisable value. Defaults to ``{}``.
-        tenant: owning tenant (a DNS label) or ``None``. Defaults to ``None``.
-        idempotency_key: enqueuing the same (tenant, key) again yields the first id.
-            Defaults to ``None``.
-        delay: seconds before the event becomes due. Defaults to 0.
-        priority: higher runs first. Defaults to 0.
-        max_attempts: attempts before it is parked ``failed``. Defaults to the
-            producer's ``max_attempts``.
-        run_at: when the event becomes due, a timezone-aware datetime, instead
-            of a ``delay``. Defaults to None (``delay`` decides).
-    """
-
-    topic: str
-    payload: Any = None
-    tenant: str | None = None
-    idempotency_key: str | None = None
-    delay: float = 0.0
-    priority: int = 0
-    max_attempts: int | None = None
-    run_at: datetime | None = None
-
-    def __init__(self, *, topic: str, payload: Any = None, tenant: str | None = None,
-                 idempotency_key: str | None = None, delay: float = 0.0, priority: int = 0,
-                 max_attempts: int | None = None, run_at: datetime | None = None) -> None:
-        # hot path, measured: see docs/benchmarks.md (the slots' own setters,
-        # not the frozen dataclass's object.__setattr__ per field; still immutable)
-        _set_topic(self, topic)
-        _set_payload(self, payload)
-        _set_tenant(self, tenant)
-        _set_key(self, idempotency_key)
-        _set_delay(self, delay)
-        _set_priority(self, priority)
-        _set_max_attempts(self, max_attempts)
-        _set_run_at(self, run_at)
-
-
-_slot_setters = {f.name: NewEvent.__dict__[f.name].__set__ for f in fields(NewEvent)}
-_set_topic, _set_payload = _slot_setters["topic"], _slot_setters["payload"]
-_set_tenant, _set_key = _slot_setters["tenant"], _slot_setters["idempotency_key"]
-_set_delay, _set_priority = _slot_setters["delay"], _slot_setters["priority"]
-_set_max_attempts, _set_run_at = _slot_setters["max_attempts"], _slot_setters["run_at"]
-
-EventLike = NewEvent | Mapping[str, Any] | tuple[str, Any]
 
 
 def coerce(item: EventLike, index: int) -> NewEvent:

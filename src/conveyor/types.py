@@ -1,6 +1,6 @@
-"""The event vocabulary: the event row handed to handlers and its states.
+"""The event vocabulary: the event to enqueue, the event handed to handlers, its states.
 
-:class:`Event` and :data:`CLAIM_COLUMNS` live here; :class:`EventState` in
+:class:`NewEvent`, :class:`Event` and :data:`CLAIM_COLUMNS` live here; :class:`EventState` in
 :mod:`conveyor.states`. The operator's read models (:mod:`conveyor.records`)
 and :class:`EventFilter` (:mod:`conveyor.filters`) are re-exported, so
 ``from conveyor.types import EventRecord`` keeps working.
@@ -9,6 +9,8 @@ and :class:`EventFilter` (:mod:`conveyor.filters`) are re-exported, so
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -31,9 +33,60 @@ from conveyor.states import FINAL_STATES, FINISHED_STATES, EventState
 __all__ = [
     "CLAIM_COLUMNS", "ERROR_FILTER_MAX_LENGTH", "FILTER_IDS_MAX", "FINAL_STATES",
     "FINISHED_STATES", "SCHEDULE_OVERDUE_AFTER", "AttemptError", "Event", "EventFilter",
-    "EventPage", "EventRecord", "EventResult", "EventState", "EventSummary", "Pause",
-    "QueueStatus", "ScheduleInfo", "TopicCount", "WorkerInfo",
+    "EventLike", "EventPage", "EventRecord", "EventResult", "EventState", "EventSummary",
+    "NewEvent", "Pause", "QueueStatus", "ScheduleInfo", "TopicCount", "WorkerInfo",
 ]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, init=False)
+class NewEvent:
+    """One event to enqueue with :meth:`conveyor.Producer.enqueue_many`.
+
+    Attributes:
+        topic: dot-separated topic, e.g. ``"email.send"``.
+        payload: any JSON-serialisable value. Defaults to ``{}``.
+        tenant: owning tenant (a DNS label) or ``None``. Defaults to ``None``.
+        idempotency_key: enqueuing the same (tenant, key) again yields the first id.
+            Defaults to ``None``.
+        delay: seconds before the event becomes due. Defaults to 0.
+        priority: higher runs first. Defaults to 0.
+        max_attempts: attempts before it is parked ``failed``. Defaults to the
+            producer's ``max_attempts``.
+        run_at: when the event becomes due, a timezone-aware datetime, instead
+            of a ``delay``. Defaults to None (``delay`` decides).
+    """
+
+    topic: str
+    payload: Any = None
+    tenant: str | None = None
+    idempotency_key: str | None = None
+    delay: float = 0.0
+    priority: int = 0
+    max_attempts: int | None = None
+    run_at: datetime | None = None
+
+    def __init__(self, *, topic: str, payload: Any = None, tenant: str | None = None,
+                 idempotency_key: str | None = None, delay: float = 0.0, priority: int = 0,
+                 max_attempts: int | None = None, run_at: datetime | None = None) -> None:
+        # hot path, measured: see docs/benchmarks.md (the slots' own setters,
+        # not the frozen dataclass's object.__setattr__ per field; still immutable)
+        _set_topic(self, topic)
+        _set_payload(self, payload)
+        _set_tenant(self, tenant)
+        _set_key(self, idempotency_key)
+        _set_delay(self, delay)
+        _set_priority(self, priority)
+        _set_max_attempts(self, max_attempts)
+        _set_run_at(self, run_at)
+
+
+_slot_setters = {f.name: NewEvent.__dict__[f.name].__set__ for f in fields(NewEvent)}
+_set_topic, _set_payload = _slot_setters["topic"], _slot_setters["payload"]
+_set_tenant, _set_key = _slot_setters["tenant"], _slot_setters["idempotency_key"]
+_set_delay, _set_priority = _slot_setters["delay"], _slot_setters["priority"]
+_set_max_attempts, _set_run_at = _slot_setters["max_attempts"], _slot_setters["run_at"]
+
+EventLike = NewEvent | Mapping[str, Any] | tuple[str, Any]
 
 
 # event_claim's RETURNING columns, in order. Event._from_claim_row unpacks a row
