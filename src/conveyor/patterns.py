@@ -128,11 +128,17 @@ def sql_params(patterns: Iterable[TopicPattern | str], prefix: str = "") -> dict
     Text is read as written, unchecked: patterns are checked where they enter
     (:meth:`TopicPattern.parse`), and one stored by a worker is not input.
     """
-    parsed = [_read(p) for p in patterns]
-    if any(p.is_all for p in parsed):
-        return {f"{prefix}all_topics": True, f"{prefix}topics": [], f"{prefix}prefixes": []}
-    exact = [p.text for p in parsed if p.prefix is None]
-    prefixes = [_like_escape(p.prefix) + "%" for p in parsed if p.prefix is not None]
+    exact: list[str] = []
+    prefixes: list[str] = []
+    for pattern in patterns:
+        read = _read(pattern)
+        under = read.prefix
+        if read.is_all:
+            return {f"{prefix}all_topics": True, f"{prefix}topics": [], f"{prefix}prefixes": []}
+        if under is None:
+            exact.append(read.text)
+        else:
+            prefixes.append(_like_escape(under) + "%")
     return {f"{prefix}all_topics": False, f"{prefix}topics": exact, f"{prefix}prefixes": prefixes}
 
 
