@@ -15,7 +15,8 @@ channel, so nothing in a payload may do more than wake a reader early.
 
 The insert statements (``events.sql``, ``tracing.sql``) build the first two
 forms in SQL, as ``topic`` or ``topic || '|' || <epoch>``; tests/test_notify.py
-holds them to :func:`parse_wake`.
+holds them to :func:`parse_wake`. A transaction that sets ``conveyor.notify``
+to ``'off'`` sends none of them (docs/producing.md).
 
 ``<schema>.results`` (:func:`results_channel`): ``<event id>`` once an event
 of a ``store_result`` route (or a cancelled one) has reached its end, for
