@@ -58,3 +58,22 @@ def test_the_insert_statements_send_the_wake_ups_parse_wake_reads(fresh_db: str)
     assert (now_topic, now_due) == ("mail.now", "")
     assert later_topic == "mail.later"
     assert abs(float(later_due) - (time.time() + 600)) < 60
+
+
+async def test_the_worker_reads_every_payload_form_notify_writes() -> None:
+    # worker/wakeups.py parses payloads itself; this holds it to the protocol.
+    from conveyor.worker.wakeups import DueTimes
+    heard: list[str] = []
+    due = DueTimes(lambda: heard.append("wake"), lambda topic: topic == "mail.send",
+                   lambda: 0.0, on_pause=lambda: heard.append("pause"))
+    due.notified(notify.wake_payload("mail.send"))
+    due.notified(notify.wake_payload("other.topic"))          # not this worker's
+    due.notified(notify.WAKE_ALL)
+    due.notified(notify.PAUSE_NOTIFICATION)
+    later = round(time.time() + 3600, 3)
+    due.notified(notify.wake_payload("mail.send", later))
+    try:
+        assert heard == ["wake", "wake", "pause"]
+        assert due.heap == [later]
+    finally:
+        due.cancel()
