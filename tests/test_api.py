@@ -12,7 +12,8 @@ import conveyor
 
 # Modules whose classes are the library's public vocabulary (CONVENTIONS "Layout").
 PUBLIC_MODULES = [
-    "conveyor.types", "conveyor.errors", "conveyor.config", "conveyor.retry",
+    "conveyor.types", "conveyor.states", "conveyor.records", "conveyor.filters",
+    "conveyor.errors", "conveyor.config", "conveyor.retry",
     "conveyor.producer", "conveyor.producer_async", "conveyor.producer_core", "conveyor.router",
     "conveyor.outcomes", "conveyor.admin",
     "conveyor.schema.migrator", "conveyor.worker.worker", "conveyor.middleware",

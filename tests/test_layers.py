@@ -19,7 +19,9 @@ TOOLS = ROOT / "tools" / "conveyor_tools"
 
 # The shared vocabulary: the words every layer speaks. It imports only itself.
 VOCABULARY = {"conveyor.errors", "conveyor.outcomes", "conveyor.validation", "conveyor.retry",
-              "conveyor.types", "conveyor.config", "conveyor.clock", "conveyor.log_context"}
+              "conveyor.types", "conveyor.states", "conveyor.records", "conveyor.filters",
+              "conveyor.patterns", "conveyor.notify", "conveyor.config", "conveyor.log_context",
+              "conveyor.trace_context", "conveyor.version"}
 
 
 def _module_name(path: Path) -> str:
@@ -220,3 +222,160 @@ def test_consumers_are_leaves_only_the_cli_composes_them(module: str) -> None:
     found = sorted(m for m in GRAPH[module] if _in(m, "conveyor.consumers")
                    and not (allowed and _in(m, allowed)))
     assert not found, f"{module} imports {found}"
+
+
+# ------------------------------------------------------------ the whole package
+
+def test_the_package_has_no_import_cycle() -> None:
+    # Every import counts, in a function or under TYPE_CHECKING too: a cycle a
+    # lazy import hides is still two modules that cannot be read one at a time.
+    cycle = _cycle_within("conveyor")
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_package_cycle_finder_sees_a_lazy_import() -> None:
+    saved = GRAPH["conveyor.patterns"]
+    GRAPH["conveyor.patterns"] = {*saved, "conveyor.router.Router"}
+    try:
+        assert _cycle_within("conveyor")
+    finally:
+        GRAPH["conveyor.patterns"] = saved
+
+
+# The rooms of the package and the rooms each may import, lowest first;
+# CONTRIBUTING.md draws the same map. A module belongs to the room of its
+# longest matching prefix; a new module must find a room here.
+ROOMS: dict[str, tuple[str, ...]] = {
+    "vocabulary": tuple(sorted(VOCABULARY)),
+    "db": ("conveyor.db", "conveyor.vacuum_health"),
+    "schema": ("conveyor.schema", "conveyor.embedded"),
+    "routing": ("conveyor.router", "conveyor.tasks", "conveyor.cron", "conveyor.flow",
+                "conveyor.middleware"),
+    "tracing": ("conveyor.tracing",),
+    "producer": ("conveyor.producer", "conveyor.producer_async", "conveyor.producer_core"),
+    "admin": ("conveyor.admin", "conveyor.admin_async", "conveyor.admin_core"),
+    "worker": ("conveyor.worker",),
+    "relay": ("conveyor.relay",),
+    "tenancy": ("conveyor.multitenant",),
+    "metrics": ("conveyor.metrics",),
+    "dashboard": ("conveyor.dashboard",),
+    "consumers": ("conveyor.consumers",),
+    "workflow": ("conveyor.workflow",),
+    "testing": ("conveyor.testing",),
+    "contrib": ("conveyor.contrib",),
+    "cli": ("conveyor.cli",),
+    "face": ("conveyor",),
+}
+BASE = {"vocabulary"}
+MAY_IMPORT: dict[str, set[str]] = {
+    "vocabulary": set(),
+    "db": BASE,
+    "schema": BASE | {"db"},
+    "routing": BASE,
+    "tracing": BASE | {"routing"},                       # its middleware is a handler hook
+    "producer": BASE | {"db", "tracing"},                # tracing: probed once, when present
+    "admin": BASE | {"db"},
+    "worker": BASE | {"db", "schema", "routing"},
+    "relay": BASE | {"db", "schema", "routing"},
+    "tenancy": BASE | {"db", "schema", "routing", "worker"},
+    "metrics": BASE | {"db", "routing", "worker", "relay", "tenancy"},
+    "dashboard": BASE | {"db", "admin"},
+    "consumers": BASE | {"db", "routing", "producer"},
+    "workflow": BASE | {"routing", "producer", "admin", "consumers"},
+    "testing": BASE | {"db", "schema", "routing", "producer", "admin", "worker"},
+    "contrib": BASE | {"db", "schema", "routing", "producer", "admin", "worker", "cli"},
+    "cli": set(ROOMS),
+    "face": BASE | {"db", "schema", "routing", "producer", "admin", "worker"},
+}
+# Arrows a room's rules forbid, each made inside a function (never when the
+# module loads) and said why.
+LAZY_ARROWS = {
+    ("conveyor.tasks", "conveyor.producer"): "Task builds its default Producer on first use",
+    ("conveyor.tasks", "conveyor.producer_async"): "and its AsyncProducer",
+}
+
+
+def _room(module: str) -> str | None:
+    found = [(len(prefix), room) for room, prefixes in ROOMS.items() for prefix in prefixes
+             if _in(module, prefix) and (prefix != "conveyor" or module == "conveyor")]
+    return max(found)[1] if found else None
+
+
+def _arrows() -> list[tuple[str, str]]:
+    return sorted({(m, n) for m, targets in GRAPH.items() for t in targets
+                   if (n := _node(t)) is not None and n != m})
+
+
+def test_every_module_has_a_room() -> None:
+    assert [m for m in GRAPH if _room(m) is None] == []
+    assert set(MAY_IMPORT) == set(ROOMS)
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_a_room_imports_only_the_rooms_below_it(room: str) -> None:
+    found = sorted(f"{m} imports {n} ({_room(n)})" for m, n in _arrows()
+                   if _room(m) == room and _room(n) not in {room, *MAY_IMPORT[room]}
+                   and (m, n) not in LAZY_ARROWS)
+    assert not found
+
+
+def _load_time_imports(path: Path) -> set[str]:
+    """The conveyor modules ``path`` imports when it loads: not in a function, not for
+    type checkers only."""
+    package = _module_name(path) if path.name == "__init__.py" else \
+        _module_name(path).rpartition(".")[0]
+    found: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = (".".join([*base, node.module] if node.module else base)
+                          if node.level else node.module or "")
+                found.update({module, *(f"{module}.{alias.name}" for alias in node.names)})
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk([*node.body, *node.orelse, *node.finalbody,
+                      *(s for h in node.handlers for s in h.body)])
+            elif isinstance(node, ast.ClassDef):
+                walk(node.body)
+
+    walk(ast.parse(path.read_text(), str(path)).body)
+    return {n for t in found if _in(t, "conveyor") and (n := _node(t)) is not None}
+
+
+LOAD_GRAPH = {_module_name(path): _load_time_imports(path) for path in PACKAGE.rglob("*.py")}
+
+
+def _loaded_by(module: str) -> set[str]:
+    """Every module that loading ``module`` loads (its parent packages' ``__init__`` aside)."""
+    seen, todo = set(), [module]
+    while todo:
+        for nxt in LOAD_GRAPH[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize("arrow", sorted(LAZY_ARROWS))
+def test_a_lazy_arrow_stays_lazy(arrow: tuple[str, str]) -> None:
+    importer, target = arrow
+    assert target in GRAPH[importer], f"{importer} no longer imports {target}: drop the entry"
+    assert target not in LOAD_GRAPH[importer], f"{importer} imports {target} when it loads"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _room(m) == "routing"))
+def test_loading_routing_loads_no_producer_worker_or_admin(module: str) -> None:
+    loaded = sorted(m for m in _loaded_by(module)
+                    if _room(m) in {"producer", "worker", "admin", "tracing", "cli"})
+    assert not loaded, f"loading {module} loads {loaded}"
+
+
+def test_the_load_graph_is_read() -> None:
+    assert "conveyor.router" in LOAD_GRAPH["conveyor.worker.executor"]
+    assert "conveyor.producer" not in LOAD_GRAPH["conveyor.tasks"]    # a lazy import
+    assert "conveyor.relay.ordered" not in LOAD_GRAPH["conveyor.relay.core"]

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conveyor.errors import InvalidInputError, PayloadTooLargeError
+from conveyor.patterns import check_topic_pattern
 from conveyor.validation import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
     TOPIC_MAX_LENGTH,
@@ -31,7 +32,6 @@ from conveyor.validation import (
     check_schema_name,
     check_tenant,
     check_topic,
-    check_topic_pattern,
     encode_payload,
 )
 

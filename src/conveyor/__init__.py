@@ -51,9 +51,8 @@ from conveyor.types import (
     TopicCount,
     WorkerInfo,
 )
+from conveyor.version import __version__ as __version__
 from conveyor.worker import Worker, WorkerStats
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Admin",

@@ -30,7 +30,6 @@ from psycopg.rows import dict_row
 from conveyor.admin_async import AsyncAdmin as AsyncAdmin
 from conveyor.admin_core import (
     LIST_LIMIT_MAX,
-    PAUSE_NOTIFICATION,
     PRUNE_DEFAULT_STATES,
     SCHEDULED,
     WAIT_RECHECK,
@@ -66,15 +65,9 @@ from conveyor.db.rows import (
     schedule_from_row,
 )
 from conveyor.errors import EventNotFoundError, InvalidInputError, WaitTimeoutError
-from conveyor.types import (
-    EventFilter,
-    EventPage,
-    EventRecord,
-    EventResult,
-    Pause,
-    QueueStatus,
-    ScheduleInfo,
-)
+from conveyor.filters import EventFilter
+from conveyor.notify import PAUSE_NOTIFICATION, WAKE_ALL, result_payload, wake_payload
+from conveyor.records import EventPage, EventRecord, EventResult, Pause, QueueStatus, ScheduleInfo
 from conveyor.validation import check_event_id, check_schema_name, check_topic
 
 __all__ = [
@@ -232,7 +225,7 @@ class Admin:
                                "pending, failed or cancelled")
         _id, topic, due, due_epoch, due_now = row
         run(conn, self._q["event_notify"], {
-            "channel": self._q.channel, "payload": topic if due_now else f"{topic}|{due_epoch}"})
+            "channel": self._q.channel, "payload": wake_payload(topic, None if due_now else due_epoch)})
         return cast(datetime, due)
 
     def retry_failed(self, conn: psycopg.Connection[Any],
@@ -303,7 +296,7 @@ class Admin:
                                "pending, running or failed")
         # Delivered at commit: whoever waits for this event hears of its end.
         run(conn, self._q["event_notify"],
-                        {"channel": self._q.results_channel, "payload": str(event_id)})
+                        {"channel": self._q.results_channel, "payload": result_payload(event_id)})
 
     def result(self, conn: psycopg.Connection[Any], event_id: int) -> EventResult:
         """Where one event stands and what its handler returned.
@@ -343,7 +336,7 @@ class Admin:
         deadline = time.monotonic() + timeout
         channel = sql.Identifier(self._q.results_channel)
         conn.execute(sql.SQL("LISTEN {}").format(channel))
-        wanted = str(event_id)
+        wanted = result_payload(event_id)
         try:
             while True:
                 found = self.result(conn, event_id)
@@ -460,4 +453,4 @@ class Admin:
                         {"channel": self._q.channel, "payload": PAUSE_NOTIFICATION})
 
     def _notify(self, conn: psycopg.Connection[Any]) -> None:
-        run(conn, self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})
+        run(conn, self._q["event_notify"], {"channel": self._q.channel, "payload": WAKE_ALL})

@@ -29,7 +29,6 @@ from psycopg.rows import dict_row
 # unasync: from conveyor.admin_async import AsyncAdmin as AsyncAdmin
 from conveyor.admin_core import (
     LIST_LIMIT_MAX,
-    PAUSE_NOTIFICATION,
     PRUNE_DEFAULT_STATES,
     SCHEDULED,
     WAIT_RECHECK,
@@ -65,15 +64,9 @@ from conveyor.db.rows import (
     schedule_from_row,
 )
 from conveyor.errors import EventNotFoundError, InvalidInputError, WaitTimeoutError
-from conveyor.types import (
-    EventFilter,
-    EventPage,
-    EventRecord,
-    EventResult,
-    Pause,
-    QueueStatus,
-    ScheduleInfo,
-)
+from conveyor.filters import EventFilter
+from conveyor.notify import PAUSE_NOTIFICATION, WAKE_ALL, result_payload, wake_payload
+from conveyor.records import EventPage, EventRecord, EventResult, Pause, QueueStatus, ScheduleInfo
 from conveyor.validation import check_event_id, check_schema_name, check_topic
 
 __all__ = [
@@ -231,7 +224,7 @@ class AsyncAdmin:
                                "pending, failed or cancelled")
         _id, topic, due, due_epoch, due_now = row
         await run_async(conn, self._q["event_notify"], {
-            "channel": self._q.channel, "payload": topic if due_now else f"{topic}|{due_epoch}"})
+            "channel": self._q.channel, "payload": wake_payload(topic, None if due_now else due_epoch)})
         return cast(datetime, due)
 
     async def retry_failed(self, conn: psycopg.AsyncConnection[Any],
@@ -302,7 +295,7 @@ class AsyncAdmin:
                                "pending, running or failed")
         # Delivered at commit: whoever waits for this event hears of its end.
         await run_async(conn, self._q["event_notify"],
-                        {"channel": self._q.results_channel, "payload": str(event_id)})
+                        {"channel": self._q.results_channel, "payload": result_payload(event_id)})
 
     async def result(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> EventResult:
         """Where one event stands and what its handler returned.
@@ -342,7 +335,7 @@ class AsyncAdmin:
         deadline = time.monotonic() + timeout
         channel = sql.Identifier(self._q.results_channel)
         await conn.execute(sql.SQL("LISTEN {}").format(channel))
-        wanted = str(event_id)
+        wanted = result_payload(event_id)
         try:
             while True:
                 found = await self.result(conn, event_id)
@@ -459,4 +452,4 @@ class AsyncAdmin:
                         {"channel": self._q.channel, "payload": PAUSE_NOTIFICATION})
 
     async def _notify(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        await run_async(conn, self._q["event_notify"], {"channel": self._q.channel, "payload": "*"})
+        await run_async(conn, self._q["event_notify"], {"channel": self._q.channel, "payload": WAKE_ALL})

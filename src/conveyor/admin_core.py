@@ -14,24 +14,17 @@ from typing import Any
 from conveyor.db.named_queries import Queries
 from conveyor.db.rows import worker_from_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, InvalidStateError
-from conveyor.router import patterns_match
-from conveyor.types import (
-    FINISHED_STATES,
-    EventFilter,
-    EventPage,
-    EventState,
-    EventSummary,
-    Pause,
-    QueueStatus,
-    TopicCount,
-)
+from conveyor.filters import EventFilter
+from conveyor.notify import PAUSE_NOTIFICATION as _PAUSE_NOTIFICATION
+from conveyor.patterns import TopicPattern, check_topic_pattern, matches_any
+from conveyor.records import EventPage, EventSummary, Pause, QueueStatus, TopicCount
+from conveyor.states import FINISHED_STATES, EventState
 from conveyor.validation import (
     DELAY_MAX_SECONDS,
     check_delay,
     check_event_id,
     check_run_at,
     check_tenant,
-    check_topic_pattern,
 )
 
 # A worker that has not renewed its heartbeat for this long is not counted alive.
@@ -121,7 +114,7 @@ def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
     infos = [worker_from_row(w) for w in workers]
 
     def claimable(topic: str, tenant: str | None) -> bool:
-        return any(patterns_match(w.topics, topic)
+        return any(matches_any(w.topics, topic)
                    and (w.tenants is None or tenant in w.tenants) for w in infos)
 
     # A topic is unhandled when some tenant's due events of it have no live
@@ -273,18 +266,12 @@ def _list_params(filter: EventFilter, after: int | None, limit: int, *,
                  scheduled_pending_only: bool = False,
                  newest: int | None = None) -> dict[str, Any]:
     """``event_list``'s parameters; an unset filter field binds the value that folds away."""
-    topic = filter.topic
-    exact = prefix = None
-    if topic is not None and topic != "*":
-        if topic.endswith(".*"):
-            prefix = topic[:-1]          # "email." ... "email/": '/' follows '.' in byte order
-        else:
-            exact = topic
+    exact, low, high = (None, None, None) if filter.topic is None \
+        else TopicPattern(filter.topic).topic_range()
     return {
         "after": after, "ids": list(filter.ids),
         "states": list(filter.states if states is None else states),
-        "topic": exact, "topic_from": prefix,
-        "topic_to": None if prefix is None else prefix[:-1] + "/",
+        "topic": exact, "topic_from": low, "topic_to": high,
         "tenant": filter.tenant, "older_than": filter.older_than,
         "newer_than": filter.newer_than, "error": filter.error, "payload": filter.payload,
         "scheduled_pending_only": scheduled_pending_only, "limit": limit, "newest": newest,
@@ -392,10 +379,9 @@ def _page(rows: Sequence[Mapping[str, Any]], limit: int) -> EventPage:
 # table's check holds the same limit.
 PAUSE_REASON_MAX_LENGTH = 500
 PAUSE_COLUMNS = ("pattern", "tenant", "reason", "paused_at")
-# The NOTIFY payload that tells workers the pauses changed. Topics cannot
-# contain "!", so no worker mistakes it for a topic; one that predates pauses
-# at most claims once more (it finds the same events as before).
-PAUSE_NOTIFICATION = "!pause"
+# The NOTIFY payload that tells workers the pauses changed (conveyor.notify); a
+# worker that predates pauses at most claims once more (it finds the same events).
+PAUSE_NOTIFICATION = _PAUSE_NOTIFICATION
 
 
 def pause_from_row(row: Sequence[Any]) -> Pause:

@@ -46,7 +46,6 @@ from conveyor.producer_core import (
     _Copy,
     _NotPlain,
     _Row,
-    _Trace,
     begins_transaction,
     copy_plain,
     copy_rows,
@@ -63,6 +62,7 @@ from conveyor.producer_core import (
     unseen_key,
     wrap,
 )
+from conveyor.trace_context import TraceContext
 
 
 class Producer:
@@ -114,7 +114,7 @@ class Producer:
             send.finish(message_id=event_id)
             return event_id
 
-    def _insert(self, conn: psycopg.Connection[Any], row: _Row, trace: _Trace | None) -> int:
+    def _insert(self, conn: psycopg.Connection[Any], row: _Row, trace: TraceContext | None) -> int:
         query, params = single_insert(row, trace)
         try:
             cur = run(conn, self._q[query], params)
@@ -166,7 +166,7 @@ class Producer:
             return written
 
     def _bulk(
-        self, conn: psycopg.Connection[Any], events: Iterable[EventLike], trace: _Trace | None,
+        self, conn: psycopg.Connection[Any], events: Iterable[EventLike], trace: TraceContext | None,
     ) -> int:
         began = begins_transaction(conn)
         try:
@@ -189,7 +189,7 @@ class Producer:
             raise
 
     def _write_many(
-        self, conn: psycopg.Connection[Any], rows: list[_Row], trace: _Trace | None,
+        self, conn: psycopg.Connection[Any], rows: list[_Row], trace: TraceContext | None,
     ) -> tuple[list[int], int]:
         """Write ``rows``; returns their ids in input order and how many rows are new."""
         try:
@@ -207,7 +207,7 @@ class Producer:
             raise wrap(exc, f"enqueue of {len(rows)} events") from exc
 
     def _copy_plain(
-        self, conn: psycopg.Connection[Any], events: Sequence[EventLike], trace: _Trace | None,
+        self, conn: psycopg.Connection[Any], events: Sequence[EventLike], trace: TraceContext | None,
     ) -> int:
         """COPY plain events; :class:`_NotPlain` (nothing written) at the first that is not."""
         pairs = plain_pairs(self.config, events)

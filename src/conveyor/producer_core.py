@@ -14,15 +14,16 @@ connection. An event reaches the table by one of four routes:
   ``(topic, payload)`` rows, checked while they stream: the raw COPY rate.
 
 Inside a recording span (the ``otel`` extra, :mod:`conveyor.tracing`) every
-route also writes the send span's W3C context (:class:`_Trace`); outside one, the
-statements and COPY columns are exactly those above.
+route also writes the send span's W3C context
+(:class:`~conveyor.trace_context.TraceContext`); outside one, the statements
+and COPY columns are exactly those above.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -32,6 +33,9 @@ from psycopg.pq import TransactionStatus
 from conveyor.config import MAX_ATTEMPTS_DEFAULT, ProducerConfig
 from conveyor.db.named_queries import Queries
 from conveyor.errors import DatabaseError, InvalidInputError, MissingExtraError
+from conveyor.trace_context import TraceContext
+from conveyor.types import EventLike as EventLike
+from conveyor.types import NewEvent as NewEvent
 from conveyor.validation import (
     KNOWN_TOPICS,
     check_delay,
@@ -54,57 +58,6 @@ COPY_THRESHOLD = 64
 # column every row of a COPY leaves at its default is not sent.
 COLUMN_DEFAULTS: dict[str, Any] = {"tenant": None, "priority": 0,
                                    "max_attempts": MAX_ATTEMPTS_DEFAULT}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True, init=False)
-class NewEvent:
-    """One event to enqueue with :meth:`Producer.enqueue_many`.
-
-    Attributes:
-        topic: dot-separated topic, e.g. ``"email.send"``.
-        payload: any JSON-serialisable value. Defaults to ``{}``.
-        tenant: owning tenant (a DNS label) or ``None``. Defaults to ``None``.
-        idempotency_key: enqueuing the same (tenant, key) again yields the first id.
-            Defaults to ``None``.
-        delay: seconds before the event becomes due. Defaults to 0.
-        priority: higher runs first. Defaults to 0.
-        max_attempts: attempts before it is parked ``failed``. Defaults to the
-            producer's ``max_attempts``.
-        run_at: when the event becomes due, a timezone-aware datetime, instead
-            of a ``delay``. Defaults to None (``delay`` decides).
-    """
-
-    topic: str
-    payload: Any = None
-    tenant: str | None = None
-    idempotency_key: str | None = None
-    delay: float = 0.0
-    priority: int = 0
-    max_attempts: int | None = None
-    run_at: datetime | None = None
-
-    def __init__(self, *, topic: str, payload: Any = None, tenant: str | None = None,
-                 idempotency_key: str | None = None, delay: float = 0.0, priority: int = 0,
-                 max_attempts: int | None = None, run_at: datetime | None = None) -> None:
-        # hot path, measured: see docs/benchmarks.md (the slots' own setters,
-        # not the frozen dataclass's object.__setattr__ per field; still immutable)
-        _set_topic(self, topic)
-        _set_payload(self, payload)
-        _set_tenant(self, tenant)
-        _set_key(self, idempotency_key)
-        _set_delay(self, delay)
-        _set_priority(self, priority)
-        _set_max_attempts(self, max_attempts)
-        _set_run_at(self, run_at)
-
-
-_slot_setters = {f.name: NewEvent.__dict__[f.name].__set__ for f in fields(NewEvent)}
-_set_topic, _set_payload = _slot_setters["topic"], _slot_setters["payload"]
-_set_tenant, _set_key = _slot_setters["tenant"], _slot_setters["idempotency_key"]
-_set_delay, _set_priority = _slot_setters["delay"], _slot_setters["priority"]
-_set_max_attempts, _set_run_at = _slot_setters["max_attempts"], _slot_setters["run_at"]
-
-EventLike = NewEvent | Mapping[str, Any] | tuple[str, Any]
 
 
 def coerce(item: EventLike, index: int) -> NewEvent:
@@ -196,13 +149,6 @@ def prepare_many(config: ProducerConfig, events: Iterable[EventLike]) -> list[_R
     return rows
 
 
-class _Trace(NamedTuple):
-    """The W3C context a traced enqueue stores in each of its rows (migration 0006)."""
-
-    traceparent: str
-    tracestate: str | None
-
-
 def producer_tracing(tracing: bool | None) -> ProducerTracing | None:
     """The producer's tracing: off (False), required (True) or when the ``otel`` extra is there (None).
 
@@ -220,7 +166,7 @@ def producer_tracing(tracing: bool | None) -> ProducerTracing | None:
     return ProducerTracing()
 
 
-def single_insert(row: _Row, trace: _Trace | None = None) -> tuple[str, dict[str, Any]]:
+def single_insert(row: _Row, trace: TraceContext | None = None) -> tuple[str, dict[str, Any]]:
     """The named query that writes one event, and its parameters.
 
     An event with no idempotency key and no delay or run_at (the common one) takes
@@ -245,7 +191,7 @@ def key_params(row: _Row) -> dict[str, Any]:
 
 
 def insert_many_params(rows: Sequence[_Row], ids: Sequence[int],
-                       trace: _Trace | None = None) -> dict[str, Any]:
+                       trace: TraceContext | None = None) -> dict[str, Any]:
     """``event_insert_many_ids``'s parameters: one array per column (and a ``trace``'s two)."""
     params = {
         "ids": list(ids),
@@ -278,7 +224,7 @@ def fits_copy(rows: Sequence[_Row]) -> bool:
 
 
 def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int],
-                  trace: _Trace | None = None) -> _Copy:
+                  trace: TraceContext | None = None) -> _Copy:
     """Rows with the ids reserved for them, every column sent."""
     copy = _Copy(f"COPY {q.events_table} (id, tenant, topic, payload, priority, max_attempts)"
                  " FROM STDIN",
@@ -287,7 +233,7 @@ def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int],
     return copy if trace is None else traced_copy(copy, trace)
 
 
-def copy_rows(q: Queries, rows: Sequence[_Row], trace: _Trace | None = None) -> _Copy:
+def copy_rows(q: Queries, rows: Sequence[_Row], trace: TraceContext | None = None) -> _Copy:
     """Rows without ids, sending only the columns some row sets away from its default.
 
     Fewer columns are measurably cheaper to format and to parse.
@@ -299,7 +245,7 @@ def copy_rows(q: Queries, rows: Sequence[_Row], trace: _Trace | None = None) -> 
     return copy if trace is None else traced_copy(copy, trace)
 
 
-def traced_copy(copy: _Copy, trace: _Trace) -> _Copy:
+def traced_copy(copy: _Copy, trace: TraceContext) -> _Copy:
     """``copy`` with the two trace columns appended to its column list and to every record."""
     statement = copy.statement.replace(") FROM STDIN", ", traceparent, tracestate) FROM STDIN")
     return copy._replace(statement=statement, records=(record + trace for record in copy.records))
@@ -316,7 +262,7 @@ class _NotPlain(Exception):
     """An event sets more than a topic and a payload: :func:`copy_plain` steps aside."""
 
 
-def copy_plain(q: Queries, pairs: Iterable[tuple[str, str]], trace: _Trace | None = None) -> _Copy:
+def copy_plain(q: Queries, pairs: Iterable[tuple[str, str]], trace: TraceContext | None = None) -> _Copy:
     """``(topic, JSON text)`` rows, every other column left to the table's default."""
     copy = _Copy(f"COPY {q.events_table} (topic, payload) FROM STDIN", pairs)
     return copy if trace is None else traced_copy(copy, trace)

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack, ca
 from conveyor.cron import CATCH_UP_DEFAULT, Schedule
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.flow import FlowLimit
+from conveyor.patterns import TopicPattern, check_topic_pattern, matches_any, sql_params
 from conveyor.retry import RetryPolicy
 from conveyor.types import Event
-from conveyor.validation import check_topic_pattern
 
 if TYPE_CHECKING:
     from conveyor.tasks import Task
@@ -98,15 +98,7 @@ class Route:
     batch: bool = False
 
     def matches(self, topic: str) -> bool:
-        if self.pattern == "*":
-            return True
-        if self.pattern.endswith(".*"):
-            return topic.startswith(self.pattern[:-1])
-        return topic == self.pattern
-
-
-def _like_escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return TopicPattern(self.pattern).matches(topic)
 
 
 class Router:
@@ -278,36 +270,20 @@ class Router:
         return pattern_filter([r.pattern for r in self._routes])
 
 
+# The pattern functions other modules call by these names; TopicPattern is the one
+# implementation (conveyor.patterns).
+
 def patterns_overlap(a: str, b: str) -> bool:
     """Whether some topic matches both patterns (exact topics, ``prefix.*``, ``*``)."""
-    if a == "*" or b == "*" or a == b:
-        return True
-    a_prefix = a[:-1] if a.endswith(".*") else None
-    b_prefix = b[:-1] if b.endswith(".*") else None
-    if a_prefix is not None and b_prefix is not None:
-        return a_prefix.startswith(b_prefix) or b_prefix.startswith(a_prefix)
-    if a_prefix is not None:
-        return b.startswith(a_prefix)
-    if b_prefix is not None:
-        return a.startswith(b_prefix)
-    return False
+    return TopicPattern(a).overlaps(TopicPattern(b))
 
 
 def pattern_filter(patterns: list[str], prefix: str = "") -> dict[str, Any]:
     """``{<prefix>all_topics, <prefix>topics, <prefix>prefixes}``: the claim queries' test
-    for topics matching any of ``patterns`` (exact topics, ``prefix.*`` as LIKE, ``*``)."""
-    if "*" in patterns:
-        return {f"{prefix}all_topics": True, f"{prefix}topics": [], f"{prefix}prefixes": []}
-    exact = [p for p in patterns if not p.endswith(".*")]
-    prefixes = [_like_escape(p[:-1]) + "%" for p in patterns if p.endswith(".*")]
-    return {f"{prefix}all_topics": False, f"{prefix}topics": exact, f"{prefix}prefixes": prefixes}
+    for topics matching any of ``patterns`` (:func:`conveyor.patterns.sql_params`)."""
+    return sql_params(patterns, prefix)
 
 
 def patterns_match(patterns: list[str], topic: str) -> bool:
     """Whether any of ``patterns`` (as stored in the worker registry) matches ``topic``."""
-    for pattern in patterns:
-        if pattern == "*" or pattern == topic:
-            return True
-        if pattern.endswith(".*") and topic.startswith(pattern[:-1]):
-            return True
-    return False
+    return matches_any(patterns, topic)

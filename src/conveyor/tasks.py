@@ -27,16 +27,18 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import psycopg
 
 from conveyor.errors import InvalidInputError
 from conveyor.outcomes import PermanentFailure
-from conveyor.producer import Producer
-from conveyor.producer_async import AsyncProducer
 from conveyor.types import Event
 from conveyor.validation import check_topic
+
+if TYPE_CHECKING:
+    from conveyor.producer import Producer
+    from conveyor.producer_async import AsyncProducer
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -56,6 +58,9 @@ class Task(Generic[P, R]):
         topic: an exact topic (not a pattern).
         producer: writes the events of :meth:`enqueue`. Defaults to ``Producer()``.
         async_producer: writes those of :meth:`aenqueue`. Defaults to ``AsyncProducer()``.
+
+    The default producers are built on first use: routing (``Router.task``)
+    loads no producer, and a worker that only runs the task never builds one.
     """
 
     def __init__(self, fn: Callable[P, R], topic: str, *, producer: Producer | None = None,
@@ -63,12 +68,28 @@ class Task(Generic[P, R]):
                  options: Mapping[str, Any] | None = None) -> None:
         self.fn = fn
         self.topic = check_topic(topic)
-        self.producer = producer or Producer()
-        self.async_producer = async_producer or AsyncProducer()
+        self._producer = producer
+        self._async_producer = async_producer
         self.options: dict[str, Any] = dict(options or {})
         self._signature = inspect.signature(fn)
         self.__name__ = getattr(fn, "__name__", topic)
         self.__doc__ = fn.__doc__
+
+    @property
+    def producer(self) -> Producer:
+        """Writes the events of :meth:`enqueue`."""
+        if self._producer is None:
+            from conveyor.producer import Producer
+            self._producer = Producer()
+        return self._producer
+
+    @property
+    def async_producer(self) -> AsyncProducer:
+        """Writes the events of :meth:`aenqueue`."""
+        if self._async_producer is None:
+            from conveyor.producer_async import AsyncProducer
+            self._async_producer = AsyncProducer()
+        return self._async_producer
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -83,8 +104,8 @@ class Task(Generic[P, R]):
         given = {"tenant": tenant, "idempotency_key": idempotency_key, "delay": delay,
                  "run_at": run_at, "priority": priority, "max_attempts": max_attempts}
         options = {**self.options, **{k: v for k, v in given.items() if v is not None}}
-        return Task(self.fn, self.topic, producer=self.producer,
-                    async_producer=self.async_producer, options=options)
+        return Task(self.fn, self.topic, producer=self._producer,
+                    async_producer=self._async_producer, options=options)
 
     def payload(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The event payload for a call: the arguments, checked against the signature."""

@@ -27,8 +27,9 @@ from typing import Any
 
 from conveyor.errors import MissingExtraError
 from conveyor.middleware import HandlerResult, Middleware
-from conveyor.producer_core import _Trace
+from conveyor.trace_context import TraceContext
 from conveyor.types import Event, EventState
+from conveyor.version import __version__
 
 try:
     from opentelemetry import context as otel_context
@@ -57,7 +58,6 @@ TRACESTATE_MAX = 512
 
 
 def _tracer(provider: trace.TracerProvider | None) -> trace.Tracer:
-    from conveyor import __version__
     return trace.get_tracer("conveyor", __version__, tracer_provider=provider,
                             schema_url=_SCHEMA_URL)
 
@@ -106,7 +106,7 @@ class SendSpan:
         if state is not None and len(state) > TRACESTATE_MAX:
             state = None
         # None when the span has no valid context (a no-op provider): nothing to store.
-        self.trace = _Trace(parent, state) if parent is not None else None
+        self.trace = TraceContext(parent, state) if parent is not None else None
         self._token: Token[Any] | None = None
 
     def finish(self, *, message_id: int | None = None, count: int | None = None,

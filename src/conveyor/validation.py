@@ -36,7 +36,8 @@ _SCHEMA_RE = re.compile(r"(?!pg_)[a-z_][a-z0-9_]{0,39}")  # PostgreSQL reserves 
 _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def _show(value: object, limit: int = 60) -> str:
+def show(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: how an error message names a value."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -50,16 +51,16 @@ def check_topic(topic: object) -> str:
     if type(topic) is str and topic in KNOWN_TOPICS:
         return topic
     if not isinstance(topic, str):
-        raise InvalidInputError(f"topic must be a string, got {_show(topic)}")
+        raise InvalidInputError(f"topic must be a string, got {show(topic)}")
     if not topic:
         raise InvalidInputError("topic must not be empty")
     if len(topic) > TOPIC_MAX_LENGTH:
         raise InvalidInputError(
-            f"topic is {len(topic)} characters, the limit is {TOPIC_MAX_LENGTH}: {_show(topic)}"
+            f"topic is {len(topic)} characters, the limit is {TOPIC_MAX_LENGTH}: {show(topic)}"
         )
     if not _TOPIC_RE.fullmatch(topic):
         raise InvalidInputError(
-            f"malformed topic {_show(topic)}: expected dot-separated segments of "
+            f"malformed topic {show(topic)}: expected dot-separated segments of "
             "letters, digits, '_' and '-' (e.g. 'email.send')"
         )
     if type(topic) is str and len(KNOWN_TOPICS) < KNOWN_TOPICS_MAX:
@@ -67,33 +68,12 @@ def check_topic(topic: object) -> str:
     return topic
 
 
-def check_topic_pattern(pattern: object) -> str:
-    """A routing pattern: an exact topic, ``prefix.*`` or ``*`` for everything."""
-    if pattern == "*":
-        return "*"
-    if isinstance(pattern, str) and pattern.endswith(".*"):
-        prefix = pattern[:-2]
-        try:
-            check_topic(prefix)
-        except InvalidInputError:
-            raise InvalidInputError(
-                f"malformed topic pattern {_show(pattern)}: expected 'topic', 'prefix.*' or '*'"
-            ) from None
-        return pattern
-    try:
-        return check_topic(pattern)
-    except InvalidInputError:
-        raise InvalidInputError(
-            f"malformed topic pattern {_show(pattern)}: expected 'topic', 'prefix.*' or '*'"
-        ) from None
-
-
 def check_tenant(tenant: object) -> str | None:
     if tenant is None:
         return None
     if not isinstance(tenant, str) or not _TENANT_RE.fullmatch(tenant):
         raise InvalidInputError(
-            f"invalid tenant {_show(tenant)}: expected a DNS label "
+            f"invalid tenant {show(tenant)}: expected a DNS label "
             "(1-63 lowercase letters, digits or inner hyphens)"
         )
     return tenant
@@ -103,16 +83,16 @@ def check_idempotency_key(key: object) -> str | None:
     if key is None:
         return None
     if not isinstance(key, str) or not key:
-        raise InvalidInputError(f"idempotency key must be a non-empty string, got {_show(key)}")
+        raise InvalidInputError(f"idempotency key must be a non-empty string, got {show(key)}")
     if len(key) > IDEMPOTENCY_KEY_MAX_LENGTH:
         raise InvalidInputError(
             f"idempotency key is {len(key)} characters, the limit is "
-            f"{IDEMPOTENCY_KEY_MAX_LENGTH}: {_show(key)}"
+            f"{IDEMPOTENCY_KEY_MAX_LENGTH}: {show(key)}"
         )
     if _CONTROL_RE.search(key):
-        raise InvalidInputError(f"idempotency key contains control characters: {_show(key)}")
+        raise InvalidInputError(f"idempotency key contains control characters: {show(key)}")
     if _has_surrogate(key):
-        raise InvalidInputError(f"idempotency key is not valid Unicode (lone surrogate): {_show(key)}")
+        raise InvalidInputError(f"idempotency key is not valid Unicode (lone surrogate): {show(key)}")
     return key
 
 
@@ -127,7 +107,7 @@ def _has_surrogate(text: str) -> bool:
 def check_schema_name(schema: object) -> str:
     if not isinstance(schema, str) or not _SCHEMA_RE.fullmatch(schema):
         raise InvalidInputError(
-            f"invalid schema name {_show(schema)}: expected 1-40 characters of lowercase "
+            f"invalid schema name {show(schema)}: expected 1-40 characters of lowercase "
             "letters, digits and '_', not starting with a digit or 'pg_'"
         )
     return schema
@@ -142,7 +122,7 @@ def check_event_id(event_id: object) -> int:
     if isinstance(event_id, str) and re.fullmatch(r"[0-9]{1,19}", event_id.strip()):
         event_id = int(event_id.strip())
     if isinstance(event_id, bool) or not isinstance(event_id, int) or event_id <= 0:
-        raise InvalidInputError(f"invalid event id {_show(event_id)}: expected a positive integer")
+        raise InvalidInputError(f"invalid event id {show(event_id)}: expected a positive integer")
     if event_id > BIGINT_MAX:
         raise InvalidInputError(f"invalid event id {event_id}: out of range")
     return event_id
@@ -154,11 +134,11 @@ _DELAY_RANGE = f"0 to {DELAY_MAX_SECONDS:.0f} seconds (100 years)"
 def check_delay(delay: object) -> float:
     if isinstance(delay, bool) or not isinstance(delay, int | float):
         raise InvalidInputError(
-            f"delay must be a number of seconds from {_DELAY_RANGE}, got {_show(delay)}")
+            f"delay must be a number of seconds from {_DELAY_RANGE}, got {show(delay)}")
     try:
         seconds = float(delay)
     except OverflowError:
-        raise InvalidInputError(f"delay must be from {_DELAY_RANGE}, got {_show(delay)}") from None
+        raise InvalidInputError(f"delay must be from {_DELAY_RANGE}, got {show(delay)}") from None
     if math.isnan(seconds):
         raise InvalidInputError(f"delay must be a number from {_DELAY_RANGE}, got {delay!r}")
     if not 0 <= seconds <= DELAY_MAX_SECONDS:
@@ -171,7 +151,7 @@ def check_run_at(run_at: object) -> datetime | None:
     if run_at is None:
         return None
     if not isinstance(run_at, datetime):
-        raise InvalidInputError(f"run_at must be a timezone-aware datetime, got {_show(run_at)}")
+        raise InvalidInputError(f"run_at must be a timezone-aware datetime, got {show(run_at)}")
     if run_at.tzinfo is None or run_at.utcoffset() is None:
         raise InvalidInputError(
             f"run_at must be timezone-aware (a naive datetime names no moment), got {run_at!r}")
@@ -181,7 +161,7 @@ def check_run_at(run_at: object) -> datetime | None:
 def check_priority(priority: object) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int) or not -32768 <= priority <= 32767:
         raise InvalidInputError(
-            f"priority must be an integer from -32768 to 32767, got {_show(priority)}"
+            f"priority must be an integer from -32768 to 32767, got {show(priority)}"
         )
     return priority
 
@@ -190,7 +170,7 @@ def check_max_attempts(max_attempts: object) -> int:
     if (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
             or not 1 <= max_attempts <= 1000):
         raise InvalidInputError(
-            f"max_attempts must be an integer from 1 to 1000, got {_show(max_attempts)}"
+            f"max_attempts must be an integer from 1 to 1000, got {show(max_attempts)}"
         )
     return max_attempts
 
@@ -218,9 +198,9 @@ def _scan(value: Any, limit: int) -> None:
 def _check_text(text: str) -> None:
     if "\x00" in text:
         raise InvalidInputError(
-            f"payload contains a NUL character (\\u0000), which jsonb refuses: {_show(text)}")
+            f"payload contains a NUL character (\\u0000), which jsonb refuses: {show(text)}")
     if _has_surrogate(text):
-        raise InvalidInputError(f"payload contains a lone surrogate, not valid Unicode: {_show(text)}")
+        raise InvalidInputError(f"payload contains a lone surrogate, not valid Unicode: {show(text)}")
 
 
 # Keys sorted: jsonb sorts them anyway, and sorting is what finds colliding
@@ -284,7 +264,7 @@ def _json_key_collision(payload: object) -> str | None:
             name = _json_key(key)
             if name is not None and name in names:
                 return (f"payload has two keys that are both {name!r} in JSON "
-                        f"({_show(names[name])} and {_show(key)}); jsonb would keep one of them")
+                        f"({show(names[name])} and {show(key)}); jsonb would keep one of them")
             if name is not None:
                 names[name] = key
             stack.append(value)

@@ -53,11 +53,11 @@ from conveyor.config import ProducerConfig
 from conveyor.db.connect import connect_async
 from conveyor.errors import ConfigError, ConveyorError, MissingExtraError
 from conveyor.outcomes import Cancel, PermanentFailure, RetryAfter
+from conveyor.patterns import check_topic_pattern, matches_any
 from conveyor.producer import AsyncProducer
 from conveyor.retry import BackoffPolicy, RetryPolicy
-from conveyor.router import Route, Router, patterns_match
+from conveyor.router import Route, Router
 from conveyor.types import Event
-from conveyor.validation import check_topic_pattern
 
 if TYPE_CHECKING:
     # Signing, verifying and the fan-out need no httpx: only the deliverer does.
@@ -261,7 +261,7 @@ class WebhookEndpoint:
             raise ConfigError(f"expected timeout to be > 0, got {self.timeout!r}")
 
     def wants(self, topic: str) -> bool:
-        return topic != DELIVER_TOPIC and patterns_match(list(self.topics), topic)
+        return topic != DELIVER_TOPIC and matches_any(self.topics, topic)
 
 
 class WebhookSubscriptions:

@@ -32,8 +32,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+import conveyor.dashboard.charts as charts
 from conveyor.admin_async import AsyncAdmin
-from conveyor.dashboard import charts
 from conveyor.dashboard.security import (
     CSRF_COOKIE,
     CSRF_FIELD,

@@ -28,6 +28,7 @@ from importlib import resources
 
 from psycopg import sql
 
+from conveyor.notify import events_channel, results_channel
 from conveyor.validation import check_schema_name
 
 _NAME_RE = re.compile(r"^-- name: ([a-z_]+(?:\([^)\n]*\))?)[ \t]*$", re.MULTILINE)
@@ -197,13 +198,14 @@ class Queries:
 
     @property
     def channel(self) -> str:
-        """The NOTIFY channel of this schema's wake-ups (``<schema>.events``)."""
-        return f"{self.schema}.events"
+        """The NOTIFY channel of this schema's wake-ups (:func:`conveyor.notify.events_channel`)."""
+        return events_channel(self.schema)
 
     @property
     def results_channel(self) -> str:
-        """The NOTIFY channel on which finished events of store_result routes are announced."""
-        return f"{self.schema}.results"
+        """The NOTIFY channel on which finished events of store_result routes are announced
+        (:func:`conveyor.notify.results_channel`)."""
+        return results_channel(self.schema)
 
     @property
     def events_table(self) -> str:

@@ -18,16 +18,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.types import (
-    CLAIM_COLUMNS,
-    AttemptError,
-    Event,
-    EventRecord,
-    EventResult,
-    EventState,
-    ScheduleInfo,
-    WorkerInfo,
-)
+from conveyor.records import AttemptError, EventRecord, EventResult, ScheduleInfo, WorkerInfo
+from conveyor.states import EventState
+from conveyor.types import CLAIM_COLUMNS, Event
 
 __all__ = [
     "CLAIM_COLUMNS",

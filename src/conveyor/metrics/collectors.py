@@ -23,6 +23,7 @@ from conveyor.db.named_queries import parse_named_queries, queries_for
 from conveyor.metrics.config import OTHER, MetricsConfig
 from conveyor.metrics.controls import Controls, control_families, read_controls
 from conveyor.metrics.health import health, loop_lag
+from conveyor.version import __version__
 
 if TYPE_CHECKING:
     from conveyor.relay.ordered import OrderedStream
@@ -48,8 +49,6 @@ class BuildInfo(Collector):
     process runs, to join on in queries (``* on(instance) group_left(version)``)."""
 
     def collect(self) -> Iterator[Metric]:
-        from conveyor import __version__
-
         yield _family(GaugeMetricFamily, "conveyor_build_info",
                       "Conveyor's version and the Python running it; always 1.", 1.0,
                       {"version": __version__, "python": platform.python_version()})

@@ -28,16 +28,22 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import BrokerUnavailableError, ConfigError, InvalidInputError
 from conveyor.flow import FlowLimit
 from conveyor.outcomes import PermanentFailure, Snooze
+from conveyor.patterns import TopicPattern, check_topic_pattern, sql_params
+from conveyor.relay.messages import MODES as MODES
+from conveyor.relay.messages import NO_TENANT as NO_TENANT
+from conveyor.relay.messages import Publisher as Publisher
+from conveyor.relay.messages import RelayMessage as RelayMessage
+from conveyor.relay.messages import RelayRoute as RelayRoute
 from conveyor.retry import BackoffPolicy
-from conveyor.router import Router, pattern_filter
+from conveyor.router import Router
 from conveyor.types import Event
-from conveyor.validation import check_tenant, check_topic, check_topic_pattern
+from conveyor.validation import check_tenant, check_topic
 
 if TYPE_CHECKING:
     import psycopg
@@ -48,9 +54,6 @@ log = logging.getLogger(__name__)
 
 # The fields a destination template may name.
 TEMPLATE_FIELDS = frozenset({"topic", "tenant"})
-
-# What {tenant} becomes for an event without a tenant.
-NO_TENANT = "-"
 
 # Backoff while the broker cannot be reached: 1 s, doubling, at most 30 s.
 UNAVAILABLE_BACKOFF = BackoffPolicy(base_delay=1.0, factor=2.0, max_delay=30.0, jitter=0.2)
@@ -70,72 +73,6 @@ def seconds(name: str, value: object, *, least: float, most: float) -> float:
         raise ConfigError(f"expected {name} to be seconds from {least:.0f} to {most:.0f}, "
                           f"got {value!r:.60}")
     return float(value)
-
-
-@dataclass(frozen=True, slots=True)
-class RelayMessage:
-    """One event as a publisher sends it.
-
-    ``msg_id`` is the broker's deduplication id (the relay's ``msg_id_prefix``
-    and the event id): the same for every attempt and every replay of the
-    event. ``headers`` carry ``conveyor-event-id``, ``conveyor-topic``,
-    ``conveyor-tenant`` (when set), ``conveyor-attempt`` and the W3C
-    ``traceparent`` / ``tracestate`` of the enqueuing span (when stored).
-    """
-
-    event_id: int
-    msg_id: str
-    topic: str
-    tenant: str | None
-    attempt: int
-    destination: str
-    payload: bytes
-    headers: dict[str, str]
-
-
-@runtime_checkable
-class Publisher(Protocol):
-    """What the relay needs of a broker client (a Kafka publisher would be one more).
-
-    ``publish`` returns once the broker has confirmed the message and raises
-    :class:`~conveyor.BrokerUnavailableError` when it cannot tell (no
-    connection, no confirmation in time) or
-    :class:`~conveyor.PublishRejectedError` when the broker refused it. It
-    is called concurrently (one call per running handler): a publisher
-    pipelines them on its connection. ``check_destination`` returns why a
-    rendered destination is unusable on this broker, or None.
-
-    A publisher may also offer ``async publish_many(messages) -> list[Exception
-    | None]``: the relay then hands it a route's events of one claim at once
-    (a batch route, docs/batches.md) and takes, per message, None once
-    confirmed or the error ``publish`` would have raised. The three built-in
-    publishers do.
-    """
-
-    name: str
-
-    async def start(self) -> None: ...
-
-    async def publish(self, message: RelayMessage) -> None: ...
-
-    def check_destination(self, destination: str) -> str | None: ...
-
-    async def aclose(self) -> None: ...
-
-
-# The ordering modes of a relay route.
-MODES = ("unordered", "per_key", "ordered")
-
-
-@dataclass(frozen=True, slots=True)
-class RelayRoute:
-    pattern: str
-    publisher: Publisher
-    destination: str
-    # per_key: the route's fifo_by (conveyor.flow.FlowLimit), None when unordered.
-    fifo_by: str | None = None
-    # ordered: read by an OrderedStream (conveyor.relay.ordered), not claimed by the worker.
-    ordered: bool = False
 
 
 def _template_fields(template: str, pattern: str) -> None:
@@ -227,7 +164,7 @@ class Relay:
             raise ConfigError(f"pattern {pattern!r} is relayed twice")
         ordered = mode == "ordered"
         for r in self.routes:
-            if (ordered or r.ordered) and _overlap(r.pattern, pattern):
+            if (ordered or r.ordered) and TopicPattern(r.pattern).overlaps(TopicPattern(pattern)):
                 raise ConfigError(f"pattern {pattern!r} overlaps {r.pattern!r}, and an ordered "
                                   "route must have its topics to itself")
         fifo_by = key if mode == "per_key" else None
@@ -407,7 +344,7 @@ class Relay:
                         ) -> AsyncIterator[tuple[RelayRoute, Event]]:
         q = queries_for(schema)
         after_at, after_id = since, 0
-        params = {**pattern_filter([r.pattern for r in self.routes]), "until": until,
+        params = {**sql_params(r.pattern for r in self.routes), "until": until,
                   "limit": REPLAY_BATCH}
         router = Router()
         by_handler: dict[int, RelayRoute] = {}
@@ -431,20 +368,6 @@ class Relay:
                     traceparent=traceparent, tracestate=tracestate)
             if len(rows) < REPLAY_BATCH:
                 return
-
-
-def _overlap(a: str, b: str) -> bool:
-    """Whether some topic matches both patterns (exact, ``prefix.*`` or ``*``)."""
-    if a == "*" or b == "*":
-        return True
-    a_prefix, b_prefix = a.endswith(".*"), b.endswith(".*")
-    if a_prefix and b_prefix:
-        return a.startswith(b[:-1]) or b.startswith(a[:-1])
-    if a_prefix:
-        return b.startswith(a[:-1])
-    if b_prefix:
-        return a.startswith(b[:-1])
-    return a == b
 
 
 def _no_op(event: Event) -> None:

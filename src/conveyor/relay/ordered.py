@@ -49,13 +49,13 @@ from psycopg import sql
 from conveyor.db.connect_async import connect_async
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import BrokerUnavailableError, ConfigError
+from conveyor.patterns import sql_params
 from conveyor.retry import BackoffPolicy
-from conveyor.router import pattern_filter
 from conveyor.schema.migrator_async import AsyncMigrator
 from conveyor.types import Event
 
 if TYPE_CHECKING:
-    from conveyor.relay.core import Relay, RelayRoute
+    from conveyor.relay.messages import MessageBuilder, RelayRoute
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class OrderedStream:
     holds events of the route back, else None.
     """
 
-    def __init__(self, relay: Relay, route: RelayRoute, conninfo: str, *,
+    def __init__(self, relay: MessageBuilder, route: RelayRoute, conninfo: str, *,
                  schema: str = "conveyor", batch_size: int = 100,
                  poll_interval: float = 1.0, name: str = "relay") -> None:
         self._relay = relay
@@ -101,7 +101,7 @@ class OrderedStream:
         self._batch = batch_size
         self._poll = poll_interval
         self._name = name
-        self._filter = pattern_filter([route.pattern])
+        self._filter = sql_params([route.pattern])
         self._key = f"conveyor.relay.ordered:{schema}:{route.pattern}"
         self._stop = asyncio.Event()
         self.relayed = 0

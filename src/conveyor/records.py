@@ -1,0 +1,279 @@
+"""What the operator API returns: event rows, results, listings, queue status, pauses.
+
+Read models, built from rows by :mod:`conveyor.db.rows` and
+:mod:`conveyor.admin_core`; handlers never see them (they get a
+:class:`~conveyor.types.Event`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from conveyor.states import FINAL_STATES, EventState
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptError:
+    """One failed attempt as kept in an event's error history."""
+
+    attempt: int
+    at: str
+    error: str
+    traceback: str | None = None
+    worker: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """A full event row, as the operator API returns it."""
+
+    id: int
+    tenant: str | None
+    topic: str
+    payload: Any
+    state: EventState
+    attempts: int
+    max_attempts: int
+    priority: int
+    run_at: datetime
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    last_error: str | None
+    errors: list[AttemptError]
+    idempotency_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    attempted_at: datetime | None
+    finished_at: datetime | None
+    result: Any = None   # a store_result route's return value, decoded (docs/results.md)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif name == "errors":
+                value = [
+                    {k: getattr(e, k) for k in e.__dataclass_fields__} for e in value
+                ]
+            elif isinstance(value, EventState):
+                value = value.value
+            out[name] = value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class EventResult:
+    """Where one event stands and what its handler returned, as
+    :meth:`conveyor.Admin.result` and :meth:`conveyor.Admin.wait` read it.
+
+    Attributes:
+        id: the event's id.
+        state: its state now.
+        value: the decoded JSON its handler returned, once it succeeded on a
+            route with ``store_result=True``; None otherwise (and when the
+            handler returned None).
+        error: the last attempt's error, None while none failed.
+        finished_at: when it reached a final state, None before.
+    """
+
+    id: int
+    state: EventState
+    value: Any
+    error: str | None
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the event is succeeded, failed (parked) or cancelled."""
+        return self.state in FINAL_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class TopicCount:
+    """Events of one topic in one state, as ``QueueStatus.by_topic`` lists them.
+
+    On a ``pending`` row, ``count`` is the events due now and ``scheduled`` the
+    pending events whose ``run_at`` is still in the future (a topic with only
+    scheduled events has a pending row with ``count`` 0). Defaults to 0, and
+    is 0 on every other state's row. ``oldest_due_s``, on a pending row with
+    due events: seconds the topic's oldest due event has waited since it came
+    due (its lag: how far a relay or the workers are behind); None otherwise.
+    """
+
+    topic: str
+    state: EventState
+    count: int
+    scheduled: int = 0
+    oldest_due_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    id: str
+    name: str
+    host: str
+    pid: int
+    topics: list[str]
+    started_at: datetime
+    heartbeat_at: datetime
+    tenants: list[str] | None = None
+    concurrency: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """What ``conveyor status`` shows.
+
+    ``counts`` maps each state to its number of events, plus ``"scheduled"``:
+    pending events whose ``run_at`` is still in the future. ``"pending"``
+    counts only the events due now, so the two add up to every pending event.
+    ``unhandled_topics`` names topics with due events no live worker claims;
+    ``oldest_pending_age_s`` is the age of the oldest due event.
+
+    ``estimated_states`` names the states whose number in ``counts`` is an
+    estimate from the planner's statistics rather than a count (succeeded and
+    cancelled once there are many finished rows); ``by_topic`` leaves those
+    states out. Defaults to empty: every count exact.
+    """
+
+    counts: dict[str, int]
+    by_topic: list[TopicCount]
+    oldest_pending_age_s: float | None
+    workers: list[WorkerInfo]
+    unhandled_topics: list[str] = field(default_factory=list)
+    estimated_states: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "counts": dict(self.counts),
+            "by_topic": [
+                {"topic": t.topic, "state": t.state.value, "count": t.count,
+                 "scheduled": t.scheduled, "oldest_due_s": t.oldest_due_s}
+                for t in self.by_topic
+            ],
+            "oldest_pending_age_s": self.oldest_pending_age_s,
+            "workers_alive": len(self.workers),
+            "workers": [
+                {"id": w.id, "name": w.name, "host": w.host, "pid": w.pid,
+                 "topics": w.topics, "tenants": w.tenants,
+                 "started_at": w.started_at.isoformat(),
+                 "heartbeat_at": w.heartbeat_at.isoformat(), "concurrency": w.concurrency}
+                for w in self.workers
+            ],
+            "unhandled_topics": list(self.unhandled_topics),
+            "estimated_states": list(self.estimated_states),
+        }
+
+
+# A schedule whose next slot is this many seconds past is reported overdue: a
+# running scheduler fires a slot within about a second.
+SCHEDULE_OVERDUE_AFTER = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """One cron schedule as the database knows it (``Admin.schedules``, ``conveyor status``).
+
+    Attributes:
+        name, expression, timezone, topic, catch_up: its definition, as the
+            workers declaring it last wrote it.
+        fired_through: every slot up to this instant is settled (fired or skipped).
+        next_fire_at: its next slot, as the last worker to fire it computed it.
+        last_fired_at: the last slot that enqueued an event.
+        missed: slots skipped so far because they were past the catch-up window.
+        last_missed_at: when the last of those was found.
+        overdue_s: seconds the next slot is past (0 when it is still ahead).
+    """
+
+    name: str
+    expression: str
+    timezone: str
+    topic: str
+    catch_up: float
+    fired_through: datetime
+    next_fire_at: datetime | None
+    last_fired_at: datetime | None
+    missed: int
+    last_missed_at: datetime | None
+    overdue_s: float
+
+    @property
+    def overdue(self) -> bool:
+        """Whether no worker has fired its next slot for SCHEDULE_OVERDUE_AFTER seconds:
+        no scheduler declaring it is running."""
+        return self.overdue_s > SCHEDULE_OVERDUE_AFTER
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = value.isoformat() if isinstance(value, datetime) else value
+        out["overdue"] = self.overdue
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class EventSummary:
+    """One event as ``Admin.events`` lists it: the row without payload or history."""
+
+    id: int
+    tenant: str | None
+    topic: str
+    state: EventState
+    attempts: int
+    max_attempts: int
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    last_error: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, EventState):
+                value = value.value
+            out[name] = value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage:
+    """One page of ``Admin.events``, newest first.
+
+    ``next_after``: pass it as ``after=`` for the next page; None when this
+    page was the last.
+    """
+
+    events: list[EventSummary]
+    next_after: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"events": [e.to_json() for e in self.events], "next_after": self.next_after}
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A paused topic pattern, as ``Admin.paused`` lists it.
+
+    Workers claim no pending event whose topic matches ``pattern`` (an exact
+    topic, ``"prefix.*"`` or ``"*"``) and, when ``tenant`` is set, whose
+    tenant is that one; with ``tenant`` None every tenant's events wait.
+    ``reason``: who paused and why, free text; None when not given.
+    """
+
+    pattern: str
+    tenant: str | None
+    reason: str | None
+    paused_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pattern": self.pattern, "tenant": self.tenant, "reason": self.reason,
+                "paused_at": self.paused_at.isoformat()}
