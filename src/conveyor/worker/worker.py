@@ -1,8 +1,9 @@
-"""The worker process's engine: composition and life cycle, and the fetch loop.
+"""The worker process's engine: composition and life cycle.
 
 A worker is a few services around one set of claimed events
-(:class:`~conveyor.worker.running.RunningSet`): the fetch loop here claims
-into it, the :class:`~conveyor.worker.executor.Executor` runs the handlers,
+(:class:`~conveyor.worker.running.RunningSet`):
+:class:`~conveyor.worker.claims.Claims` claims into it (the fetch and flow
+loops), the :class:`~conveyor.worker.executor.Executor` runs the handlers,
 the :class:`~conveyor.worker.completer.Completer` acknowledges the outcomes,
 :class:`~conveyor.worker.maintenance.Maintenance` renews the leases and
 rescues other workers' lost events, the
@@ -23,7 +24,6 @@ import asyncio
 import logging
 import operator
 import os
-import random
 import signal
 import socket
 import time
@@ -46,25 +46,24 @@ from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
 from conveyor.types import Event, EventState
 from conveyor.vacuum_health import vacuum_warnings_async
+from conveyor.worker.claims import Claims
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
     CONNECTION_ERRORS,
     RECOVERABLE_ERRORS,
-    CursorCache,
     StopRequested,
     WorkerConnections,
 )
-from conveyor.worker.deadline import StopFlag, with_deadline, with_deadline_in_task
+from conveyor.worker.deadline import StopFlag, with_deadline
 from conveyor.worker.executor import Executor, Outcome
 from conveyor.worker.failure_log import FailureLogLimiter
-from conveyor.worker.flow import FlowControl
 from conveyor.worker.lanes import Lanes
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
 from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.stats import CANCELLED, FAILED, RETRIED, SUCCEEDED, OutcomeTally, WorkerStats
-from conveyor.worker.wakeups import DueTimes, PauseState, describe_pause
+from conveyor.worker.wakeups import DueTimes, describe_pause
 from conveyor.worker.watchdog import LoopWatchdog, StallLeases
 
 log = logging.getLogger(__name__)
@@ -164,9 +163,6 @@ class Worker:
                         for k, v in claim_filter.items()}
         self._stopping = StopFlag()
         self._closing = asyncio.Event()   # set once nothing more will be acknowledged
-        self._wake = asyncio.Event()
-        self._deferred: list[list[Event]] = []   # claimed batches whose handlers start next round
-        self._rng = random.Random()
         self.connections = WorkerConnections(conninfo, c, self._stopping,
                                              listen_conninfo=listen_conninfo,
                                              cron=bool(router.schedules))
@@ -181,8 +177,11 @@ class Worker:
         self.executor = Executor(router, self.running, self.completer.add,
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,
                                  threads=2 * c.concurrency, middleware=middleware)
-        self.flow = FlowControl(self._q, router)
-        self.pauses = PauseState(self.wake)
+        self.claims = Claims(self.connections, self._q, c, self.id, router, self._filter,
+                             running=self.running, executor=self.executor,
+                             completer=self.completer, stats=self.stats, stopping=self._stopping)
+        self.flow = self.claims.flow
+        self.pauses = self.claims.pauses
         self.lanes = Lanes(self._q, self._filter, heartbeat_interval=c.heartbeat_interval,
                            on_back=self.wake)
         self.maintenance = Maintenance(self.connections.maintenance, self._q, c, self.id,
@@ -209,10 +208,7 @@ class Worker:
             self.scheduler = Scheduler(self.connections.cron, self._q, router.schedules,
                                        query_timeout=c.query_timeout, clock=clock,
                                        clock_offset=lambda: self.maintenance.clock_offset)
-        self._claim_cursor = CursorCache(binary=True)
         self._flow_task: asyncio.Task[None] | None = None
-        # How many limited events the last plain claim moved to their lane.
-        self.claim_moved = 0
         self._flow_learned = False
         self.started = asyncio.Event()
 
@@ -232,8 +228,7 @@ class Worker:
 
     def wake(self) -> None:
         """Ask the fetch loop to claim now (a NOTIFY arrived, or a slot freed)."""
-        self._wake.set()
-        self.flow.poke()
+        self.claims.wake()
 
     def _pauses_changed(self) -> None:
         self.pauses.notified()
@@ -244,7 +239,7 @@ class Worker:
         if not self._stopping.is_set():
             log.info("worker stopping", extra={"action": "stopping"})
         self._stopping.set()
-        self._wake.set()
+        self.claims.woken.set()
         self.running.freed.set()
 
     def install_signal_handlers(self) -> None:
@@ -286,7 +281,7 @@ class Worker:
         if self.scheduler is not None:
             tasks.append(asyncio.create_task(self.scheduler.run(self._stopping),
                                              name="conveyor-cron"))
-        self._flow_task = asyncio.create_task(self._flow_loop(), name="conveyor-flow")
+        self._flow_task = asyncio.create_task(self.claims.flow_loop(), name="conveyor-flow")
         tasks.append(self._flow_task)
         completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
         log.info("worker %s started: topics %s, concurrency %d%s", self.name,
@@ -295,7 +290,7 @@ class Worker:
         self.started.set()
         self.watchdog.start()
         try:
-            await self._fetch_loop()
+            await self.claims.fetch_loop()
         finally:
             try:
                 await self._shutdown(tasks, completer)
@@ -391,7 +386,7 @@ class Worker:
             # Its claim in flight ends (or is cut) first, so every event it
             # claimed is among those the drain below waits for.
             await asyncio.wait({self._flow_task}, timeout=self.config.query_timeout + 1)
-        self._start_deferred()
+        self.claims.start_deferred()
         pending = self.running.unfinished_tasks()
         if pending:
             log.info("waiting up to %.0fs for %d running handlers", self.config.shutdown_timeout,
@@ -432,170 +427,6 @@ class Worker:
         self.executor.close()
         self.failure_log.flush(everything=True)
         log.info("worker stopped", extra={"action": "stopped", "worker": self.id})
-
-    async def _fetch_loop(self) -> None:
-        c = self.config
-        running = self.running
-        threshold = max(1, min(c.batch_size, c.concurrency) // 4)
-        size, limit = c.batch_size, c.claim_limit
-        while not self._stopping.is_set():
-            free = running.free_slots()
-            if free < threshold:
-                await running.wait_for_slot()
-                continue
-            want = min(free, size)
-            self._wake.clear()
-            claimed = await self._claim(want, defer=True)
-            if claimed is None:
-                continue
-            if len(claimed) == want:
-                # A full claim: the backlog is deeper than one batch. Fewer,
-                # larger statements drain it faster (each claim and each
-                # acknowledgement costs a round trip and a statement start), so
-                # the next claim may take up to twice as many, up to the free
-                # slots (River caps a fetch at them too) and max_batch_size; the
-                # acknowledgements are written in batches as large.
-                if size < limit:
-                    size = min(size * 2, limit)
-                    self.completer.flush_size = size
-                continue
-            if self.claim_moved:
-                # The claim met limited events and moved them out of the open
-                # lane: what is behind them may be claimable now.
-                continue
-            if size != c.batch_size:
-                # Caught up: single events and small bursts go back to small
-                # claims and to acknowledgements flushed at batch_size.
-                size = c.batch_size
-                self.completer.flush_size = size
-            await self._idle_wait()
-
-    async def _flow_loop(self) -> None:
-        """Claim the limited patterns' events (worker/flow.py) beside the fetch loop.
-
-        On a connection of its own, so its short transactions never delay the
-        plain claims: the unlimited topics drain beside a saturated limit as
-        fast as without it. Its slots are reserved before each claim.
-        """
-        flow, running = self.flow, self.running
-        managed = self.connections.flow_connection()
-        while not self._stopping.is_set():
-            await flow.wait_until_due(self._stopping)
-            if self._stopping.is_set() or not flow.active:
-                continue
-            # A quarter of the slots at most: while the claim is in flight its
-            # slots are reserved, and the fetch loop must keep the rest. With
-            # none free (or no limited pattern of its own), only the sort.
-            free = max(0, min(running.free_slots(), max(1, self.config.concurrency // 4),
-                              flow.most_claimable(self.config.batch_size)))
-            running.reserved += free
-            try:
-                conn = await managed.get()
-                params = {**self._filter, "owner": self.id, "lease_ttl": self.config.lease_ttl}
-                rows = await with_deadline(conn, flow.claim(conn, free, params),
-                                           self.config.query_timeout, stopping=self._stopping)
-            except StopRequested:
-                return
-            except RECOVERABLE_ERRORS as exc:
-                await managed.discard(exc)
-                continue
-            except psycopg.Error as exc:
-                log.error("flow claim failed: %s", exc, extra={"action": "claim_failed"})
-                await managed.pause_after_failure()
-                continue
-            finally:
-                running.reserved -= free
-                running.freed.set()    # the fetch loop may wait for those slots
-            if not free and flow.handled and not self._stopping.is_set():
-                await running.wait_for_slot()
-            if rows:
-                rows.sort(key=_PRIORITY, reverse=True)
-                events = [Event._from_claim_row(r) for r in rows]
-                self.stats.claimed += len(events)
-                self.stats.claims += 1
-                running.take(events)
-                self.executor.start(events)
-
-    async def _idle_wait(self) -> None:
-        poll = self.config.poll_interval * (1 - 0.1 * self._rng.random())
-        # asyncio.timeout, not wait_for: no task in between, so a NOTIFY reaches
-        # the next claim a few loop rounds (~40 us on an idle machine) sooner.
-        try:
-            async with asyncio.timeout(poll):
-                await self._wake.wait()
-        except TimeoutError:
-            pass
-
-    async def _claim(self, want: int, *, defer: bool = False) -> list[Event] | None:
-        """Claim up to ``want`` events and start them; ``None`` after a database error."""
-        fetch = self.connections.fetch
-        try:
-            conn = await fetch.get()
-            cur = self._claim_cursor.get(conn)
-            # Binary results: the server skips formatting ids and timestamps as
-            # text and the client skips parsing them (hot path, measured: see
-            # docs/benchmarks.md).
-            flow = self.flow
-            if flow.stale():
-                await with_deadline(conn, flow.refresh(conn), self.config.query_timeout)
-            params = {**self._filter, "limit": want, "owner": self.id,
-                      "lease_ttl": self.config.lease_ttl}
-            flow_claim = flow.active
-            if flow_claim:
-                # The plain claim leaves the limited patterns to the flow claim.
-                query = self._q["event_claim_flow_unpaused" if self.pauses.any
-                                else "event_claim_flow"]
-                params.update(flow.plain_params())
-            else:
-                # The plain claim unless a pause may be in force (wakeups.PauseState).
-                query = self._q["event_claim_unpaused" if self.pauses.any else "event_claim"]
-            await with_deadline_in_task(conn, cur.execute(query, params),
-                                        self.config.query_timeout, stopping=self._stopping)
-            rows = await cur.fetchall()
-            self.claim_moved = 0
-            if flow_claim and rows and rows[-1][0] is None:
-                # event_claim_flow's last row: how many limited events it moved
-                # to their lane instead of claiming them.
-                self.claim_moved = rows.pop()[4]
-                flow.sorted += self.claim_moved
-            if len(rows) > 1:
-                # The claim picks by priority but returns in join order; a stable
-                # sort keeps the rest of that order (O(n) when all are equal).
-                rows.sort(key=_PRIORITY, reverse=True)
-        except StopRequested:
-            return None
-        except RECOVERABLE_ERRORS as exc:
-            await fetch.discard(exc)
-            return None
-        except psycopg.Error as exc:
-            log.error("claiming events failed: %s", exc, extra={"action": "claim_failed"})
-            await fetch.pause_after_failure()
-            return None
-        from_row = Event._from_claim_row
-        events = [from_row(r) for r in rows]
-        stats = self.stats
-        stats.claimed += len(events)
-        if events:
-            stats.claims += 1
-        stats.last_claim_at = time.monotonic()
-        # The slots are taken now; the handlers start on the loop's next round,
-        # after the fetch loop has sent its next claim, so the database works
-        # on that claim while this batch's handlers start.
-        self.running.take(events)
-        # Only a full batch is followed at once by another claim; a short one
-        # (the idle worker woken for one event) starts its handlers now.
-        if defer and len(events) == want:
-            self._deferred.append(events)
-            asyncio.get_running_loop().call_soon(self._start_deferred)
-        else:
-            self.executor.start(events)
-        return events
-
-    def _start_deferred(self) -> None:
-        # Claimed events start even when a stop came in between, so they finish
-        # within the shutdown timeout like the rest.
-        while self._deferred:
-            self.executor.start(self._deferred.pop(0))
 
     def _acked(self, batch: list[Outcome], done: set[int]) -> None:
         """Free the slots of written outcomes; count them, log failures, time retries."""
@@ -659,18 +490,7 @@ class Worker:
             self._flow_learned = True
             # Unregistered, this worker may find its topics set aside by others.
             await self.lanes.bring_back(await self.connections.fetch.get())
-        want = min(self.running.free_slots(), self.config.batch_size)
-        claimed = await self._claim(want) or []
-        if self.flow.active and len(claimed) < want:
-            # The limited patterns, within their limits, as the flow loop would.
-            self.flow.poke()
-            conn = await self.connections.fetch.get()
-            rows = await self.flow.claim(conn, want - len(claimed), {
-                **self._filter, "owner": self.id, "lease_ttl": self.config.lease_ttl})
-            events = [Event._from_claim_row(r) for r in rows]
-            self.running.take(events)
-            self.executor.start(events)
-            claimed += events
+        claimed = await self.claims.run_once()
         if not claimed:
             return 0
         await asyncio.gather(*self.running.tasks(), return_exceptions=True)
