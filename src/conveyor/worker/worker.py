@@ -5,8 +5,8 @@ A worker is a few services around one set of claimed events
 :class:`~conveyor.worker.claims.Claims` claims into it (the fetch and flow
 loops), the :class:`~conveyor.worker.executor.Executor` runs the handlers,
 the :class:`~conveyor.worker.completer.Completer` acknowledges the outcomes,
-:class:`~conveyor.worker.maintenance.Maintenance` renews the leases and
-rescues other workers' lost events, the
+:class:`~conveyor.worker.maintenance.Maintenance` runs the periodic services (leases,
+rescue, pruning; worker/service.py), the
 :class:`~conveyor.worker.listener.Listener` and
 :class:`~conveyor.worker.wakeups.DueTimes` say when to claim. Each service
 has a dedicated connection, so a slow acknowledgement never delays a claim
