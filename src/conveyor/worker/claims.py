@@ -30,7 +30,6 @@ import psycopg
 from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import Queries
 from conveyor.db.rows import CLAIM_PRIORITY
-from conveyor.router import Router
 from conveyor.types import CLAIM_COLUMNS, Event
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
@@ -56,13 +55,15 @@ _EVENT_COLUMNS = len(CLAIM_COLUMNS)
 class Claims:
     """Claims events into ``running`` and starts their handlers on ``executor``.
 
+    ``flow``: the fleet's flow limits, as this worker sees them.
+
     ``claim_filter``: the worker's topics and tenants as claim parameters.
     ``completer``'s flush size follows the claim size, so acknowledgements are
     written in batches as large as the claims.
     """
 
     def __init__(self, connections: WorkerConnections, queries: Queries, config: WorkerConfig,
-                 worker_id: str, router: Router, claim_filter: dict[str, Any], *,
+                 worker_id: str, flow: FlowControl, claim_filter: dict[str, Any], *,
                  running: RunningSet, executor: Executor, completer: Completer,
                  stats: WorkerStats, stopping: StopFlag) -> None:
         self.connections = connections
@@ -75,7 +76,7 @@ class Claims:
         self.completer = completer
         self.stats = stats
         self._stopping = stopping
-        self.flow = FlowControl(queries, router)
+        self.flow = flow
         self.pauses = PauseState(self.wake)
         self.woken = asyncio.Event()
         self._deferred: list[list[Event]] = []   # claimed batches whose handlers start next round

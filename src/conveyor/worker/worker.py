@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 import os
 import signal
 import socket
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -38,14 +36,12 @@ from conveyor.config import WorkerConfig
 from conveyor.cron import default_name
 from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
-from conveyor.db.rows import CLAIM_PRIORITY
 from conveyor.errors import ConfigError
-from conveyor.flow import FlowLimit
 from conveyor.middleware import Middleware
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
-from conveyor.types import Event, EventState
 from conveyor.vacuum_health import vacuum_warnings_async
+from conveyor.worker.accounting import OutcomeAccounting
 from conveyor.worker.claims import Claims
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
@@ -57,69 +53,22 @@ from conveyor.worker.connection import (
 from conveyor.worker.deadline import StopFlag, with_deadline
 from conveyor.worker.executor import Executor, Outcome
 from conveyor.worker.failure_log import FailureLogLimiter
+from conveyor.worker.flow import FlowControl, describe_limit
 from conveyor.worker.lanes import Lanes
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
 from conveyor.worker.scheduler import Scheduler
-from conveyor.worker.stats import CANCELLED, FAILED, RETRIED, SUCCEEDED, OutcomeTally, WorkerStats
+from conveyor.worker.stats import OutcomeTally, WorkerStats
 from conveyor.worker.wakeups import DueTimes, describe_pause
 from conveyor.worker.watchdog import LoopWatchdog, StallLeases
 
 log = logging.getLogger(__name__)
 
-_PRIORITY = operator.itemgetter(CLAIM_PRIORITY)
-# Which count of the outcome tally each written state adds to (PENDING: a retry).
-_TALLIED = {EventState.SUCCEEDED: SUCCEEDED, EventState.PENDING: RETRIED,
-            EventState.FAILED: FAILED, EventState.CANCELLED: CANCELLED}
 # A loop that has not run for this long (or a quarter of the lease, if less) is
 # reported: every handler and the heartbeat wait on it.
 LOOP_STALL_WARNING = 1.0
-_OUTCOME_ACTIONS = {EventState.PENDING: "retry_scheduled", EventState.FAILED: "event_parked",
-                    EventState.CANCELLED: "event_cancelled"}
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
-
-
-def describe_limit(limit: FlowLimit) -> str:
-    """``export.* max_running=2 rate=5/s fair_by=tenant``: a route's flow limit in one piece."""
-    parts = [limit.pattern]
-    if limit.max_running is not None:
-        parts.append(f"max_running={limit.max_running}")
-    if limit.rate is not None:
-        parts.append(f"rate={limit.rate:g}/s")
-    if limit.fair_by is not None:
-        parts.append(f"fair_by={limit.fair_by}")
-    if limit.fifo_by is not None:
-        parts.append(f"fifo_by={limit.fifo_by}")
-    return " ".join(parts)
-
-
-def log_outcome(event: Event, outcome: Outcome, limiter: FailureLogLimiter | None = None) -> None:
-    """One line per failed attempt, scheduled retry, parked or handler-cancelled event.
-
-    Written once the outcome is stored, so the log never tells of a result the
-    database refused (a lost lease); the traceback follows at debug level.
-    ``limiter`` thins a storm of them to a few lines and a count per topic.
-    """
-    action = _OUTCOME_ACTIONS.get(outcome.state)
-    if action is None or (limiter is not None and not limiter.admit(event.topic, action)):
-        return
-    fields = {"event_id": event.id, "topic": event.topic, "tenant": event.tenant,
-              "attempt": event.attempt, "error": outcome.error}
-    if outcome.state is EventState.PENDING:
-        log.warning("event %d (%s) attempt %d/%d failed: %s; retrying in %.1fs", event.id,
-                    event.topic, event.attempt, event.max_attempts, outcome.error, outcome.delay,
-                    extra={"action": action, "retry_in_s": outcome.delay, **fields})
-    elif outcome.state is EventState.FAILED:
-        log.error("event %d (%s) parked failed after attempt %d/%d: %s", event.id, event.topic,
-                  event.attempt, event.max_attempts, outcome.error,
-                  extra={"action": action, **fields})
-    else:
-        log.info("event %d (%s) %s", event.id, event.topic, outcome.error,
-                 extra={"action": action, **fields})
-    if outcome.traceback and log.isEnabledFor(logging.DEBUG):
-        log.debug("event %d attempt %d traceback:\n%s", event.id, event.attempt,
-                  outcome.traceback, extra={"action": "attempt_traceback", **fields})
 
 
 class Worker:
@@ -169,18 +118,22 @@ class Worker:
         self.listens = c.listen and not (c.transaction_pooler is True
                                          and self.connections.listen_target == conninfo)
         self.running = RunningSet(c.concurrency)
+        self.flow = FlowControl(self._q, router)
+        self.accounting = OutcomeAccounting(
+            self.running, self.stats, self.tally, self.failure_log,
+            clock_offset=lambda: self.maintenance.clock_offset,
+            wake_at=lambda when: self.due_times.wake_at(when), room_freed=self.flow.room_freed)
         self.completer = Completer(self.connections.ack, self._q, self.id,
                                    flush_size=c.batch_size, interval=c.ack_interval,
                                    query_timeout=c.query_timeout,
-                                   on_acked=self._acked,
+                                   on_acked=self.accounting.settled,
                                    delete_succeeded=c.retention == 0)
         self.executor = Executor(router, self.running, self.completer.add,
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,
                                  threads=2 * c.concurrency, middleware=middleware)
-        self.claims = Claims(self.connections, self._q, c, self.id, router, self._filter,
+        self.claims = Claims(self.connections, self._q, c, self.id, self.flow, self._filter,
                              running=self.running, executor=self.executor,
                              completer=self.completer, stats=self.stats, stopping=self._stopping)
-        self.flow = self.claims.flow
         self.pauses = self.claims.pauses
         self.lanes = Lanes(self._q, self._filter, heartbeat_interval=c.heartbeat_interval,
                            on_back=self.wake)
@@ -427,54 +380,6 @@ class Worker:
         self.executor.close()
         self.failure_log.flush(everything=True)
         log.info("worker stopped", extra={"action": "stopped", "worker": self.id})
-
-    def _acked(self, batch: list[Outcome], done: set[int]) -> None:
-        """Free the slots of written outcomes; count them, log failures, time retries."""
-        s = self.stats
-        release = self.running.release
-        succeeded = EventState.SUCCEEDED
-        tally = self.tally
-        # The minute on the database's clock the dashboard's charts count these in.
-        minute = int((time.time() + self.maintenance.clock_offset) // 60 * 60)
-        if len(done) == len(batch) and all(o.state is succeeded for o in batch):
-            # The common flush: plain successes, every one written.
-            topics: dict[str, int] = {}
-            for outcome in batch:
-                entry = release((outcome.event_id, outcome.attempt))
-                if entry is not None:
-                    topic = entry.event.topic
-                    topics[topic] = topics.get(topic, 0) + 1
-            for topic, n in topics.items():
-                tally.add(minute, topic, SUCCEEDED, n)
-            s.succeeded += len(batch)
-            self.running.freed.set()
-            self.flow.room_freed()     # a limit may have room: the flow loop looks again
-            return
-        now = time.time()
-        for outcome in batch:
-            entry = release((outcome.event_id, outcome.attempt))
-            if outcome.event_id not in done:
-                continue
-            kind = _TALLIED.get(outcome.state)
-            if kind is not None and not outcome.refund and entry is not None:
-                tally.add(minute, entry.event.topic, kind)
-            if outcome.state is EventState.PENDING and outcome.delay is not None:
-                # Armed after the write, so the timer can never fire before run_at.
-                self.due_times.wake_at(now + outcome.delay)
-            if outcome.refund:
-                continue  # snoozes and hand-backs spend no attempt and count as neither
-            if outcome.error is not None and entry is not None:
-                log_outcome(entry.event, outcome, self.failure_log)
-            if outcome.state is EventState.SUCCEEDED:
-                s.succeeded += 1
-            elif outcome.state is EventState.PENDING:
-                s.retried += 1
-            elif outcome.state is EventState.FAILED:
-                s.failed += 1
-            elif outcome.state is EventState.CANCELLED:
-                s.cancelled += 1
-        self.running.freed.set()
-        self.flow.room_freed()
 
     def _stalled(self, seconds: float) -> None:
         self.stats.loop_stalls += 1
