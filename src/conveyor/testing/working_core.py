@@ -19,7 +19,8 @@ from conveyor.retry import BackoffPolicy, RetryPolicy
 from conveyor.router import Route, Router
 from conveyor.types import Event, EventRecord
 from conveyor.validation import check_tenant
-from conveyor.worker.executor import Executor, Outcome
+from conveyor.worker.classify import Outcome
+from conveyor.worker.executor import Executor
 from conveyor.worker.running import RunningSet
 
 # The lease only has to outlive the handler: nobody else can see the claim

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from conveyor.types import Event, EventState
-from conveyor.worker.executor import Outcome
+from conveyor.worker.classify import Outcome
 from conveyor.worker.failure_log import FailureLogLimiter
 from conveyor.worker.running import RunningSet
 from conveyor.worker.stats import CANCELLED, FAILED, RETRIED, SUCCEEDED, OutcomeTally, WorkerStats

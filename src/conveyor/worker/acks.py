@@ -19,7 +19,7 @@ from typing import Any
 from conveyor.db.arrays import int_array
 from conveyor.db.named_queries import Queries
 from conveyor.types import FINAL_STATES, EventState
-from conveyor.worker.executor import Outcome
+from conveyor.worker.classify import Outcome
 
 Statement = tuple[str, dict[str, Any]]
 

@@ -18,9 +18,9 @@ import psycopg
 
 from conveyor.db.named_queries import Queries
 from conveyor.worker.acks import ack, finished_notice
+from conveyor.worker.classify import Outcome
 from conveyor.worker.connection import RECOVERABLE_ERRORS, CursorCache, ManagedConnection
 from conveyor.worker.deadline import with_deadline_in_task
-from conveyor.worker.executor import Outcome
 
 log = logging.getLogger(__name__)
 

@@ -43,6 +43,7 @@ from conveyor.schema.migrator import AsyncMigrator
 from conveyor.vacuum_health import vacuum_warnings_async
 from conveyor.worker.accounting import OutcomeAccounting
 from conveyor.worker.claims import Claims
+from conveyor.worker.classify import Outcome
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
     CONNECTION_ERRORS,
@@ -51,7 +52,7 @@ from conveyor.worker.connection import (
     WorkerConnections,
 )
 from conveyor.worker.deadline import StopFlag, with_deadline
-from conveyor.worker.executor import Executor, Outcome
+from conveyor.worker.executor import Executor
 from conveyor.worker.failure_log import FailureLogLimiter
 from conveyor.worker.flow import FlowControl, describe_limit
 from conveyor.worker.lanes import Lanes
