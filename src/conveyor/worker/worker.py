@@ -26,9 +26,9 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -65,6 +65,8 @@ from conveyor.worker.wakeups import DueTimes, describe_pause
 from conveyor.worker.watchdog import LoopWatchdog, StallLeases
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # A loop that has not run for this long (or a quarter of the lease, if less) is
 # reported: every handler and the heartbeat wait on it.
@@ -219,7 +221,8 @@ class Worker:
             # A supervisor retrying run() must not leak the connection.
             await self.connections.maintenance.close()
             raise
-        await self._register()
+        # The first heartbeat registers the worker if the database is away now.
+        await self._at_start(self.maintenance.lease.register, bounded=False)
         await self._learn_pauses()
         await self._learn_flow()
         await self._bring_back_keys()
@@ -267,70 +270,54 @@ class Worker:
                                                   for key in self.pauses.in_force))
         return "".join(f"; {detail}" for detail in details)
 
-    async def _register(self) -> None:
+    async def _at_start(self, step: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,
+                        errors: tuple[type[BaseException], ...] = CONNECTION_ERRORS,
+                        bounded: bool = True) -> T | None:
+        """One start-up step on the maintenance connection (``bounded``: by the query
+        timeout); ``None`` when the database is away (the maintenance passes catch up)."""
         try:
-            await self.maintenance.register()
+            conn = await self.connections.maintenance.get()
+            if not bounded:
+                return await step(conn)
+            return await with_deadline(conn, step(conn), self.config.query_timeout)
         except StopRequested:
-            pass
-        except CONNECTION_ERRORS as exc:
-            # The first heartbeat registers the worker once the database is back.
+            return None
+        except errors as exc:
             await self.connections.maintenance.discard(exc)
+            return None
 
     async def _learn_pauses(self) -> None:
         # Before the first claim, so a pause committed while no worker ran
         # holds from the start; until this succeeds the worker claims with
         # the pause-aware statement (PauseState starts so).
-        try:
-            conn = await self.connections.maintenance.get()
-            await with_deadline(conn, self.maintenance.check_pauses(conn),
-                                self.config.query_timeout)
-        except StopRequested:
-            pass
-        except CONNECTION_ERRORS as exc:
-            await self.connections.maintenance.discard(exc)
+        await self._at_start(self.maintenance.check_pauses)
 
     async def _learn_flow(self) -> None:
         # Before the first claim, as the pauses: a limit declared by any worker
         # holds from this worker's first claim on.
-        try:
-            conn = await self.connections.maintenance.get()
+        async def learn(conn: psycopg.AsyncConnection[Any]) -> None:
             await with_deadline(conn, self.flow.declare(conn), self.config.query_timeout)
             await with_deadline(conn, self.flow.refresh(conn), self.config.query_timeout)
-        except StopRequested:
-            pass
-        except CONNECTION_ERRORS as exc:
-            await self.connections.maintenance.discard(exc)
+        await self._at_start(learn, bounded=False)
 
     async def _bring_back_keys(self) -> None:
         # A fifo_by route's aside events come back before the first claim, not
         # in the first maintenance pass beside it: a key's event written since
         # the others were set aside would otherwise run before them.
-        if not any(r.flow is not None and r.flow.fifo_by is not None for r in self.router.routes):
-            return
-        try:
-            conn = await self.connections.maintenance.get()
-            await with_deadline(conn, self.lanes.bring_back(conn), self.config.query_timeout)
-        except StopRequested:
-            pass
-        except RECOVERABLE_ERRORS as exc:   # the maintenance pass brings them back then
-            await self.connections.maintenance.discard(exc)
+        if any(r.flow is not None and r.flow.fifo_by is not None for r in self.router.routes):
+            # On an error the maintenance pass brings them back.
+            await self._at_start(self.lanes.bring_back, errors=RECOVERABLE_ERRORS)
 
     async def _check_vacuum(self) -> None:
         # Once at start: a server or table without autovacuum is the
         # environment's doing, and one line saves the hunt for why claims slow.
         try:
-            conn = await self.connections.maintenance.get()
-            found = await with_deadline(conn, vacuum_warnings_async(conn, self.config.schema),
-                                        self.config.query_timeout)
-        except StopRequested:
-            return
-        except CONNECTION_ERRORS as exc:
-            await self.connections.maintenance.discard(exc)
-            return
+            found = await self._at_start(
+                lambda conn: vacuum_warnings_async(conn, self.config.schema))
         except psycopg.Error as exc:
             log.debug("vacuum check failed: %s", exc)
             return
-        for warning in found:
+        for warning in found or ():
             log.warning(warning.message, extra={"action": warning.action})
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]],
