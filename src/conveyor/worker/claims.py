@@ -208,7 +208,8 @@ class Claims:
             cur = self._cursor.get(conn)
             if self.flow.stale():
                 await with_deadline(conn, self.flow.refresh(conn), self.config.query_timeout)
-            params = self.claim_params(limit=want)
+            params = {**self._filter, "limit": want, "owner": self.id,
+                      "lease_ttl": self.config.lease_ttl}
             query, counts_moves = self._statement(params)
             await with_deadline_in_task(conn, cur.execute(query, params),
                                         self.config.query_timeout, stopping=self._stopping)
