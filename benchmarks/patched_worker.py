@@ -32,24 +32,24 @@ def trace_wake_path() -> None:
     import os
     import time
 
+    from conveyor.worker.claims import Claims
     from conveyor.worker.wakeups import DueTimes
-    from conveyor.worker.worker import Worker
 
     fd = int(os.environ["CONVEYOR_BENCH_WAKE_FD"])
-    notified, claim = DueTimes.notified, Worker._claim
+    notified, claim = DueTimes.notified, Claims.claim
 
     def traced_notified(self: DueTimes, payload: str) -> None:
         os.write(fd, f"N {time.time():.6f}\n".encode())
         notified(self, payload)
 
-    async def traced_claim(self: Worker, want: int, **kwargs: object) -> object:
+    async def traced_claim(self: Claims, want: int, **kwargs: bool) -> object:
         start = time.time()
         events = await claim(self, want, **kwargs)
         os.write(fd, f"C {start:.6f} {time.time():.6f} {len(events or [])}\n".encode())
         return events
 
     DueTimes.notified = traced_notified  # type: ignore[method-assign]
-    Worker._claim = traced_claim  # type: ignore[assignment,method-assign]
+    Claims.claim = traced_claim  # type: ignore[assignment,method-assign]
 
 
 def main() -> int:

@@ -1164,14 +1164,15 @@ def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: C
         **pattern_filter([], prefix="fifo_")
     }).fetchall()
     # The first two in claim order are mail.* events: moved, not claimed; the
-    # last row counts them.
-    assert plain == [(None,) * 4 + (2,) + (None,) * 6]
+    # one row says so in its `moved` column, its event columns NULL.
+    assert plain == [(None,) * 11 + (2,)]
     assert _lanes(db) == {"mail.send": [True, True, False, False], "other.job": [False]}
     plain = db.execute(Q["event_claim_flow"], {
         **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_"),
         **pattern_filter([], prefix="fifo_")
     }).fetchall()
-    assert [r[2] for r in plain] == ["other.job", None] and plain[-1][4] == 2
+    # The claimed event, then `moved`: the two mail.* events left in the open lane.
+    assert [(r[2], r[-1]) for r in plain] == [("other.job", 2)]
     _insert(db, "other.job")
     db.execute("INSERT INTO conveyor.pauses (pattern) VALUES ('other.*')")
     paused = db.execute(Q["event_claim_flow_unpaused"], {

@@ -15,7 +15,7 @@ import pytest
 
 from conveyor.db import rows
 from conveyor.db.named_queries import queries_for
-from conveyor.worker import worker
+from conveyor.worker import claims
 
 Q = queries_for("conveyor")
 
@@ -51,7 +51,7 @@ def test_claim_decoder_unpacks_the_columns_in_their_order() -> None:
 
 
 def test_worker_sorts_a_batch_by_the_claim_priority_column() -> None:
-    assert worker._PRIORITY(rows.CLAIM_COLUMNS) == "priority"
+    assert claims._PRIORITY(rows.CLAIM_COLUMNS) == "priority"
 
 
 def test_record_decoder_reads_every_event_get_column_by_name() -> None:

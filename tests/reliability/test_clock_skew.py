@@ -22,13 +22,14 @@ SKEW = 300.0
 async def test_skewed_worker_clock_changes_nothing(fresh_db: str, monkeypatch: pytest.MonkeyPatch,
                                                    caplog: pytest.LogCaptureFixture,
                                                    skew: float) -> None:
+    import conveyor.worker.accounting as accounting_module
+    import conveyor.worker.lease as lease_module
     import conveyor.worker.maintenance as maintenance_module
     import conveyor.worker.wakeups as wakeups_module
-    import conveyor.worker.worker as worker_module
 
     # Every worker module that reads the wall clock sees this machine's, skewed.
     skewed = SimpleNamespace(time=lambda: time.time() + skew, monotonic=time.monotonic)
-    for module in (worker_module, maintenance_module, wakeups_module):
+    for module in (accounting_module, maintenance_module, lease_module, wakeups_module):
         monkeypatch.setattr(module, "time", skewed)
     caplog.set_level(logging.WARNING, logger="conveyor.worker")
     starts: dict[int, float] = {}

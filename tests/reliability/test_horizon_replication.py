@@ -48,7 +48,7 @@ STANDBY_THRESHOLD = 3.0
 QUIET = 2 * THRESHOLD + 1  # how long "no alert" is watched: several checks past the threshold
 ALERT_WITHIN = 15.0
 FEEDBACK = {"hot_standby_feedback": "on", "wal_receiver_status_interval": "1"}
-MAINTENANCE_LOGGER = "conveyor.worker.maintenance"
+MAINTENANCE_LOGGER = "conveyor.worker.horizon"
 
 
 @pytest.fixture(scope="module")

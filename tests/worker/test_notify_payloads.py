@@ -37,14 +37,14 @@ async def test_a_hostile_notification_never_makes_an_idle_worker_spin(
     # A 30 s poll: the real event below must be woken by its NOTIFY.
     worker = Worker(db, router_for("*", handler), fast_config(poll_interval=30.0))
     claims = 0
-    claim = worker._claim
+    claim = worker.claims.claim
 
     async def counting_claim(*args: Any, **kwargs: Any) -> Any:
         nonlocal claims
         claims += 1
         return await claim(*args, **kwargs)
 
-    worker._claim = counting_claim  # type: ignore[method-assign]
+    worker.claims.claim = counting_claim  # type: ignore[method-assign]
     async with running(worker):
         await asyncio.sleep(0.2)
         before = claims

@@ -212,14 +212,14 @@ async def test_a_flood_of_pause_notifications_is_coalesced(db: str) -> None:
     router.add("a.*", _recording_router({}).routes[0].handler)
     worker = Worker(db, router, fast_config(poll_interval=SLOW_POLL))
     claims = 0
-    claim = worker._claim
+    claim = worker.claims.claim
 
     async def counting(*args: Any, **kwargs: Any) -> Any:
         nonlocal claims
         claims += 1
         return await claim(*args, **kwargs)
 
-    worker._claim = counting  # type: ignore[method-assign]
+    worker.claims.claim = counting  # type: ignore[method-assign]
     flood = 2000
     async with running(worker):
         heard_before, claims_before = worker.listener.notifications, claims

@@ -130,7 +130,7 @@ async def test_transaction_pooler_with_a_direct_listen_url_still_listens(db: str
 
 async def test_pinned_vacuum_horizon_raises_an_alert_and_its_release_clears_it(
         db: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="conveyor.worker.maintenance")
+    caplog.set_level(logging.INFO, logger="conveyor.worker.horizon")
     worker = Worker(db, _noop_router(), fast_config(horizon_alert_after=1.0))
     holder = await psycopg.AsyncConnection.connect(db, application_name="horizon-holder")
     try:

@@ -31,8 +31,9 @@ from conveyor.retry import RetryPolicy
 from conveyor.router import Router
 from conveyor.testing.working_async import work_event_async as work_event_async
 from conveyor.testing.working_core import WorkedEvent as WorkedEvent
-from conveyor.testing.working_core import _ack, _claim_params, _prepare, _run
+from conveyor.testing.working_core import _claim_params, _prepare, _run
 from conveyor.testing.working_core import _no_running_loop as _no_running_loop
+from conveyor.worker.acks import ack
 
 
 def work_event(
@@ -80,7 +81,8 @@ def work_event(
         return None
     claim = _prepare(router, owner, row, timeout)
     outcome = _run(claim, router, backoff, middleware)
-    query, params = _ack(q, owner, outcome)
+    # The worker's own acknowledgement (worker/acks.py): one statement for one outcome.
+    (query, params), = ack(q, owner, [outcome]).statements
     cur.execute(query, params)
     if cur.fetchone() is None:
         raise AssertionError(f"event {claim.event.id} changed hands while its handler ran")

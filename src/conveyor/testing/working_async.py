@@ -31,9 +31,10 @@ from conveyor.router import Router
 
 # unasync: from conveyor.testing.working_async import work_event_async as work_event_async
 from conveyor.testing.working_core import WorkedEvent as WorkedEvent
-from conveyor.testing.working_core import _ack, _claim_params, _prepare, _run_async
+from conveyor.testing.working_core import _claim_params, _prepare, _run_async
 
 # unasync: from conveyor.testing.working_core import _no_running_loop as _no_running_loop
+from conveyor.worker.acks import ack
 
 
 async def work_event_async(
@@ -81,7 +82,8 @@ async def work_event_async(
         return None
     claim = _prepare(router, owner, row, timeout)
     outcome = await _run_async(claim, router, backoff, middleware)
-    query, params = _ack(q, owner, outcome)
+    # The worker's own acknowledgement (worker/acks.py): one statement for one outcome.
+    (query, params), = ack(q, owner, [outcome]).statements
     await cur.execute(query, params)
     if await cur.fetchone() is None:
         raise AssertionError(f"event {claim.event.id} changed hands while its handler ran")

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.config import HANDLER_TIMEOUT_DEFAULT
-from conveyor.db.named_queries import Queries
 from conveyor.db.rows import event_from_claim_row
 from conveyor.middleware import Middleware
 from conveyor.retry import BackoffPolicy, RetryPolicy
 from conveyor.router import Route, Router
-from conveyor.types import Event, EventRecord, EventState
+from conveyor.types import Event, EventRecord
 from conveyor.validation import check_tenant
-from conveyor.worker.executor import Executor, Outcome
+from conveyor.worker.classify import Outcome
+from conveyor.worker.executor import Executor
 from conveyor.worker.running import RunningSet
 
 # The lease only has to outlive the handler: nobody else can see the claim
@@ -65,18 +65,6 @@ def _prepare(router: Router, owner: str, row: Any, timeout: float | None) -> _Cl
     if route is None:  # the claim filter makes this unreachable
         raise AssertionError(f"router claimed topic {event.topic!r} it cannot route")
     return _Claim(owner, route, event, timeout or route.timeout or HANDLER_TIMEOUT_DEFAULT)
-
-
-def _ack(q: Queries, owner: str, outcome: Outcome) -> tuple[str, dict[str, Any]]:
-    """The worker's fenced acknowledgement for one outcome (as the completer writes it)."""
-    if outcome.state is EventState.SUCCEEDED and outcome.result is None:
-        return q["event_succeed_many"], {
-            "owner": owner, "ids": [outcome.event_id], "attempts": [outcome.attempt]}
-    return q["event_settle_many"], {
-        "owner": owner, "ids": [outcome.event_id], "attempts": [outcome.attempt],
-        "states": [outcome.state.value], "delays": [outcome.delay],
-        "refunds": [outcome.refund], "errors": [outcome.error],
-        "tracebacks": [outcome.traceback], "results": [outcome.result]}
 
 
 async def _run_async(claim: _Claim, router: Router, backoff: RetryPolicy | None,

@@ -16,12 +16,11 @@ from typing import Any
 
 import psycopg
 
-from conveyor.db.arrays import int_array
 from conveyor.db.named_queries import Queries
-from conveyor.types import FINAL_STATES, EventState
+from conveyor.worker.acks import ack, finished_notice
+from conveyor.worker.classify import Outcome
 from conveyor.worker.connection import RECOVERABLE_ERRORS, CursorCache, ManagedConnection
 from conveyor.worker.deadline import with_deadline_in_task
-from conveyor.worker.executor import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +36,11 @@ class Completer:
         self._conn = conn
         # Retention 0: a success is acknowledged by deleting the row, which
         # writes no new row version and no index entries (4 us less per event).
-        self._succeed = "event_delete_succeeded_many" if delete_succeeded else "event_succeed_many"
+        self._delete_succeeded = delete_succeeded
         self._q = queries
         self._cursor = CursorCache()
         self._owner = owner
-        # Raised by the worker while its claims grow with a backlog (Worker._fetch_loop).
+        # Raised by the worker while its claims grow with a backlog (Claims.fetch_loop).
         self.flush_size = flush_size
         self._interval = interval
         self._on_acked = on_acked
@@ -145,43 +144,17 @@ class Completer:
         self._on_acked(batch, done)
 
     async def _write(self, conn: psycopg.AsyncConnection[Any], batch: list[Outcome]) -> set[int]:
-        # A success with a result to keep is written with the other outcomes:
-        # never deleted at once under retention 0, and its result stored.
-        others = [o for o in batch if o.state is not EventState.SUCCEEDED or o.result is not None]
-        succeeded = [o for o in batch if o.state is EventState.SUCCEEDED and o.result is None] \
-            if others else batch
+        plan = ack(self._q, self._owner, batch, delete_succeeded=self._delete_succeeded)
         done: set[int] = set()
-        if succeeded:
-            cur = self._cursor.get(conn)
-            await with_deadline_in_task(conn, cur.execute(self._q[self._succeed], {
-                "owner": self._owner,
-                # Integer arrays as array literals: psycopg's per-element list
-                # adaptation cost more than the statement itself on large batches.
-                "ids": int_array(o.event_id for o in succeeded),
-                "attempts": int_array(o.attempt for o in succeeded),
-            }), self._query_timeout)
+        cur = self._cursor.get(conn)
+        for query, params in plan.statements:
+            await with_deadline_in_task(conn, cur.execute(query, params), self._query_timeout)
             done.update(r[0] for r in await cur.fetchall())
-        if others:
-            cur = self._cursor.get(conn)
-            await with_deadline_in_task(conn, cur.execute(self._q["event_settle_many"], {
-                "owner": self._owner,
-                "ids": [o.event_id for o in others],
-                "attempts": [o.attempt for o in others],
-                "states": [o.state.value for o in others],
-                "delays": [o.delay for o in others],
-                "refunds": [o.refund for o in others],
-                "errors": [o.error for o in others],
-                "tracebacks": [o.traceback for o in others],
-                "results": [o.result for o in others],
-            }), self._query_timeout)
-            done.update(r[0] for r in await cur.fetchall())
-            finished = [o.event_id for o in others
-                        if o.watched and o.event_id in done and o.state in FINAL_STATES]
-            if finished:
-                # After the write has committed (autocommit), so a waiter woken
-                # by it reads the final row.
-                await with_deadline_in_task(conn, cur.execute(self._q["event_notify_finished"], {
-                    "channel": self._q.results_channel, "ids": finished}), self._query_timeout)
+        notice = finished_notice(self._q, plan.settled, done)
+        if notice is not None:
+            # After the write has committed (autocommit), so a waiter woken
+            # by it reads the final row.
+            await with_deadline_in_task(conn, cur.execute(*notice), self._query_timeout)
         return done
 
     async def _write_around_locks(self, conn: psycopg.AsyncConnection[Any], batch: list[Outcome]

@@ -12,6 +12,7 @@ import psycopg
 from conveyor.config import WorkerConfig
 from conveyor.db.connect import behind_pooler_async, connect_async
 from conveyor.errors import DatabaseUnavailableError, InvalidDatabaseUrlError
+from conveyor.retry import BackoffPolicy, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +79,25 @@ class CursorCache:
 
 
 class Backoff:
-    """Doubling delays from ``low`` to ``high`` seconds, each shortened by up to 25 %."""
+    """The delays of ``policy`` after 1, 2, 3 ... failures in a row; ``reset`` after a success.
 
-    def __init__(self, low: float, high: float, rng: random.Random | None = None) -> None:
-        self.low = low
-        self.high = high
+    The one failure backoff of a worker's connections and service loops.
+    ``Backoff.doubling(low, high)``: ``low`` seconds, doubling up to ``high``,
+    each shortened by up to 25 %.
+    """
+
+    def __init__(self, policy: RetryPolicy, rng: random.Random | None = None) -> None:
+        self.policy = policy
         self.failures = 0
         self._rng = rng or random.Random()
 
+    @classmethod
+    def doubling(cls, low: float, high: float, rng: random.Random | None = None) -> Backoff:
+        return cls(BackoffPolicy(base_delay=low, factor=2.0, max_delay=high, jitter=0.25), rng)
+
     def next_delay(self) -> float:
-        raw = min(self.high, self.low * 2 ** min(self.failures, 32))
         self.failures += 1
-        return float(raw * (1 - 0.25 * self._rng.random()))
+        return float(self.policy.delay(self.failures, self._rng))
 
     def reset(self) -> None:
         self.failures = 0
@@ -141,7 +149,7 @@ class ManagedConnection:
         self.role = role
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._connecting = asyncio.Lock()
-        self._backoff = Backoff(reconnect_min, reconnect_max)
+        self._backoff = Backoff.doubling(reconnect_min, reconnect_max)
         self._stopping = stopping
         self._kwargs = connect_kwargs
         # Session settings applied after every (re)connect; set this way rather

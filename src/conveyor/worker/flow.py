@@ -80,6 +80,20 @@ UNSORT_BATCH = 10_000
 UNSORT_EVERY = 60.0
 
 
+def describe_limit(limit: FlowLimit) -> str:
+    """``export.* max_running=2 rate=5/s fair_by=tenant``: a route's flow limit in one piece."""
+    parts = [limit.pattern]
+    if limit.max_running is not None:
+        parts.append(f"max_running={limit.max_running}")
+    if limit.rate is not None:
+        parts.append(f"rate={limit.rate:g}/s")
+    if limit.fair_by is not None:
+        parts.append(f"fair_by={limit.fair_by}")
+    if limit.fifo_by is not None:
+        parts.append(f"fifo_by={limit.fifo_by}")
+    return " ".join(parts)
+
+
 class FlowControl:
     """One worker's view of the fleet's flow limits, and the claims that keep them."""
 

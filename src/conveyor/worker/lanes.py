@@ -80,7 +80,12 @@ class Lanes:
             ``topics``, ``prefixes``, ``all_tenants``, ``tenants``).
         heartbeat_interval: the worker's; the fleet is taken to beat alike.
         on_back: called after a bring-back that moved events (wake the claims).
+
+    A maintenance service (worker/service.py): ``run_once`` is :meth:`run`.
     """
+
+    name = "lanes"
+    timeout: float | None = None
 
     def __init__(self, queries: Queries, claim_filter: dict[str, Any], *,
                  heartbeat_interval: float, on_back: Callable[[], None]) -> None:
@@ -113,6 +118,9 @@ class Lanes:
                 self._back_at = now          # more to bring back: the next pass
         if now >= self._aside_at:
             await self.set_aside(conn)
+
+    async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await self.run(conn)
 
     async def set_aside(self, conn: psycopg.AsyncConnection[Any]) -> int:
         """Move the unclaimable events at the open lane's front aside; returns how many."""

@@ -1,11 +1,12 @@
-"""The worker process's engine: composition and life cycle, and the fetch loop.
+"""The worker process's engine: composition and life cycle.
 
 A worker is a few services around one set of claimed events
-(:class:`~conveyor.worker.running.RunningSet`): the fetch loop here claims
-into it, the :class:`~conveyor.worker.executor.Executor` runs the handlers,
+(:class:`~conveyor.worker.running.RunningSet`):
+:class:`~conveyor.worker.claims.Claims` claims into it (the fetch and flow
+loops), the :class:`~conveyor.worker.executor.Executor` runs the handlers,
 the :class:`~conveyor.worker.completer.Completer` acknowledges the outcomes,
-:class:`~conveyor.worker.maintenance.Maintenance` renews the leases and
-rescues other workers' lost events, the
+:class:`~conveyor.worker.maintenance.Maintenance` runs the periodic services (leases,
+rescue, pruning; worker/service.py), the
 :class:`~conveyor.worker.listener.Listener` and
 :class:`~conveyor.worker.wakeups.DueTimes` say when to claim. Each service
 has a dedicated connection, so a slow acknowledgement never delays a claim
@@ -21,16 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 import os
-import random
 import signal
 import socket
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -38,89 +36,42 @@ from conveyor.config import WorkerConfig
 from conveyor.cron import default_name
 from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
-from conveyor.db.rows import CLAIM_PRIORITY
 from conveyor.errors import ConfigError
-from conveyor.flow import FlowLimit
 from conveyor.middleware import Middleware
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
-from conveyor.types import Event, EventState
 from conveyor.vacuum_health import vacuum_warnings_async
+from conveyor.worker.accounting import OutcomeAccounting
+from conveyor.worker.claims import Claims
+from conveyor.worker.classify import Outcome
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
     CONNECTION_ERRORS,
     RECOVERABLE_ERRORS,
-    CursorCache,
     StopRequested,
     WorkerConnections,
 )
-from conveyor.worker.deadline import StopFlag, with_deadline, with_deadline_in_task
-from conveyor.worker.executor import Executor, Outcome
+from conveyor.worker.deadline import StopFlag, with_deadline
+from conveyor.worker.executor import Executor
 from conveyor.worker.failure_log import FailureLogLimiter
-from conveyor.worker.flow import FlowControl
+from conveyor.worker.flow import FlowControl, describe_limit
 from conveyor.worker.lanes import Lanes
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
 from conveyor.worker.scheduler import Scheduler
-from conveyor.worker.stats import CANCELLED, FAILED, RETRIED, SUCCEEDED, OutcomeTally, WorkerStats
-from conveyor.worker.wakeups import DueTimes, PauseState, describe_pause
+from conveyor.worker.stats import OutcomeTally, WorkerStats
+from conveyor.worker.wakeups import DueTimes, describe_pause
 from conveyor.worker.watchdog import LoopWatchdog, StallLeases
 
 log = logging.getLogger(__name__)
 
-_PRIORITY = operator.itemgetter(CLAIM_PRIORITY)
-# Which count of the outcome tally each written state adds to (PENDING: a retry).
-_TALLIED = {EventState.SUCCEEDED: SUCCEEDED, EventState.PENDING: RETRIED,
-            EventState.FAILED: FAILED, EventState.CANCELLED: CANCELLED}
+T = TypeVar("T")
+
 # A loop that has not run for this long (or a quarter of the lease, if less) is
 # reported: every handler and the heartbeat wait on it.
 LOOP_STALL_WARNING = 1.0
-_OUTCOME_ACTIONS = {EventState.PENDING: "retry_scheduled", EventState.FAILED: "event_parked",
-                    EventState.CANCELLED: "event_cancelled"}
 _UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
-
-
-def describe_limit(limit: FlowLimit) -> str:
-    """``export.* max_running=2 rate=5/s fair_by=tenant``: a route's flow limit in one piece."""
-    parts = [limit.pattern]
-    if limit.max_running is not None:
-        parts.append(f"max_running={limit.max_running}")
-    if limit.rate is not None:
-        parts.append(f"rate={limit.rate:g}/s")
-    if limit.fair_by is not None:
-        parts.append(f"fair_by={limit.fair_by}")
-    if limit.fifo_by is not None:
-        parts.append(f"fifo_by={limit.fifo_by}")
-    return " ".join(parts)
-
-
-def log_outcome(event: Event, outcome: Outcome, limiter: FailureLogLimiter | None = None) -> None:
-    """One line per failed attempt, scheduled retry, parked or handler-cancelled event.
-
-    Written once the outcome is stored, so the log never tells of a result the
-    database refused (a lost lease); the traceback follows at debug level.
-    ``limiter`` thins a storm of them to a few lines and a count per topic.
-    """
-    action = _OUTCOME_ACTIONS.get(outcome.state)
-    if action is None or (limiter is not None and not limiter.admit(event.topic, action)):
-        return
-    fields = {"event_id": event.id, "topic": event.topic, "tenant": event.tenant,
-              "attempt": event.attempt, "error": outcome.error}
-    if outcome.state is EventState.PENDING:
-        log.warning("event %d (%s) attempt %d/%d failed: %s; retrying in %.1fs", event.id,
-                    event.topic, event.attempt, event.max_attempts, outcome.error, outcome.delay,
-                    extra={"action": action, "retry_in_s": outcome.delay, **fields})
-    elif outcome.state is EventState.FAILED:
-        log.error("event %d (%s) parked failed after attempt %d/%d: %s", event.id, event.topic,
-                  event.attempt, event.max_attempts, outcome.error,
-                  extra={"action": action, **fields})
-    else:
-        log.info("event %d (%s) %s", event.id, event.topic, outcome.error,
-                 extra={"action": action, **fields})
-    if outcome.traceback and log.isEnabledFor(logging.DEBUG):
-        log.debug("event %d attempt %d traceback:\n%s", event.id, event.attempt,
-                  outcome.traceback, extra={"action": "attempt_traceback", **fields})
 
 
 class Worker:
@@ -164,25 +115,29 @@ class Worker:
                         for k, v in claim_filter.items()}
         self._stopping = StopFlag()
         self._closing = asyncio.Event()   # set once nothing more will be acknowledged
-        self._wake = asyncio.Event()
-        self._deferred: list[list[Event]] = []   # claimed batches whose handlers start next round
-        self._rng = random.Random()
         self.connections = WorkerConnections(conninfo, c, self._stopping,
                                              listen_conninfo=listen_conninfo,
                                              cron=bool(router.schedules))
         self.listens = c.listen and not (c.transaction_pooler is True
                                          and self.connections.listen_target == conninfo)
         self.running = RunningSet(c.concurrency)
+        self.flow = FlowControl(self._q, router)
+        self.accounting = OutcomeAccounting(
+            self.running, self.stats, self.tally, self.failure_log,
+            clock_offset=lambda: self.maintenance.clock_offset,
+            wake_at=lambda when: self.due_times.wake_at(when), room_freed=self.flow.room_freed)
         self.completer = Completer(self.connections.ack, self._q, self.id,
                                    flush_size=c.batch_size, interval=c.ack_interval,
                                    query_timeout=c.query_timeout,
-                                   on_acked=self._acked,
+                                   on_acked=self.accounting.settled,
                                    delete_succeeded=c.retention == 0)
         self.executor = Executor(router, self.running, self.completer.add,
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,
                                  threads=2 * c.concurrency, middleware=middleware)
-        self.flow = FlowControl(self._q, router)
-        self.pauses = PauseState(self.wake)
+        self.claims = Claims(self.connections, self._q, c, self.id, self.flow, self._filter,
+                             running=self.running, executor=self.executor,
+                             completer=self.completer, stats=self.stats, stopping=self._stopping)
+        self.pauses = self.claims.pauses
         self.lanes = Lanes(self._q, self._filter, heartbeat_interval=c.heartbeat_interval,
                            on_back=self.wake)
         self.maintenance = Maintenance(self.connections.maintenance, self._q, c, self.id,
@@ -209,10 +164,7 @@ class Worker:
             self.scheduler = Scheduler(self.connections.cron, self._q, router.schedules,
                                        query_timeout=c.query_timeout, clock=clock,
                                        clock_offset=lambda: self.maintenance.clock_offset)
-        self._claim_cursor = CursorCache(binary=True)
         self._flow_task: asyncio.Task[None] | None = None
-        # How many limited events the last plain claim moved to their lane.
-        self.claim_moved = 0
         self._flow_learned = False
         self.started = asyncio.Event()
 
@@ -232,8 +184,7 @@ class Worker:
 
     def wake(self) -> None:
         """Ask the fetch loop to claim now (a NOTIFY arrived, or a slot freed)."""
-        self._wake.set()
-        self.flow.poke()
+        self.claims.wake()
 
     def _pauses_changed(self) -> None:
         self.pauses.notified()
@@ -244,7 +195,7 @@ class Worker:
         if not self._stopping.is_set():
             log.info("worker stopping", extra={"action": "stopping"})
         self._stopping.set()
-        self._wake.set()
+        self.claims.woken.set()
         self.running.freed.set()
 
     def install_signal_handlers(self) -> None:
@@ -270,7 +221,8 @@ class Worker:
             # A supervisor retrying run() must not leak the connection.
             await self.connections.maintenance.close()
             raise
-        await self._register()
+        # The first heartbeat registers the worker if the database is away now.
+        await self._at_start(self.maintenance.lease.register, bounded=False)
         await self._learn_pauses()
         await self._learn_flow()
         await self._bring_back_keys()
@@ -286,7 +238,7 @@ class Worker:
         if self.scheduler is not None:
             tasks.append(asyncio.create_task(self.scheduler.run(self._stopping),
                                              name="conveyor-cron"))
-        self._flow_task = asyncio.create_task(self._flow_loop(), name="conveyor-flow")
+        self._flow_task = asyncio.create_task(self.claims.flow_loop(), name="conveyor-flow")
         tasks.append(self._flow_task)
         completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
         log.info("worker %s started: topics %s, concurrency %d%s", self.name,
@@ -295,7 +247,7 @@ class Worker:
         self.started.set()
         self.watchdog.start()
         try:
-            await self._fetch_loop()
+            await self.claims.fetch_loop()
         finally:
             try:
                 await self._shutdown(tasks, completer)
@@ -318,70 +270,54 @@ class Worker:
                                                   for key in self.pauses.in_force))
         return "".join(f"; {detail}" for detail in details)
 
-    async def _register(self) -> None:
+    async def _at_start(self, step: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,
+                        errors: tuple[type[BaseException], ...] = CONNECTION_ERRORS,
+                        bounded: bool = True) -> T | None:
+        """One start-up step on the maintenance connection (``bounded``: by the query
+        timeout); ``None`` when the database is away (the maintenance passes catch up)."""
         try:
-            await self.maintenance.register()
+            conn = await self.connections.maintenance.get()
+            if not bounded:
+                return await step(conn)
+            return await with_deadline(conn, step(conn), self.config.query_timeout)
         except StopRequested:
-            pass
-        except CONNECTION_ERRORS as exc:
-            # The first heartbeat registers the worker once the database is back.
+            return None
+        except errors as exc:
             await self.connections.maintenance.discard(exc)
+            return None
 
     async def _learn_pauses(self) -> None:
         # Before the first claim, so a pause committed while no worker ran
         # holds from the start; until this succeeds the worker claims with
         # the pause-aware statement (PauseState starts so).
-        try:
-            conn = await self.connections.maintenance.get()
-            await with_deadline(conn, self.maintenance.check_pauses(conn),
-                                self.config.query_timeout)
-        except StopRequested:
-            pass
-        except CONNECTION_ERRORS as exc:
-            await self.connections.maintenance.discard(exc)
+        await self._at_start(self.maintenance.check_pauses)
 
     async def _learn_flow(self) -> None:
         # Before the first claim, as the pauses: a limit declared by any worker
         # holds from this worker's first claim on.
-        try:
-            conn = await self.connections.maintenance.get()
+        async def learn(conn: psycopg.AsyncConnection[Any]) -> None:
             await with_deadline(conn, self.flow.declare(conn), self.config.query_timeout)
             await with_deadline(conn, self.flow.refresh(conn), self.config.query_timeout)
-        except StopRequested:
-            pass
-        except CONNECTION_ERRORS as exc:
-            await self.connections.maintenance.discard(exc)
+        await self._at_start(learn, bounded=False)
 
     async def _bring_back_keys(self) -> None:
         # A fifo_by route's aside events come back before the first claim, not
         # in the first maintenance pass beside it: a key's event written since
         # the others were set aside would otherwise run before them.
-        if not any(r.flow is not None and r.flow.fifo_by is not None for r in self.router.routes):
-            return
-        try:
-            conn = await self.connections.maintenance.get()
-            await with_deadline(conn, self.lanes.bring_back(conn), self.config.query_timeout)
-        except StopRequested:
-            pass
-        except RECOVERABLE_ERRORS as exc:   # the maintenance pass brings them back then
-            await self.connections.maintenance.discard(exc)
+        if any(r.flow is not None and r.flow.fifo_by is not None for r in self.router.routes):
+            # On an error the maintenance pass brings them back.
+            await self._at_start(self.lanes.bring_back, errors=RECOVERABLE_ERRORS)
 
     async def _check_vacuum(self) -> None:
         # Once at start: a server or table without autovacuum is the
         # environment's doing, and one line saves the hunt for why claims slow.
         try:
-            conn = await self.connections.maintenance.get()
-            found = await with_deadline(conn, vacuum_warnings_async(conn, self.config.schema),
-                                        self.config.query_timeout)
-        except StopRequested:
-            return
-        except CONNECTION_ERRORS as exc:
-            await self.connections.maintenance.discard(exc)
-            return
+            found = await self._at_start(
+                lambda conn: vacuum_warnings_async(conn, self.config.schema))
         except psycopg.Error as exc:
             log.debug("vacuum check failed: %s", exc)
             return
-        for warning in found:
+        for warning in found or ():
             log.warning(warning.message, extra={"action": warning.action})
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]],
@@ -391,7 +327,7 @@ class Worker:
             # Its claim in flight ends (or is cut) first, so every event it
             # claimed is among those the drain below waits for.
             await asyncio.wait({self._flow_task}, timeout=self.config.query_timeout + 1)
-        self._start_deferred()
+        self.claims.start_deferred()
         pending = self.running.unfinished_tasks()
         if pending:
             log.info("waiting up to %.0fs for %d running handlers", self.config.shutdown_timeout,
@@ -433,218 +369,6 @@ class Worker:
         self.failure_log.flush(everything=True)
         log.info("worker stopped", extra={"action": "stopped", "worker": self.id})
 
-    async def _fetch_loop(self) -> None:
-        c = self.config
-        running = self.running
-        threshold = max(1, min(c.batch_size, c.concurrency) // 4)
-        size, limit = c.batch_size, c.claim_limit
-        while not self._stopping.is_set():
-            free = running.free_slots()
-            if free < threshold:
-                await running.wait_for_slot()
-                continue
-            want = min(free, size)
-            self._wake.clear()
-            claimed = await self._claim(want, defer=True)
-            if claimed is None:
-                continue
-            if len(claimed) == want:
-                # A full claim: the backlog is deeper than one batch. Fewer,
-                # larger statements drain it faster (each claim and each
-                # acknowledgement costs a round trip and a statement start), so
-                # the next claim may take up to twice as many, up to the free
-                # slots (River caps a fetch at them too) and max_batch_size; the
-                # acknowledgements are written in batches as large.
-                if size < limit:
-                    size = min(size * 2, limit)
-                    self.completer.flush_size = size
-                continue
-            if self.claim_moved:
-                # The claim met limited events and moved them out of the open
-                # lane: what is behind them may be claimable now.
-                continue
-            if size != c.batch_size:
-                # Caught up: single events and small bursts go back to small
-                # claims and to acknowledgements flushed at batch_size.
-                size = c.batch_size
-                self.completer.flush_size = size
-            await self._idle_wait()
-
-    async def _flow_loop(self) -> None:
-        """Claim the limited patterns' events (worker/flow.py) beside the fetch loop.
-
-        On a connection of its own, so its short transactions never delay the
-        plain claims: the unlimited topics drain beside a saturated limit as
-        fast as without it. Its slots are reserved before each claim.
-        """
-        flow, running = self.flow, self.running
-        managed = self.connections.flow_connection()
-        while not self._stopping.is_set():
-            await flow.wait_until_due(self._stopping)
-            if self._stopping.is_set() or not flow.active:
-                continue
-            # A quarter of the slots at most: while the claim is in flight its
-            # slots are reserved, and the fetch loop must keep the rest. With
-            # none free (or no limited pattern of its own), only the sort.
-            free = max(0, min(running.free_slots(), max(1, self.config.concurrency // 4),
-                              flow.most_claimable(self.config.batch_size)))
-            running.reserved += free
-            try:
-                conn = await managed.get()
-                params = {**self._filter, "owner": self.id, "lease_ttl": self.config.lease_ttl}
-                rows = await with_deadline(conn, flow.claim(conn, free, params),
-                                           self.config.query_timeout, stopping=self._stopping)
-            except StopRequested:
-                return
-            except RECOVERABLE_ERRORS as exc:
-                await managed.discard(exc)
-                continue
-            except psycopg.Error as exc:
-                log.error("flow claim failed: %s", exc, extra={"action": "claim_failed"})
-                await managed.pause_after_failure()
-                continue
-            finally:
-                running.reserved -= free
-                running.freed.set()    # the fetch loop may wait for those slots
-            if not free and flow.handled and not self._stopping.is_set():
-                await running.wait_for_slot()
-            if rows:
-                rows.sort(key=_PRIORITY, reverse=True)
-                events = [Event._from_claim_row(r) for r in rows]
-                self.stats.claimed += len(events)
-                self.stats.claims += 1
-                running.take(events)
-                self.executor.start(events)
-
-    async def _idle_wait(self) -> None:
-        poll = self.config.poll_interval * (1 - 0.1 * self._rng.random())
-        # asyncio.timeout, not wait_for: no task in between, so a NOTIFY reaches
-        # the next claim a few loop rounds (~40 us on an idle machine) sooner.
-        try:
-            async with asyncio.timeout(poll):
-                await self._wake.wait()
-        except TimeoutError:
-            pass
-
-    async def _claim(self, want: int, *, defer: bool = False) -> list[Event] | None:
-        """Claim up to ``want`` events and start them; ``None`` after a database error."""
-        fetch = self.connections.fetch
-        try:
-            conn = await fetch.get()
-            cur = self._claim_cursor.get(conn)
-            # Binary results: the server skips formatting ids and timestamps as
-            # text and the client skips parsing them (hot path, measured: see
-            # docs/benchmarks.md).
-            flow = self.flow
-            if flow.stale():
-                await with_deadline(conn, flow.refresh(conn), self.config.query_timeout)
-            params = {**self._filter, "limit": want, "owner": self.id,
-                      "lease_ttl": self.config.lease_ttl}
-            flow_claim = flow.active
-            if flow_claim:
-                # The plain claim leaves the limited patterns to the flow claim.
-                query = self._q["event_claim_flow_unpaused" if self.pauses.any
-                                else "event_claim_flow"]
-                params.update(flow.plain_params())
-            else:
-                # The plain claim unless a pause may be in force (wakeups.PauseState).
-                query = self._q["event_claim_unpaused" if self.pauses.any else "event_claim"]
-            await with_deadline_in_task(conn, cur.execute(query, params),
-                                        self.config.query_timeout, stopping=self._stopping)
-            rows = await cur.fetchall()
-            self.claim_moved = 0
-            if flow_claim and rows and rows[-1][0] is None:
-                # event_claim_flow's last row: how many limited events it moved
-                # to their lane instead of claiming them.
-                self.claim_moved = rows.pop()[4]
-                flow.sorted += self.claim_moved
-            if len(rows) > 1:
-                # The claim picks by priority but returns in join order; a stable
-                # sort keeps the rest of that order (O(n) when all are equal).
-                rows.sort(key=_PRIORITY, reverse=True)
-        except StopRequested:
-            return None
-        except RECOVERABLE_ERRORS as exc:
-            await fetch.discard(exc)
-            return None
-        except psycopg.Error as exc:
-            log.error("claiming events failed: %s", exc, extra={"action": "claim_failed"})
-            await fetch.pause_after_failure()
-            return None
-        from_row = Event._from_claim_row
-        events = [from_row(r) for r in rows]
-        stats = self.stats
-        stats.claimed += len(events)
-        if events:
-            stats.claims += 1
-        stats.last_claim_at = time.monotonic()
-        # The slots are taken now; the handlers start on the loop's next round,
-        # after the fetch loop has sent its next claim, so the database works
-        # on that claim while this batch's handlers start.
-        self.running.take(events)
-        # Only a full batch is followed at once by another claim; a short one
-        # (the idle worker woken for one event) starts its handlers now.
-        if defer and len(events) == want:
-            self._deferred.append(events)
-            asyncio.get_running_loop().call_soon(self._start_deferred)
-        else:
-            self.executor.start(events)
-        return events
-
-    def _start_deferred(self) -> None:
-        # Claimed events start even when a stop came in between, so they finish
-        # within the shutdown timeout like the rest.
-        while self._deferred:
-            self.executor.start(self._deferred.pop(0))
-
-    def _acked(self, batch: list[Outcome], done: set[int]) -> None:
-        """Free the slots of written outcomes; count them, log failures, time retries."""
-        s = self.stats
-        release = self.running.release
-        succeeded = EventState.SUCCEEDED
-        tally = self.tally
-        # The minute on the database's clock the dashboard's charts count these in.
-        minute = int((time.time() + self.maintenance.clock_offset) // 60 * 60)
-        if len(done) == len(batch) and all(o.state is succeeded for o in batch):
-            # The common flush: plain successes, every one written.
-            topics: dict[str, int] = {}
-            for outcome in batch:
-                entry = release((outcome.event_id, outcome.attempt))
-                if entry is not None:
-                    topic = entry.event.topic
-                    topics[topic] = topics.get(topic, 0) + 1
-            for topic, n in topics.items():
-                tally.add(minute, topic, SUCCEEDED, n)
-            s.succeeded += len(batch)
-            self.running.freed.set()
-            self.flow.room_freed()     # a limit may have room: the flow loop looks again
-            return
-        now = time.time()
-        for outcome in batch:
-            entry = release((outcome.event_id, outcome.attempt))
-            if outcome.event_id not in done:
-                continue
-            kind = _TALLIED.get(outcome.state)
-            if kind is not None and not outcome.refund and entry is not None:
-                tally.add(minute, entry.event.topic, kind)
-            if outcome.state is EventState.PENDING and outcome.delay is not None:
-                # Armed after the write, so the timer can never fire before run_at.
-                self.due_times.wake_at(now + outcome.delay)
-            if outcome.refund:
-                continue  # snoozes and hand-backs spend no attempt and count as neither
-            if outcome.error is not None and entry is not None:
-                log_outcome(entry.event, outcome, self.failure_log)
-            if outcome.state is EventState.SUCCEEDED:
-                s.succeeded += 1
-            elif outcome.state is EventState.PENDING:
-                s.retried += 1
-            elif outcome.state is EventState.FAILED:
-                s.failed += 1
-            elif outcome.state is EventState.CANCELLED:
-                s.cancelled += 1
-        self.running.freed.set()
-        self.flow.room_freed()
-
     def _stalled(self, seconds: float) -> None:
         self.stats.loop_stalls += 1
         self.stats.loop_stall_max_s = max(self.stats.loop_stall_max_s, seconds)
@@ -659,18 +383,7 @@ class Worker:
             self._flow_learned = True
             # Unregistered, this worker may find its topics set aside by others.
             await self.lanes.bring_back(await self.connections.fetch.get())
-        want = min(self.running.free_slots(), self.config.batch_size)
-        claimed = await self._claim(want) or []
-        if self.flow.active and len(claimed) < want:
-            # The limited patterns, within their limits, as the flow loop would.
-            self.flow.poke()
-            conn = await self.connections.fetch.get()
-            rows = await self.flow.claim(conn, want - len(claimed), {
-                **self._filter, "owner": self.id, "lease_ttl": self.config.lease_ttl})
-            events = [Event._from_claim_row(r) for r in rows]
-            self.running.take(events)
-            self.executor.start(events)
-            claimed += events
+        claimed = await self.claims.run_once()
         if not claimed:
             return 0
         await asyncio.gather(*self.running.tasks(), return_exceptions=True)

@@ -191,8 +191,11 @@ WITH unfinished AS (
 -- name: _claim_flow_moves
 -- The rest of event_claim_flow and event_claim_flow_unpaused, after `seen`
 -- (the candidates in claim order, `held`: of a limited pattern): the held
--- ones are moved to the limited lane, the others claimed, and a last row of
--- NULLs but for `attempts` counts the moved ones when there are any.
+-- ones are moved to the limited lane, the others claimed. The claimed rows
+-- come in CLAIM_COLUMNS order followed by `moved`, how many events this
+-- claim moved (the same on every row); a claim that moved some and claimed
+-- none returns one row with `moved` alone, its event columns NULL. Nothing
+-- moved and nothing claimed: no row.
 ), moved AS (
     UPDATE {schema}.events AS e
     SET limited = true
@@ -204,20 +207,19 @@ WITH unfinished AS (
 ), claimed AS (
     -- include: _claim_update
 )
-SELECT * FROM claimed
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, count(*)::int, NULL, NULL, NULL, NULL, NULL, NULL
-FROM moved
-HAVING count(*) > 0
+SELECT claimed.*, tally.moved
+FROM (SELECT count(*)::int AS moved FROM moved) AS tally
+LEFT JOIN claimed ON true
+WHERE claimed.id IS NOT NULL OR tally.moved > 0
 
 -- name: event_claim_flow
 -- The plain claim of a worker while flow limits exist: event_claim leaving
 -- every limited pattern's events (`except_*`) to the flow claims. Most of
 -- them are in the limited lane already (flow_sort); one still in the open
 -- lane (written since the last sort) is moved there by the claim that meets
--- it, so no claim meets it twice. After the claimed rows, a row of NULLs but
--- for `attempts` counts the events it moved, when it moved any: the worker
--- claims again at once after a claim that moved some (conveyor/worker/flow.py).
+-- it, so no claim meets it twice. Its last column, `moved`, counts the
+-- events it moved (_claim_flow_moves): the worker claims again at once after
+-- a claim that moved some (conveyor/worker/claims.py).
 -- A fifo_by pattern's events (`fifo_*`) are neither moved nor locked here:
 -- only flow_sort moves them, one sort at a time, so they reach the limited
 -- lane in claim order. A claim that moved a key's later event while another

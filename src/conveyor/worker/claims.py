@@ -1,0 +1,274 @@
+"""The claim side of a worker: the fetch loop, the flow loop, and which claim to send.
+
+Two loops fill the worker's :class:`~conveyor.worker.running.RunningSet`:
+
+- the fetch loop sends the plain claim on the fetch connection, as soon as a
+  quarter of a batch of slots is free and a wake-up (a NOTIFY, a due time,
+  a freed slot) or the poll interval says so;
+- the flow loop claims the limited patterns' events
+  (:class:`~conveyor.worker.flow.FlowControl`) on a connection of its own, so
+  its short transactions never delay a plain claim.
+
+The plain claim is one of four statements: ``event_claim`` unless flow limits
+exist (``event_claim_flow``, which leaves their events to the flow loop), each
+in a pause-aware variant used only while :class:`~conveyor.worker.wakeups.PauseState`
+says a pause may be in force. ``event_claim_flow`` also says, in its ``moved``
+column, how many limited events it moved to their lane instead of claiming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import operator
+import random
+import time
+from typing import Any
+
+import psycopg
+
+from conveyor.config import WorkerConfig
+from conveyor.db.named_queries import Queries
+from conveyor.db.rows import CLAIM_PRIORITY
+from conveyor.types import CLAIM_COLUMNS, Event
+from conveyor.worker.completer import Completer
+from conveyor.worker.connection import (
+    RECOVERABLE_ERRORS,
+    CursorCache,
+    StopRequested,
+    WorkerConnections,
+)
+from conveyor.worker.deadline import StopFlag, with_deadline, with_deadline_in_task
+from conveyor.worker.executor import Executor
+from conveyor.worker.flow import FlowControl
+from conveyor.worker.running import RunningSet
+from conveyor.worker.stats import WorkerStats
+from conveyor.worker.wakeups import PauseState
+
+log = logging.getLogger(__name__)
+
+_PRIORITY = operator.itemgetter(CLAIM_PRIORITY)
+# event_claim_flow's rows: the claimed event's columns, then `moved`.
+_EVENT_COLUMNS = len(CLAIM_COLUMNS)
+
+
+class Claims:
+    """Claims events into ``running`` and starts their handlers on ``executor``.
+
+    ``flow``: the fleet's flow limits, as this worker sees them.
+
+    ``claim_filter``: the worker's topics and tenants as claim parameters.
+    ``completer``'s flush size follows the claim size, so acknowledgements are
+    written in batches as large as the claims.
+    """
+
+    def __init__(self, connections: WorkerConnections, queries: Queries, config: WorkerConfig,
+                 worker_id: str, flow: FlowControl, claim_filter: dict[str, Any], *,
+                 running: RunningSet, executor: Executor, completer: Completer,
+                 stats: WorkerStats, stopping: StopFlag) -> None:
+        self.connections = connections
+        self._q = queries
+        self.config = config
+        self.id = worker_id
+        self._filter = claim_filter
+        self.running = running
+        self.executor = executor
+        self.completer = completer
+        self.stats = stats
+        self._stopping = stopping
+        self.flow = flow
+        self.pauses = PauseState(self.wake)
+        self.woken = asyncio.Event()
+        self._deferred: list[list[Event]] = []   # claimed batches whose handlers start next round
+        self._rng = random.Random()
+        self._cursor = CursorCache(binary=True)
+        # How many limited events the last plain claim moved to their lane.
+        self.moved = 0
+
+    def wake(self) -> None:
+        """Ask both loops to claim now (a NOTIFY arrived, or a slot freed)."""
+        self.woken.set()
+        self.flow.poke()
+
+    def claim_params(self, **extra: Any) -> dict[str, Any]:
+        return {**self._filter, "owner": self.id, "lease_ttl": self.config.lease_ttl, **extra}
+
+    async def fetch_loop(self) -> None:
+        """Claim with the plain claim until a stop is requested."""
+        c = self.config
+        running = self.running
+        threshold = max(1, min(c.batch_size, c.concurrency) // 4)
+        size, limit = c.batch_size, c.claim_limit
+        while not self._stopping.is_set():
+            free = running.free_slots()
+            if free < threshold:
+                await running.wait_for_slot()
+                continue
+            want = min(free, size)
+            self.woken.clear()
+            claimed = await self.claim(want, defer=True)
+            if claimed is None:
+                continue
+            if len(claimed) == want:
+                # A full claim: the backlog is deeper than one batch. Fewer,
+                # larger statements drain it faster (each claim and each
+                # acknowledgement costs a round trip and a statement start), so
+                # the next claim may take up to twice as many, up to the free
+                # slots (River caps a fetch at them too) and max_batch_size; the
+                # acknowledgements are written in batches as large.
+                if size < limit:
+                    size = min(size * 2, limit)
+                    self.completer.flush_size = size
+                continue
+            if self.moved:
+                # The claim met limited events and moved them out of the open
+                # lane: what is behind them may be claimable now.
+                continue
+            if size != c.batch_size:
+                # Caught up: single events and small bursts go back to small
+                # claims and to acknowledgements flushed at batch_size.
+                size = c.batch_size
+                self.completer.flush_size = size
+            await self._idle_wait()
+
+    async def flow_loop(self) -> None:
+        """Claim the limited patterns' events (worker/flow.py) beside the fetch loop.
+
+        On a connection of its own, so its short transactions never delay the
+        plain claims: the unlimited topics drain beside a saturated limit as
+        fast as without it. Its slots are reserved before each claim.
+        """
+        flow, running, c = self.flow, self.running, self.config
+        managed = self.connections.flow_connection()
+        while not self._stopping.is_set():
+            await flow.wait_until_due(self._stopping)
+            if self._stopping.is_set() or not flow.active:
+                continue
+            # A quarter of the slots at most: while the claim is in flight its
+            # slots are reserved, and the fetch loop must keep the rest. With
+            # none free (or no limited pattern of its own), only the sort.
+            free = max(0, min(running.free_slots(), max(1, c.concurrency // 4),
+                              flow.most_claimable(c.batch_size)))
+            running.reserved += free
+            try:
+                conn = await managed.get()
+                rows = await with_deadline(conn, flow.claim(conn, free, self.claim_params()),
+                                           c.query_timeout, stopping=self._stopping)
+            except StopRequested:
+                return
+            except RECOVERABLE_ERRORS as exc:
+                await managed.discard(exc)
+                continue
+            except psycopg.Error as exc:
+                log.error("flow claim failed: %s", exc, extra={"action": "claim_failed"})
+                await managed.pause_after_failure()
+                continue
+            finally:
+                running.reserved -= free
+                running.freed.set()    # the fetch loop may wait for those slots
+            if not free and flow.handled and not self._stopping.is_set():
+                await running.wait_for_slot()
+            if rows:
+                rows.sort(key=_PRIORITY, reverse=True)
+                events = [Event._from_claim_row(r) for r in rows]
+                self.stats.claimed += len(events)
+                self.stats.claims += 1
+                running.take(events)
+                self.executor.start(events)
+
+    async def _idle_wait(self) -> None:
+        poll = self.config.poll_interval * (1 - 0.1 * self._rng.random())
+        # asyncio.timeout, not wait_for: no task in between, so a NOTIFY reaches
+        # the next claim a few loop rounds (~40 us on an idle machine) sooner.
+        try:
+            async with asyncio.timeout(poll):
+                await self.woken.wait()
+        except TimeoutError:
+            pass
+
+    def _statement(self, params: dict[str, Any]) -> tuple[str, bool]:
+        """The plain claim to send, and whether it is event_claim_flow (rows end in `moved`)."""
+        flow = self.flow
+        if flow.active:
+            # The plain claim leaves the limited patterns to the flow claim.
+            params.update(flow.plain_params())
+            return self._q["event_claim_flow_unpaused" if self.pauses.any
+                           else "event_claim_flow"], True
+        # The plain claim unless a pause may be in force (wakeups.PauseState).
+        return self._q["event_claim_unpaused" if self.pauses.any else "event_claim"], False
+
+    async def claim(self, want: int, *, defer: bool = False) -> list[Event] | None:
+        """Claim up to ``want`` events and start them; ``None`` after a database error."""
+        fetch = self.connections.fetch
+        try:
+            conn = await fetch.get()
+            # Binary results: the server skips formatting ids and timestamps as
+            # text and the client skips parsing them (hot path, measured: see
+            # docs/benchmarks.md).
+            cur = self._cursor.get(conn)
+            if self.flow.stale():
+                await with_deadline(conn, self.flow.refresh(conn), self.config.query_timeout)
+            params = {**self._filter, "limit": want, "owner": self.id,
+                      "lease_ttl": self.config.lease_ttl}
+            query, counts_moves = self._statement(params)
+            await with_deadline_in_task(conn, cur.execute(query, params),
+                                        self.config.query_timeout, stopping=self._stopping)
+            rows = await cur.fetchall()
+            self.moved = 0
+            if counts_moves and rows:
+                self.moved = rows[0][_EVENT_COLUMNS]
+                self.flow.sorted += self.moved
+                rows = [] if rows[0][0] is None else [r[:_EVENT_COLUMNS] for r in rows]
+            if len(rows) > 1:
+                # The claim picks by priority but returns in join order; a stable
+                # sort keeps the rest of that order (O(n) when all are equal).
+                rows.sort(key=_PRIORITY, reverse=True)
+        except StopRequested:
+            return None
+        except RECOVERABLE_ERRORS as exc:
+            await fetch.discard(exc)
+            return None
+        except psycopg.Error as exc:
+            log.error("claiming events failed: %s", exc, extra={"action": "claim_failed"})
+            await fetch.pause_after_failure()
+            return None
+        from_row = Event._from_claim_row
+        events = [from_row(r) for r in rows]
+        stats = self.stats
+        stats.claimed += len(events)
+        if events:
+            stats.claims += 1
+        stats.last_claim_at = time.monotonic()
+        # The slots are taken now; the handlers start on the loop's next round,
+        # after the fetch loop has sent its next claim, so the database works
+        # on that claim while this batch's handlers start.
+        self.running.take(events)
+        # Only a full batch is followed at once by another claim; a short one
+        # (the idle worker woken for one event) starts its handlers now.
+        if defer and len(events) == want:
+            self._deferred.append(events)
+            asyncio.get_running_loop().call_soon(self.start_deferred)
+        else:
+            self.executor.start(events)
+        return events
+
+    def start_deferred(self) -> None:
+        # Claimed events start even when a stop came in between, so they finish
+        # within the shutdown timeout like the rest.
+        while self._deferred:
+            self.executor.start(self._deferred.pop(0))
+
+    async def run_once(self) -> list[Event]:
+        """One plain claim of a batch, then the limited patterns' events as the flow
+        loop would claim them; every one started. For tests (``Worker.run_once``)."""
+        want = min(self.running.free_slots(), self.config.batch_size)
+        claimed = await self.claim(want) or []
+        if self.flow.active and len(claimed) < want:
+            self.flow.poke()
+            conn = await self.connections.fetch.get()
+            rows = await self.flow.claim(conn, want - len(claimed), self.claim_params())
+            events = [Event._from_claim_row(r) for r in rows]
+            self.running.take(events)
+            self.executor.start(events)
+            claimed += events
+        return claimed

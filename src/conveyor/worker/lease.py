@@ -1,0 +1,123 @@
+"""This worker's leases and registry row (the heartbeat), and the database clock.
+
+The heartbeat renews the registry row and the lease of every event this
+worker holds; an event whose lease it no longer holds (rescued by another
+worker after this one stalled) is dropped from the running set, so its late
+outcome is never written. Each beat also measures the database clock against
+this machine's, so a due time announced by the database fires the local
+timer on time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from conveyor.config import WorkerConfig
+from conveyor.db.named_queries import Queries
+from conveyor.worker.running import Key, RunningSet
+from conveyor.worker.stats import WorkerStats
+
+log = logging.getLogger(__name__)
+
+CLOCK_SKEW_WARNING = 60.0
+
+
+class Lease:
+    """The heartbeat service: registry row and leases, every ``heartbeat_interval``.
+
+    ``decided``: (event id, attempt) of outcomes decided but not yet written:
+    a lease missing for one of them is not a lost event.
+    """
+
+    name = "lease"
+    timeout: float | None = None
+
+    def __init__(self, queries: Queries, config: WorkerConfig, owner: str, name: str,
+                 topics: list[str], running: RunningSet, decided: Callable[[], set[Key]],
+                 stats: WorkerStats) -> None:
+        self._q = queries
+        self._interval = config.heartbeat_interval
+        self._lease_ttl = config.lease_ttl
+        self._owner = owner
+        self._running = running
+        self._decided = decided
+        self._stats = stats
+        self._next = 0.0
+        self.registration = {
+            "id": owner, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
+            "topics": topics, "concurrency": config.concurrency,
+            "tenants": list(config.tenants) if config.tenants is not None else None,
+        }
+
+    def due_at(self) -> float:
+        return self._next
+
+    async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """One heartbeat; the events whose lease was lost leave the running set."""
+        now = time.monotonic()
+        lost = await self.heartbeat(conn)
+        self._stats.lost += self._running.lose(lost, self._decided())
+        self._next = now + self._interval
+
+    async def register(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(self._q["worker_register"], self.registration)
+
+    async def unregister(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(self._q["worker_unregister"], {"id": self._owner})
+
+    async def heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> set[Key]:
+        """Refresh the registry row and this worker's leases; returns the (id, attempt) it lost."""
+        await conn.execute(self._q["worker_heartbeat"], self.registration)
+        owned = set(self._running.keys())
+        if not owned:
+            return set()
+        cur = await conn.execute(self._q["event_extend_leases"], {
+            "ids": sorted({event_id for event_id, _ in owned}), "owner": self._owner,
+            "lease_ttl": self._lease_ttl})
+        kept = {(r[0], r[1]) for r in await cur.fetchall()}
+        missing = owned - kept
+        if missing:
+            # Skipped because locked elsewhere is not lost; look without locking.
+            cur = await conn.execute(self._q["event_owned"], {
+                "ids": sorted({event_id for event_id, _ in missing}), "owner": self._owner})
+            missing -= {(r[0], r[1]) for r in await cur.fetchall()}
+        # Pairs acknowledged while the queries ran are not lost; the caller re-checks.
+        return missing
+
+
+class DatabaseClock:
+    """Measures the database clock minus this machine's, every ``heartbeat_interval``."""
+
+    name = "clock"
+    timeout: float | None = None
+
+    def __init__(self, queries: Queries, interval: float) -> None:
+        self._q = queries
+        self._interval = interval
+        self._next = 0.0
+        self.offset = 0.0
+
+    def due_at(self) -> float:
+        return self._next
+
+    async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        now = time.monotonic()
+        before = time.time()
+        cur = await conn.execute(self._q["clock_now"])
+        row = await cur.fetchone()
+        after = time.time()
+        self._next = now + self._interval
+        if row is None:
+            return
+        offset = float(row[0]) - (before + after) / 2
+        if abs(offset) > CLOCK_SKEW_WARNING and abs(self.offset) <= CLOCK_SKEW_WARNING:
+            log.warning("this machine's clock is %.1fs off the database's; schedules follow the "
+                        "database", offset, extra={"action": "clock_skew", "offset_s": offset})
+        self.offset = offset
