@@ -45,7 +45,8 @@ def _run_demo(url: str, *args: str, chain_db: str | None = None) -> subprocess.C
 def _events(url: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute(
-            f"SELECT id, topic, state, attempts, max_attempts, jsonb_array_length(errors), "
+            f"SELECT id, topic, state, attempts, max_attempts,"
+            f" COALESCE(jsonb_array_length(errors), 0), "
             f"payload FROM {SCHEMA}.events ORDER BY id").fetchall()
 
 

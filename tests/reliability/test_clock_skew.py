@@ -67,7 +67,8 @@ async def test_skewed_worker_clock_changes_nothing(fresh_db: str, monkeypatch: p
                                          "WHERE topic = 'skew.long' AND state = 'succeeded'")
             return rows[0]["n"] == 3
         await wait_until(long_done, timeout=15, what="the long events to succeed")
-        rows = await query(fresh_db, "SELECT id, run_at, attempts, errors, state "
+        rows = await query(fresh_db, "SELECT id, run_at, attempts, COALESCE(errors, '[]')"
+                                     " AS errors, state "
                                      "FROM conveyor.events ORDER BY id")
     by_id = {r["id"]: r for r in rows}
     early = [i for i in at_ids if starts[i] < by_id[i]["run_at"].timestamp()]
