@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from conveyor.db.named_queries import Queries
+from conveyor.notify import WAKE_ALL
 from conveyor.types import EventState
 from conveyor.worker.stats import WorkerStats
 
@@ -61,6 +62,6 @@ class Rescuer:
                             extra={"action": "rescued", "event_id": event_id, "topic": topic})
             if requeued:
                 await conn.execute(self._q["event_notify"],
-                                   {"channel": self._q.channel, "payload": "*"})
+                                   {"channel": self._q.channel, "payload": WAKE_ALL})
             if len(rows) < RESCUE_BATCH:
                 return requeued, parked

@@ -28,6 +28,7 @@ import psycopg
 
 from conveyor.cron import Schedule
 from conveyor.db.named_queries import Queries
+from conveyor.notify import wake_payload
 from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, StopRequested
 from conveyor.worker.deadline import with_deadline
 
@@ -149,7 +150,8 @@ class Scheduler:
                 if fired:
                     # Delivered at commit, with the events.
                     await conn.execute(q["event_notify"],
-                                       {"channel": q.channel, "payload": schedule.topic})
+                                       {"channel": q.channel,
+                                        "payload": wake_payload(schedule.topic)})
             following = schedule.next_after(through)
             await conn.execute(q["cron_advance"], {
                 "name": schedule.name, "through": through, "next_fire_at": following,

@@ -20,12 +20,11 @@ import math
 import time
 from collections.abc import Callable
 
+from conveyor.notify import PAUSE_NOTIFICATION, WAKE_ALL, parse_wake
+
 log = logging.getLogger(__name__)
 
 MAX_DUE_TIMES = 10_000
-# Sent by Admin.pause and Admin.resume (admin_core.PAUSE_NOTIFICATION; a test
-# holds the two equal). Topics cannot contain "!", so it names no topic.
-PAUSE_NOTIFICATION = "!pause"
 # A due time announced further ahead than this is not believed (and a timer
 # that far out would be useless: the poll comes much sooner).
 MAX_NOTIFIED_AHEAD = 366 * 24 * 3600.0
@@ -76,8 +75,8 @@ class DueTimes:
             if self._on_pause is not None:
                 self._on_pause()
             return
-        topic, _, due = payload.partition("|")
-        if topic != "*" and not self._handles(topic):
+        topic, due = parse_wake(payload)
+        if topic != WAKE_ALL and not self._handles(topic):
             return
         if not due:
             self._wake()
