@@ -202,6 +202,19 @@ async def _claimed_ids(flow: FlowControl, conn: psycopg.AsyncConnection[Any],
     return [row[0] for row in await flow.claim(conn, 10, params)]
 
 
+async def _first_claim(flow: FlowControl, conn: psycopg.AsyncConnection[Any],
+                       params: dict[str, Any]) -> list[int]:
+    """What ``flow`` claims once it claims anything (its sort may wait a moment)."""
+    claimed: list[int] = []
+
+    async def some() -> bool:
+        claimed.extend(await _claimed_ids(flow, conn, params))
+        return bool(claimed)
+
+    await wait_until(some, timeout=10, what="a claim of the key's first event")
+    return claimed
+
+
 async def test_fifo_by_a_plain_claim_holding_a_keys_first_event_does_not_let_its_second_start(
         db: str) -> None:
     await _reset(db)
@@ -238,13 +251,7 @@ async def test_fifo_by_two_sorts_at_once_do_not_split_a_keys_events(db: str) -> 
             a._sort_params["window"] = 1
             assert await a.sort(conn_a) == 1
             assert await _claimed_ids(b, conn_b, params) == []
-        claimed: list[int] = []
-
-        async def b_claims() -> bool:
-            claimed.extend(await _claimed_ids(b, conn_b, params))
-            return bool(claimed)
-
-        await wait_until(b_claims, timeout=10, what="B to claim the key's first event")
+        claimed = await _first_claim(b, conn_b, params)
     assert claimed == [first]
 
 
@@ -280,11 +287,5 @@ async def test_fifo_by_two_bring_backs_at_once_do_not_split_a_keys_events(
             if b_back.done():
                 assert await _claimed_ids(b, conn_b, params) == [], "B claimed the second event"
         assert await b_back == 1
-        claimed: list[int] = []
-
-        async def b_claims() -> bool:
-            claimed.extend(await _claimed_ids(b, conn_b, params))
-            return bool(claimed)
-
-        await wait_until(b_claims, timeout=10, what="B to claim the key's first event")
+        claimed = await _first_claim(b, conn_b, params)
     assert claimed == [first]
