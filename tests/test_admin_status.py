@@ -91,11 +91,13 @@ def _vacuumed(conn: Conn) -> None:
     """
     deadline = time.monotonic() + 60
     while True:
-        conn.execute("VACUUM ANALYZE conveyor.events")
+        # INDEX_CLEANUP ON: a page with a few dead line pointers (a rolled-back
+        # insert) is left so when the index pass is skipped, and is not all-visible.
+        conn.execute("VACUUM (ANALYZE, INDEX_CLEANUP ON) conveyor.events")
         row = conn.execute("SELECT relallvisible, relpages FROM pg_class"
                            " WHERE oid = 'conveyor.events'::regclass").fetchone()
         assert row is not None
-        if row[0] >= row[1] - 1 or time.monotonic() > deadline:
+        if row[0] >= row[1] or time.monotonic() > deadline:
             return
         time.sleep(0.2)
 
@@ -367,8 +369,12 @@ def _nodes_on(plan: Any, index: str) -> list[dict[str, Any]]:
     return [n for n in scans(plan) if n.get("Index Name") == index]
 
 
-def test_pending_counts_come_from_the_claim_index_alone(big: Conn) -> None:
+def test_pending_counts_come_from_the_claim_index_alone(big_db: str, big: Conn) -> None:
     """0009: topic and tenant are in events_claim_idx, so no pending row is read from the table."""
+    # The tests before this one changed rows and rolled back: their pages are not
+    # all-visible until a VACUUM makes them so again.
+    with psycopg.connect(big_db, autocommit=True) as conn:
+        _vacuumed(conn)
     row = big.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["status_open_counts"]).fetchone()
     assert row is not None
     claim = _nodes_on(row[0][0]["Plan"], "events_claim_idx")
