@@ -32,6 +32,7 @@ import pytest
 
 from conveyor import AsyncCommittingProducer, Event, Worker
 from conveyor.schema.migrator import Migrator
+from schema_reset import reset_database
 from waiting import wait_until
 from worker_support import router_for
 
@@ -66,8 +67,7 @@ def primary() -> Iterator[Cluster]:
 def queue_db(primary: Cluster) -> Iterator[str]:
     """The primary's queue database, emptied; every slot dropped after the test."""
     url = primary.primary.url("queue")
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(b"TRUNCATE conveyor.events, conveyor.workers RESTART IDENTITY")
+    reset_database(url)
     yield url
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(b"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
