@@ -33,4 +33,35 @@ need_package pgbouncer /usr/sbin/pgbouncer "the R19 tests"
 # The browser tests (tests/browser_support.py) drive Debian's chromium through
 # Playwright: the browsers Playwright downloads itself cannot be fetched everywhere.
 need_package chromium /usr/bin/chromium "the browser tests" --no-install-recommends
-exec python -m pytest "$@"
+# Two tiers, with the same arguments (paths, -k, -x...):
+# 1. the tests not marked `serial`, in parallel: CONVEYOR_TEST_WORKERS processes
+#    (pytest-xdist; `auto`, one per core, by default), a test file's tests in one
+#    process (--dist loadfile: module fixtures such as Django's set-up are per process);
+# 2. the `serial` ones (they kill or restart servers, time themselves, drive a
+#    browser or load the CPU), one at a time.
+# CONVEYOR_TEST_TIER=parallel or serial runs one tier alone. A tier none of the
+# selected tests belongs to is no failure; both empty is (pytest's status 5).
+tier="${CONVEYOR_TEST_TIER:-all}"
+case "$tier" in
+    all|parallel|serial) ;;
+    *) echo "conveyor: expected CONVEYOR_TEST_TIER to be all, parallel or serial, got $tier" >&2
+       exit 2 ;;
+esac
+parallel=5 serial=5
+if [ "$tier" != serial ]; then
+    parallel=0
+    python -m pytest -n "${CONVEYOR_TEST_WORKERS:-auto}" --dist loadfile -m "not serial" "$@" \
+        || parallel=$?
+fi
+if [ "$tier" != parallel ]; then
+    serial=0
+    python -m pytest -m serial "$@" || serial=$?
+fi
+if [ "$parallel" = 5 ] && [ "$serial" = 5 ]; then
+    exit 5
+fi
+for status in "$parallel" "$serial"; do
+    if [ "$status" != 0 ] && [ "$status" != 5 ]; then
+        exit "$status"
+    fi
+done

@@ -11,6 +11,13 @@ session in a temporary directory. Two tiers:
 
 Every database a test creates comes from ``make_db``, so each one is dropped
 (``WITH (FORCE)``) however its test or fixture ends.
+
+Under pytest-xdist (``scripts/test.sh`` runs the suite in two tiers) every
+worker process has its own session: its own template, shared database and
+clones, each named with the worker's id and a random suffix, so no two
+workers ever create, clone or drop the same database. Tests that must have the
+machine to themselves carry the ``serial`` marker, put on by hand or, for the
+fixtures in ``SERIAL_FIXTURES``, by ``pytest_collection_modifyitems`` below.
 """
 
 from __future__ import annotations
@@ -57,9 +64,19 @@ def database_url(server_url: str, dbname: str) -> str:
     return make_conninfo(server_url, dbname=dbname)
 
 
+def database_name(prefix: str) -> str:
+    """``prefix``, the xdist worker's id when there is one (``gw0_``), and a random suffix.
+
+    The random part alone keeps names apart; the worker's id says whose a
+    database left behind by a killed run was.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{prefix}{worker + '_' if worker else ''}{uuid.uuid4().hex[:12]}"
+
+
 @contextlib.contextmanager
 def _new_database(server_url: str, prefix: str, template: str | None) -> Iterator[str]:
-    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    name = database_name(prefix)
     create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
     if template is not None:
         create += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
@@ -136,3 +153,16 @@ def empty_db(make_db: MakeDb) -> Iterator[str]:
     """URL of a new database with no Conveyor schema at all."""
     with make_db(prefix="conveyor_e_") as url:
         yield url
+
+
+# Fixtures whose tests must run in the serial tier, and why. A test that takes
+# one is marked ``serial`` wherever it lives, so new tests need no list.
+SERIAL_FIXTURES = {
+    "browser": "drives chromium: heavy on two cores, and its actions time out after 10 s",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(name in SERIAL_FIXTURES for name in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.serial)

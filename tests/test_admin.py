@@ -25,6 +25,7 @@ from conveyor import (
 )
 from conveyor import admin as admin_module
 from conveyor.db.named_queries import queries_for
+from schema_reset import empty_schema, empty_schema_async
 
 Q = queries_for("conveyor")
 
@@ -32,8 +33,7 @@ Q = queries_for("conveyor")
 @pytest.fixture
 def db(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     """``conn`` with the shared tables emptied inside the rolled-back transaction."""
-    conn.execute("DELETE FROM conveyor.events")
-    conn.execute("DELETE FROM conveyor.workers")
+    empty_schema(conn)
     return conn
 
 
@@ -456,8 +456,7 @@ def test_admin_refuses_malicious_schema() -> None:
 
 @pytest.fixture
 async def adb(aconn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
-    await aconn.execute("DELETE FROM conveyor.events")
-    await aconn.execute("DELETE FROM conveyor.workers")
+    await empty_schema_async(aconn)
     return aconn
 
 

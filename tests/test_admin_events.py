@@ -30,6 +30,7 @@ from conveyor import (
 )
 from conveyor.db.named_queries import queries_for
 from query_plans import plan_session, scans
+from schema_reset import empty_schema
 
 Q = queries_for("conveyor")
 Conn = psycopg.Connection[Any]
@@ -38,7 +39,7 @@ Conn = psycopg.Connection[Any]
 @pytest.fixture
 def db(conn: Conn) -> Conn:
     """``conn`` with the shared tables emptied inside the rolled-back transaction."""
-    conn.execute("DELETE FROM conveyor.events")
+    empty_schema(conn)
     return conn
 
 

@@ -31,6 +31,12 @@ from conveyor.types import ScheduleInfo, TopicCount
 from query_plans import plan_session, scans
 
 Q = queries_for("conveyor")
+
+# serial: the index-only reads counted here need VACUUM to have marked the filled
+# table's pages all-visible. In the first parallel run (-n 2, 2026-12-03) three
+# tests found every open row's page unmarked (140 heap fetches of 140) while
+# another worker ran its tests; alone they pass. The cause is not pinned down yet.
+pytestmark = pytest.mark.serial
 Conn = psycopg.Connection[Any]
 
 SUCCEEDED = 200_000

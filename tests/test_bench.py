@@ -28,7 +28,8 @@ from conveyor_tools.bench.suite import Plan, worker_commit
 
 MakeDb = Callable[..., contextlib.AbstractContextManager[str]]
 
-pytestmark = pytest.mark.slow
+# serial: a benchmark: it loads both cores.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 RATES = ("enqueue_single_per_s", "enqueue_batch_per_s", "enqueue_batch_in_tx_per_s",
          "enqueue_batch_ids_per_s",

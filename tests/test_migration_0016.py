@@ -32,6 +32,10 @@ def version_15(empty_db: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return empty_db
 
 
+# serial: the ordered read returns only events older than every transaction open in
+# the whole cluster (pg_snapshot_xmin), so any test's transaction in another
+# database holds the new event back.
+@pytest.mark.serial
 def test_0016_adds_the_xid_without_rewriting_and_old_events_come_first(
         version_15: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with psycopg.connect(version_15, autocommit=True) as conn:

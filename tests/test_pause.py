@@ -10,14 +10,15 @@ import pytest
 
 from conveyor import Admin, AsyncAdmin, InvalidInputError, Pause
 from conveyor.db.named_queries import queries_for
+from schema_reset import empty_schema
 
 Q = queries_for("conveyor")
 
 
 @pytest.fixture
 def db(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    """``conn`` with the pauses emptied inside the rolled-back transaction."""
-    conn.execute("DELETE FROM conveyor.pauses")
+    """``conn`` with the tables emptied inside the rolled-back transaction."""
+    empty_schema(conn)
     return conn
 
 

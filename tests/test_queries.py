@@ -23,6 +23,7 @@ from psycopg import sql
 
 from conveyor import NewEvent, Producer
 from conveyor.db.named_queries import parse_named_queries, queries_for, raw_queries
+from schema_reset import empty_schema
 
 Q = queries_for("conveyor")
 EXERCISED: set[str] = set()
@@ -94,8 +95,7 @@ def _row(conn: Conn, event_id: int, columns: str) -> tuple[Any, ...]:
 
 @pytest.fixture
 def db(conn: Conn) -> Conn:
-    conn.execute("DELETE FROM conveyor.events")
-    conn.execute("DELETE FROM conveyor.workers")
+    empty_schema(conn)
     return conn
 
 

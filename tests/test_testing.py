@@ -36,6 +36,7 @@ from conveyor.testing import (
     work_event,
     work_event_async,
 )
+from schema_reset import empty_schema
 
 Conn = psycopg.Connection[Any]
 NO_JITTER = BackoffPolicy(base_delay=2, jitter=0)
@@ -44,7 +45,7 @@ IMMEDIATE_RETRY = WorkerConfig(backoff=BackoffPolicy(base_delay=0, max_delay=0))
 
 @pytest.fixture
 def db(conn: Conn) -> Conn:
-    conn.execute("DELETE FROM conveyor.events")
+    empty_schema(conn)
     return conn
 
 

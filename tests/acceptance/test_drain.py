@@ -14,7 +14,8 @@ from waiting import wait_for
 
 from .helpers import WorkerProcess, ledger_counts, query, state_counts
 
-pytestmark = pytest.mark.slow
+# serial: four worker processes draining 10,000 events load both cores.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 EVENTS = 10_000
 WORKERS = 4

@@ -28,7 +28,8 @@ from .test_server_restart import PrivateServer, private_server
 
 __all__ = ["private_server"]     # the fixture, shared with the restart test
 
-pytestmark = pytest.mark.slow
+# serial: /healthz must turn 503 within BOUND + 1.5 s of the server dying.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 POLL = 0.5
 QUERY_TIMEOUT = 2.0

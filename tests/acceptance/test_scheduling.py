@@ -13,7 +13,8 @@ from waiting import wait_for
 
 from .helpers import WorkerProcess, listening, query, run_cli
 
-pytestmark = pytest.mark.slow
+# serial: a delayed event must start less than 1 s late.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def _enqueue(url: str, *args: str) -> int:

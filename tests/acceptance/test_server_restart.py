@@ -30,7 +30,8 @@ from .conftest import create_ledger
 from .helpers import WorkerProcess, ledger_counts, listening, query, run_cli, state_counts
 from .test_connection_loss import WAKE_LIMIT, assert_listen_wakes_worker
 
-pytestmark = pytest.mark.slow
+# serial: stops its server for 3 s and bounds the worker's wake-up after it.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 EVENTS = 400
 DOWNTIME = 3.0

@@ -14,7 +14,8 @@ import pytest
 
 from .conftest import assert_exactly_once_where_it_counts
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# serial: four worker processes under SIGKILL, up to 50,000 events: both cores.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.serial]
 
 Chaos = Callable[..., dict[str, Any]]
 

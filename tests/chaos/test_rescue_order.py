@@ -32,7 +32,8 @@ import pytest
 from conveyor import NewEvent, Producer
 from conveyor_tools.chaos import LEDGER_URL_ENV, create_ledger
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+# serial: an orphan must run again within lease_ttl + rescue_interval + 2 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.serial]
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_TTL, RESCUE, MARGIN = 3.0, 1.0, 2.0

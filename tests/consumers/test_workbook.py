@@ -643,12 +643,17 @@ def test_hostile_xxe_in_other_parts(tmp_path: Path, member: str) -> None:
 
 
 def generate_rows_file(n: int) -> tuple[Path, dict[str, Any]]:
-    """An n-row inline-string workbook (XlsxWriter constant_memory), cached under /tmp with its totals."""
+    """An n-row inline-string workbook (XlsxWriter constant_memory), cached under /tmp with its totals.
+
+    Safe when two processes (xdist workers, concurrent runs) build the same file:
+    each writes files of its own and renames them into place, the totals first,
+    so a workbook in the cache always has its totals beside it.
+    """
     CACHE.mkdir(parents=True, exist_ok=True)
     path, meta = CACHE / f"rows-{n}.xlsx", CACHE / f"rows-{n}.json"
     if path.exists() and meta.exists():
         return path, json.loads(meta.read_text())
-    tmp = path.with_suffix(".part.xlsx")
+    tmp = path.with_suffix(f".{os.getpid()}.part.xlsx")
     wb = xlsxwriter.Workbook(str(tmp), {"constant_memory": True})
     ws = wb.add_worksheet()
     ws.write_row(0, 0, ["id", "fecha", "tipo", "monto", "descripcion"])
@@ -665,10 +670,12 @@ def generate_rows_file(n: int) -> tuple[Path, dict[str, Any]]:
         ws.write_number(i, 3, quarters / 4)
         ws.write_string(i, 4, f"movimiento {i}")
     wb.close()
-    tmp.rename(path)
     info = {"rows": n, "total": str(Decimal(sum(quarters_by_type.values())) / 4),
             "by_type": {t: str(Decimal(q) / 4) for t, q in quarters_by_type.items()}}
-    meta.write_text(json.dumps(info))
+    tmp_meta = meta.with_suffix(f".{os.getpid()}.part.json")
+    tmp_meta.write_text(json.dumps(info))
+    tmp_meta.rename(meta)
+    tmp.rename(path)
     return path, info
 
 
@@ -687,6 +694,8 @@ def test_twenty_thousand_rows_in_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+# serial: writes a million-row workbook (5M cells in Python), then measures peak memory.
+@pytest.mark.serial
 # Writing the 1M-row workbook (XlsxWriter, 5M cells in Python; cached under /tmp
 # afterwards) outlasted the suite's 300 s timeout on the loaded 2-core box, before
 # anything was measured. The deadline only bounds a failure: this test's figures

@@ -22,6 +22,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from schema_reset import empty_schema
+
 PROJECT = Path(__file__).resolve().parent / "django_project"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +55,8 @@ def project(make_db: Callable[..., Any]) -> Iterator[str]:
 @pytest.fixture
 def db(project: str) -> str:
     with psycopg.connect(project, autocommit=True) as conn:
-        conn.execute("TRUNCATE conveyor.events, shop_order RESTART IDENTITY")
+        empty_schema(conn)
+        conn.execute("TRUNCATE shop_order RESTART IDENTITY")
     return project
 
 

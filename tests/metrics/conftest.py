@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-import psycopg
 import pytest
+
+from schema_reset import reset_database
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,5 @@ def module_db(make_db: Callable[..., contextlib.AbstractContextManager[str]],
 
 @pytest.fixture
 def db(module_db: str) -> Iterator[str]:
-    with psycopg.connect(module_db, autocommit=True) as conn:
-        conn.execute("SET lock_timeout = '5s'")
-        conn.execute("TRUNCATE conveyor.events, conveyor.workers RESTART IDENTITY")
+    reset_database(module_db)
     yield module_db

@@ -4,24 +4,10 @@ pause is forgotten, or a limited pattern sits at its ceiling."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
-import pytest
 from prometheus_client import CollectorRegistry
 
 from conveyor.metrics import DatabaseGauges, MetricsConfig
-
-CLEAN = "TRUNCATE conveyor.cron_schedules, conveyor.pauses, conveyor.flow_limits"
-
-
-@pytest.fixture
-def controls_db(db: str) -> Iterator[str]:
-    with psycopg.connect(db, autocommit=True) as conn:
-        conn.execute(CLEAN)
-    yield db
-    with psycopg.connect(db, autocommit=True) as conn:
-        conn.execute(CLEAN)
 
 
 async def _read(db: str, config: MetricsConfig | None = None) -> CollectorRegistry:
@@ -41,8 +27,8 @@ def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | Non
 
 
 async def test_cron_gauges_show_missed_overdue_and_last_fire_per_schedule(
-        controls_db: str) -> None:
-    with psycopg.connect(controls_db, autocommit=True) as conn:
+        db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO conveyor.cron_schedules (name, expression, timezone, topic, catch_up, "
             "next_fire_at, last_fired_at, missed) VALUES "
@@ -50,7 +36,7 @@ async def test_cron_gauges_show_missed_overdue_and_last_fire_per_schedule(
             " now() - interval '1 hour', 3), "
             "('fresh', '0 6 * * *', 'UTC', 'mail.digest', 300, now() + interval '1 hour', "
             " NULL, 0)")
-    registry = await _read(controls_db)
+    registry = await _read(db)
     assert _value(registry, "conveyor_cron_missed_slots_total", schedule="stuck") == 3
     assert _value(registry, "conveyor_cron_missed_slots_total", schedule="fresh") == 0
     assert 90 <= _value(registry, "conveyor_cron_overdue_seconds",  # type: ignore[operator]
@@ -62,22 +48,22 @@ async def test_cron_gauges_show_missed_overdue_and_last_fire_per_schedule(
 
 
 async def test_pause_gauges_count_the_pauses_in_force_and_age_the_oldest(
-        controls_db: str) -> None:
-    registry = await _read(controls_db)
+        db: str) -> None:
+    registry = await _read(db)
     assert (_value(registry, "conveyor_pauses"),
             _value(registry, "conveyor_pause_oldest_age_seconds")) == (0, 0)
-    with psycopg.connect(controls_db, autocommit=True) as conn:
+    with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("INSERT INTO conveyor.pauses (pattern, tenant, paused_at) VALUES "
                      "('email.*', NULL, now() - interval '10 minutes'), ('*', 'acme', now())")
-    registry = await _read(controls_db)
+    registry = await _read(db)
     assert _value(registry, "conveyor_pauses") == 2
     assert 600 <= _value(registry,  # type: ignore[operator]
                          "conveyor_pause_oldest_age_seconds") < 3600
 
 
 async def test_flow_gauges_show_running_against_max_running_and_the_tokens(
-        controls_db: str) -> None:
-    with psycopg.connect(controls_db, autocommit=True) as conn:
+        db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO conveyor.flow_limits (pattern, max_running, rate, burst, tokens, "
             "refilled_at) VALUES ('mail.*', 3, NULL, NULL, 0, now()), "
@@ -89,7 +75,7 @@ async def test_flow_gauges_show_running_against_max_running_and_the_tokens(
             "SELECT t, '{}', 'running', gen_random_uuid(), now() + interval '1 minute' "
             "FROM unnest(ARRAY['mail.a', 'mail.b.c', 'sms.send', 'mailbox']) AS t")
         conn.execute("INSERT INTO conveyor.events (topic, payload) VALUES ('mail.a', '{}')")
-    registry = await _read(controls_db)
+    registry = await _read(db)
     running = {p: _value(registry, "conveyor_flow_running", pattern=p)
                for p in ("mail.*", "sms.send", "*")}
     assert running == {"mail.*": 2, "sms.send": 1, "*": 4}
@@ -100,15 +86,15 @@ async def test_flow_gauges_show_running_against_max_running_and_the_tokens(
     assert _value(registry, "conveyor_flow_tokens", pattern="mail.*") is None
 
 
-async def test_schedules_and_patterns_past_the_cap_fold_into_other(controls_db: str) -> None:
-    with psycopg.connect(controls_db, autocommit=True) as conn:
+async def test_schedules_and_patterns_past_the_cap_fold_into_other(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO conveyor.cron_schedules (name, expression, timezone, topic, catch_up, "
             "next_fire_at, missed) SELECT 's' || lpad(i::text, 3, '0'), '* * * * *', 'UTC', "
             "'t', 300, now() - i * interval '1 second', 1 FROM generate_series(1, 250) AS i")
         conn.execute("INSERT INTO conveyor.flow_limits (pattern, max_running) "
                      "SELECT 'p' || i || '.*', 2 FROM generate_series(1, 250) AS i")
-    registry = await _read(controls_db, MetricsConfig(max_topics=200))
+    registry = await _read(db, MetricsConfig(max_topics=200))
     schedules = [s for f in registry.collect() for s in f.samples
                  if s.name == "conveyor_cron_missed_slots_total"]
     assert len(schedules) == 201

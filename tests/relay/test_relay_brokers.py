@@ -379,8 +379,14 @@ async def test_an_unreachable_broker_puts_events_back_without_spending_attempts(
                                          subjects=["x.>"], timeout=0.5))
     [event_id] = await enqueue_many(db, _events(1))
     worker = Worker(db, relay.router(), fast_config())
+
+    async def put_back() -> bool:
+        return bool(await query(db, "SELECT 1 FROM conveyor.events WHERE id = %s"
+                                    " AND state = 'pending' AND run_at > now()", (event_id,)))
     async with running(worker):
-        await asyncio.sleep(1.5)
+        # A condition, not the 1.5 s it slept: on a loaded machine the first
+        # publish had not yet timed out by then.
+        await wait_until(put_back, timeout=20, what="the event put back for later")
     [row] = await query(db, "SELECT state, attempts, run_at > now() AS later"
                             " FROM conveyor.events WHERE id = %s", (event_id,))
     assert row == {"state": "pending", "attempts": 0, "later": True}

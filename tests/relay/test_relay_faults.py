@@ -35,7 +35,8 @@ from conveyor import NewEvent, Producer
 REPO = Path(__file__).resolve().parents[2]
 STREAM = "FAULTS"
 
-pytestmark = pytest.mark.slow
+# serial: kills, restarts and fills private brokers.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 APP = '''
 from conveyor.relay import NatsPublisher, Relay

@@ -24,6 +24,11 @@ from conveyor.relay import NatsPublisher, Relay, RelayMessage
 from conveyor.relay.ordered import OrderedStream
 from worker_support import query
 
+# serial: a stream reads only events older than every transaction open in the whole
+# cluster (pg_snapshot_xmin); a test's transaction in another database holds events
+# back, and the held-events gauge checked here counts them.
+pytestmark = pytest.mark.serial
+
 NATS_URL = "nats://127.0.0.1:4222"
 INSERT = "INSERT INTO conveyor.events (topic, payload) VALUES (%s, '{}') RETURNING id"
 

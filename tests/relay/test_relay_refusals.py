@@ -36,7 +36,8 @@ from relay.test_relay_faults import NatsServer, RabbitServer, RedisServer
 from waiting import wait_until
 from worker_support import enqueue_many, fast_config, query, running, wait_all_in
 
-pytestmark = pytest.mark.slow
+# serial: kills private brokers; a publish in flight must fail in < 6 s.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 STREAM = "REFUSALS"
 MAX_PAYLOAD = 65536

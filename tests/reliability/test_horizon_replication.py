@@ -32,13 +32,15 @@ import pytest
 
 from conveyor import AsyncCommittingProducer, Event, Worker
 from conveyor.schema.migrator import Migrator
+from schema_reset import reset_database
 from waiting import wait_until
 from worker_support import router_for
 
 from .helpers import fast_config, query, running
 from .replication import Cluster, PrivateServer, cluster
 
-pytestmark = pytest.mark.slow
+# serial: a private primary and standbys, started and stopped.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 THRESHOLD = 2.0            # horizon_alert_after; checked every quarter of it
 # A standby reports its xmin every wal_receiver_status_interval (1 s at least):
@@ -66,8 +68,7 @@ def primary() -> Iterator[Cluster]:
 def queue_db(primary: Cluster) -> Iterator[str]:
     """The primary's queue database, emptied; every slot dropped after the test."""
     url = primary.primary.url("queue")
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(b"TRUNCATE conveyor.events, conveyor.workers RESTART IDENTITY")
+    reset_database(url)
     yield url
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(b"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "

@@ -54,7 +54,8 @@ from conveyor_tools.chaos import LEDGER_URL_ENV, CheckReport, check, create_ledg
 
 from .pgbouncer import PgBouncer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+# serial: SIGKILLs a worker every 2 s behind a private PgBouncer.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.serial]
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "conveyor_tools.chaos:chaos_router"

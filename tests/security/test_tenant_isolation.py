@@ -25,6 +25,7 @@ from conveyor import (
     WorkerConfig,
 )
 from conveyor.admin import Admin
+from schema_reset import empty_schema_async
 
 TENANTS = [None, "tenant-one", "tenant-two", "tenant-three"]
 T1 = "tenant-one"
@@ -53,7 +54,7 @@ def test_tenant_limited_worker_touches_only_its_tenant(fresh_db: str, mix: list[
 
 async def _check_mix(url: str, mix: list[Any]) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute("TRUNCATE conveyor.events RESTART IDENTITY")
+        await empty_schema_async(conn)
         await conn.execute('LISTEN "conveyor.events"')
         seen: list[tuple[str | None, int]] = []
 

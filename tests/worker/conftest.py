@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
+from schema_reset import reset_database
 from worker_support import WORKER_BACKENDS
 
 
@@ -25,13 +26,11 @@ def module_db(make_db: Callable[..., contextlib.AbstractContextManager[str]],
 
 @pytest.fixture
 def db(module_db: str) -> Iterator[str]:
-    """The module's database, emptied for this test; tests commit freely in it.
+    """The module's database, every table emptied for this test; tests commit freely in it.
 
     Afterwards every worker of the test must have let go of its connections.
     """
-    with psycopg.connect(module_db, autocommit=True) as conn:
-        conn.execute("SET lock_timeout = '5s'")
-        conn.execute("TRUNCATE conveyor.events, conveyor.workers, conveyor.event_counts RESTART IDENTITY")
+    reset_database(module_db)
     yield module_db
     with psycopg.connect(module_db, autocommit=True) as conn:
         deadline = time.monotonic() + 3

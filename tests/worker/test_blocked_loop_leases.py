@@ -24,7 +24,8 @@ from waiting import wait_for
 
 from .blocking_app import LEDGER_DDL
 
-pytestmark = pytest.mark.slow
+# serial: blocks event loops past their leases, timed against the watchdog.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 APP = "tests.worker.blocking_app:router"
 # Lease 2 s (heartbeat 0.67 s, first watchdog warning after 0.5 s); rescues often.

@@ -68,12 +68,7 @@ async def _a_pass_since(worker: Worker, since: float) -> None:
     await wait_until(passed, timeout=30, what="a cron scheduler pass")
 
 
-async def _reset(url: str) -> None:
-    await query(url, "TRUNCATE conveyor.cron_schedules, conveyor.cron_slots")
-
-
 async def test_four_workers_fire_each_slot_of_a_warped_dst_day_exactly_once(db: str) -> None:
-    await _reset(db)
     # 25 October 2026 in Madrid has 25 hours (clocks go back at 03:00 CEST):
     # 300 five-minute slots from local midnight to midnight, one day in ~30 s.
     start = datetime(2026, 10, 24, 22, 0, tzinfo=UTC) - timedelta(seconds=1)
@@ -110,7 +105,6 @@ async def test_four_workers_fire_each_slot_of_a_warped_dst_day_exactly_once(db: 
 
 
 async def test_a_worker_routes_the_fired_events_and_the_handler_reads_its_slot(db: str) -> None:
-    await _reset(db)
     seen: list[datetime | None] = []
 
     async def build(event: Event) -> None:
@@ -135,7 +129,6 @@ async def test_a_worker_routes_the_fired_events_and_the_handler_reads_its_slot(d
 
 async def test_after_downtime_slots_past_the_catch_up_window_are_skipped_and_reported(
         db: str, caplog: pytest.LogCaptureFixture) -> None:
-    await _reset(db)
     start = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
     router = Router()
     router.cron("* * * * *", "report.build", catch_up=150)
@@ -162,7 +155,6 @@ async def test_after_downtime_slots_past_the_catch_up_window_are_skipped_and_rep
 
 async def test_status_shows_the_schedule_and_reports_it_overdue_when_no_worker_fires_it(
         db: str) -> None:
-    await _reset(db)
     router = Router()
     router.cron("*/10 * * * * *", "report.build", name="every ten seconds")
     worker = Worker(db, router, fast_config())
@@ -185,7 +177,6 @@ async def test_status_shows_the_schedule_and_reports_it_overdue_when_no_worker_f
 
 async def test_a_failing_pass_is_logged_retried_and_makes_the_worker_unhealthy(
         db: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    await _reset(db)
     router = Router()
     router.add("report.build", lambda event: None)
     schedule = router.cron("* * * * * *", "report.build")
@@ -217,7 +208,6 @@ async def test_a_failing_pass_is_logged_retried_and_makes_the_worker_unhealthy(
 
 async def test_conveyor_status_lists_the_schedules_in_text_and_json(
         db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    await _reset(db)
     router = Router()
     router.cron("*/10 * * * * *", "report.build", name="ten seconds")
     router.cron("0 6 * * *", "mail.digest", tz="Europe/Madrid")

@@ -47,10 +47,6 @@ class Concurrency:
             self.now -= 1
 
 
-async def _reset(url: str) -> None:
-    await query(url, "TRUNCATE conveyor.flow_limits")
-
-
 def test_route_options_are_checked_with_one_line_naming_the_value() -> None:
     router = Router()
     for bad, message in [
@@ -74,7 +70,6 @@ def test_route_options_are_checked_with_one_line_naming_the_value() -> None:
 
 
 async def test_max_running_holds_across_three_workers_and_is_reached(db: str) -> None:
-    await _reset(db)
     seen = Concurrency()
 
     async def render(event: Event) -> None:
@@ -106,7 +101,6 @@ async def test_max_running_holds_across_three_workers_and_is_reached(db: str) ->
 
 
 async def test_a_limit_declared_by_one_worker_binds_a_worker_without_it(db: str) -> None:
-    await _reset(db)
     seen = Concurrency()
 
     async def send(event: Event) -> None:
@@ -127,7 +121,6 @@ async def test_a_limit_declared_by_one_worker_binds_a_worker_without_it(db: str)
 
 
 async def test_rate_limit_bounds_the_starts_in_every_window(db: str) -> None:
-    await _reset(db)
     seen = Concurrency()
 
     def ping(event: Event) -> None:
@@ -154,7 +147,6 @@ async def test_rate_limit_bounds_the_starts_in_every_window(db: str) -> None:
 
 
 async def test_fair_by_tenant_starts_a_small_tenants_event_despite_a_big_backlog(db: str) -> None:
-    await _reset(db)
     started: dict[str, float] = {}
 
     async def export(event: Event) -> None:
@@ -182,7 +174,6 @@ async def test_fair_by_tenant_starts_a_small_tenants_event_despite_a_big_backlog
 
 
 async def test_unlimited_topics_are_not_held_back_by_a_saturated_limit(db: str) -> None:
-    await _reset(db)
     release = asyncio.Event()
 
     async def slow(event: Event) -> None:
@@ -211,7 +202,6 @@ async def test_unlimited_topics_are_not_held_back_by_a_saturated_limit(db: str) 
 
 
 async def test_run_once_claims_limited_events_within_the_limit(db: str) -> None:
-    await _reset(db)
     seen = Concurrency()
 
     async def render(event: Event) -> None:
@@ -237,7 +227,6 @@ async def test_run_once_claims_limited_events_within_the_limit(db: str) -> None:
 
 
 async def test_a_limited_backlog_leaves_the_plain_claims_lane(db: str) -> None:
-    await _reset(db)
     release = asyncio.Event()
 
     async def slow(event: Event) -> None:
@@ -293,7 +282,6 @@ def _index_rows(node: dict[str, Any]) -> int:
 
 
 async def test_a_removed_limit_gives_its_waiting_events_back_to_every_worker(db: str) -> None:
-    await _reset(db)
     done: list[int] = []
 
     async def render(event: Event) -> None:
@@ -323,7 +311,6 @@ async def test_a_removed_limit_gives_its_waiting_events_back_to_every_worker(db:
 
 async def test_fifo_by_runs_each_keys_events_one_at_a_time_in_order_despite_retries(
         db: str) -> None:
-    await _reset(db)
     runs: dict[str, list[tuple[int, float, float]]] = {}
     failed_once: set[int] = set()
     rng = random.Random(11)

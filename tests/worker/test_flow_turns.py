@@ -24,16 +24,11 @@ from waiting import wait_until
 from worker_support import enqueue, enqueue_many, event_row, fast_config, query, running
 
 
-async def _reset(url: str) -> None:
-    await query(url, "TRUNCATE conveyor.flow_limits")
-
-
 async def _big_starts_before_small(db: str, backlog: int, handler_s: float, workers: int,
                                    **limits: Any) -> tuple[int, list[str | None]]:
     """Tenant `big` has ``backlog`` events; once they are being worked, tenant `small`
     enqueues one. Returns how many of big's events started between that enqueue and
     small's start, and the tenants in start order."""
-    await _reset(db)
     starts: list[str | None] = []
 
     async def export(event: Event) -> None:
@@ -86,7 +81,6 @@ async def test_fair_by_under_a_rate_limit_starts_another_tenants_event_next(db: 
 
 
 async def test_fair_by_at_max_running_1_serves_three_tenants_round_robin(db: str) -> None:
-    await _reset(db)
     starts: list[str | None] = []
 
     async def export(event: Event) -> None:
@@ -110,7 +104,6 @@ async def test_fair_by_at_max_running_1_serves_three_tenants_round_robin(db: str
 
 
 async def test_fifo_by_a_delayed_event_does_not_hold_its_key_before_it_is_due(db: str) -> None:
-    await _reset(db)
     ran: list[str] = []
 
     async def remind(event: Event) -> None:
@@ -134,7 +127,6 @@ async def test_fifo_by_a_delayed_event_does_not_hold_its_key_before_it_is_due(db
 
 
 async def test_fifo_by_a_higher_priority_event_waits_for_its_keys_running_one(db: str) -> None:
-    await _reset(db)
     release = asyncio.Event()
     spans: dict[str, list[float]] = {}
     loop = asyncio.get_running_loop()
@@ -217,7 +209,6 @@ async def _first_claim(flow: FlowControl, conn: psycopg.AsyncConnection[Any],
 
 async def test_fifo_by_a_plain_claim_holding_a_keys_first_event_does_not_let_its_second_start(
         db: str) -> None:
-    await _reset(db)
     router = _fifo_router()
     first = await enqueue(db, "ledger.post", "first", tenant="acme")
     second = await enqueue(db, "ledger.post", "second", tenant="acme")
@@ -237,7 +228,6 @@ async def test_fifo_by_a_plain_claim_holding_a_keys_first_event_does_not_let_its
 
 
 async def test_fifo_by_two_sorts_at_once_do_not_split_a_keys_events(db: str) -> None:
-    await _reset(db)
     router = _fifo_router()
     first = await enqueue(db, "ledger.post", "first", tenant="acme")
     await enqueue(db, "ledger.post", "second", tenant="acme")
@@ -257,7 +247,6 @@ async def test_fifo_by_two_sorts_at_once_do_not_split_a_keys_events(db: str) -> 
 
 async def test_fifo_by_two_bring_backs_at_once_do_not_split_a_keys_events(
         db: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    await _reset(db)
     router = _fifo_router()
     first = await enqueue(db, "ledger.post", "first", tenant="acme")
     await enqueue(db, "ledger.post", "second", tenant="acme")

@@ -36,10 +36,6 @@ async def _aside(url: str) -> int:
     return (await _lanes(url)).get(None, 0)
 
 
-async def _clear_pauses(url: str) -> None:
-    await query(url, "DELETE FROM conveyor.pauses")
-
-
 def _index_rows(node: dict[str, Any]) -> int:
     """Live rows the index scans of a plan read: those returned and those filtered out."""
     own = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0) \
@@ -117,45 +113,37 @@ async def _gone(url: str, event_id: int) -> bool:
 
 
 async def test_a_paused_topics_events_are_set_aside_and_come_back_when_resumed(db: str) -> None:
-    await _clear_pauses(db)
     done: list[int] = []
     router = Router()
     _route(router, "p.*", done)
-    try:
+    async with await psycopg.AsyncConnection.connect(db) as conn:
+        await AsyncAdmin().pause(conn, "p.held")
+        await conn.commit()
+    held = await enqueue_many(db, [NewEvent(topic="p.held", payload=n) for n in range(50)])
+    free = await enqueue_many(db, [NewEvent(topic="p.free", payload=n) for n in range(5)])
+    async with running(Worker(db, router, fast_config())):
+        await wait_until(lambda: _n_aside(db, 50), timeout=10, what="50 held events aside")
+        await wait_until(lambda: _all_done(done, free), timeout=10, what="p.free done")
+        assert await _claim_rows_read(db, "p.held") <= 1
         async with await psycopg.AsyncConnection.connect(db) as conn:
-            await AsyncAdmin().pause(conn, "p.held")
+            assert await AsyncAdmin().resume(conn, "p.held")
             await conn.commit()
-        held = await enqueue_many(db, [NewEvent(topic="p.held", payload=n) for n in range(50)])
-        free = await enqueue_many(db, [NewEvent(topic="p.free", payload=n) for n in range(5)])
-        async with running(Worker(db, router, fast_config())):
-            await wait_until(lambda: _n_aside(db, 50), timeout=10, what="50 held events aside")
-            await wait_until(lambda: _all_done(done, free), timeout=10, what="p.free done")
-            assert await _claim_rows_read(db, "p.held") <= 1
-            async with await psycopg.AsyncConnection.connect(db) as conn:
-                assert await AsyncAdmin().resume(conn, "p.held")
-                await conn.commit()
-            await wait_all_in(db, {"succeeded"}, timeout=10)
-        assert sorted(done) == sorted(held + free)
-    finally:
-        await _clear_pauses(db)
+        await wait_all_in(db, {"succeeded"}, timeout=10)
+    assert sorted(done) == sorted(held + free)
 
 
 async def test_a_pause_lifted_in_sql_brings_the_events_back_to_a_poll_only_worker(
         db: str) -> None:
-    await _clear_pauses(db)
     done: list[int] = []
     router = Router()
     _route(router, "q.*", done)
-    try:
-        await query(db, "INSERT INTO conveyor.pauses (pattern) VALUES ('q.held'), ('q.other')")
-        held = await enqueue_many(db, [NewEvent(topic="q.held", payload=n) for n in range(20)])
-        async with running(Worker(db, router, fast_config(listen=False))):
-            await wait_until(lambda: _n_aside(db, 20), timeout=10, what="20 held events aside")
-            # One pause of two lifted, without a notification: the pause set changed.
-            await query(db, "DELETE FROM conveyor.pauses WHERE pattern = 'q.held'")
-            await wait_until(lambda: _all_done(done, held), timeout=5, what="q.held done")
-    finally:
-        await _clear_pauses(db)
+    await query(db, "INSERT INTO conveyor.pauses (pattern) VALUES ('q.held'), ('q.other')")
+    held = await enqueue_many(db, [NewEvent(topic="q.held", payload=n) for n in range(20)])
+    async with running(Worker(db, router, fast_config(listen=False))):
+        await wait_until(lambda: _n_aside(db, 20), timeout=10, what="20 held events aside")
+        # One pause of two lifted, without a notification: the pause set changed.
+        await query(db, "DELETE FROM conveyor.pauses WHERE pattern = 'q.held'")
+        await wait_until(lambda: _all_done(done, held), timeout=5, what="q.held done")
 
 
 async def _n_aside(url: str, n: int) -> bool:
@@ -222,7 +210,6 @@ async def test_a_worker_that_claims_once_brings_its_topics_back_first(db: str) -
 
 async def test_set_aside_keeps_events_a_live_worker_or_the_worker_itself_handles(
         db: str) -> None:
-    await _clear_pauses(db)
     await enqueue_many(db, [NewEvent(topic=t, payload=1, tenant=tenant)
                             for t, tenant in [("own.job", None), ("peer.job", "acme"),
                                               ("peer.job", "other"), ("gone.job", None)]])

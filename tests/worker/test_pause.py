@@ -26,14 +26,6 @@ HONOURED_WITHIN = 1.0
 LOADED_BOUND = SLOW_POLL / 3
 
 
-@pytest.fixture
-def db(db: str) -> str:
-    """The module's database with no pause left by an earlier test."""
-    with psycopg.connect(db, autocommit=True) as conn:
-        conn.execute("DELETE FROM conveyor.pauses")
-    return db
-
-
 def _recording_router(starts: dict[int, float]) -> Router:
     async def handle(event: Event) -> None:
         starts[event.id] = time.time()
