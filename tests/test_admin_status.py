@@ -35,7 +35,10 @@ Q = queries_for("conveyor")
 # serial: the index-only reads counted here need VACUUM to have marked the filled
 # table's pages all-visible. In the first parallel run (-n 2, 2026-12-03) three
 # tests found every open row's page unmarked (140 heap fetches of 140) while
-# another worker ran its tests; alone they pass. The cause is not pinned down yet.
+# another worker ran its tests: a VACUUM marks no page all-visible while a
+# transaction anywhere on the server is older than its rows (_vacuumed waits
+# for that, bounded), and skips the index pass, leaving a page with dead line
+# pointers unmarked (hence INDEX_CLEANUP ON there).
 pytestmark = pytest.mark.serial
 Conn = psycopg.Connection[Any]
 
