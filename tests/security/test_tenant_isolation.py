@@ -79,7 +79,8 @@ async def _check_mix(url: str, mix: list[Any]) -> None:
             await worker.close()
         notes = [n.payload async for n in conn.notifies(timeout=0.05)]
         rows = await (await conn.execute(
-            "SELECT tenant, state, attempts, lease_owner, errors FROM conveyor.events")).fetchall()
+            "SELECT tenant, state, attempts, lease_owner, COALESCE(errors, '[]')"  # 0020: NULL, none
+            " FROM conveyor.events")).fetchall()
     assert all(tenant == T1 for tenant, _ in seen), seen
     for tenant, state, attempts, owner, errors in rows:
         if tenant != T1:
