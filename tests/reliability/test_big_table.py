@@ -246,7 +246,7 @@ async def test_claim_latency_with_the_vacuum_horizon_pinned(fresh_db: str, pin: 
     worker = Worker(fresh_db, router_for("pin.*", handle),
                     fast_config(concurrency=50, batch_size=50, poll_interval=1.0,
                                 lease_ttl=10.0, heartbeat_interval=2.0, rescue_interval=2.0))
-    original = worker._claim
+    original = worker.claims.claim
 
     async def timed_claim(want: int, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -254,7 +254,7 @@ async def test_claim_latency_with_the_vacuum_horizon_pinned(fresh_db: str, pin: 
         latencies.append((time.perf_counter() - start) * 1000)
         return result
 
-    worker._claim = timed_claim  # type: ignore[method-assign]
+    worker.claims.claim = timed_claim  # type: ignore[method-assign]
     holder = await psycopg.AsyncConnection.connect(fresh_db)
     stop_readers = asyncio.Event()
     readers: list[asyncio.Task[None]] = []
