@@ -50,19 +50,7 @@ class EventRecord:
     result: Any = None   # a store_result route's return value, decoded (docs/results.md)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if isinstance(value, datetime):
-                value = value.isoformat()
-            elif name == "errors":
-                value = [
-                    {k: getattr(e, k) for k in e.__dataclass_fields__} for e in value
-                ]
-            elif isinstance(value, EventState):
-                value = value.value
-            out[name] = value
-        return out
+        return _json_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,15 +221,7 @@ class EventSummary:
     last_error: str | None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if isinstance(value, datetime):
-                value = value.isoformat()
-            elif isinstance(value, EventState):
-                value = value.value
-            out[name] = value
-        return out
+        return _json_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,3 +257,19 @@ class Pause:
     def to_json(self) -> dict[str, Any]:
         return {"pattern": self.pattern, "tenant": self.tenant, "reason": self.reason,
                 "paused_at": self.paused_at.isoformat()}
+
+
+def _json_fields(record: Any) -> dict[str, Any]:
+    """A record's fields as JSON values: times in ISO 8601, states by name, the
+    error history as one object per attempt (``--json`` output, the dashboard)."""
+    out: dict[str, Any] = {}
+    for name in record.__dataclass_fields__:
+        value = getattr(record, name)
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif name == "errors":
+            value = [{k: getattr(e, k) for k in e.__dataclass_fields__} for e in value]
+        elif isinstance(value, EventState):
+            value = value.value
+        out[name] = value
+    return out
