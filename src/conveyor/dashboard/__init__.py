@@ -13,7 +13,8 @@ try:
 except ImportError as exc:
     raise MissingExtraError("the dashboard", "dashboard", module=exc.name) from exc
 
-from conveyor.dashboard.app import DashboardConfig, dashboard_app
+from conveyor.dashboard.app import dashboard_app
+from conveyor.dashboard.config import DashboardConfig
 from conveyor.dashboard.security import Action, Unauthenticated, allow_all, basic_auth, read_only
 
 __all__ = ["Action", "DashboardConfig", "Unauthenticated", "allow_all", "basic_auth", "dashboard_app",

@@ -166,9 +166,6 @@ def _shown(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# -- the Host check (DNS rebinding) ---------------------------------------------
-
-
 def host_allowed(host: str, allowed: tuple[str, ...], public_host: str | None) -> bool:
     """Whether a request's ``Host`` names this dashboard.
 

@@ -1,0 +1,85 @@
+"""What a dashboard request may carry: ids, filters and notice codes, checked.
+
+Every value a URL or a form brings is read here and nowhere else, and each
+one that is wrong raises :class:`~conveyor.errors.InvalidInputError` naming
+the field and the value, which the guard answers 400. Kept apart from the
+pages so the whole of what the dashboard accepts can be read in one place,
+and from the guard so the rendering can read a notice without importing it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.datastructures import FormData, QueryParams
+from starlette.requests import Request
+
+from conveyor.errors import InvalidInputError
+from conveyor.filters import EventFilter
+
+# An event id as a URL may carry it: 1 to 19 ASCII digits, within bigint.
+EVENT_ID_MAX = 2**63 - 1
+# The "created within" choices of the events filter, in seconds.
+WITHIN = {"1h": 3600.0, "24h": 86_400.0, "7d": 7 * 86_400.0, "30d": 30 * 86_400.0}
+BULK_KINDS = ("retry", "cancel")
+
+
+def event_id(text: str, name: str = "event id") -> int:
+    """An id from the URL; InvalidInputError (400) for anything but a bigint's digits."""
+    if not (1 <= len(text) <= 19 and text.isascii() and text.isdigit()) \
+            or int(text) > EVENT_ID_MAX:
+        shown = text if len(text) <= 24 else text[:21] + "..."
+        raise InvalidInputError(f"invalid {name} {shown!r}: expected a positive integer "
+                                f"below 2**63")
+    return int(text)
+
+
+def notice_number(request: Request) -> int | None:
+    """The ``n`` of a notice link; InvalidInputError when it is not an integer."""
+    n = request.query_params.get("n")
+    return None if n is None or "done" not in request.query_params else event_id(n, "n")
+
+
+def bulk_kind(request: Request) -> str:
+    """The bulk action a path names: ``retry`` or ``cancel``."""
+    kind = str(request.path_params["kind"])
+    if kind not in BULK_KINDS:
+        raise InvalidInputError(f"unknown bulk action {kind!r}: expected retry or cancel")
+    return kind
+
+
+def filter_from(params: QueryParams | FormData, *, hide_payloads: bool = False
+                ) -> tuple[EventFilter, dict[str, Any]]:
+    """The EventFilter a query string or form names, and the form's values to show again.
+
+    Raises InvalidInputError naming the field and the value that is wrong.
+    """
+    states = tuple(str(s) for s in params.getlist("state") if s)
+    topic = str(params.get("topic") or "").strip() or None
+    tenant = str(params.get("tenant") or "").strip() or None
+    error = str(params.get("error") or "").strip() or None
+    payload = str(params.get("payload") or "").strip() or None
+    if payload is not None and hide_payloads:
+        raise InvalidInputError("the payload filter is off: this dashboard hides payloads")
+    within = str(params.get("within") or "")
+    before = str(params.get("before") or "")
+    for label, choice in (("created-within", within), ("created-before", before)):
+        if choice and choice not in WITHIN:
+            raise InvalidInputError(f"invalid {label} choice {choice!r}: expected one of "
+                                    f"{', '.join(WITHIN)}")
+    shown = {"state": list(states), "topic": topic or "", "tenant": tenant or "",
+             "error": error or "", "payload": payload or "", "within": within, "before": before}
+    return EventFilter(states=states, topic=topic, tenant=tenant, error=error, payload=payload,
+                       newer_than=WITHIN.get(within), older_than=WITHIN.get(before)), shown
+
+
+def query(shown: dict[str, Any], **extra: Any) -> str:
+    """The query string that names ``shown`` (a filter's form values) and ``extra`` again."""
+    pairs: list[tuple[str, str]] = []
+    for key, value in {**shown, **extra}.items():
+        for item in value if isinstance(value, list) else [value]:
+            if item not in ("", None):
+                pairs.append((key, str(item)))
+    return urlencode(pairs)
+

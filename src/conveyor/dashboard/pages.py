@@ -1,0 +1,148 @@
+"""The dashboard's pages and actions: what each one reads or changes, and shows.
+
+Each handler reads its inputs (:mod:`~conveyor.dashboard.inputs`), calls the
+operator API on a connection of the pool, and renders a template, or, for
+an action, answers with a redirect so a reload never repeats it. What runs
+around them (authorization, CSRF, error pages) is the guard's, and the
+headers of every response the renderer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import urlencode
+
+import psycopg
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+import conveyor.dashboard.charts as charts
+from conveyor.admin_async import AsyncAdmin
+from conveyor.dashboard.config import DashboardConfig
+from conveyor.dashboard.data import TOPICS_SHOWN, Database, outcome_chart, topic_table
+from conveyor.dashboard.guard import Handler
+from conveyor.dashboard.inputs import bulk_kind, event_id, filter_from, query
+from conveyor.dashboard.render import Renderer, timeline
+from conveyor.db.named_queries import queries_for
+from conveyor.errors import InvalidInputError
+from conveyor.filters import EventFilter
+
+# Topics the "no live worker claims" warning names; it counts the rest.
+UNHANDLED_SHOWN = 20
+
+
+class Pages:
+    """The request handlers; one instance per app."""
+
+    def __init__(self, config: DashboardConfig, db: Database, render: Renderer) -> None:
+        self.config = config
+        self.db = db
+        self.render = render.render
+        self.admin = AsyncAdmin(config.schema)
+        self.queries = queries_for(config.schema)
+        self._path = render.path
+
+    async def overview(self, request: Request) -> Response:
+        span = request.query_params.get("span") or "1h"
+        if span not in charts.SPANS:
+            raise InvalidInputError(f"invalid chart span {span!r}: expected one of {', '.join(charts.SPANS)}")
+        async with self.db.connection() as conn:
+            status = await self.admin.status(conn)
+            pauses = await self.admin.paused(conn)
+            chart = await outcome_chart(conn, self.queries, span)
+        topics, other = await asyncio.to_thread(topic_table, status.by_topic, TOPICS_SHOWN)
+        unhandled = status.unhandled_topics
+        return await self.render(request, "overview.html", status=status, pauses=pauses,
+                                 topics=topics, other=other, chart=chart, spans=list(charts.SPANS),
+                                 estimated=set(status.estimated_states),
+                                 unhandled=unhandled[:UNHANDLED_SHOWN],
+                                 unhandled_more=max(0, len(unhandled) - UNHANDLED_SHOWN))
+
+    async def events(self, request: Request) -> Response:
+        filter, shown = filter_from(request.query_params, hide_payloads=self.config.hide_payloads)
+        after_text = request.query_params.get("after") or None
+        after = event_id(after_text, "after") if after_text else None
+        async with self.db.connection() as conn:
+            page = await self.admin.events(conn, filter, after=after, limit=self.config.page_size,
+                                           newest=self._newest(filter))
+        return await self.render(
+            request, "events.html", page=page, shown=shown, filtered=not filter.is_empty(),
+            next_query=query(shown, after=page.next_after) if page.next_after else None,
+            first_query=query(shown) if after else None, filter_query=query(shown),
+            searched=self._newest(filter))
+
+    def _newest(self, filter: EventFilter) -> int | None:
+        """How many of the newest events a search may read: bounded for the filters no
+        index serves (error text, payload), so one that matches nothing stays cheap."""
+        return self.config.search_rows if filter.error or filter.payload else None
+
+    async def event(self, request: Request) -> Response:
+        wanted = event_id(request.path_params["event_id"])
+        async with self.db.connection() as conn:
+            record = await self.admin.show(conn, wanted)
+        payload = json.dumps(record.payload, indent=2, ensure_ascii=False, sort_keys=True)
+        return await self.render(request, "event.html", event=record, payload=payload,
+                                 payload_bytes=len(payload.encode()), timeline=timeline(record))
+
+    def _back(self, request: Request, name: str, query_string: str = "", **params: Any
+              ) -> Response:
+        # A path: the browser resolves it against the address it used.
+        target = self._path(request, name, **params)
+        return RedirectResponse(f"{target}?{query_string}" if query_string else target,
+                                status_code=303)
+
+    async def retry(self, request: Request) -> Response:
+        wanted = event_id(request.path_params["event_id"])
+        async with self.db.connection() as conn:
+            await self.admin.retry(conn, wanted)
+        return self._back(request, "event", urlencode({"done": "retried", "n": wanted}),
+                          event_id=wanted)
+
+    async def cancel(self, request: Request) -> Response:
+        wanted = event_id(request.path_params["event_id"])
+        async with self.db.connection() as conn:
+            await self.admin.cancel(conn, wanted)
+        return self._back(request, "event", urlencode({"done": "cancelled", "n": wanted}),
+                          event_id=wanted)
+
+    async def bulk_confirm(self, request: Request) -> Response:
+        kind = bulk_kind(request)
+        filter, shown = filter_from(request.query_params, hide_payloads=self.config.hide_payloads)
+        async with self.db.connection() as conn:
+            count = await self.admin.count_matching(conn, filter, action=kind)
+        return await self.render(request, "confirm.html", kind=kind, count=count, shown=shown,
+                                 filter_query=query(shown))
+
+    def bulk_run(self, kind: str) -> Handler:
+        async def run(request: Request) -> Response:
+            form = await request.form()
+            filter, shown = filter_from(form, hide_payloads=self.config.hide_payloads)
+            async with self.db.connection() as conn:
+                ids = await self._bulk(conn, kind, filter)
+            return self._back(request, "events", query(shown, done=f"bulk_{kind}", n=len(ids)))
+        return run
+
+    async def _bulk(self, conn: psycopg.AsyncConnection[Any], kind: str, filter: EventFilter
+                    ) -> list[int]:
+        run = self.admin.retry_matching if kind == "retry" else self.admin.cancel_matching
+        return await run(conn, filter)
+
+    async def pause(self, request: Request) -> Response:
+        form = await request.form()
+        pattern = str(form.get("pattern") or "").strip()
+        tenant = str(form.get("tenant") or "").strip() or None
+        reason = str(form.get("reason") or "").strip() or None
+        async with self.db.connection() as conn:
+            await self.admin.pause(conn, pattern, tenant=tenant, reason=reason)
+        return self._back(request, "overview", urlencode({"done": "paused"}))
+
+    async def resume(self, request: Request) -> Response:
+        form = await request.form()
+        pattern = str(form.get("pattern") or "").strip()
+        tenant = str(form.get("tenant") or "").strip() or None
+        async with self.db.connection() as conn:
+            existed = await self.admin.resume(conn, pattern, tenant=tenant)
+        return self._back(request, "overview",
+                          urlencode({"done": "resumed" if existed else "not_paused"}))
