@@ -200,7 +200,8 @@ def test_the_imports_within_a_package_form_a_tree(package: str) -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-CONSUMER_SUPPORT = ("webhooks", "workbook", "filestore", "engine_client")
+CONSUMER_SUPPORT = ("webhooks", "webhook_signing", "workbook", "workbook_reader", "workbook_limits",
+                    "filestore", "engine_client")
 
 
 @pytest.mark.parametrize("name", CONSUMER_SUPPORT)

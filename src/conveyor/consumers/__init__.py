@@ -7,8 +7,10 @@
 
 Their support, importable on its own:
 
+* :mod:`conveyor.consumers.webhook_signing` signs and verifies webhooks (stdlib only).
 * :mod:`conveyor.consumers.engine_client` calls the application's API with scoped service JWTs.
-* :mod:`conveyor.consumers.workbook` streams an XLSX sheet within limits (stdlib only).
+* :mod:`conveyor.consumers.workbook` aggregates an XLSX sheet (stdlib only), streamed by
+  :mod:`~conveyor.consumers.workbook_reader` within :mod:`~conveyor.consumers.workbook_limits`.
 * :mod:`conveyor.consumers.filestore` opens a tenant's files, refusing names that leave its root.
 
 Consumers are leaves: they import no worker code, and only the CLI composes

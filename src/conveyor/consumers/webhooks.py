@@ -6,7 +6,9 @@ Three parts:
   carries ``webhook-id`` (stable across retries), ``webhook-timestamp`` (integer
   Unix seconds) and ``webhook-signature`` = ``v1,<base64 HMAC-SHA256 of
   "<id>.<timestamp>.<body>">``, keyed by the secret ``whsec_<base64 key>``.
-  :func:`verify` is the receiver's half.
+  :func:`verify` is the receiver's half. They live in
+  :mod:`conveyor.consumers.webhook_signing` (the standard library only, for a
+  receiver) and are re-exported here.
 * **Fan-out**: :class:`WebhookFanout` turns one event into one ``webhook.deliver``
   event per subscribed endpoint, with idempotency key ``webhook:<event id>:<endpoint>``,
   so a redelivered source event fans out nothing new.
@@ -31,16 +33,11 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import datetime
 import email.utils
-import hashlib
-import hmac
 import json
 import logging
 import re
-import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +47,17 @@ from urllib.parse import urlsplit
 import psycopg
 
 from conveyor.config import ProducerConfig
+from conveyor.consumers.webhook_signing import (
+    SECRET_PREFIX,
+    TIMESTAMP_DIGITS_MAX,
+    TOLERANCE_DEFAULT,
+    WebhookVerificationError,
+    generate_secret,
+    secret_key,
+    sign,
+    signature_headers,
+    verify,
+)
 from conveyor.db.connect import connect_async
 from conveyor.errors import ConfigError, ConveyorError, MissingExtraError
 from conveyor.outcomes import Cancel, PermanentFailure, RetryAfter
@@ -65,8 +73,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SECRET_PREFIX = "whsec_"
-TOLERANCE_DEFAULT = 300.0
+__all__ = ["BACKOFF_DEFAULT", "DELIVER_TOPIC", "MAX_ATTEMPTS_DEFAULT", "RETRY_AFTER_MAX",
+           "SECRET_PREFIX", "TIMEOUT_DEFAULT", "TIMESTAMP_DIGITS_MAX", "TOLERANCE_DEFAULT",
+           "WebhookDeliverer", "WebhookEndpoint", "WebhookFanout", "WebhookSubscriptions",
+           "WebhookVerificationError", "fanout_key", "generate_secret", "message_id",
+           "secret_key", "sign", "signature_headers", "verify", "webhook_body"]
+
 DELIVER_TOPIC = "webhook.deliver"
 TIMEOUT_DEFAULT = 15.0
 MAX_ATTEMPTS_DEFAULT = 8
@@ -74,148 +86,9 @@ MAX_ATTEMPTS_DEFAULT = 8
 # the schedule Standard Webhooks' reference implementation (Svix) uses.
 BACKOFF_DEFAULT = BackoffPolicy(base_delay=5.0, factor=6.0, max_delay=36000.0, jitter=0.1)
 RETRY_AFTER_MAX = 3600.0
-TIMESTAMP_DIGITS_MAX = 12
 _ENDPOINT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _ASCII_DIGITS_RE = re.compile(r"[0-9]+")
 
-
-class WebhookVerificationError(ConveyorError):
-    """A webhook request failed verification: bad or missing headers, signature or timestamp."""
-
-
-# ------------------------------------------------------------------ signing
-
-def generate_secret(size: int = 32) -> str:
-    """A new random secret, ``whsec_<base64 of size bytes>``. Defaults to 32 bytes."""
-    if not 24 <= size <= 64:
-        raise ConfigError(f"expected size to be 24..64 bytes, got {size!r}")
-    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(size)).decode()
-
-
-def secret_key(secret: str | bytes) -> bytes:
-    """The HMAC key of a secret: ``whsec_<base64>`` decoded, or raw bytes as given."""
-    if isinstance(secret, bytes):
-        key = secret
-    else:
-        text = secret.removeprefix(SECRET_PREFIX)
-        try:
-            key = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError):
-            raise ConfigError("expected a webhook secret 'whsec_<base64>', got a value that "
-                              "is not base64") from None
-    if len(key) < 16:
-        raise ConfigError(f"expected a webhook secret of at least 16 bytes, got {len(key)}")
-    return key
-
-
-def sign(secret: str | bytes, msg_id: str, timestamp: int, body: bytes) -> str:
-    """The ``webhook-signature`` value: ``"v1,<base64 HMAC-SHA256>"``.
-
-    Example::
-
-        sign("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_1", 1614265330, b'{"a":1}')
-    """
-    signed = f"{msg_id}.{timestamp}.".encode() + body
-    digest = hmac.new(secret_key(secret), signed, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode()
-
-
-def signature_headers(secret: str | bytes, msg_id: str, body: bytes, *,
-                      timestamp: int | None = None) -> dict[str, str]:
-    """The three headers for one request; ``timestamp`` defaults to now."""
-    ts = int(time.time()) if timestamp is None else int(timestamp)
-    return {"webhook-id": msg_id, "webhook-timestamp": str(ts),
-            "webhook-signature": sign(secret, msg_id, ts, body)}
-
-
-def _header(headers: Mapping[str, str], name: str) -> str:
-    """The one value of header ``name`` (any case); refused when missing, repeated or not text.
-
-    Two values for one name (two spellings in a dict, or a framework whose
-    ``items()`` yields every raw header line) make "the" header ambiguous, so
-    neither is trusted.
-    """
-    found: list[object] = []
-    try:
-        for key, value in headers.items():
-            if isinstance(key, str | bytes) and _lower_name(key) == name:
-                found.append(value)
-    except (AttributeError, TypeError, ValueError):
-        raise WebhookVerificationError(
-            f"expected the request headers as a mapping, got {type(headers).__name__}") from None
-    if not found:
-        raise WebhookVerificationError(f"missing header {name!r}")
-    if len(found) > 1:
-        raise WebhookVerificationError(f"duplicate header {name!r}: {len(found)} values")
-    only = found[0]
-    if not isinstance(only, str):
-        raise WebhookVerificationError(f"header {name!r} is a {type(only).__name__}, not text")
-    return only
-
-
-def _lower_name(key: str | bytes) -> str:
-    text = key.decode("latin-1") if isinstance(key, bytes) else key
-    return text.lower()
-
-
-def _encoded(name: str, value: str) -> bytes:
-    try:
-        return value.encode()
-    except UnicodeEncodeError:
-        raise WebhookVerificationError(f"header {name!r} is not valid text") from None
-
-
-def _timestamp(stamp: str) -> int:
-    # Unix seconds have 10 digits until the year 2286; anything much longer is
-    # hostile, and would overflow a float or hit int()'s digit limit.
-    if not stamp.isascii() or not stamp.isdigit() or len(stamp) > TIMESTAMP_DIGITS_MAX:
-        raise WebhookVerificationError(f"invalid webhook-timestamp {stamp[:20]!r}: expected "
-                                       f"1-{TIMESTAMP_DIGITS_MAX} ASCII digits")
-    return int(stamp)
-
-
-def verify(secret: str | bytes, headers: Mapping[str, str], body: bytes, *,
-           tolerance: float = TOLERANCE_DEFAULT, now: float | None = None) -> None:
-    """Check a received webhook; raise :class:`WebhookVerificationError` if it is not genuine.
-
-    Refuses a timestamp more than ``tolerance`` seconds in the past or future
-    (replays), and any body, id or timestamp that does not match one of the
-    space-separated ``v1`` signatures (so secrets can be rotated). Compares in
-    constant time. ``tolerance`` defaults to 300 s; ``now`` to the clock.
-
-    Whatever the headers and body hold (missing, repeated or non-text headers,
-    huge or non-ASCII values, a body that is not bytes), the only exception is
-    :class:`WebhookVerificationError`, so a receiver can answer 400 to all of it.
-
-    Example::
-
-        verify(secret, request.headers, await request.body())
-    """
-    if not isinstance(body, bytes | bytearray | memoryview):
-        raise WebhookVerificationError(
-            f"expected the raw request body as bytes, got {type(body).__name__}; the "
-            "signature covers the bytes as received, so pass them undecoded")
-    msg_id = _header(headers, "webhook-id")
-    id_bytes = _encoded("webhook-id", msg_id)
-    if not msg_id:
-        raise WebhookVerificationError("empty header 'webhook-id'")
-    timestamp = _timestamp(_header(headers, "webhook-timestamp"))
-    signatures = _header(headers, "webhook-signature")
-    current = time.time() if now is None else now
-    if abs(current - timestamp) > tolerance:
-        raise WebhookVerificationError(
-            f"webhook-timestamp {timestamp} is {current - timestamp:+.0f}s from now, "
-            f"outside the {tolerance:g}s tolerance")
-    signed = id_bytes + f".{timestamp}.".encode() + bytes(body)
-    expected = base64.b64encode(hmac.new(secret_key(secret), signed, hashlib.sha256).digest())
-    for candidate in signatures.split():
-        version, _, value = candidate.partition(",")
-        if version == "v1" and value.isascii() and hmac.compare_digest(value.encode(), expected):
-            return
-    raise WebhookVerificationError(f"no valid signature for webhook {msg_id[:80]!r}")
-
-
-# ------------------------------------------------------------ subscriptions
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WebhookEndpoint:
@@ -298,8 +171,6 @@ class WebhookSubscriptions:
             out.extend(p for p in endpoint.topics if p not in out)
         return out
 
-
-# ------------------------------------------------------------------ fan-out
 
 def fanout_key(event_id: int, endpoint: str) -> str:
     """Idempotency key of one endpoint's delivery of one source event."""
@@ -390,8 +261,6 @@ def _delivery_payload(event: Event, endpoint: str) -> dict[str, Any]:
             "timestamp": event.created_at.isoformat() if event.created_at else None,
             "data": event.payload}
 
-
-# ----------------------------------------------------------------- delivery
 
 def webhook_body(payload: Mapping[str, Any]) -> bytes:
     """The request body: ``{"type", "timestamp", "data"}`` as compact JSON, stable across retries."""
