@@ -86,7 +86,8 @@ def test_the_shared_vocabulary_imports_only_itself(module: str) -> None:
 @pytest.mark.parametrize("module", _modules("conveyor.db"))
 def test_the_database_seam_knows_no_worker_producer_or_cli(module: str) -> None:
     for target in ("conveyor.worker", "conveyor.producer", "conveyor.admin", "conveyor.cli",
-                   "conveyor.consumers", "conveyor.testing", "conveyor.multitenant"):
+                   "conveyor.consumers", "conveyor.testing", "conveyor.multitenant",
+                   "conveyor.tenancy"):
         assert not _reaches(module, target), f"{module} imports {target}"
 
 
@@ -257,7 +258,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "admin": ("conveyor.admin", "conveyor.admin_async", "conveyor.admin_core"),
     "worker": ("conveyor.worker",),
     "relay": ("conveyor.relay",),
-    "tenancy": ("conveyor.multitenant",),
+    "tenancy": ("conveyor.multitenant", "conveyor.tenancy"),
     "metrics": ("conveyor.metrics",),
     "dashboard": ("conveyor.dashboard",),
     "consumers": ("conveyor.consumers",),
