@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Every async source and the sync file generated from it, relative to the repo root.
 ALL_INPUTS: dict[str, str] = {
     "src/conveyor/admin_async.py": "src/conveyor/admin.py",
+    "src/conveyor/admin_controls_async.py": "src/conveyor/admin_controls.py",
     "src/conveyor/schema/migrator_async.py": "src/conveyor/schema/migrator.py",
     "src/conveyor/producer_async.py": "src/conveyor/producer.py",
     "src/conveyor/db/connect_async.py": "src/conveyor/db/connect.py",
@@ -42,6 +43,7 @@ ALL_INPUTS: dict[str, str] = {
 # Async name -> sync name, replaced as whole words.
 NAMES: dict[str, str] = {
     "AsyncAdmin": "Admin",
+    "AsyncAdminControls": "AdminControls",
     "AsyncMigrator": "Migrator",
     "AsyncProducer": "Producer",
     "AsyncCommittingProducer": "CommittingProducer",

@@ -23,7 +23,7 @@ import pytest
 from conveyor import Admin, AsyncAdmin, EventState, Producer, QueueStatus
 from conveyor import admin as admin_module
 from conveyor.admin import EXACT_FINISHED_LIMIT
-from conveyor.admin_core import _estimate_finished
+from conveyor.admin_status import estimate_finished
 from conveyor.cli.commands import format_schedules, format_status
 from conveyor.cron import Schedule
 from conveyor.db.named_queries import queries_for
@@ -224,21 +224,21 @@ def test_one_finished_row_past_the_limit_switches_to_estimates(
 def test_estimate_takes_open_rows_off_and_splits_by_the_state_shares() -> None:
     estimate = (10_000.0, ["succeeded", "pending", "cancelled"], [0.6, 0.2, 0.2])
     floor = {"succeeded": 0, "cancelled": 0}
-    assert _estimate_finished(estimate, 2_000, floor) == {"succeeded": 6_000, "cancelled": 2_000}
+    assert estimate_finished(estimate, 2_000, floor) == {"succeeded": 6_000, "cancelled": 2_000}
 
 
 def test_estimate_never_goes_below_what_the_sample_saw() -> None:
     estimate = (1_000.0, ["succeeded"], [1.0])
     floor = {"succeeded": 10, "cancelled": 400}      # cancelled rare: not in the MCV list
-    assert _estimate_finished(estimate, 0, floor) == {"succeeded": 1_000, "cancelled": 400}
-    assert _estimate_finished(estimate, 5_000, floor) == {"succeeded": 10, "cancelled": 400}
+    assert estimate_finished(estimate, 0, floor) == {"succeeded": 1_000, "cancelled": 400}
+    assert estimate_finished(estimate, 5_000, floor) == {"succeeded": 10, "cancelled": 400}
 
 
 def test_estimate_without_statistics_calls_every_finished_row_succeeded() -> None:
     floor = {"succeeded": 0, "cancelled": 0}
-    assert _estimate_finished((500.0, None, None), 100, floor) == {
+    assert estimate_finished((500.0, None, None), 100, floor) == {
         "succeeded": 400, "cancelled": 0}
-    assert _estimate_finished(None, 100, floor) == {"succeeded": 0, "cancelled": 0}
+    assert estimate_finished(None, 100, floor) == {"succeeded": 0, "cancelled": 0}
 
 
 def test_table_estimate_before_any_analyze_uses_the_live_row_counter(fresh_db: str) -> None:

@@ -21,6 +21,7 @@ HEADER = "by scripts/unasync.py; DO NOT EDIT"
 # copied by hand (CONVENTIONS, "API shape").
 TWINS = [
     "src/conveyor/admin.py",
+    "src/conveyor/admin_controls.py",
     "src/conveyor/db/connect.py",
     "src/conveyor/db/execute.py",
     "src/conveyor/producer.py",

@@ -3,7 +3,9 @@
 
 Each method joins the transaction of the connection you pass, as the
 producers do. The statements run here; parameters, checks, decoding and the
-bulk flows are the I/O-free core in :mod:`conveyor.admin_core`.
+bulk flows are the I/O-free core in :mod:`conveyor.admin_core` (what ``status``
+computes: :mod:`conveyor.admin_status`). The pauses and cron schedules are
+methods of :mod:`conveyor.admin_controls_async`, which the admin inherits.
 
 ``conveyor/admin_async.py`` is the source people edit; ``conveyor/admin.py``
 is its sync twin, generated from it by ``scripts/unasync.py``.
@@ -28,12 +30,11 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from conveyor.admin_async import AsyncAdmin as AsyncAdmin
+from conveyor.admin_controls import AdminControls
 from conveyor.admin_core import (
     LIST_LIMIT_MAX,
     PRUNE_DEFAULT_STATES,
-    SCHEDULED,
     WAIT_RECHECK,
-    WORKER_ALIVE_WITHIN,
     Rows,
     Step,
     _already_cancelled,
@@ -44,30 +45,28 @@ from conveyor.admin_core import (
     _check_newest,
     _check_wait_timeout,
     _count_step,
-    _estimate_params,
     _list_params,
-    _needs_estimate,
     _not_changed,
     _page,
-    _pause_params,
     _prune_params,
     _report,
     _reschedule_params,
     _retry_flow,
-    _status,
-    pause_from_row,
+)
+from conveyor.admin_status import (
+    SCHEDULED,
+    WORKER_ALIVE_WITHIN,
+    estimate_params,
+    needs_estimate,
+    queue_status,
 )
 from conveyor.db.execute import run
 from conveyor.db.named_queries import queries_for
-from conveyor.db.rows import (
-    record_from_event_get_row,
-    result_from_event_result_row,
-    schedule_from_row,
-)
+from conveyor.db.rows import record_from_event_get_row, result_from_event_result_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, WaitTimeoutError
 from conveyor.filters import EventFilter
-from conveyor.notify import PAUSE_NOTIFICATION, WAKE_ALL, result_payload, wake_payload
-from conveyor.records import EventPage, EventRecord, EventResult, Pause, QueueStatus, ScheduleInfo
+from conveyor.notify import WAKE_ALL, result_payload, wake_payload
+from conveyor.records import EventPage, EventRecord, EventResult, QueueStatus
 from conveyor.validation import check_event_id, check_schema_name, check_topic
 
 __all__ = [
@@ -121,8 +120,11 @@ def _run_flow(conn: psycopg.Connection[Any],
         return result
 
 
-class Admin:
+class Admin(AdminControls):
     """Operator operations on the connection you pass, in its transaction.
+
+    The pauses and cron schedules (``pause``, ``resume``, ``paused``,
+    ``schedules``, ``remove_schedule``) come from :class:`AdminControls`.
 
     ``schema``: the schema holding Conveyor's tables. Defaults to ``"conveyor"``.
     """
@@ -146,14 +148,14 @@ class Admin:
         cur = run(conn, q["status_finished_sample"], {"limit": EXACT_FINISHED_LIMIT + 1})
         sample = cur.fetchall()
         estimate = None
-        if _needs_estimate(sample, EXACT_FINISHED_LIMIT):
-            cur = run(conn, q["status_table_estimate"], _estimate_params(q))
+        if needs_estimate(sample, EXACT_FINISHED_LIMIT):
+            cur = run(conn, q["status_table_estimate"], estimate_params(q))
             estimate = cur.fetchone()
         oldest_row = (run(conn, q["status_oldest_due_age"])).fetchone()
         cur = run(conn, q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN})
         workers = cur.fetchall()
-        return _status(open_rows, sample, estimate, oldest_row[0] if oldest_row else None,
-                       workers, EXACT_FINISHED_LIMIT)
+        return queue_status(open_rows, sample, estimate, oldest_row[0] if oldest_row else None,
+                            workers, EXACT_FINISHED_LIMIT)
 
     def show(self, conn: psycopg.Connection[Any], event_id: int) -> EventRecord:
         """One event with its whole row, error history included.
@@ -378,79 +380,6 @@ class Admin:
             total = _report(progress, total + cur.rowcount)
             if cur.rowcount < PRUNE_BATCH:
                 return total
-
-    def pause(self, conn: psycopg.Connection[Any], pattern: str, *,
-                    tenant: str | None = None, reason: str | None = None) -> Pause:
-        """Stop every worker from claiming events of ``pattern``; returns the pause.
-
-        ``pattern``: an exact topic, ``"prefix.*"`` or ``"*"``, as a route is
-        written. ``tenant``: only this tenant's events; defaults to None, every
-        tenant. ``reason``: who and why, shown by ``conveyor status`` (up to
-        500 characters); defaults to None.
-
-        Joins the caller's transaction like every method here: the pause
-        exists, and the workers hear of it, only when that transaction
-        commits. Workers then claim no matching event within a second (a
-        NOTIFY, and a poll every half second as the fallback); events already
-        running finish normally. The pause is a row in the database, so it
-        holds across worker restarts until :meth:`resume`. Pausing what is
-        already paused keeps its ``paused_at`` and replaces the reason when
-        one is given.
-
-        Example::
-
-            with conn.transaction():
-                admin.pause(conn, "email.*", reason="ops: smtp relay down")
-        """
-        params = _pause_params(pattern, tenant, reason)
-        row = (run(conn, self._q["pause_upsert"], params)).fetchone()
-        assert row is not None  # an upsert always returns its row
-        self._notify_pauses(conn)
-        return pause_from_row(row)
-
-    def resume(self, conn: psycopg.Connection[Any], pattern: str, *,
-                     tenant: str | None = None) -> bool:
-        """Lift the pause of exactly ``pattern`` and ``tenant``; returns whether one existed.
-
-        It names the pause as :meth:`pause` did: resuming ``"email.*"`` leaves
-        a pause of ``"email.send"``, or of ``"email.*"`` for one tenant, in
-        place. Takes effect when the caller's transaction commits; workers
-        claim the topic again within a second. ``tenant`` defaults to None.
-        """
-        params = _pause_params(pattern, tenant)
-        cur = run(conn, self._q["pause_delete"], params)
-        if cur.fetchone() is None:
-            return False
-        self._notify_pauses(conn)
-        return True
-
-    def paused(self, conn: psycopg.Connection[Any]) -> list[Pause]:
-        """Every pause in force, by pattern, the all-tenants one before per-tenant ones."""
-        cur = run(conn, self._q["pause_list"])
-        return [pause_from_row(r) for r in cur.fetchall()]
-
-    def schedules(self, conn: psycopg.Connection[Any]) -> list[ScheduleInfo]:
-        """Every cron schedule a worker has declared, by name, with its next slot and
-        whether it is overdue (no scheduler is firing it); see docs/cron.md."""
-        cur = run(conn, self._q["cron_list"])
-        return [schedule_from_row(r) for r in cur.fetchall()]
-
-    def remove_schedule(self, conn: psycopg.Connection[Any], name: str) -> bool:
-        """Forget a cron schedule no worker declares any more; ``True`` if it existed.
-
-        A worker that still declares it puts it back within a minute (starting
-        from then, without firing the slots in between).
-        """
-        if not isinstance(name, str) or not name:
-            raise InvalidInputError(f"expected a schedule name, got {name!r:.60}")
-        cur = run(conn, self._q["cron_remove"], {"name": name})
-        return cur.fetchone() is not None
-
-    def _notify_pauses(self, conn: psycopg.Connection[Any]) -> None:
-        # Delivered at commit, and not at all on a rollback: the workers hear
-        # of a pause exactly when it exists.
-        run(conn, self._q["event_notify"],
-                        {"channel": self._q.channel, "payload": PAUSE_NOTIFICATION})
 
     def _notify(self, conn: psycopg.Connection[Any]) -> None:
         run(conn, self._q["event_notify"], {"channel": self._q.channel, "payload": WAKE_ALL})

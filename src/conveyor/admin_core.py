@@ -4,6 +4,7 @@
 drivers over it: they run the statements and hand the rows back here. The bulk
 actions are generators that yield ``(query, params)`` steps and receive the
 rows (httpx's ``auth_flow`` shape), so each driver is a loop of a few lines.
+What ``status`` computes from its reads is :mod:`conveyor.admin_status`'s.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 from conveyor.db.named_queries import Queries
-from conveyor.db.rows import worker_from_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, InvalidStateError
 from conveyor.filters import EventFilter
 from conveyor.notify import PAUSE_NOTIFICATION as _PAUSE_NOTIFICATION
-from conveyor.patterns import TopicPattern, check_topic_pattern, matches_any
-from conveyor.records import EventPage, EventSummary, Pause, QueueStatus, TopicCount
+from conveyor.patterns import TopicPattern, check_topic_pattern
+from conveyor.records import EventPage, EventSummary, Pause
 from conveyor.states import FINISHED_STATES, EventState
 from conveyor.validation import (
     DELAY_MAX_SECONDS,
@@ -27,110 +27,10 @@ from conveyor.validation import (
     check_tenant,
 )
 
-# A worker that has not renewed its heartbeat for this long is not counted alive.
-WORKER_ALIVE_WITHIN = 30.0
-
 # Admin.wait() reads the event again at least this often (seconds), for ends
 # no notification announces; and waits at most this long in one call.
 WAIT_RECHECK = 5.0
 WAIT_TIMEOUT_MAX = 7 * 86_400.0
-
-
-# The states whose counts may be estimates; pending, running and failed are
-# always exact (each has a partial index holding only its rows).
-ESTIMABLE_STATES = (EventState.SUCCEEDED.value, EventState.CANCELLED.value)
-
-
-def _estimate_finished(estimate: Sequence[Any] | None, open_total: int,
-                       floor: dict[str, int]) -> dict[str, int]:
-    """Succeeded and cancelled counts from the planner's statistics.
-
-    Finished-but-not-failed rows = estimated live rows - the exact open and
-    failed counts, split by the states' shares in pg_stats (all succeeded when
-    neither share is known), and never below what the sample already saw.
-    """
-    live_rows, states, shares = estimate if estimate is not None else (None, None, None)
-    finished = max(0.0, float(live_rows or 0) - open_total)
-    share = dict(zip(states or [], shares or [], strict=False))
-    succeeded_share = share.get(EventState.SUCCEEDED.value, 0.0)
-    cancelled_share = share.get(EventState.CANCELLED.value, 0.0)
-    if succeeded_share + cancelled_share <= 0:
-        succeeded_share = 1.0
-    succeeded = round(finished * succeeded_share / (succeeded_share + cancelled_share))
-    cancelled = round(finished) - succeeded
-    return {EventState.SUCCEEDED.value: max(succeeded, floor[EventState.SUCCEEDED.value]),
-            EventState.CANCELLED.value: max(cancelled, floor[EventState.CANCELLED.value])}
-
-
-# The key of QueueStatus.counts (and TopicCount.scheduled) for pending events
-# whose run_at is still in the future: not an EventState, a part of pending.
-SCHEDULED = "scheduled"
-
-
-def _empty_counts() -> dict[str, int]:
-    """Every count at 0, "scheduled" right after "pending" (the order status prints)."""
-    counts = {EventState.PENDING.value: 0, SCHEDULED: 0}
-    counts.update({s.value: 0 for s in EventState if s is not EventState.PENDING})
-    return counts
-
-
-def _status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[Any]],
-            estimate: Sequence[Any] | None, oldest: float | None,
-            workers: Sequence[Sequence[Any]], exact_limit: int) -> QueueStatus:
-    counts = _empty_counts()
-    per_topic: dict[tuple[str, str], int] = {}
-    scheduled_per_topic: dict[str, int] = {}
-    oldest_per_topic: dict[str, float] = {}
-    due_pairs = set()
-    for topic, tenant, state, n, oldest_due in open_rows:
-        counts[state] += n
-        if oldest_due is not None:
-            oldest_per_topic[topic] = max(oldest_due, oldest_per_topic.get(topic, 0.0))
-        if state == SCHEDULED:
-            # A pending row of its topic, due count 0 unless due events add to it.
-            per_topic.setdefault((topic, EventState.PENDING.value), 0)
-            scheduled_per_topic[topic] = scheduled_per_topic.get(topic, 0) + n
-            continue
-        per_topic[topic, state] = per_topic.get((topic, state), 0) + n
-        if state == EventState.PENDING.value:
-            due_pairs.add((topic, tenant))
-    seen = dict.fromkeys(ESTIMABLE_STATES, 0)
-    seen_per_topic: dict[tuple[str, str], int] = {}
-    for state, topic, n in sample:
-        if state in seen:      # the sample holds only these states (0003)
-            seen[state] += n
-            seen_per_topic[topic, state] = n
-    estimated: list[str] = []
-    if not _needs_estimate(sample, exact_limit):
-        counts.update(seen)               # the sample held every finished row
-        per_topic.update(seen_per_topic)
-    else:
-        counts.update(_estimate_finished(estimate, sum(counts.values()), seen))
-        estimated = list(ESTIMABLE_STATES)
-    by_topic = [TopicCount(topic, EventState(state), n,
-                           scheduled_per_topic.get(topic, 0) if state == "pending" else 0,
-                           oldest_per_topic.get(topic) if state == "pending" else None)
-                for (topic, state), n in sorted(per_topic.items())]
-    infos = [worker_from_row(w) for w in workers]
-
-    def claimable(topic: str, tenant: str | None) -> bool:
-        return any(matches_any(w.topics, topic)
-                   and (w.tenants is None or tenant in w.tenants) for w in infos)
-
-    # A topic is unhandled when some tenant's due events of it have no live
-    # worker allowed to claim them (a tenant-limited worker covers only its own).
-    # Events not yet due wait anyway: a worker started before they fall due is in time.
-    unhandled = sorted({topic for topic, tenant in due_pairs if not claimable(topic, tenant)})
-    return QueueStatus(counts=counts, by_topic=by_topic, oldest_pending_age_s=oldest,
-                       workers=infos, unhandled_topics=unhandled, estimated_states=estimated)
-
-
-def _needs_estimate(sample: Sequence[Sequence[Any]], exact_limit: int) -> bool:
-    return sum(int(row[2]) for row in sample) > exact_limit
-
-
-def _estimate_params(q: Queries) -> dict[str, Any]:
-    return {"schema": q.schema, "table": q.events_table}
 
 
 # What prune deletes when no states are given: what the workers' own pruning
@@ -204,6 +104,7 @@ def _report(progress: Callable[[int], None] | None, total: int) -> int:
     if progress is not None:
         progress(total)
     return total
+
 
 # The largest page Admin.events returns.
 LIST_LIMIT_MAX = 1000
