@@ -149,8 +149,6 @@ def test_benchmarks_and_tools_import_no_private_names_of_the_library() -> None:
     assert not found
 
 
-# --------------------------------------------------------------- rooms and cycles
-
 def _node(target: str) -> str | None:
     """The module an imported name lives in: ``conveyor.workflow.types.Trigger`` -> its module."""
     while target and target not in GRAPH:
@@ -225,8 +223,6 @@ def test_consumers_are_leaves_only_the_cli_composes_them(module: str) -> None:
                    and not (allowed and _in(m, allowed)))
     assert not found, f"{module} imports {found}"
 
-
-# ------------------------------------------------------------ the whole package
 
 def test_the_package_has_no_import_cycle() -> None:
     # Every import counts, in a function or under TYPE_CHECKING too: a cycle a

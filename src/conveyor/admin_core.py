@@ -249,8 +249,7 @@ def _count_query(q: Queries) -> str:
     announces can never filter differently. Without ORDER BY and LIMIT the
     planner reads the index that suits the filter (the failed events of a
     prefix through events_stopped_topic_idx) instead of walking the primary
-    key newest first: 38,145 matches among 5 million events counted in about
-    a quarter of a second, where a dry run's 39 batches took 2.5 s.
+    key newest first (measured: docs/dashboard.md, "At 5 million events").
     """
     head, found, _ = q["event_list"].rpartition("ORDER BY id DESC")
     assert found, "event_list no longer ends with its ORDER BY"

@@ -253,8 +253,8 @@ class EmailConsumer:
         self.templates = templates or TemplateSet(config.templates_dir)
         self._idle: list[aiosmtplib.SMTP] = []
         self._slots = asyncio.Semaphore(config.max_connections)
-        # Built once: loading the system trust store costs about 30 ms of CPU,
-        # which every new connection would otherwise pay.
+        # Built once: loading the system trust store is costly (measured:
+        # docs/benchmarks-consumers.md), and every new connection would pay it.
         self._tls_context = (_tls_context(config) if config.implicit_tls or config.starttls
                              else None)
         self.sent = 0

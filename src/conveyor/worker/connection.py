@@ -60,11 +60,12 @@ async def probe_server(conninfo: str, timeout: float = 1.0) -> bool | None:
 class CursorCache:
     """One cursor kept for a component's hot statements, remade with its connection.
 
-    Making a cursor sets up its adaptation state each time (15-30 us of a
-    claim's 50-75 us of client CPU). A worker component (the fetch loop, the
-    completer) runs its statements one after the other, so one cursor serves
-    them all; when the component's connection is replaced, the next ``get``
-    makes a new cursor and lets go of the old connection.
+    Making a cursor sets up its adaptation state each time, a large share of a
+    claim's client CPU (hot path, measured: see docs/benchmarks.md). A worker
+    component (the fetch loop, the completer) runs its statements one after
+    the other, so one cursor serves them all; when the component's connection
+    is replaced, the next ``get`` makes a new cursor and lets go of the old
+    connection.
     """
 
     def __init__(self, *, binary: bool = False) -> None:
