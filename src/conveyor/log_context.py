@@ -12,9 +12,9 @@ it, and an application that configures logging itself adds it to its handlers::
 How it is found: a plain handler's thread carries its event in a context
 variable; a handler on the event loop is looked up from the running task by
 the executor that started it. Setting a context variable in every handler
-task would cost the worker 2-4 us of CPU per event (asyncio copies a modified
-context at every callback), so the lookup is made only when a record is
-logged, and cached per task.
+task would cost CPU on every event (asyncio copies a modified context at
+every callback; docs/benchmarks.md, "Behind choices in the code"), so the
+lookup is made only when a record is logged, and cached per task.
 """
 
 from __future__ import annotations

@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 _add = add_command
 
 
-# ------------------------------------------------------------------- migrate
 
 def register_migrate(sub: Sub, env: Env) -> None:
     p = _add(sub, "migrate", "create or upgrade Conveyor's schema",
@@ -104,7 +103,6 @@ def run_migrate(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-# ------------------------------------------------------------------- enqueue
 
 def register_enqueue(sub: Sub, env: Env) -> None:
     p = _add(sub, "enqueue", "add one event and print its id",
@@ -178,7 +176,6 @@ def _enqueue_once(ctx: Context, conn: psycopg.Connection[Any], producer: Produce
     return event_id, existing is not None
 
 
-# -------------------------------------------------------------------- status
 
 def register_status(sub: Sub, env: Env) -> None:
     p = _add(sub, "status", "counts by state and topic, oldest pending, live workers",
@@ -286,7 +283,6 @@ def run_status(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------- show
 
 def register_show(sub: Sub, env: Env) -> None:
     p = _add(sub, "show", "one event with its error history",
@@ -323,7 +319,6 @@ def run_show(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------- xlsx
 
 def register_xlsx(sub: Sub, env: Env) -> None:
     p = _add(sub, "xlsx", "aggregate a workbook: rows, total and sum per tipo, as JSON",

@@ -66,7 +66,6 @@ def parse_ids(texts: Sequence[str]) -> list[int]:
     return list(dict.fromkeys(check_event_id(text) for text in texts))
 
 
-# -------------------------------------------------------------------- events
 
 def register_events(sub: Sub, env: Any) -> None:
     p = add_command(
@@ -139,7 +138,6 @@ def next_page_command(args: argparse.Namespace, after: int) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
-# ------------------------------------------------------------ retry / cancel
 
 def _add_bulk_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("ids", nargs="*", metavar="ID", help="event ids (all or none are changed)")
@@ -268,7 +266,6 @@ def _events(n: int) -> str:
     return f"{n} event" if n == 1 else f"{n} events"
 
 
-# --------------------------------------------------------------------- prune
 
 def register_prune(sub: Sub, env: Any) -> None:
     finished = sorted(s.value for s in FINISHED_STATES)

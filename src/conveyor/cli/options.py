@@ -197,7 +197,6 @@ def _describe_text(text: str, convert: Callable[[str], Any], unit: str | None) -
     return format_default(value, unit)
 
 
-# ---------------------------------------------------------------- value types
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -2,8 +2,8 @@
 
 psycopg adapts a Python list element by element, in Python. For statements
 that run thousands of times a second (claims, acknowledgements) a literal
-built once, or with one ``join``, costs a fraction of that: 10-18 us less
-client CPU per claim for the worker's three filter arrays. The statement
+built once, or with one ``join``, costs a fraction of that (docs/benchmarks.md,
+"Behind choices in the code"). The statement
 casts the parameter (``%(ids)s::bigint[]``), so PostgreSQL parses the text.
 """
 

@@ -66,7 +66,6 @@ class WorkflowRegistry:
         self._triggers: dict[str, Trigger] = {}
         self._methods: dict[str, Trigger] = {}
 
-    # ----------------------------------------------------------- declaring
 
     def object_type(self, name: str, *, description: str = "", id_field: str = "") -> ObjectType:
         """Declare an object type; returns it."""
@@ -107,7 +106,6 @@ class WorkflowRegistry:
         self._methods[definition.method] = definition
         return definition
 
-    # ------------------------------------------------------------- reading
 
     @property
     def object_types(self) -> tuple[ObjectType, ...]:
@@ -144,7 +142,6 @@ class WorkflowRegistry:
                 "object_types": [t.to_json() for t in self.object_types],
                 "triggers": [t.to_json() for t in self.triggers]}
 
-    # --------------------------------------------------------- registering
 
     async def register_all(self, adapter: WorkflowAdapter) -> RegistrationReport:
         """Register every object type, then every trigger; idempotent.
