@@ -310,6 +310,8 @@ def test_quick_observability_measures_metrics_and_tracing_beside_a_plain_worker(
     for name in ("all", "sampled_1pct"):
         assert _positive(result["sdk_span_us"][name]), result["sdk_span_us"]
         assert _positive(result["tracing_middleware_us"][name]), result["tracing_middleware_us"]
+        assert result["tracing_middleware_beyond_sdk_us"][name] == pytest.approx(
+            result["tracing_middleware_us"][name] - result["sdk_span_us"][name], abs=0.11)
     # What tracing adds beyond the SDK's span: the worker's added CPU less the span's.
     assert result["tracing_beyond_sdk_us_per_event"] == pytest.approx(
         result["tracing_cpu_us_per_event_added"] - result["sdk_span_us"]["all"], abs=0.11)

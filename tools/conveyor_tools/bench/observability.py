@@ -13,9 +13,9 @@ event is the worker process's own.
 
 What tracing costs beyond the SDK's own span: the tracing worker's added CPU
 per event minus what the SDK takes to start and end a span as the middleware
-makes it (:func:`sdk_span_us`, timed in this process, in the same run).
-:func:`middleware_us` splits it further: the middleware's ``before`` and
-``after`` on one event, against that bare SDK span, both in this process.
+makes it (``sdk_span_us``, timed in this process, in the same run).
+:func:`span_costs` also times the middleware's ``before`` and ``after`` on
+one event (``tracing_middleware_us``), taking turns with the SDK's span.
 
 Targets: metrics >= 0.95 of the plain drain, the 1 % sampled tracing >= 0.95;
 tracing beyond the SDK's span <= 5 us per event.
@@ -96,8 +96,9 @@ def run(url: str, base_schema: str, *, events: int, reps: int,
             result[f"{kind}_cpu_us_per_event_added"] = (
                 mine["worker_cpu_us_per_event"] - plain["worker_cpu_us_per_event"])
     spans = SPANS // 10 if reps == 1 else SPANS
-    result["sdk_span_us"] = sdk_span_us(spans)
-    result["tracing_middleware_us"] = middleware_us(spans)
+    result.update(span_costs(spans))
+    result["tracing_middleware_beyond_sdk_us"] = {
+        name: us - result["sdk_span_us"][name] for name, us in result["tracing_middleware_us"].items()}
     added = result.get("tracing_cpu_us_per_event_added")
     result["tracing_beyond_sdk_us_per_event"] = (
         None if added is None else added - result["sdk_span_us"]["all"])
@@ -132,44 +133,25 @@ def _providers() -> dict[str, Any]:
             "sampled_1pct": TracerProvider(sampler=ParentBased(TraceIdRatioBased(SAMPLED)))}
 
 
-def _best_of(rounds: int, spans: int, loop: Callable[[], None]) -> float:
-    """The least us per call of ``loop`` (``spans`` calls) over ``rounds`` rounds."""
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        loop()
-        best = min(best, (time.perf_counter() - t0) / spans * 1e6)
-    return best
-
-
-def sdk_span_us(spans: int = SPANS, rounds: int = 5) -> dict[str, float]:
-    """us for the SDK to start and end one root ``process`` span as the middleware makes it.
-
-    The least of ``rounds`` rounds: the floor, which other load on the machine
-    can only raise.
-    """
+def _sdk_loop(provider: Any, spans: int) -> Callable[[], None]:
+    """Start and end ``spans`` root ``process`` spans as the middleware makes them."""
     from opentelemetry import trace
 
-    found = {}
-    for name, provider in _providers().items():
-        tracer = provider.get_tracer("conveyor.bench")
+    tracer = provider.get_tracer("conveyor.bench")
+    fixed = {"messaging.system": "conveyor", "messaging.operation.type": "process",
+             "messaging.operation.name": "process", "messaging.destination.name": "bench.noop"}
 
-        def loop(tracer: trace.Tracer = tracer) -> None:
-            for i in range(spans):
-                tracer.start_span(
-                    "process bench.noop", kind=trace.SpanKind.CONSUMER,
-                    attributes={"messaging.system": "conveyor",
-                                "messaging.operation.type": "process",
-                                "messaging.operation.name": "process",
-                                "messaging.destination.name": "bench.noop",
-                                "messaging.message.id": str(i), "conveyor.attempt": 1}).end()
+    def loop() -> None:
+        for i in range(spans):
+            tracer.start_span("process bench.noop", kind=trace.SpanKind.CONSUMER,
+                              attributes={**fixed, "messaging.message.id": str(i),
+                                          "conveyor.attempt": 1}).end()
 
-        found[name] = _best_of(rounds, spans, loop)
-    return found
+    return loop
 
 
-def middleware_us(spans: int = SPANS, rounds: int = 5) -> dict[str, float]:
-    """us for ``TracingMiddleware.before`` and ``after`` on one untraced event, per provider."""
+def _middleware_loop(provider: Any, spans: int) -> Callable[[], None]:
+    """``TracingMiddleware.before`` and ``after`` on an untraced event, ``spans`` times."""
     from conveyor.middleware import HandlerResult
     from conveyor.tracing import TracingMiddleware
     from conveyor.types import Event, EventState
@@ -177,17 +159,38 @@ def middleware_us(spans: int = SPANS, rounds: int = 5) -> dict[str, float]:
     event = Event(id=1, topic="bench.noop", payload_text="{}",
                   created_at=datetime.datetime.now(datetime.UTC))
     result = HandlerResult(EventState.SUCCEEDED, None, None, 0.0, None, True)
-    found = {}
+    middleware = TracingMiddleware(provider)
+
+    def loop() -> None:
+        before, after = middleware.before, middleware.after
+        for _ in range(spans):
+            before(event)
+            after(event, result)
+
+    return loop
+
+
+def span_costs(spans: int = SPANS, rounds: int = 5) -> dict[str, dict[str, float]]:
+    """us per event: the SDK's own span (``sdk_span_us``) and the middleware's hooks around
+    it (``tracing_middleware_us``), with every span sampled and with 1 %.
+
+    The loops take turns within each round, so a change in the machine's load
+    falls on all of them; each figure is the least of its rounds, the floor
+    that other load can only raise.
+    """
+    loops = {}
     for name, provider in _providers().items():
-        middleware = TracingMiddleware(provider)
-
-        def loop(middleware: TracingMiddleware = middleware) -> None:
-            before, after = middleware.before, middleware.after
-            for _ in range(spans):
-                before(event)
-                after(event, result)
-
-        found[name] = _best_of(rounds, spans, loop)
+        loops["sdk_span_us", name] = _sdk_loop(provider, spans)
+        loops["tracing_middleware_us", name] = _middleware_loop(provider, spans)
+    best = dict.fromkeys(loops, float("inf"))
+    for _ in range(rounds):
+        for key, loop in loops.items():
+            t0 = time.perf_counter()
+            loop()
+            best[key] = min(best[key], (time.perf_counter() - t0) / spans * 1e6)
+    found: dict[str, dict[str, float]] = {"sdk_span_us": {}, "tracing_middleware_us": {}}
+    for (figure, name), value in best.items():
+        found[figure][name] = value
     return found
 
 
