@@ -11,14 +11,18 @@ event, sent nowhere); and one with ``--tracing`` and a 1 % head sampler
 traced. Rates are timed from the table as in the main benchmark; CPU per
 event is the worker process's own.
 
-What tracing costs beyond the SDK's own span: the tracing worker's added CPU
-per event minus what the SDK takes to start and end a span as the middleware
-makes it (``sdk_span_us``, timed in this process, in the same run).
-:func:`span_costs` also times the middleware's ``before`` and ``after`` on
-one event (``tracing_middleware_us``), taking turns with the SDK's span.
+What tracing costs beyond the SDK's own span, two ways. In this process,
+:func:`span_costs` times the middleware's ``before`` and ``after`` on one
+event (``tracing_middleware_us``) taking turns with the SDK starting and
+ending a span as the middleware makes it (``sdk_span_us``): their difference
+is the target's figure. Across processes, the tracing worker's added CPU per
+event less ``sdk_span_us`` (``tracing_beyond_sdk_us_per_event``) also counts
+the executor's hook path, but sets a worker's CPU against a span timed in
+another process at another moment: on a loaded machine it has come out
+negative.
 
 Targets: metrics >= 0.95 of the plain drain, the 1 % sampled tracing >= 0.95;
-tracing beyond the SDK's span <= 5 us per event.
+the middleware beyond the SDK's span <= 5 us per event.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ TARGETS: dict[str, tuple[float | None, float | None]] = {
     "drain_metrics_ratio": (0.95, None),
     "drain_tracing_ratio": (0.85, None),
     "drain_tracing_sampled_ratio": (0.95, None),
-    "tracing_beyond_sdk_us_per_event": (None, 5.0),
+    "tracing_middleware_beyond_sdk_us": (None, 5.0),
 }
 KINDS = ("plain", "metrics", "tracing", "tracing_sampled")
 SPANS = 20_000
@@ -113,6 +117,8 @@ def targets(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     found = {}
     for key, (least, most) in TARGETS.items():
         value = result.get(key)
+        if isinstance(value, dict):
+            value = value["all"]   # the span recorded: the dearer case
         if least is not None:
             target, met = f">= {least:g}", value is not None and value >= least
         else:
