@@ -298,12 +298,24 @@ def test_quick_observability_measures_metrics_and_tracing_beside_a_plain_worker(
         assert done.returncode == 0, done.stderr
         result = json.loads(done.stdout)
         assert _leftovers(url) == ([], 0)
-    for kind in ("plain", "metrics", "tracing"):
+    for kind in ("plain", "metrics", "tracing", "tracing_sampled"):
         row = result[f"drain_{kind}"]
         assert _positive(row["per_s"]) and _positive(row["worker_cpu_us_per_event"]), row
         assert len(row["runs_per_s"]) == 1
-    for kind in ("metrics", "tracing"):
+    for kind in ("metrics", "tracing", "tracing_sampled"):
         assert result[f"drain_{kind}_ratio"] == pytest.approx(
             result[f"drain_{kind}"]["per_s"] / result["drain_plain"]["per_s"], rel=1e-3)
         target = result["targets"][f"drain_{kind}_ratio"]
         assert target["met"] == (target["value"] >= float(target["target"].split()[1]))
+    for name in ("all", "sampled_1pct"):
+        assert _positive(result["sdk_span_us"][name]), result["sdk_span_us"]
+        assert _positive(result["tracing_middleware_us"][name]), result["tracing_middleware_us"]
+        assert result["tracing_middleware_beyond_sdk_us"][name] == pytest.approx(
+            result["tracing_middleware_us"][name] - result["sdk_span_us"][name], abs=0.11)
+    # What tracing adds beyond the SDK's span: the worker's added CPU less the span's.
+    assert result["tracing_beyond_sdk_us_per_event"] == pytest.approx(
+        result["tracing_cpu_us_per_event_added"] - result["sdk_span_us"]["all"], abs=0.11)
+    target = result["targets"]["tracing_middleware_beyond_sdk_us"]
+    assert target["target"] == "<= 5"
+    assert target["value"] == result["tracing_middleware_beyond_sdk_us"]["all"]
+    assert target["met"] == (target["value"] <= 5)

@@ -52,6 +52,11 @@ SYSTEM = "conveyor"
 _W3C = TraceContextTextMapPropagator()
 # The fields of a version-00 traceparent, for context_of's fast path.
 _HEX = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+# Every process span's fixed attributes, and the empty context a root span starts from.
+_PROCESS_ATTRIBUTES: dict[str, str] = {"messaging.system": SYSTEM,
+                                       "messaging.operation.type": "process",
+                                       "messaging.operation.name": "process"}
+_ROOT = otel_context.Context()
 # The tracestate domain's limit (tracestate_check, 0007); a longer one is dropped, as W3C
 # lets a vendor do.
 TRACESTATE_MAX = 512
@@ -175,28 +180,34 @@ class TracingMiddleware(Middleware):
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         self._tracer = _tracer(tracer_provider)
-        self._follows_global = tracer_provider is None
+        # Whether spans may be no-ops: only while the global provider is the
+        # API's proxy (no SDK set up yet). The global can be set once, so once
+        # it is not the proxy it never is again.
+        self._maybe_noop = tracer_provider is None
         # The attempt's span and the token that made it current. before() and
         # after() run in the handler's own context, so each attempt sees its own.
         self._attempt: ContextVar[tuple[trace.Span, Token[Any]] | None] = ContextVar(
             f"conveyor_tracing_{id(self)}", default=None)
 
     def before(self, event: Event) -> None:
-        if self._follows_global and type(trace.get_tracer_provider()) is trace.ProxyTracerProvider:
-            # No SDK set up (yet): every span would be a no-op, and building its
-            # links and attributes would cost CPU on every event for nothing.
-            return
-        producer = context_of(event.traceparent, event.tracestate)
-        links = [trace.Link(producer)] if producer is not None else None
-        # A root unless this is the first attempt of a traced event: never
-        # whatever span happens to be current in the worker.
-        parent = otel_context.Context()
-        if producer is not None and event.attempt == 1:
-            parent = trace.set_span_in_context(trace.NonRecordingSpan(producer), parent)
+        if self._maybe_noop:
+            if type(trace.get_tracer_provider()) is trace.ProxyTracerProvider:
+                # No SDK set up (yet): every span would be a no-op, and building
+                # its links and attributes would cost CPU on every event for nothing.
+                return
+            self._maybe_noop = False
+        producer = context_of(event.traceparent, event.tracestate) \
+            if event.traceparent is not None else None
+        if producer is None:
+            # A root: never whatever span happens to be current in the worker.
+            links, parent = None, _ROOT
+        else:
+            links = [trace.Link(producer)]
+            # The send span's child on the first attempt; a retry starts a trace of its own.
+            parent = (trace.set_span_in_context(trace.NonRecordingSpan(producer), _ROOT)
+                      if event.attempt == 1 else _ROOT)
         attributes: dict[str, str | int] = {
-            "messaging.system": SYSTEM,
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
+            **_PROCESS_ATTRIBUTES,
             "messaging.destination.name": event.topic,
             "messaging.message.id": str(event.id),
             "conveyor.attempt": event.attempt,
@@ -206,6 +217,8 @@ class TracingMiddleware(Middleware):
         span = self._tracer.start_span(f"process {event.topic}", context=parent,
                                        kind=trace.SpanKind.CONSUMER, links=links,
                                        attributes=attributes)
+        # Current even when not sampled: the handler's own spans and outgoing
+        # calls then carry the decision (ParentBased samplers drop them too).
         token = otel_context.attach(trace.set_span_in_context(span))
         self._attempt.set((span, token))
 
@@ -215,6 +228,10 @@ class TracingMiddleware(Middleware):
             return
         span, token = current
         self._attempt.set(None)
+        if not span.is_recording():
+            # Not sampled: nothing to record, only the context to restore.
+            otel_context.detach(token)
+            return
         try:
             span.set_attribute("conveyor.outcome", str(result.state))
             if result.error is not None and result.state != EventState.SUCCEEDED:

@@ -6,6 +6,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
+from datetime import datetime
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -34,6 +35,9 @@ def _outcome(state: EventState, attempt_spent: bool) -> str:
 # enum per event was a measurable share of after().
 _OUTCOME_NAMES = {(state, spent): _outcome(state, spent)
                   for state in EventState for spent in (True, False)}
+
+
+_SUCCEEDED = _OUTCOME_NAMES[EventState.SUCCEEDED, True]
 
 
 def outcome_name(result: HandlerResult) -> str:
@@ -77,8 +81,8 @@ class MetricsMiddleware(Middleware, Collector):
 
     The counts are kept here, under one lock, and exported as prometheus_client
     metric families at scrape time: a Counter and two Histograms updated per
-    event cost about 4 us (three locks, a label look-up, a linear bucket scan),
-    this under 2 (measured with timeit on 2026-12-01).
+    event cost twice as much (three locks, a label look-up, a linear bucket
+    scan; docs/benchmarks.md, "Behind choices in the code").
     """
 
     def __init__(self, *, registry: CollectorRegistry | None = None,
@@ -91,14 +95,26 @@ class MetricsMiddleware(Middleware, Collector):
         # after() runs on the worker's event loop; the lock is for the scrape,
         # which reads from the metrics server's thread.
         self._lock = threading.Lock()
+        # The last enqueue time seen, and its epoch seconds: the events of one
+        # enqueue transaction share it (now()), and datetime.timestamp() was
+        # the dearest step of after().
+        self._created: datetime | None = None
+        self._created_epoch = 0.0
         (REGISTRY if registry is None else registry).register(self)
 
     def after(self, event: Event, result: HandlerResult) -> None:
         key = (event.topic, event.tenant or "") if self.tenant_label else (event.topic,)
         created = event.created_at
         duration = result.duration
-        wait = max(0.0, time.time() - duration - created.timestamp()) if created else None
-        outcome = outcome_name(result)
+        wait: float | None = None
+        if created is not None:
+            if created != self._created:
+                self._created, self._created_epoch = created, created.timestamp()
+            wait = time.time() - duration - self._created_epoch
+            if wait < 0.0:
+                wait = 0.0
+        outcome = (_SUCCEEDED if result.state is EventState.SUCCEEDED
+                   else _OUTCOME_NAMES[result.state, result.attempt_spent])
         with self._lock:
             series = self._series.get(key)
             if series is None:
