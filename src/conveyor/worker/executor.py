@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -51,8 +51,11 @@ from conveyor.worker.running import Running, RunningSet
 log = logging.getLogger(__name__)
 
 EAGER_TASKS = sys.version_info >= (3, 12)
-# Shared, never appended to: a call without middleware allocates no list.
-_NONE_ENTERED: list[Middleware] = []
+
+
+# What the call core yields where the driver is to call the handler; anything
+# else it yields is an awaitable a hook returned.
+_CALL = object()
 
 
 def _hook_failed(hook: Middleware, event: Event) -> None:
@@ -61,17 +64,21 @@ def _hook_failed(hook: Middleware, event: Event) -> None:
                   extra={"action": "middleware_failed", "event_id": event.id})
 
 
-def _after_quietly(hook: Middleware, event: Event, result: HandlerResult) -> None:
-    try:
-        done = hook.after(event, result)
-        if done is not None:   # an async hook on the inline path cannot happen: see _async_hooks
-            raise TypeError("an async after() hook needs a task; handlers ran inline")
-    except HOOK_ERRORS:  # logged with its traceback by _hook_failed
-        _hook_failed(hook, event)
+def _returned(route: Route, events: list[Event], value: object,
+              backoff: RetryPolicy) -> list[Outcome]:
+    """The outcomes of a call that returned ``value``."""
+    if route.batch:
+        try:
+            return batch_outcomes(route, events, value, backoff)
+        except BaseException as exc:  # noqa: BLE001 - the handler's objects ran in there
+            return batch_failed(route, events, f"returned {with_article(value)} that could "
+                                f"not be read: {reason_text(exc)}", traceback_text(), backoff)
+    event = events[0]
+    return [stored_success(event, route, value) if route.store_result else success(event)]
 
 
 class Executor(InFlight):
-    """The one handler path: batch start, inline call, task body, batch call.
+    """The one handler path: one call core (:meth:`_flow`), an inline and a task driver.
 
     Its base, :class:`~conveyor.worker.in_flight.InFlight`, sweeps the deadlines
     and tells the watchdog and the log context which call holds the loop.
@@ -159,7 +166,7 @@ class Executor(InFlight):
                 continue
             timeout = override or route.timeout or default_timeout
             running.deadline = now + timeout
-            coro = call(route, event, running, timeout)
+            coro = call(route, [running], timeout)
             if EAGER_TASKS:
                 # Python 3.12+: the handler runs at once, up to its first real wait,
                 # with itself as the current task; one that never waits costs no
@@ -173,7 +180,7 @@ class Executor(InFlight):
             started = True
         for route, runnings in (batches or {}).values():
             timeout = override or route.timeout or default_timeout
-            task = loop.create_task(self._call_batch(route, runnings, timeout))
+            task = loop.create_task(call(route, runnings, timeout))
             # One callback per batch (per event it would cost about 2 us on the
             # hot path; a one-event call guarantees its outcome in _call itself).
             task.add_done_callback(functools.partial(self._batch_ended, route, runnings))
@@ -203,180 +210,149 @@ class Executor(InFlight):
             self._inline(route, event)
 
     def _inline(self, route: Route, event: Event) -> None:
+        """The synchronous driver of :meth:`_flow`: the call and the hooks, right here."""
         self._inline_event = event
-        hooks = self._middleware
-        entered: list[Middleware] = [] if hooks else _NONE_ENTERED
-        started = time.monotonic() if hooks else 0.0
-        raised: BaseException | None = None
-        outcome: Outcome | None = None
+        flow = self._flow(route, [event], None, 0.0)
         try:
-            try:
-                if hooks:
-                    for hook in hooks:
-                        hook.before(event)
-                        entered.append(hook)
-                value = route.handler(event)
-            except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
-                raised = exc
-                outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
-                if isinstance(exc, HANDLER_EXITS):
-                    exit_refused(exc, event)
-            else:
-                outcome = (stored_success(event, route, value) if route.store_result
-                           else success(event))
-            if route.store_result:
-                outcome.watched = True
-            if entered:
-                result = handler_result(outcome, raised, started)
-                for hook in reversed(entered):
-                    _after_quietly(hook, event, result)
-        except BaseException as exc:  # noqa: BLE001 - the safety net: see unsettled_outcome
-            # Raised here, it would end the fetch loop and the worker with it.
-            if outcome is None:
-                outcome = unsettled_outcome(route, event, exc, route.backoff or self._backoff)
+            step = next(flow)
+            while True:
+                if step is _CALL:
+                    try:
+                        value = route.handler(event)
+                    except BaseException as exc:  # noqa: BLE001 - the core classifies it
+                        step = flow.throw(exc)
+                    else:
+                        step = flow.send(value)
+                else:   # never, unless a plain hook returned an awaitable (see _async_hooks)
+                    step = flow.throw(TypeError("an async hook needs a task; handlers ran inline"))
+        except StopIteration as stop:
+            outcomes: list[Outcome] = stop.value
         finally:
             self._inline_event = None
-        self._sink(outcome)
+        self._sink(outcomes[0])
 
-    async def _call(self, route: Route, event: Event, running: Running, timeout: float) -> None:
-        """One handler call in its own task, with its deadline enforced by the sweeper."""
-        hooks = self._middleware
-        entered: list[Middleware] = [] if hooks else _NONE_ENTERED
-        started = time.monotonic() if hooks else 0.0
-        raised: BaseException | None = None
-        outcome: Outcome | None = None
-        try:
-            try:
-                if hooks:
-                    # Written out here rather than in a helper coroutine: a coroutine
-                    # object per call and per hook is measurable on a no-op handler.
-                    for hook in hooks:
-                        done = hook.before(event)
-                        if done is not None:
-                            await done
-                        entered.append(hook)   # its after() runs, whatever comes next
-                if route.is_async:
-                    value = await route.handler(event)
-                else:
-                    value = await call_handler(route, event, self._pool,
-                                               self._running.thread_abandoned,
-                                               contextvars.copy_context() if hooks else None)
-            except asyncio.CancelledError as exc:
-                task = asyncio.current_task()
-                cancelling = task.cancelling() if task is not None else 0
-                if not cancelling:
-                    # The handler raised CancelledError itself: a failed attempt like any other.
-                    raised = exc
-                    outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
-                elif running.timed_out and cancelling == 1:
-                    assert task is not None
-                    task.uncancel()
-                    outcome = failure(event, f"handler timed out after {timeout:g}s", None,
-                                      route.backoff or self._backoff)
-                else:
-                    raise   # a stop or a lost lease: the worker decides what to write
-            except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
-                raised = exc
-                outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
-                if isinstance(exc, HANDLER_EXITS):
-                    exit_refused(exc, event)
-            else:
-                outcome = (stored_success(event, route, value) if route.store_result
-                           else success(event))
-            if route.store_result:
-                outcome.watched = True
-            if entered:
-                result = handler_result(outcome, raised, started)
-                for hook in reversed(entered):
-                    try:
-                        done = hook.after(event, result)
-                        if done is not None:
-                            await done
-                    except HOOK_ERRORS:  # logged with its traceback by _hook_failed
-                        _hook_failed(hook, event)
-                    except asyncio.CancelledError:
-                        if stopped_from_outside():
-                            raise
-                        _hook_failed(hook, event)   # raised by the hook itself
-        except BaseException as exc:  # the safety net: see unsettled_outcome
-            # Here rather than in a done callback on every task: that costs
-            # about 2 us per event (measured with a no-op handler).
-            if isinstance(exc, asyncio.CancelledError) and stopped_from_outside():
-                raise   # a stop or a lost lease: the worker decides what to write
-            if outcome is None:
-                outcome = unsettled_outcome(route, event, exc, route.backoff or self._backoff)
-        if (event.id, event.attempt) in self._entries:
-            self._sink(outcome)
+    async def _call(self, route: Route, runnings: list[Running], timeout: float) -> None:
+        """The asynchronous driver of :meth:`_flow`: one call in its own task, or one
+        call of a batch handler for the route's events of one claim.
 
-    async def _call_batch(self, route: Route, runnings: list[Running], timeout: float) -> None:
-        """One call of a batch handler for the route's events of one claim, in its own task.
-
-        Middleware sees each event as if it had a call of its own: every
-        ``before`` in order, the call, every ``after`` in reverse. The deadline
-        is the batch's: the sweeper cancels the task when it passes, and every
-        event of the batch gets the timeout. Whatever escapes, the task's done
-        callback (:meth:`_batch_ended`) gives the events left without an outcome
-        a failed attempt.
+        Its deadline is enforced by the sweeper, which cancels the task; a
+        batch's deadline is the batch's, and every event of it gets the timeout.
+        Middleware sees each event of a batch as if it had a call of its own.
+        The handler is awaited right here (not in a helper coroutine: one per
+        call is measurable on a no-op handler).
         """
         events = [r.event for r in runnings]
-        backoff = route.backoff or self._backoff
-        hooks = self._middleware
-        entered: list[tuple[Event, Middleware]] = []
-        started = time.monotonic()
-        raised: BaseException | None = None
-        outcomes: list[Outcome]
+        flow = self._flow(route, events, runnings, timeout)
         try:
-            for event in events:
-                for hook in hooks:
-                    done = hook.before(event)
-                    if done is not None:
-                        await done
-                    entered.append((event, hook))
-            handler: Any = route.handler    # a batch handler takes the list (Router.add)
-            # A copy: the handler may consume or reorder its list (``events.pop()``),
-            # and the results are matched to these events, in this order.
-            results = await handler(list(events))
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            cancelling = task.cancelling() if task is not None else 0
-            if not cancelling:
-                raised = exc
-                outcomes = [outcome_of_error(exc, e, backoff) for e in events]
-            elif cancelling == 1 and any(r.timed_out for r in runnings):
-                assert task is not None
-                task.uncancel()
-                outcomes = [failure(e, f"batch handler timed out after {timeout:g}s", None,
-                                    backoff) for e in events]
-            else:
-                raise   # a stop: the worker decides what to write
-        except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
-            raised = exc
-            outcomes = [outcome_of_error(exc, e, backoff) for e in events]
-            if isinstance(exc, HANDLER_EXITS):
-                exit_refused(exc, events[0])
-        else:
-            try:
-                outcomes = batch_outcomes(route, events, results, backoff)
-            except BaseException as exc:  # noqa: BLE001 - the handler's objects ran in there
-                outcomes = batch_failed(route, events, f"returned {with_article(results)} that could "
-                                         f"not be read: {reason_text(exc)}", traceback_text(), backoff)
-        by_id = {o.event_id: o for o in outcomes}
-        for event, hook in reversed(entered):
-            outcome = by_id[event.id]
-            try:
-                done = hook.after(event, handler_result(outcome, raised, started))
-                if done is not None:
-                    await done
-            except HOOK_ERRORS:  # logged with its traceback by _hook_failed
-                _hook_failed(hook, event)
-            except asyncio.CancelledError:
-                if stopped_from_outside():
-                    raise   # a stop: the worker decides what to write
-                _hook_failed(hook, event)   # raised by the hook itself
+            step = next(flow)
+            while True:
+                try:
+                    if step is not _CALL:
+                        value = await step          # a hook's awaitable
+                    elif route.batch:
+                        handler: Any = route.handler    # a batch handler takes the list
+                        # A copy: the handler may consume or reorder its list
+                        # (``events.pop()``); the results are matched to these events.
+                        value = await handler(list(events))
+                    elif route.is_async:
+                        value = await route.handler(events[0])
+                    else:
+                        # The context copied after the hooks ran: what they set reaches the thread.
+                        value = await call_handler(
+                            route, events[0], self._pool, self._running.thread_abandoned,
+                            contextvars.copy_context() if self._middleware else None)
+                except BaseException as exc:  # noqa: BLE001 - thrown in: the core decides
+                    step = flow.throw(exc)
+                else:
+                    step = flow.send(value)
+        except StopIteration as stop:
+            outcomes: list[Outcome] = stop.value
         for running, outcome in zip(runnings, outcomes, strict=True):
             running.settled = True
             if (outcome.event_id, outcome.attempt) in self._entries:
                 self._sink(outcome)
+
+    def _flow(self, route: Route, events: list[Event], runnings: list[Running] | None,
+              timeout: float) -> Generator[Any, Any, list[Outcome]]:
+        """The one call core: hooks, the call, its outcomes, whatever the driver.
+
+        Every ``before`` (event by event), the call, one outcome per event,
+        every ``after`` in reverse. It yields :data:`_CALL` where the handler is
+        to be called and each awaitable a hook returns; the driver sends back
+        what the call or the wait returned, or throws in what it raised, so the
+        exits, the timeout and the safety net are decided here once for the
+        inline call, the task of one call and the batch call.
+
+        ``runnings``: the call's slots when it runs in a task, whose
+        cancellation is a timeout (one cancel, a slot timed out) or a stop;
+        ``None`` inline, where a CancelledError is the handler's own.
+        """
+        backoff = route.backoff or self._backoff
+        entered: list[tuple[Event, Middleware]] = []
+        started = time.monotonic() if self._middleware else 0.0
+        raised: BaseException | None = None
+        outcomes: list[Outcome] | None = None
+        try:
+            try:
+                for event in events:
+                    for hook in self._middleware:
+                        done = hook.before(event)
+                        if done is not None:
+                            yield done
+                        entered.append((event, hook))   # its after() runs, whatever comes next
+                value = yield _CALL
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task() if runnings is not None else None
+                cancelling = task.cancelling() if task is not None else 0
+                if not cancelling:
+                    # The handler raised CancelledError itself: a failed attempt like any other.
+                    raised = exc
+                    outcomes = [outcome_of_error(exc, e, backoff) for e in events]
+                elif cancelling == 1 and any(r.timed_out for r in runnings or ()):
+                    assert task is not None
+                    task.uncancel()
+                    what = "batch handler" if route.batch else "handler"
+                    outcomes = [failure(e, f"{what} timed out after {timeout:g}s", None, backoff)
+                                for e in events]
+                else:
+                    raise   # a stop or a lost lease: the worker decides what to write
+            except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
+                raised = exc
+                outcomes = [outcome_of_error(exc, e, backoff) for e in events]
+                if isinstance(exc, HANDLER_EXITS):
+                    exit_refused(exc, events[0])
+            else:
+                outcomes = _returned(route, events, value, backoff)
+            if route.store_result:
+                outcomes[0].watched = True
+            by_id = {o.event_id: o for o in outcomes} if entered else {}
+            results: dict[int, HandlerResult] = {}
+            for event, hook in reversed(entered):
+                result = results.get(event.id)
+                if result is None:
+                    result = results[event.id] = handler_result(by_id[event.id], raised, started)
+                try:
+                    done = hook.after(event, result)
+                    if done is not None:
+                        yield done
+                except HOOK_ERRORS:  # logged with its traceback by _hook_failed
+                    _hook_failed(hook, event)
+                except asyncio.CancelledError:
+                    if runnings is not None and stopped_from_outside():
+                        raise
+                    _hook_failed(hook, event)   # raised by the hook itself
+        except BaseException as exc:  # the safety net: see unsettled_outcome
+            # Here rather than in a done callback on every task (per event it would
+            # cost about 2 us on the hot path); raised inline, it would end the
+            # fetch loop and the worker with it.
+            if route.batch or (runnings is not None and isinstance(exc, asyncio.CancelledError)
+                               and stopped_from_outside()):
+                # A stop or a lost lease: the worker decides what to write. A
+                # batch's net is its task's done callback (_batch_ended).
+                raise
+            if outcomes is None:
+                outcomes = [unsettled_outcome(route, e, exc, backoff) for e in events]
+        return outcomes
 
     def _batch_ended(self, route: Route, runnings: list[Running],
                      task: asyncio.Future[None]) -> None:
