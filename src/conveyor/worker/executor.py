@@ -77,6 +77,28 @@ def _returned(route: Route, events: list[Event], value: object,
     return [stored_success(event, route, value) if route.store_result else success(event)]
 
 
+def _after(entered: list[tuple[Event, Middleware]], outcomes: list[Outcome],
+           raised: BaseException | None, started: float, *,
+           stoppable: bool) -> Generator[Any, Any, None]:
+    """The ``after`` hooks of the call core, in reverse; each sees its event's outcome."""
+    by_id = {o.event_id: o for o in outcomes}
+    results: dict[int, HandlerResult] = {}
+    for event, hook in reversed(entered):
+        result = results.get(event.id)
+        if result is None:
+            result = results[event.id] = handler_result(by_id[event.id], raised, started)
+        try:
+            done = hook.after(event, result)
+            if done is not None:
+                yield done
+        except HOOK_ERRORS:  # logged with its traceback by _hook_failed
+            _hook_failed(hook, event)
+        except asyncio.CancelledError:
+            if stoppable and stopped_from_outside():
+                raise
+            _hook_failed(hook, event)   # raised by the hook itself
+
+
 class Executor(InFlight):
     """The one handler path: one call core (:meth:`_flow`), an inline and a task driver.
 
@@ -294,12 +316,13 @@ class Executor(InFlight):
         outcomes: list[Outcome] | None = None
         try:
             try:
-                for event in events:
-                    for hook in self._middleware:
-                        done = hook.before(event)
-                        if done is not None:
-                            yield done
-                        entered.append((event, hook))   # its after() runs, whatever comes next
+                if self._middleware:
+                    for event in events:
+                        for hook in self._middleware:
+                            done = hook.before(event)
+                            if done is not None:
+                                yield done
+                            entered.append((event, hook))   # its after() runs, whatever comes next
                 value = yield _CALL
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task() if runnings is not None else None
@@ -325,22 +348,8 @@ class Executor(InFlight):
                 outcomes = _returned(route, events, value, backoff)
             if route.store_result:
                 outcomes[0].watched = True
-            by_id = {o.event_id: o for o in outcomes} if entered else {}
-            results: dict[int, HandlerResult] = {}
-            for event, hook in reversed(entered):
-                result = results.get(event.id)
-                if result is None:
-                    result = results[event.id] = handler_result(by_id[event.id], raised, started)
-                try:
-                    done = hook.after(event, result)
-                    if done is not None:
-                        yield done
-                except HOOK_ERRORS:  # logged with its traceback by _hook_failed
-                    _hook_failed(hook, event)
-                except asyncio.CancelledError:
-                    if runnings is not None and stopped_from_outside():
-                        raise
-                    _hook_failed(hook, event)   # raised by the hook itself
+            if entered:
+                yield from _after(entered, outcomes, raised, started, stoppable=runnings is not None)
         except BaseException as exc:  # the safety net: see unsettled_outcome
             # Here rather than in a done callback on every task (per event it would
             # cost about 2 us on the hot path); raised inline, it would end the
