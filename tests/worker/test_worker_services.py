@@ -103,7 +103,11 @@ async def test_the_metrics_refresher_reads_only_on_the_session_holding_its_lock(
                    for s in families["conveyor_events"].samples)
         assert list(second.collect()) == []
         await conn.close()                            # the holder's session ends
-        assert await second.run_once(other)
+
+        async def taken_over() -> bool:               # once the server has ended it too
+            return await second.run_once(other)
+        await wait_until(taken_over, timeout=10, what="the second refresher to take the lock")
+        assert second.holds_lock and list(second.collect())
 
 
 class _Ticking:
