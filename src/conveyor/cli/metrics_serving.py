@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class _Served:
-    """A registry on a port, and a gauges refresher that runs as long as the worker does."""
+    """A registry on a port, and a gauges refresher that runs as long as the worker does
+    (a worker given the refresher as one of its services runs it itself)."""
 
     def __init__(self, config: MetricsConfig | None = None) -> None:
         self.config = config or MetricsConfig()
@@ -36,7 +37,7 @@ class _Served:
         self._server: MetricsServer | None = None
         self._refresh: Refresher | None = None
 
-    def _start(self, target: Worker | MultiTenantWorker, refresh: Refresher, host: str,
+    def _start(self, target: Worker | MultiTenantWorker, refresh: Refresher | None, host: str,
                port: int) -> None:
         self._refresh = refresh
         self._server = MetricsServer(target, self.registry, port=port, host=host,
@@ -47,7 +48,10 @@ class _Served:
 
     async def run_beside(self, target: Worker | MultiTenantWorker) -> None:
         """Run ``target``, refreshing the gauges until it ends."""
-        assert self._refresh is not None, "serve() first"
+        assert self._server is not None, "serve() first"
+        if self._refresh is None:
+            await target.run()
+            return
         done = asyncio.Event()
         refresher = asyncio.create_task(self._refresh(done), name="conveyor-metrics")
         try:
@@ -64,7 +68,8 @@ class _Served:
 
 
 class WorkerMetrics(_Served):
-    """One registry per worker process; the gauges refresher runs beside the worker."""
+    """One registry per worker process; the gauges refresher is one of the worker's
+    services (``Worker(services=[metrics.gauges])``), or runs beside a worker not given it."""
 
     def __init__(self, url: str, schema: str, *, labels: Mapping[str, str] | None = None,
                  tenant_label: bool = False, config: MetricsConfig | None = None) -> None:
@@ -78,7 +83,8 @@ class WorkerMetrics(_Served):
     def serve(self, worker: Worker, host: str, port: int) -> None:
         """Register the worker's collector and start answering on ``host:port``."""
         self.registry.register(WorkerCollector(worker, labels=self.labels))
-        self._start(worker, self.gauges.run, host, port)
+        given = any(service is self.gauges for service in worker.services)
+        self._start(worker, None if given else self.gauges.run, host, port)
 
 
 class TenantsMetrics(_Served):

@@ -106,13 +106,14 @@ def load_relay(spec: str) -> Relay:
 
 
 class _RelayProcess:
-    """The relay's streams and the worker serving its other routes, with the publishers
-    opened and closed around them."""
+    """The relay's publishers opened and closed around the worker serving its routes,
+    which runs the ordered streams as its services, or around the streams alone."""
 
     def __init__(self, relay: Relay, worker: Worker | None, streams: list[OrderedStream]) -> None:
         self.relay = relay
         self.worker = worker
         self.streams = streams
+        self._stop = asyncio.Event()
 
     def install_signal_handlers(self) -> None:
         if self.worker is not None:
@@ -125,8 +126,7 @@ class _RelayProcess:
     def request_stop(self) -> None:
         if self.worker is not None:
             self.worker.request_stop()
-        for stream in self.streams:
-            stream.request_stop()
+        self._stop.set()
 
     async def run(self) -> None:
         try:
@@ -135,12 +135,11 @@ class _RelayProcess:
             # Not fatal: events wait (no attempt spent) until the broker answers.
             log.warning("a broker is unreachable at start: %s", exc,
                         extra={"action": "relay_unavailable"})
-        tasks = [asyncio.ensure_future(stream.run()) for stream in self.streams]
+        tasks = [] if self.worker is not None else \
+            [asyncio.ensure_future(stream.run(self._stop)) for stream in self.streams]
         try:
             if self.worker is not None:
                 await self.worker.run()
-                for stream in self.streams:   # the worker stopped (a signal, or it failed)
-                    stream.request_stop()
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:
@@ -174,7 +173,7 @@ def run_relay(ctx: Context, args: argparse.Namespace) -> int:
                                 "per_key); a relay of ordered routes only reports in its log "
                                 "and in conveyor status")
     if relay.claims:
-        built = build_worker(ctx, args, relay.router(), middleware, stop)
+        built = build_worker(ctx, args, relay.router(), middleware, stop, services=streams)
         if built is None:
             return 0
         worker, metrics = built

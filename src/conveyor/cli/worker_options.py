@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from conveyor.cli.context import Context, duration, positive_int
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from conveyor.middleware import Middleware
     from conveyor.router import Router
     from conveyor.worker import Worker
+    from conveyor.worker.service import Service
 
 Env = Callable[..., str | None]
 
@@ -147,9 +148,11 @@ def refuse_without_database(ctx: Context, args: argparse.Namespace, what: str) -
 
 
 def build_worker(ctx: Context, args: argparse.Namespace, router: Router,
-                 middleware: list[Middleware], stop: StopSignals
+                 middleware: list[Middleware], stop: StopSignals, *,
+                 services: Sequence[Service] = ()
                  ) -> tuple[Worker, WorkerMetrics | None] | None:
-    """The worker (and its metrics server) the options ask for; None if a stop came first."""
+    """The worker (and its metrics server) the options ask for, running ``services``
+    beside its own (and the metrics refresher); None if a stop came first."""
     from conveyor.worker import Worker
 
     try:
@@ -177,8 +180,9 @@ def build_worker(ctx: Context, args: argparse.Namespace, router: Router,
         from conveyor.cli.metrics_serving import WorkerMetrics
         metrics = WorkerMetrics(ctx.url(), ctx.schema)
         middleware.append(metrics.middleware)
+        services = [*services, metrics.gauges]
     worker = Worker(ctx.url(), router, config, listen_conninfo=args.listen_url,
-                    middleware=middleware)
+                    middleware=middleware, services=services)
     if metrics is not None:
         metrics.serve(worker, args.metrics_host, args.metrics_port)
     return worker, metrics

@@ -178,7 +178,8 @@ class DatabaseGauges(Collector):
     """Queue depths, cron schedules, pauses and flow limits read from the database on a
     timer, by one worker per schema at a time (:mod:`conveyor.metrics.controls`).
 
-    Every ``interval`` seconds the refresher tries a session advisory lock; the
+    A worker service (``Worker(services=[gauges])``, what ``--metrics-port``
+    does): every ``interval`` seconds the refresher tries a session advisory lock; the
     one that holds it reads the exact counts through the partial indexes
     (Admin.status's ``status_open_counts`` and ``status_oldest_due_age``)
     under ``statement_timeout``. The others export none of these series. A
@@ -191,6 +192,8 @@ class DatabaseGauges(Collector):
     ``topic="_other"`` (their oldest lag is ``_other``'s). Defaults to
     ``MetricsConfig()`` (200).
     """
+
+    name = "metrics"
 
     def __init__(self, conninfo: str, schema: str = "conveyor", *,
                  interval: float = REFRESH_INTERVAL_DEFAULT,
@@ -217,7 +220,11 @@ class DatabaseGauges(Collector):
             await self._conn.execute(
                 "SELECT set_config('statement_timeout', %s, false)",
                 (str(int(self.statement_timeout * 1000)),))
-        conn = self._conn
+        return await self.run_once(self._conn)
+
+    async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Read the gauges on ``conn`` if its session holds (or now takes) the lock;
+        True when read. ``refresh_once`` does it on the refresher's own connection."""
         if not self.holds_lock:
             row = await (await conn.execute(_LOCK_SQL, {"schema": self.schema})).fetchone()
             self.holds_lock = bool(row and row[0])

@@ -103,6 +103,7 @@ class OrderedStream:
         self._name = name
         self._filter = sql_params([route.pattern])
         self._key = f"conveyor.relay.ordered:{schema}:{route.pattern}"
+        self.name = f"relay-ordered:{route.pattern}"   # as a worker's service
         self._stop = asyncio.Event()
         self.relayed = 0
         self.leading = False
@@ -127,8 +128,23 @@ class OrderedStream:
         """Finish the publish in flight, mark what was confirmed, and return from run()."""
         self._stop.set()
 
-    async def run(self) -> None:
-        """Lead the stream whenever this relay holds its lock, until request_stop()."""
+    async def run(self, stopping: asyncio.Event | None = None) -> None:
+        """Lead the stream whenever this relay holds its lock, until request_stop().
+
+        ``stopping``: an event that asks the same stop once set; a worker runs
+        a stream as one of its services that way (``Worker(services=streams)``).
+        """
+        watch = None
+        if stopping is not None:
+            watch = asyncio.ensure_future(stopping.wait())
+            watch.add_done_callback(lambda w: None if w.cancelled() else self.request_stop())
+        try:
+            await self._run()
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    async def _run(self) -> None:
         lost = 0
         while not self._stop.is_set():
             try:
@@ -148,23 +164,40 @@ class OrderedStream:
                 self.leading = False
                 await conn.close()
 
+    async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> float:
+        """One step as the route's leader on ``conn``: its lock taken first if this
+        session does not hold it yet, then the next batch published in order.
+
+        Returns how long to wait before the next step (0: at once); without the
+        lock, or while transactions writing events hold the trigger back,
+        nothing is published.
+        """
+        if not self.leading:
+            if not await self._take_lock(conn) or not await self._order_topics(conn):
+                return LOCK_RETRY
+            self.leading = True
+        await self._heartbeat(conn)
+        return await self._step(conn)
+
     async def _again(self, lost: int, what: str, exc: Exception) -> None:
         delay = RETRY_BACKOFF.delay(lost)
         log.warning("ordered stream %s: %s, again in %.1fs: %s", self.pattern, what, delay, exc,
                     extra={"action": "relay_reconnect"})
         await self._sleep(delay)
 
-    async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _take_lock(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Whether this session holds the route's lock now (tried once)."""
         if not self._checked:
             await AsyncMigrator(self._schema).require_current(conn)   # fatal: raised out of run()
             self._checked = True
-        while not self._stop.is_set():
-            row = await (await conn.execute(self._q["relay_ordered_lock"],
-                                            {"key": self._key})).fetchone()
-            if row is not None and row[0]:
-                break
+        row = await (await conn.execute(self._q["relay_ordered_lock"],
+                                        {"key": self._key})).fetchone()
+        return row is not None and bool(row[0])
+
+    async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        while not self._stop.is_set() and not await self._take_lock(conn):
             await self._sleep(LOCK_RETRY)
-        else:
+        if self._stop.is_set():
             return
         self.leading = True
         busy = 0

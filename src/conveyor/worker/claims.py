@@ -1,13 +1,14 @@
-"""The claim side of a worker: the fetch loop, the flow loop, and which claim to send.
+"""The claim side of a worker: the fetch loop, and which claim to send.
 
 Two loops fill the worker's :class:`~conveyor.worker.running.RunningSet`:
 
 - the fetch loop sends the plain claim on the fetch connection, as soon as a
   quarter of a batch of slots is free and a wake-up (a NOTIFY, a due time,
   a freed slot) or the poll interval says so;
-- the flow loop claims the limited patterns' events
+- the flow claims take the limited patterns' events
   (:class:`~conveyor.worker.flow.FlowControl`) on a connection of its own, so
-  its short transactions never delay a plain claim.
+  its short transactions never delay a plain claim: a service of its own,
+  :class:`~conveyor.worker.flow_claims.FlowClaims`.
 
 The plain claim is one of four statements: ``event_claim`` unless flow limits
 exist (``event_claim_flow``, which leaves their events to the flow loop), each
@@ -86,7 +87,7 @@ class Claims:
         self.moved = 0
 
     def wake(self) -> None:
-        """Ask both loops to claim now (a NOTIFY arrived, or a slot freed)."""
+        """Ask the fetch loop and the flow claims to claim now (a NOTIFY, a freed slot)."""
         self.woken.set()
         self.flow.poke()
 
@@ -130,51 +131,6 @@ class Claims:
                 size = c.batch_size
                 self.completer.flush_size = size
             await self._idle_wait()
-
-    async def flow_loop(self) -> None:
-        """Claim the limited patterns' events (worker/flow.py) beside the fetch loop.
-
-        On a connection of its own, so its short transactions never delay the
-        plain claims: the unlimited topics drain beside a saturated limit as
-        fast as without it. Its slots are reserved before each claim.
-        """
-        flow, running, c = self.flow, self.running, self.config
-        managed = self.connections.flow_connection()
-        while not self._stopping.is_set():
-            await flow.wait_until_due(self._stopping)
-            if self._stopping.is_set() or not flow.active:
-                continue
-            # A quarter of the slots at most: while the claim is in flight its
-            # slots are reserved, and the fetch loop must keep the rest. With
-            # none free (or no limited pattern of its own), only the sort.
-            free = max(0, min(running.free_slots(), max(1, c.concurrency // 4),
-                              flow.most_claimable(c.batch_size)))
-            running.reserved += free
-            try:
-                conn = await managed.get()
-                rows = await with_deadline(conn, flow.claim(conn, free, self.claim_params()),
-                                           c.query_timeout, stopping=self._stopping)
-            except StopRequested:
-                return
-            except RECOVERABLE_ERRORS as exc:
-                await managed.discard(exc)
-                continue
-            except psycopg.Error as exc:
-                log.error("flow claim failed: %s", exc, extra={"action": "claim_failed"})
-                await managed.pause_after_failure()
-                continue
-            finally:
-                running.reserved -= free
-                running.freed.set()    # the fetch loop may wait for those slots
-            if not free and flow.handled and not self._stopping.is_set():
-                await running.wait_for_slot()
-            if rows:
-                rows.sort(key=_PRIORITY, reverse=True)
-                events = [Event._from_claim_row(r) for r in rows]
-                self.stats.claimed += len(events)
-                self.stats.claims += 1
-                running.take(events)
-                self.executor.start(events)
 
     async def _idle_wait(self) -> None:
         poll = self.config.poll_interval * (1 - 0.1 * self._rng.random())

@@ -1,9 +1,21 @@
 """Runs handler calls and hands on their :class:`~conveyor.worker.classify.Outcome`.
 
 :class:`Executor` is the one handler path, shared by the worker and
-:func:`conveyor.testing.work_event`. How a call ended becomes an outcome in
-:mod:`conveyor.worker.classify`; how a handler is called (awaited, in a
-thread) is :mod:`conveyor.worker.handler_call`.
+:func:`conveyor.testing.work_event`. Every call goes through one core: the
+``before`` hooks (:func:`_before`), the call, its outcomes
+(:func:`_returned`, :meth:`Executor._failed`: the exits, ``store_result``,
+the timeout), the ``after`` hooks (:func:`_after`) and the safety net
+(:meth:`Executor._unsettled`). Two drivers compose it, as httpx drives one
+auth flow sync and async: :meth:`Executor._inline` calls a ``blocking=False``
+plain handler right here, :meth:`Executor._call` runs one call, or one call
+of a batch handler, in a task. The hooks are generators that yield what is
+to be awaited, so each driver waits (or refuses to) in its own way; the call
+itself is written out in each driver, since a generator or coroutine per
+call is measurable on a no-op handler.
+
+How a call ended becomes an outcome in :mod:`conveyor.worker.classify`; how
+a handler is called (awaited, in a thread) is
+:mod:`conveyor.worker.handler_call`.
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ import logging
 import sys
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -51,8 +63,11 @@ from conveyor.worker.running import Running, RunningSet
 log = logging.getLogger(__name__)
 
 EAGER_TASKS = sys.version_info >= (3, 12)
-# Shared, never appended to: a call without middleware allocates no list.
-_NONE_ENTERED: list[Middleware] = []
+
+
+# A call without middleware enters no hook: shared, never appended to.
+_NO_HOOKS: list[tuple[Event, Middleware]] = []
+_ASYNC_HOOK_INLINE = "an async hook needs a task; handlers ran inline"
 
 
 def _hook_failed(hook: Middleware, event: Event) -> None:
@@ -61,17 +76,84 @@ def _hook_failed(hook: Middleware, event: Event) -> None:
                   extra={"action": "middleware_failed", "event_id": event.id})
 
 
-def _after_quietly(hook: Middleware, event: Event, result: HandlerResult) -> None:
+def _returned(route: Route, events: list[Event], value: object,
+              default_backoff: RetryPolicy) -> list[Outcome]:
+    """The call core's outcomes of a call that returned ``value``."""
+    if route.batch:
+        backoff = route.backoff or default_backoff
+        try:
+            return batch_outcomes(route, events, value, backoff)
+        except BaseException as exc:  # noqa: BLE001 - the handler's objects ran in there
+            return batch_failed(route, events, f"returned {with_article(value)} that could "
+                                f"not be read: {reason_text(exc)}", traceback_text(), backoff)
+    event = events[0]
+    if not route.store_result:
+        return [success(event)]
+    outcome = stored_success(event, route, value)
+    outcome.watched = True
+    return [outcome]
+
+
+def _before(hooks: Sequence[Middleware], events: list[Event],
+            entered: list[tuple[Event, Middleware]]) -> Generator[Any, Any, None]:
+    """The call core's ``before`` hooks, event by event; yields what a hook returns to await."""
+    for event in events:
+        for hook in hooks:
+            done = hook.before(event)
+            if done is not None:
+                yield done
+            entered.append((event, hook))   # its after() runs, whatever comes next
+
+
+def _after(entered: list[tuple[Event, Middleware]], outcomes: list[Outcome],
+           raised: BaseException | None, started: float, *,
+           stoppable: bool) -> Generator[Any, Any, None]:
+    """The call core's ``after`` hooks, in reverse; each sees its event's outcome."""
+    by_id = {o.event_id: o for o in outcomes}
+    results: dict[int, HandlerResult] = {}
+    for event, hook in reversed(entered):
+        result = results.get(event.id)
+        if result is None:
+            result = results[event.id] = handler_result(by_id[event.id], raised, started)
+        try:
+            done = hook.after(event, result)
+            if done is not None:
+                yield done
+        except HOOK_ERRORS:  # logged with its traceback by _hook_failed
+            _hook_failed(hook, event)
+        except asyncio.CancelledError:
+            if stoppable and stopped_from_outside():
+                raise
+            _hook_failed(hook, event)   # raised by the hook itself
+
+
+def _hooks_inline(steps: Generator[Any, Any, None]) -> None:
+    """Run hook steps here: nothing can be awaited inline (see Executor._async_hooks)."""
     try:
-        done = hook.after(event, result)
-        if done is not None:   # an async hook on the inline path cannot happen: see _async_hooks
-            raise TypeError("an async after() hook needs a task; handlers ran inline")
-    except HOOK_ERRORS:  # logged with its traceback by _hook_failed
-        _hook_failed(hook, event)
+        next(steps)
+        while True:
+            steps.throw(TypeError(_ASYNC_HOOK_INLINE))
+    except StopIteration:
+        pass
+
+
+async def _hooks_awaited(steps: Generator[Any, Any, None]) -> None:
+    """Run hook steps in a task, awaiting what they yield and throwing back its error."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                await step
+            except BaseException as exc:  # noqa: BLE001 - thrown in: the step decides
+                step = steps.throw(exc)
+            else:
+                step = steps.send(None)
+    except StopIteration:
+        pass
 
 
 class Executor(InFlight):
-    """The one handler path: batch start, inline call, task body, batch call.
+    """The one handler path: one call core, driven inline or in a task.
 
     Its base, :class:`~conveyor.worker.in_flight.InFlight`, sweeps the deadlines
     and tells the watchdog and the log context which call holds the loop.
@@ -159,7 +241,7 @@ class Executor(InFlight):
                 continue
             timeout = override or route.timeout or default_timeout
             running.deadline = now + timeout
-            coro = call(route, event, running, timeout)
+            coro = call(route, [event], [running], timeout)
             if EAGER_TASKS:
                 # Python 3.12+: the handler runs at once, up to its first real wait,
                 # with itself as the current task; one that never waits costs no
@@ -173,7 +255,7 @@ class Executor(InFlight):
             started = True
         for route, runnings in (batches or {}).values():
             timeout = override or route.timeout or default_timeout
-            task = loop.create_task(self._call_batch(route, runnings, timeout))
+            task = loop.create_task(call(route, [r.event for r in runnings], runnings, timeout))
             # One callback per batch (per event it would cost about 2 us on the
             # hot path; a one-event call guarantees its outcome in _call itself).
             task.add_done_callback(functools.partial(self._batch_ended, route, runnings))
@@ -203,180 +285,126 @@ class Executor(InFlight):
             self._inline(route, event)
 
     def _inline(self, route: Route, event: Event) -> None:
+        """The synchronous driver of the call core: hooks and call, right here."""
         self._inline_event = event
-        hooks = self._middleware
-        entered: list[Middleware] = [] if hooks else _NONE_ENTERED
-        started = time.monotonic() if hooks else 0.0
+        events = [event]
+        entered = _NO_HOOKS
+        started = 0.0
         raised: BaseException | None = None
-        outcome: Outcome | None = None
+        outcomes: list[Outcome] | None = None
         try:
             try:
-                if hooks:
-                    for hook in hooks:
-                        hook.before(event)
-                        entered.append(hook)
+                if self._middleware:
+                    entered, started = [], time.monotonic()
+                    _hooks_inline(_before(self._middleware, events, entered))
                 value = route.handler(event)
             except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
-                raised = exc
-                outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
-                if isinstance(exc, HANDLER_EXITS):
-                    exit_refused(exc, event)
+                outcomes, raised = self._failed(route, events, exc, None, 0.0)
             else:
-                outcome = (stored_success(event, route, value) if route.store_result
-                           else success(event))
-            if route.store_result:
-                outcome.watched = True
+                outcomes = _returned(route, events, value, self._backoff)
             if entered:
-                result = handler_result(outcome, raised, started)
-                for hook in reversed(entered):
-                    _after_quietly(hook, event, result)
-        except BaseException as exc:  # noqa: BLE001 - the safety net: see unsettled_outcome
-            # Raised here, it would end the fetch loop and the worker with it.
-            if outcome is None:
-                outcome = unsettled_outcome(route, event, exc, route.backoff or self._backoff)
+                _hooks_inline(_after(entered, outcomes, raised, started, stoppable=False))
+        except BaseException as exc:  # noqa: BLE001 - raised here, it would end the fetch loop
+            outcomes = self._unsettled(route, events, exc, outcomes, None)
         finally:
             self._inline_event = None
-        self._sink(outcome)
+        self._sink(outcomes[0])
 
-    async def _call(self, route: Route, event: Event, running: Running, timeout: float) -> None:
-        """One handler call in its own task, with its deadline enforced by the sweeper."""
-        hooks = self._middleware
-        entered: list[Middleware] = [] if hooks else _NONE_ENTERED
-        started = time.monotonic() if hooks else 0.0
-        raised: BaseException | None = None
-        outcome: Outcome | None = None
-        try:
-            try:
-                if hooks:
-                    # Written out here rather than in a helper coroutine: a coroutine
-                    # object per call and per hook is measurable on a no-op handler.
-                    for hook in hooks:
-                        done = hook.before(event)
-                        if done is not None:
-                            await done
-                        entered.append(hook)   # its after() runs, whatever comes next
-                if route.is_async:
-                    value = await route.handler(event)
-                else:
-                    value = await call_handler(route, event, self._pool,
-                                               self._running.thread_abandoned,
-                                               contextvars.copy_context() if hooks else None)
-            except asyncio.CancelledError as exc:
-                task = asyncio.current_task()
-                cancelling = task.cancelling() if task is not None else 0
-                if not cancelling:
-                    # The handler raised CancelledError itself: a failed attempt like any other.
-                    raised = exc
-                    outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
-                elif running.timed_out and cancelling == 1:
-                    assert task is not None
-                    task.uncancel()
-                    outcome = failure(event, f"handler timed out after {timeout:g}s", None,
-                                      route.backoff or self._backoff)
-                else:
-                    raise   # a stop or a lost lease: the worker decides what to write
-            except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
-                raised = exc
-                outcome = outcome_of_error(exc, event, route.backoff or self._backoff)
-                if isinstance(exc, HANDLER_EXITS):
-                    exit_refused(exc, event)
-            else:
-                outcome = (stored_success(event, route, value) if route.store_result
-                           else success(event))
-            if route.store_result:
-                outcome.watched = True
-            if entered:
-                result = handler_result(outcome, raised, started)
-                for hook in reversed(entered):
-                    try:
-                        done = hook.after(event, result)
-                        if done is not None:
-                            await done
-                    except HOOK_ERRORS:  # logged with its traceback by _hook_failed
-                        _hook_failed(hook, event)
-                    except asyncio.CancelledError:
-                        if stopped_from_outside():
-                            raise
-                        _hook_failed(hook, event)   # raised by the hook itself
-        except BaseException as exc:  # the safety net: see unsettled_outcome
-            # Here rather than in a done callback on every task: that costs
-            # about 2 us per event (measured with a no-op handler).
-            if isinstance(exc, asyncio.CancelledError) and stopped_from_outside():
-                raise   # a stop or a lost lease: the worker decides what to write
-            if outcome is None:
-                outcome = unsettled_outcome(route, event, exc, route.backoff or self._backoff)
-        if (event.id, event.attempt) in self._entries:
-            self._sink(outcome)
+    async def _call(self, route: Route, events: list[Event], runnings: list[Running],
+                    timeout: float) -> None:
+        """The asynchronous driver of the call core: one call in its own task, or one
+        call of a batch handler for the route's events of one claim.
 
-    async def _call_batch(self, route: Route, runnings: list[Running], timeout: float) -> None:
-        """One call of a batch handler for the route's events of one claim, in its own task.
-
-        Middleware sees each event as if it had a call of its own: every
-        ``before`` in order, the call, every ``after`` in reverse. The deadline
-        is the batch's: the sweeper cancels the task when it passes, and every
-        event of the batch gets the timeout. Whatever escapes, the task's done
-        callback (:meth:`_batch_ended`) gives the events left without an outcome
-        a failed attempt.
+        Its deadline is enforced by the sweeper, which cancels the task; a
+        batch's deadline is the batch's, and every event of it gets the timeout.
+        Middleware sees each event of a batch as if it had a call of its own.
         """
-        events = [r.event for r in runnings]
-        backoff = route.backoff or self._backoff
-        hooks = self._middleware
-        entered: list[tuple[Event, Middleware]] = []
-        started = time.monotonic()
+        entered = _NO_HOOKS
+        started = 0.0
         raised: BaseException | None = None
-        outcomes: list[Outcome]
+        outcomes: list[Outcome] | None = None
         try:
-            for event in events:
-                for hook in hooks:
-                    done = hook.before(event)
-                    if done is not None:
-                        await done
-                    entered.append((event, hook))
-            handler: Any = route.handler    # a batch handler takes the list (Router.add)
-            # A copy: the handler may consume or reorder its list (``events.pop()``),
-            # and the results are matched to these events, in this order.
-            results = await handler(list(events))
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            cancelling = task.cancelling() if task is not None else 0
-            if not cancelling:
-                raised = exc
-                outcomes = [outcome_of_error(exc, e, backoff) for e in events]
-            elif cancelling == 1 and any(r.timed_out for r in runnings):
-                assert task is not None
-                task.uncancel()
-                outcomes = [failure(e, f"batch handler timed out after {timeout:g}s", None,
-                                    backoff) for e in events]
+            try:
+                if self._middleware:
+                    entered, started = [], time.monotonic()
+                    await _hooks_awaited(_before(self._middleware, events, entered))
+                if route.batch:
+                    handler: Any = route.handler    # a batch handler takes the list
+                    # A copy: the handler may consume or reorder its list
+                    # (``events.pop()``); the results are matched to these events.
+                    value = await handler(list(events))
+                elif route.is_async:
+                    value = await route.handler(events[0])
+                else:
+                    # The context copied after the hooks ran: what they set reaches the thread.
+                    value = await call_handler(
+                        route, events[0], self._pool, self._running.thread_abandoned,
+                        contextvars.copy_context() if entered else None)
+            except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
+                outcomes, raised = self._failed(route, events, exc, runnings, timeout)
             else:
-                raise   # a stop: the worker decides what to write
-        except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
-            raised = exc
-            outcomes = [outcome_of_error(exc, e, backoff) for e in events]
-            if isinstance(exc, HANDLER_EXITS):
-                exit_refused(exc, events[0])
-        else:
-            try:
-                outcomes = batch_outcomes(route, events, results, backoff)
-            except BaseException as exc:  # noqa: BLE001 - the handler's objects ran in there
-                outcomes = batch_failed(route, events, f"returned {with_article(results)} that could "
-                                         f"not be read: {reason_text(exc)}", traceback_text(), backoff)
-        by_id = {o.event_id: o for o in outcomes}
-        for event, hook in reversed(entered):
-            outcome = by_id[event.id]
-            try:
-                done = hook.after(event, handler_result(outcome, raised, started))
-                if done is not None:
-                    await done
-            except HOOK_ERRORS:  # logged with its traceback by _hook_failed
-                _hook_failed(hook, event)
-            except asyncio.CancelledError:
-                if stopped_from_outside():
-                    raise   # a stop: the worker decides what to write
-                _hook_failed(hook, event)   # raised by the hook itself
+                outcomes = _returned(route, events, value, self._backoff)
+            if entered:
+                await _hooks_awaited(_after(entered, outcomes, raised, started, stoppable=True))
+        except BaseException as exc:  # noqa: BLE001 - the safety net: see _unsettled
+            outcomes = self._unsettled(route, events, exc, outcomes, runnings)
+        if not route.batch:
+            if (events[0].id, events[0].attempt) in self._entries:
+                self._sink(outcomes[0])
+            return
         for running, outcome in zip(runnings, outcomes, strict=True):
             running.settled = True
             if (outcome.event_id, outcome.attempt) in self._entries:
                 self._sink(outcome)
+
+    def _failed(self, route: Route, events: list[Event], exc: BaseException,
+                runnings: list[Running] | None, timeout: float
+                ) -> tuple[list[Outcome], BaseException | None]:
+        """The call core's outcomes of a call that raised ``exc``, and the error the
+        hooks see (none for a timeout). Called in the driver's ``except`` block, so
+        the traceback is the handler's.
+
+        A CancelledError in a task (``runnings``) is the handler's own unless the
+        task is being cancelled: once, with a slot past its deadline, it is a
+        timeout and the cancel is taken back; otherwise a stop or a lost lease,
+        re-raised for the worker to decide what to write.
+        """
+        backoff = route.backoff or self._backoff
+        raised: BaseException | None = exc
+        if runnings is not None and isinstance(exc, asyncio.CancelledError) \
+                and (task := asyncio.current_task()) is not None and task.cancelling():
+            if task.cancelling() > 1 or not any(r.timed_out for r in runnings):
+                raise exc
+            task.uncancel()
+            what = "batch handler" if route.batch else "handler"
+            outcomes = [failure(e, f"{what} timed out after {timeout:g}s", None, backoff)
+                        for e in events]
+            raised = None
+        else:
+            outcomes = [outcome_of_error(exc, e, backoff) for e in events]
+            if isinstance(exc, HANDLER_EXITS):
+                exit_refused(exc, events[0])
+        if route.store_result:
+            outcomes[0].watched = True
+        return outcomes, raised
+
+    def _unsettled(self, route: Route, events: list[Event], exc: BaseException,
+                   outcomes: list[Outcome] | None, runnings: list[Running] | None
+                   ) -> list[Outcome]:
+        """The safety net of the call core: what escaped a call leaves no event without
+        an outcome (here rather than in a done callback on every task, which
+        the hot path would pay for).
+
+        A stop or a lost lease is re-raised (the worker decides what to write);
+        so is anything escaping a batch call, whose net is its task's done
+        callback (:meth:`_batch_ended`).
+        """
+        if route.batch or (runnings is not None and isinstance(exc, asyncio.CancelledError)
+                           and stopped_from_outside()):
+            raise exc
+        if outcomes is not None:
+            return outcomes
+        return [unsettled_outcome(route, e, exc, route.backoff or self._backoff) for e in events]
 
     def _batch_ended(self, route: Route, runnings: list[Running],
                      task: asyncio.Future[None]) -> None:

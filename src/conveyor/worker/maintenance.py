@@ -38,7 +38,7 @@ from conveyor.worker.lease import DatabaseClock, Lease
 from conveyor.worker.pruner import PRUNE_BATCH, Pruner
 from conveyor.worker.rescuer import RESCUE_BATCH, Rescuer
 from conveyor.worker.running import Key, RunningSet
-from conveyor.worker.service import Service, ServiceLoop
+from conveyor.worker.service import Periodic, ServiceLoop
 from conveyor.worker.stats import OutcomeTally, WorkerStats
 from conveyor.worker.wakeups import PauseState
 
@@ -85,7 +85,7 @@ class PauseCheck:
 
 
 class Maintenance:
-    """The maintenance services of one worker.
+    """The maintenance services of one worker, one :class:`~conveyor.worker.service.Service`.
 
     Args:
         conn: its own connection.
@@ -107,6 +107,8 @@ class Maintenance:
             Defaults to None (no lanes kept).
     """
 
+    name = "maintenance"
+
     def __init__(self, conn: ManagedConnection, queries: Queries, config: WorkerConfig,
                  owner: str, name: str, topics: list[str], running: RunningSet,
                  decided: Callable[[], set[Key]], stats: WorkerStats, *,
@@ -123,7 +125,7 @@ class Maintenance:
         self.rescuer = Rescuer(queries, config.rescue_interval, stats)
         self.horizon_alert = HorizonAlert(queries, config.horizon_alert_after)
         self.pruner = Pruner(queries, config)
-        services: list[Service] = [self.lease, self.clock, self.counts]
+        services: list[Periodic] = [self.lease, self.clock, self.counts]
         if self.pause_check is not None:
             services.append(self.pause_check)
         if lanes is not None:
@@ -157,10 +159,10 @@ class Maintenance:
         """
         await self.loop.run(closing)
 
-    async def run_once(self) -> None:
-        """One pass of everything: heartbeat and clock, pauses, lanes, rescue, horizon
-        check, pruning."""
-        await self.loop.run_once()
+    async def run_once(self, conn: psycopg.AsyncConnection[Any] | None = None) -> None:
+        """One pass of everything, on ``conn`` (default: the maintenance connection):
+        heartbeat and clock, pauses, lanes, rescue, horizon check, pruning."""
+        await self.loop.run_once(conn or await self.conn.get(give_up_on_stop=False))
 
     async def register(self) -> None:
         """Add the worker to the registry; the first heartbeat does it if the database is away."""

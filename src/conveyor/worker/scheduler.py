@@ -29,8 +29,15 @@ import psycopg
 from conveyor.cron import Schedule
 from conveyor.db.named_queries import Queries
 from conveyor.notify import wake_payload
-from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, StopRequested
+from conveyor.retry import BackoffPolicy
+from conveyor.worker.connection import (
+    RECOVERABLE_ERRORS,
+    Backoff,
+    ManagedConnection,
+    StopRequested,
+)
 from conveyor.worker.deadline import with_deadline
+from conveyor.worker.service import sleep_unless
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +50,24 @@ LOCKED_RETRY = 0.05
 # Schedules are declared again this often, so one removed while a worker
 # still declares it comes back.
 DECLARE_INTERVAL = 60.0
-# After an unexpected error in the loop, it starts again after this pause.
+# After an unexpected error in the loop, it starts again after this pause
+# (metrics.health allows for it: a failing pass keeps the worker healthy).
 FAILURE_PAUSE = 1.0
+_FAILURE_POLICY = BackoffPolicy(base_delay=FAILURE_PAUSE, factor=1.0, max_delay=FAILURE_PAUSE,
+                                jitter=0.0)
 
 
 class Scheduler:
-    """Fires ``schedules`` from one worker; see the module docstring.
+    """Fires ``schedules`` from one worker, a :class:`~conveyor.worker.service.Service`
+    on its own connection; see the module docstring.
 
     ``clock``: a callable returning the current time as an aware datetime, for
     tests that move time; by default the database's clock (``now()``).
     ``clock_offset``: the database's clock minus this machine's, in seconds,
     to know locally when the next slot is due.
     """
+
+    name = "cron"
 
     def __init__(self, conn: ManagedConnection, queries: Queries, schedules: Sequence[Schedule],
                  *, query_timeout: float, clock_offset: Callable[[], float],
@@ -73,6 +86,7 @@ class Scheduler:
         self.skipped = 0        # slots it found past their catch-up window
         self.failures = 0       # unexpected errors of the loop, each logged
         self.last_pass = time.monotonic()   # when the loop last completed a pass
+        self._backoff = Backoff(_FAILURE_POLICY)
 
     def _now(self) -> float:
         if self._clock is not None:
@@ -93,19 +107,14 @@ class Scheduler:
                 continue
             except Exception:   # reported with its traceback, and the loop goes on
                 self.failures += 1
-                log.exception("cron scheduler pass failed; starting again in %.0fs", FAILURE_PAUSE,
+                pause = self._backoff.next_delay()
+                log.exception("cron scheduler pass failed; starting again in %.0fs", pause,
                               extra={"action": "cron_failed"})
-                await self._sleep(stopping, FAILURE_PAUSE)
+                await sleep_unless(stopping, pause)
                 continue
+            self._backoff.reset()
             wait = min(self._next.values(), default=math.inf) - self._now()
-            await self._sleep(stopping, min(MAX_SLEEP, max(MIN_SLEEP, wait)))
-
-    @staticmethod
-    async def _sleep(stopping: asyncio.Event, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(stopping.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
+            await sleep_unless(stopping, min(MAX_SLEEP, max(MIN_SLEEP, wait)))
 
     async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Declare the schedules when due, and fire every schedule whose next slot has come."""

@@ -1,16 +1,23 @@
-"""One interface for a worker's periodic jobs (Oban's plugins, River's services).
+"""One interface for what a worker runs beside its claims (Oban's plugins, River's services).
 
-A :class:`Service` does one pass with ``run_once(conn)`` and says with
-``due_at()`` when its next pass is worth running. A :class:`ServiceLoop` runs
-a list of them on one dedicated connection, each when it is due, in list
-order, until it is told to stop; its ``run_once()`` runs every pass once, so a
-test drives a service through ``Service.run_once`` against a real database
-without booting a worker or waiting out an interval. The maintenance
-services (worker/maintenance.py) share the maintenance connection that way.
+A :class:`Service` has a ``name``, ``run(stopping)``, its loop on a
+connection of its own until ``stopping`` is set, and ``run_once(conn)``, one
+pass on a connection it is handed: a test drives a service through
+``run_once`` against a real database, without booting a worker or waiting
+out an interval or a lease. The worker runs the services it builds (the
+maintenance passes, the flow claims, cron) and those it is given
+(``Worker(services=[...])``: the metrics refresher, a relay's ordered
+streams) the same way, through :class:`ServiceTasks`: each in a task of its
+own, told to stop at the worker's shutdown, cancelled if it does not.
 
-A loop that fails waits out its connection's
-:class:`~conveyor.worker.connection.Backoff` (a
-:class:`~conveyor.retry.RetryPolicy` counted per failure), as a reconnect does.
+The maintenance services are :class:`Periodic` passes: ``due_at()`` says when
+the next pass is worth running. A :class:`ServiceLoop` runs a list of them on
+one dedicated connection, each when it is due, in list order; it is a
+Service itself.
+
+A loop that fails waits out one :class:`~conveyor.worker.connection.Backoff`
+(a :class:`~conveyor.retry.RetryPolicy` counted per failure in a row), as a
+reconnect does.
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import psycopg
 
+from conveyor.outcomes import reason_text
 from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection
 from conveyor.worker.deadline import with_deadline
 
@@ -33,7 +41,25 @@ MIN_SLEEP = 0.05
 
 
 class Service(Protocol):
-    """A worker's periodic job.
+    """What a worker runs beside its claims, from its start to its shutdown.
+
+    ``run(stopping)`` returns soon after ``stopping`` is set; ``run_once(conn)``
+    does one pass of its work on ``conn``.
+    """
+
+    name: str
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Work until ``stopping`` is set."""
+        ...
+
+    async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> object:
+        """One pass on ``conn`` (what it returns, if anything, is the service's own)."""
+        ...
+
+
+class Periodic(Protocol):
+    """A worker's periodic job, one of the passes a :class:`ServiceLoop` runs.
 
     ``timeout`` bounds one pass in seconds (``None``: the loop's query timeout).
     """
@@ -51,7 +77,7 @@ class Service(Protocol):
 
 
 class ServiceLoop:
-    """Runs ``services`` on the connection ``conn``, each pass when it is due.
+    """Runs ``passes`` on the connection ``conn``, each pass when it is due.
 
     A connection error drops the connection (the next pass reconnects); any
     other database error is logged as ``<name>_failed`` and the loop waits
@@ -59,18 +85,18 @@ class ServiceLoop:
     service still due, so an early service that failed delays the later ones.
     """
 
-    def __init__(self, name: str, conn: ManagedConnection, services: Sequence[Service], *,
+    def __init__(self, name: str, conn: ManagedConnection, passes: Sequence[Periodic], *,
                  query_timeout: float) -> None:
         self.name = name
         self.conn = conn
-        self.services = list(services)
+        self.services = list(passes)
         self.query_timeout = query_timeout
 
-    async def _run(self, service: Service, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _run(self, service: Periodic, conn: psycopg.AsyncConnection[Any]) -> None:
         await with_deadline(conn, service.run_once(conn), service.timeout or self.query_timeout)
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Every service's passes, when due, until ``stopping`` is set."""
+        """Every pass, when due, until ``stopping`` is set."""
         while not stopping.is_set():
             now = time.monotonic()
             try:
@@ -86,13 +112,63 @@ class ServiceLoop:
                 await self.conn.pause_after_failure(interruptible=False)
                 continue
             sleep_for = max(MIN_SLEEP, min(s.due_at() for s in self.services) - time.monotonic())
-            try:
-                await asyncio.wait_for(stopping.wait(), timeout=sleep_for)
-            except TimeoutError:
-                pass
+            await sleep_unless(stopping, sleep_for)
 
-    async def run_once(self) -> None:
+    async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """One pass of every service, due or not, in order."""
-        conn = await self.conn.get(give_up_on_stop=False)
         for service in self.services:
             await self._run(service, conn)
+
+
+async def sleep_unless(stopping: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, less if ``stopping`` is set meanwhile."""
+    try:
+        await asyncio.wait_for(stopping.wait(), timeout=seconds)
+    except TimeoutError:
+        pass
+
+
+class ServiceTasks:
+    """A worker's services, each in a task of its own.
+
+    A service that raises is logged (``service_failed``) and reported through
+    ``on_failure``: a worker without one of its services must not go on as if
+    nothing happened; ``failed`` keeps the first such error.
+    """
+
+    def __init__(self, on_failure: Callable[[], None] | None = None) -> None:
+        self._tasks: list[tuple[Service, asyncio.Task[None]]] = []
+        self._on_failure = on_failure
+        self.failed: BaseException | None = None
+
+    def start(self, service: Service, stopping: asyncio.Event) -> None:
+        """Run ``service`` until ``stopping`` is set."""
+        task = asyncio.create_task(service.run(stopping), name=f"conveyor-{service.name}")
+        task.add_done_callback(self._ended)
+        self._tasks.append((service, task))
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        log.error("the %s service failed: %s", task.get_name().removeprefix("conveyor-"),
+                  reason_text(exc), exc_info=exc, extra={"action": "service_failed"})
+        if self.failed is None:
+            self.failed = exc
+        if self._on_failure is not None:
+            self._on_failure()
+
+    async def wait(self, service: Service, timeout: float) -> None:
+        """Wait up to ``timeout`` for ``service`` to return (it was told to stop)."""
+        tasks = {task for s, task in self._tasks if s is service}
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+    async def stop(self, grace: float) -> None:
+        """Give every service up to ``grace`` seconds to return, then cancel the rest."""
+        tasks = {task for _, task in self._tasks}
+        if not tasks:
+            return
+        await asyncio.wait(tasks, timeout=grace)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -23,6 +23,11 @@ class WorkerStats:
     loop_stalls: int = 0          # times a handler blocked the event loop (see LoopWatchdog)
     loop_stall_max_s: float = 0.0
 
+    def stalled(self, seconds: float) -> None:
+        """Count a loop stall of ``seconds`` (the watchdog's report)."""
+        self.loop_stalls += 1
+        self.loop_stall_max_s = max(self.loop_stall_max_s, seconds)
+
 
 # The order of each tally's counts, as event_counts_add takes them.
 SUCCEEDED, RETRIED, FAILED, CANCELLED = range(4)

@@ -2,15 +2,20 @@
 
 A worker is a few services around one set of claimed events
 (:class:`~conveyor.worker.running.RunningSet`):
-:class:`~conveyor.worker.claims.Claims` claims into it (the fetch and flow
-loops), the :class:`~conveyor.worker.executor.Executor` runs the handlers,
-the :class:`~conveyor.worker.completer.Completer` acknowledges the outcomes,
-:class:`~conveyor.worker.maintenance.Maintenance` runs the periodic services (leases,
-rescue, pruning; worker/service.py), the
-:class:`~conveyor.worker.listener.Listener` and
-:class:`~conveyor.worker.wakeups.DueTimes` say when to claim. Each service
-has a dedicated connection, so a slow acknowledgement never delays a claim
-and the LISTEN connection is never borrowed; every one reconnects on its own.
+:class:`~conveyor.worker.claims.Claims` claims into it (the fetch loop) and
+:class:`~conveyor.worker.flow_claims.FlowClaims` beside it (the flow limits),
+the :class:`~conveyor.worker.executor.Executor` runs the handlers, the
+:class:`~conveyor.worker.completer.Completer` acknowledges the outcomes,
+:class:`~conveyor.worker.maintenance.Maintenance` runs the periodic passes
+(leases, rescue, pruning), the :class:`~conveyor.worker.scheduler.Scheduler`
+fires cron schedules, the :class:`~conveyor.worker.listener.Listener` and
+:class:`~conveyor.worker.wakeups.DueTimes` say when to claim. Each has a
+dedicated connection, so a slow acknowledgement never delays a claim and the
+LISTEN connection is never borrowed; every one reconnects on its own.
+
+The services run through one interface (worker/service.py), and so do those a
+worker is given (``services=``). What happens before the first claim is
+worker/startup.py; the graceful shutdown, worker/shutdown.py.
 
 Example::
 
@@ -26,52 +31,42 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
-
-import psycopg
 
 from conveyor.config import WorkerConfig
-from conveyor.cron import default_name
 from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import ConfigError
 from conveyor.middleware import Middleware
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
-from conveyor.vacuum_health import vacuum_warnings_async
 from conveyor.worker.accounting import OutcomeAccounting
 from conveyor.worker.claims import Claims
-from conveyor.worker.classify import Outcome
 from conveyor.worker.completer import Completer
-from conveyor.worker.connection import (
-    CONNECTION_ERRORS,
-    RECOVERABLE_ERRORS,
-    StopRequested,
-    WorkerConnections,
-)
-from conveyor.worker.deadline import StopFlag, with_deadline
+from conveyor.worker.connection import StopRequested, WorkerConnections
+from conveyor.worker.deadline import StopFlag
 from conveyor.worker.executor import Executor
 from conveyor.worker.failure_log import FailureLogLimiter
-from conveyor.worker.flow import FlowControl, describe_limit
+from conveyor.worker.flow import FlowControl
+from conveyor.worker.flow_claims import FlowClaims
 from conveyor.worker.lanes import Lanes
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
 from conveyor.worker.scheduler import Scheduler
+from conveyor.worker.service import Service, ServiceTasks
+from conveyor.worker.shutdown import Shutdown
+from conveyor.worker.startup import StartUp, start_details
 from conveyor.worker.stats import OutcomeTally, WorkerStats
-from conveyor.worker.wakeups import DueTimes, describe_pause
+from conveyor.worker.wakeups import DueTimes
 from conveyor.worker.watchdog import LoopWatchdog, StallLeases
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 # A loop that has not run for this long (or a quarter of the lease, if less) is
 # reported: every handler and the heartbeat wait on it.
 LOOP_STALL_WARNING = 1.0
-_UNREGISTER_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
 
 
 class Worker:
@@ -89,12 +84,18 @@ class Worker:
         clock: what the cron schedules take as the current time, a callable
             returning an aware datetime: for tests that move time. Defaults
             to None, the database's clock.
+        services: more :class:`~conveyor.worker.service.Service` objects to run
+            from the worker's start to its shutdown, beside its own (cron, the
+            flow claims, maintenance): a relay's ordered streams, the metrics
+            refresher. One that raises stops the worker, and ``run`` raises
+            its error. Defaults to none.
     """
 
     def __init__(self, conninfo: str, router: Router, config: WorkerConfig | None = None, *,
                  listen_conninfo: str | None = None,
                  middleware: Sequence[Middleware] = (),
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None,
+                 services: Sequence[Service] = ()) -> None:
         if not router.routes and not router.schedules:
             raise ConfigError("router has no routes: the worker would claim nothing")
         self.conninfo = conninfo
@@ -137,6 +138,7 @@ class Worker:
         self.claims = Claims(self.connections, self._q, c, self.id, self.flow, self._filter,
                              running=self.running, executor=self.executor,
                              completer=self.completer, stats=self.stats, stopping=self._stopping)
+        self.flow_claims = FlowClaims(self.claims, c)
         self.pauses = self.claims.pauses
         self.lanes = Lanes(self._q, self._filter, heartbeat_interval=c.heartbeat_interval,
                            on_back=self.wake)
@@ -153,7 +155,7 @@ class Worker:
                                  send_probe=self.maintenance.send_probe)
         self.watchdog = LoopWatchdog(identify=self.executor.blocking_event,
                                      warn_after=min(LOOP_STALL_WARNING, c.lease_ttl / 4),
-                                     lease_ttl=c.lease_ttl, on_stall=self._stalled,
+                                     lease_ttl=c.lease_ttl, on_stall=self.stats.stalled,
                                      leases=StallLeases(conninfo, self._q, self.id,
                                                         lease_ttl=c.lease_ttl,
                                                         query_timeout=c.query_timeout,
@@ -164,7 +166,18 @@ class Worker:
             self.scheduler = Scheduler(self.connections.cron, self._q, router.schedules,
                                        query_timeout=c.query_timeout, clock=clock,
                                        clock_offset=lambda: self.maintenance.clock_offset)
-        self._flow_task: asyncio.Task[None] | None = None
+        # Stopped with the claims; the maintenance loop, with the acknowledgements.
+        self.services: list[Service] = [self.flow_claims, *([self.scheduler] if self.scheduler
+                                                            else []), *services]
+        self.startup = StartUp(self.connections.maintenance, c, router,
+                               maintenance=self.maintenance, flow=self.flow, lanes=self.lanes)
+        self.shutdown = Shutdown(c, stopping=self._stopping, closing=self._closing,
+                                 connections=self.connections, claims=self.claims,
+                                 flow_claims=self.flow_claims, running=self.running,
+                                 completer=self.completer, maintenance=self.maintenance,
+                                 executor=self.executor, due_times=self.due_times,
+                                 stats=self.stats, failure_log=self.failure_log,
+                                 worker_id=self.id)
         self._flow_learned = False
         self.started = asyncio.Event()
 
@@ -221,28 +234,23 @@ class Worker:
             # A supervisor retrying run() must not leak the connection.
             await self.connections.maintenance.close()
             raise
-        # The first heartbeat registers the worker if the database is away now.
-        await self._at_start(self.maintenance.lease.register, bounded=False)
-        await self._learn_pauses()
-        await self._learn_flow()
-        await self._bring_back_keys()
-        await self._check_vacuum()
-        tasks = [asyncio.create_task(self.maintenance.run(self._closing),
-                                     name="conveyor-maintenance")]
+        await self.startup.run()
+        services = ServiceTasks(on_failure=self.request_stop)
+        # Until nothing is left to acknowledge: draining handlers keep their leases.
+        services.start(self.maintenance, self._closing)
+        for service in self.services:
+            services.start(service, self._stopping)
+        listener = None
         if self.listens:
-            tasks.append(asyncio.create_task(self.listener.run(self._stopping),
-                                             name="conveyor-listener"))
+            listener = asyncio.create_task(self.listener.run(self._stopping),
+                                           name="conveyor-listener")
         else:
             log.info("not listening for notifications: polling every %.1fs",
                      self.config.poll_interval, extra={"action": "poll_only"})
-        if self.scheduler is not None:
-            tasks.append(asyncio.create_task(self.scheduler.run(self._stopping),
-                                             name="conveyor-cron"))
-        self._flow_task = asyncio.create_task(self.claims.flow_loop(), name="conveyor-flow")
-        tasks.append(self._flow_task)
         completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
         log.info("worker %s started: topics %s, concurrency %d%s", self.name,
-                 ", ".join(self.router.patterns), self.config.concurrency, self._start_details(),
+                 ", ".join(self.router.patterns), self.config.concurrency,
+                 start_details(self.router, self.pauses),
                  extra={"action": "started", "worker": self.id})
         self.started.set()
         self.watchdog.start()
@@ -250,128 +258,11 @@ class Worker:
             await self.claims.fetch_loop()
         finally:
             try:
-                await self._shutdown(tasks, completer)
+                await self.shutdown.run(services, listener, completer)
             finally:
                 self.watchdog.stop()
-
-    def _start_details(self) -> str:
-        """``; cron: ...; limits: ...; paused: ...``: what else decides what this worker claims."""
-        details = []
-        if self.router.schedules:
-            details.append("cron: " + ", ".join(
-                f"{s.name} ({s.expression} -> {s.topic})" if s.name != default_name(
-                    s.topic, s.expression, s.timezone) else s.name
-                for s in self.router.schedules))
-        limits = [describe_limit(route.flow) for route in self.router.routes if route.flow]
-        if limits:
-            details.append("limits: " + ", ".join(limits))
-        if self.pauses.in_force:
-            details.append("paused: " + ", ".join(describe_pause(*key)
-                                                  for key in self.pauses.in_force))
-        return "".join(f"; {detail}" for detail in details)
-
-    async def _at_start(self, step: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,
-                        errors: tuple[type[BaseException], ...] = CONNECTION_ERRORS,
-                        bounded: bool = True) -> T | None:
-        """One start-up step on the maintenance connection (``bounded``: by the query
-        timeout); ``None`` when the database is away (the maintenance passes catch up)."""
-        try:
-            conn = await self.connections.maintenance.get()
-            if not bounded:
-                return await step(conn)
-            return await with_deadline(conn, step(conn), self.config.query_timeout)
-        except StopRequested:
-            return None
-        except errors as exc:
-            await self.connections.maintenance.discard(exc)
-            return None
-
-    async def _learn_pauses(self) -> None:
-        # Before the first claim, so a pause committed while no worker ran
-        # holds from the start; until this succeeds the worker claims with
-        # the pause-aware statement (PauseState starts so).
-        await self._at_start(self.maintenance.check_pauses)
-
-    async def _learn_flow(self) -> None:
-        # Before the first claim, as the pauses: a limit declared by any worker
-        # holds from this worker's first claim on.
-        async def learn(conn: psycopg.AsyncConnection[Any]) -> None:
-            await with_deadline(conn, self.flow.declare(conn), self.config.query_timeout)
-            await with_deadline(conn, self.flow.refresh(conn), self.config.query_timeout)
-        await self._at_start(learn, bounded=False)
-
-    async def _bring_back_keys(self) -> None:
-        # A fifo_by route's aside events come back before the first claim, not
-        # in the first maintenance pass beside it: a key's event written since
-        # the others were set aside would otherwise run before them.
-        if any(r.flow is not None and r.flow.fifo_by is not None for r in self.router.routes):
-            # On an error the maintenance pass brings them back.
-            await self._at_start(self.lanes.bring_back, errors=RECOVERABLE_ERRORS)
-
-    async def _check_vacuum(self) -> None:
-        # Once at start: a server or table without autovacuum is the
-        # environment's doing, and one line saves the hunt for why claims slow.
-        try:
-            found = await self._at_start(
-                lambda conn: vacuum_warnings_async(conn, self.config.schema))
-        except psycopg.Error as exc:
-            log.debug("vacuum check failed: %s", exc)
-            return
-        for warning in found or ():
-            log.warning(warning.message, extra={"action": warning.action})
-
-    async def _shutdown(self, tasks: list[asyncio.Task[Any]],
-                        completer: asyncio.Task[None]) -> None:
-        self._stopping.set()
-        if self._flow_task is not None:
-            # Its claim in flight ends (or is cut) first, so every event it
-            # claimed is among those the drain below waits for.
-            await asyncio.wait({self._flow_task}, timeout=self.config.query_timeout + 1)
-        self.claims.start_deferred()
-        pending = self.running.unfinished_tasks()
-        if pending:
-            log.info("waiting up to %.0fs for %d running handlers", self.config.shutdown_timeout,
-                     len(pending), extra={"action": "draining"})
-            _done, late = await asyncio.wait(pending, timeout=self.config.shutdown_timeout)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=1.0)
-        # Whatever has no outcome yet goes back without spending an attempt.
-        for event in self.running.hand_back(self.completer.unacknowledged()):
-            self.completer.add(Outcome.handed_back(event))
-            self.stats.handed_back += 1
-        self._closing.set()
-        self.due_times.cancel()
-        done, _ = await asyncio.wait({completer}, timeout=self.config.shutdown_timeout)
-        if not done:
-            log.error("could not acknowledge %d results before exit; their leases will expire",
-                      self.completer.backlog, extra={"action": "ack_abandoned"})
-            # Its statements run in its own task (with_deadline_in_task): close the
-            # socket first, so the cancellation does not wait on the server.
-            self.connections.ack.abort()
-            completer.cancel()
-            await asyncio.wait({completer}, timeout=1.0)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            conn = await asyncio.wait_for(
-                self.connections.maintenance.get(give_up_on_stop=False), 5)
-            # Short: the registry row expires on its own, the exit must not wait.
-            # The last outcomes' counts first (the dashboard's charts), as briefly.
-            await with_deadline(conn, self.maintenance.flush_counts(conn), 2)
-            await with_deadline(conn, self.maintenance.unregister(conn), 2)
-        except _UNREGISTER_ERRORS:
-            pass
-        await self.connections.close()
-        self.executor.close()
-        self.failure_log.flush(everything=True)
-        log.info("worker stopped", extra={"action": "stopped", "worker": self.id})
-
-    def _stalled(self, seconds: float) -> None:
-        self.stats.loop_stalls += 1
-        self.stats.loop_stall_max_s = max(self.stats.loop_stall_max_s, seconds)
+        if services.failed is not None:
+            raise services.failed
 
     async def run_once(self) -> int:
         """Claim one batch, run it to completion and acknowledge it; returns the count.
@@ -379,7 +270,7 @@ class Worker:
         Deterministic single step for tests; needs no listener or maintenance task.
         """
         if not self._flow_learned:
-            await self._learn_flow()
+            await self.startup.learn_flow()
             self._flow_learned = True
             # Unregistered, this worker may find its topics set aside by others.
             await self.lanes.bring_back(await self.connections.fetch.get())

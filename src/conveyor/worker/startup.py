@@ -1,0 +1,122 @@
+"""A worker's start-up steps: what it must know before its first claim.
+
+Each step runs once, on the maintenance connection, before the fetch loop
+sends its first claim, because each changes what that claim may take:
+
+- register: the worker's row, so other workers see its topics (0018's lanes);
+- learn the pauses: a pause committed while no worker ran holds from the
+  first claim; until this succeeds the claims use the pause-aware statement;
+- learn the flow limits: a limit declared by any worker holds from this
+  worker's first claim on;
+- bring back a ``fifo_by`` route's aside events: a key's event written since
+  the others were set aside would otherwise run before them;
+- check autovacuum: a server or table without it is the environment's doing,
+  and one line at start saves the hunt for why claims slow down.
+
+None of them is fatal: with the database away a step is skipped, and the
+maintenance passes catch up (the first heartbeat registers the worker, the
+pause check and the lanes pass follow). :func:`start_details` says what else
+decides what the worker claims, for its "started" line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+
+from conveyor.config import WorkerConfig
+from conveyor.cron import default_name
+from conveyor.router import Router
+from conveyor.vacuum_health import vacuum_warnings_async
+from conveyor.worker.connection import (
+    CONNECTION_ERRORS,
+    RECOVERABLE_ERRORS,
+    ManagedConnection,
+    StopRequested,
+)
+from conveyor.worker.deadline import with_deadline
+from conveyor.worker.flow import FlowControl, describe_limit
+from conveyor.worker.lanes import Lanes
+from conveyor.worker.maintenance import Maintenance
+from conveyor.worker.wakeups import PauseState, describe_pause
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class StartUp:
+    """The start-up steps of one worker, on its maintenance connection ``conn``."""
+
+    def __init__(self, conn: ManagedConnection, config: WorkerConfig, router: Router, *,
+                 maintenance: Maintenance, flow: FlowControl, lanes: Lanes) -> None:
+        self.conn = conn
+        self.config = config
+        self.router = router
+        self.maintenance = maintenance
+        self.flow = flow
+        self.lanes = lanes
+
+    async def run(self) -> None:
+        """Every step, in order."""
+        # Unbounded: the first heartbeat registers the worker if the database is away now.
+        await self.step(self.maintenance.lease.register, bounded=False)
+        await self.step(self.maintenance.check_pauses)
+        await self.learn_flow()
+        if any(r.flow is not None and r.flow.fifo_by is not None for r in self.router.routes):
+            # On an error the maintenance pass brings them back.
+            await self.step(self.lanes.bring_back, errors=RECOVERABLE_ERRORS)
+        await self.check_vacuum()
+
+    async def step(self, step: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,
+                   errors: tuple[type[BaseException], ...] = CONNECTION_ERRORS,
+                   bounded: bool = True) -> T | None:
+        """One step on the maintenance connection (``bounded``: by the query timeout);
+        ``None`` when the database is away."""
+        try:
+            conn = await self.conn.get()
+            if not bounded:
+                return await step(conn)
+            return await with_deadline(conn, step(conn), self.config.query_timeout)
+        except StopRequested:
+            return None
+        except errors as exc:
+            await self.conn.discard(exc)
+            return None
+
+    async def learn_flow(self) -> None:
+        """Declare this worker's flow limits and read the fleet's."""
+        timeout = self.config.query_timeout
+
+        async def learn(conn: psycopg.AsyncConnection[Any]) -> None:
+            await with_deadline(conn, self.flow.declare(conn), timeout)
+            await with_deadline(conn, self.flow.refresh(conn), timeout)
+        await self.step(learn, bounded=False)
+
+    async def check_vacuum(self) -> None:
+        try:
+            found = await self.step(lambda conn: vacuum_warnings_async(conn, self.config.schema))
+        except psycopg.Error as exc:
+            log.debug("vacuum check failed: %s", exc)
+            return
+        for warning in found or ():
+            log.warning(warning.message, extra={"action": warning.action})
+
+
+def start_details(router: Router, pauses: PauseState) -> str:
+    """``; cron: ...; limits: ...; paused: ...``: what else decides what a worker claims."""
+    details = []
+    if router.schedules:
+        details.append("cron: " + ", ".join(
+            f"{s.name} ({s.expression} -> {s.topic})" if s.name != default_name(
+                s.topic, s.expression, s.timezone) else s.name
+            for s in router.schedules))
+    limits = [describe_limit(route.flow) for route in router.routes if route.flow]
+    if limits:
+        details.append("limits: " + ", ".join(limits))
+    if pauses.in_force:
+        details.append("paused: " + ", ".join(describe_pause(*key) for key in pauses.in_force))
+    return "".join(f"; {detail}" for detail in details)
