@@ -18,7 +18,7 @@ import pytest
 
 from conveyor import BackoffPolicy, Event, NewEvent, Router, Worker
 from conveyor.middleware import HandlerResult
-from conveyor.worker import executor as executor_module
+from conveyor.worker import call_steps
 from worker_support import enqueue_many, fast_config, query, running, wait_all_in
 
 QUICK_RETRY = BackoffPolicy(base_delay=0.01, max_delay=0.02, jitter=0.0)
@@ -59,10 +59,10 @@ async def test_a_call_that_ends_without_an_outcome_is_a_failed_attempt_then_park
     if kind == "batch":
         # Between the decided outcomes and handing them on: only the task's
         # done callback is left to see the events.
-        monkeypatch.setattr(executor_module, "_hook_failed", _injected_bug)
+        monkeypatch.setattr(call_steps, "hook_failed", _injected_bug)
     else:
         # After the handler returned, before its outcome is decided.
-        monkeypatch.setattr(executor_module, "success", _injected_bug)
+        monkeypatch.setattr(call_steps, "success", _injected_bug)
     ids = await enqueue_many(db, [NewEvent(topic="net", payload=i, max_attempts=2)
                                   for i in range(3)])
     worker = Worker(db, _router(kind), fast_config(), middleware=[_FailingAfter()])

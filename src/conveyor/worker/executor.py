@@ -2,9 +2,10 @@
 
 :class:`Executor` is the one handler path, shared by the worker and
 :func:`conveyor.testing.work_event`. Every call goes through one core: the
-``before`` hooks (:func:`_before`), the call, its outcomes
-(:func:`_returned`, :meth:`Executor._failed`: the exits, ``store_result``,
-the timeout), the ``after`` hooks (:func:`_after`) and the safety net
+``before`` hooks, the call, its outcomes (``returned``,
+:meth:`Executor._failed`: the exits, ``store_result``, the timeout), the
+``after`` hooks (those steps shared by every driver are in
+:mod:`conveyor.worker.call_steps`) and the safety net
 (:meth:`Executor._unsettled`). Two drivers compose it, as httpx drives one
 auth flow sync and async: :meth:`Executor._inline` calls a ``blocking=False``
 plain handler right here, :meth:`Executor._call` runs one call, or one call
@@ -28,31 +29,30 @@ import logging
 import sys
 import time
 import weakref
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from conveyor.log_context import add_source
-from conveyor.middleware import HandlerResult, Middleware, check_middleware
-from conveyor.outcomes import reason_text
+from conveyor.middleware import Middleware, check_middleware
 from conveyor.retry import RetryPolicy
 from conveyor.router import Route, Router
 from conveyor.types import Event
+from conveyor.worker.call_steps import (
+    NO_HOOKS,
+    after_hooks,
+    before_hooks,
+    hooks_awaited,
+    hooks_inline,
+    returned,
+)
 from conveyor.worker.classify import ERROR_MAX_CHARS as ERROR_MAX_CHARS
 from conveyor.worker.classify import (
     HANDLER_EXITS,
-    HOOK_ERRORS,
-    batch_failed,
-    batch_outcomes,
     exit_refused,
     failure,
-    handler_result,
     outcome_of_error,
-    stored_success,
-    success,
-    traceback_text,
     unsettled_outcome,
-    with_article,
 )
 from conveyor.worker.classify import TRACEBACK_MAX_CHARS as TRACEBACK_MAX_CHARS
 from conveyor.worker.classify import Outcome as Outcome
@@ -63,93 +63,6 @@ from conveyor.worker.running import Running, RunningSet
 log = logging.getLogger(__name__)
 
 EAGER_TASKS = sys.version_info >= (3, 12)
-
-
-# A call without middleware enters no hook: shared, never appended to.
-_NO_HOOKS: list[tuple[Event, Middleware]] = []
-_ASYNC_HOOK_INLINE = "an async hook needs a task; handlers ran inline"
-
-
-def _hook_failed(hook: Middleware, event: Event) -> None:
-    # The outcome is decided; a hook's error must not change it.
-    log.exception("middleware %r failed after event %d", hook, event.id,
-                  extra={"action": "middleware_failed", "event_id": event.id})
-
-
-def _returned(route: Route, events: list[Event], value: object,
-              default_backoff: RetryPolicy) -> list[Outcome]:
-    """The call core's outcomes of a call that returned ``value``."""
-    if route.batch:
-        backoff = route.backoff or default_backoff
-        try:
-            return batch_outcomes(route, events, value, backoff)
-        except BaseException as exc:  # noqa: BLE001 - the handler's objects ran in there
-            return batch_failed(route, events, f"returned {with_article(value)} that could "
-                                f"not be read: {reason_text(exc)}", traceback_text(), backoff)
-    event = events[0]
-    if not route.store_result:
-        return [success(event)]
-    outcome = stored_success(event, route, value)
-    outcome.watched = True
-    return [outcome]
-
-
-def _before(hooks: Sequence[Middleware], events: list[Event],
-            entered: list[tuple[Event, Middleware]]) -> Generator[Any, Any, None]:
-    """The call core's ``before`` hooks, event by event; yields what a hook returns to await."""
-    for event in events:
-        for hook in hooks:
-            done = hook.before(event)
-            if done is not None:
-                yield done
-            entered.append((event, hook))   # its after() runs, whatever comes next
-
-
-def _after(entered: list[tuple[Event, Middleware]], outcomes: list[Outcome],
-           raised: BaseException | None, started: float, *,
-           stoppable: bool) -> Generator[Any, Any, None]:
-    """The call core's ``after`` hooks, in reverse; each sees its event's outcome."""
-    by_id = {o.event_id: o for o in outcomes}
-    results: dict[int, HandlerResult] = {}
-    for event, hook in reversed(entered):
-        result = results.get(event.id)
-        if result is None:
-            result = results[event.id] = handler_result(by_id[event.id], raised, started)
-        try:
-            done = hook.after(event, result)
-            if done is not None:
-                yield done
-        except HOOK_ERRORS:  # logged with its traceback by _hook_failed
-            _hook_failed(hook, event)
-        except asyncio.CancelledError:
-            if stoppable and stopped_from_outside():
-                raise
-            _hook_failed(hook, event)   # raised by the hook itself
-
-
-def _hooks_inline(steps: Generator[Any, Any, None]) -> None:
-    """Run hook steps here: nothing can be awaited inline (see Executor._async_hooks)."""
-    try:
-        next(steps)
-        while True:
-            steps.throw(TypeError(_ASYNC_HOOK_INLINE))
-    except StopIteration:
-        pass
-
-
-async def _hooks_awaited(steps: Generator[Any, Any, None]) -> None:
-    """Run hook steps in a task, awaiting what they yield and throwing back its error."""
-    try:
-        step = next(steps)
-        while True:
-            try:
-                await step
-            except BaseException as exc:  # noqa: BLE001 - thrown in: the step decides
-                step = steps.throw(exc)
-            else:
-                step = steps.send(None)
-    except StopIteration:
-        pass
 
 
 class Executor(InFlight):
@@ -288,7 +201,7 @@ class Executor(InFlight):
         """The synchronous driver of the call core: hooks and call, right here."""
         self._inline_event = event
         events = [event]
-        entered = _NO_HOOKS
+        entered = NO_HOOKS
         started = 0.0
         raised: BaseException | None = None
         outcomes: list[Outcome] | None = None
@@ -296,14 +209,14 @@ class Executor(InFlight):
             try:
                 if self._middleware:
                     entered, started = [], time.monotonic()
-                    _hooks_inline(_before(self._middleware, events, entered))
+                    hooks_inline(before_hooks(self._middleware, events, entered))
                 value = route.handler(event)
             except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
                 outcomes, raised = self._failed(route, events, exc, None, 0.0)
             else:
-                outcomes = _returned(route, events, value, self._backoff)
+                outcomes = returned(route, events, value, self._backoff)
             if entered:
-                _hooks_inline(_after(entered, outcomes, raised, started, stoppable=False))
+                hooks_inline(after_hooks(entered, outcomes, raised, started, stoppable=False))
         except BaseException as exc:  # noqa: BLE001 - raised here, it would end the fetch loop
             outcomes = self._unsettled(route, events, exc, outcomes, None)
         finally:
@@ -319,7 +232,7 @@ class Executor(InFlight):
         batch's deadline is the batch's, and every event of it gets the timeout.
         Middleware sees each event of a batch as if it had a call of its own.
         """
-        entered = _NO_HOOKS
+        entered = NO_HOOKS
         started = 0.0
         raised: BaseException | None = None
         outcomes: list[Outcome] | None = None
@@ -327,7 +240,7 @@ class Executor(InFlight):
             try:
                 if self._middleware:
                     entered, started = [], time.monotonic()
-                    await _hooks_awaited(_before(self._middleware, events, entered))
+                    await hooks_awaited(before_hooks(self._middleware, events, entered))
                 if route.batch:
                     handler: Any = route.handler    # a batch handler takes the list
                     # A copy: the handler may consume or reorder its list
@@ -343,9 +256,9 @@ class Executor(InFlight):
             except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
                 outcomes, raised = self._failed(route, events, exc, runnings, timeout)
             else:
-                outcomes = _returned(route, events, value, self._backoff)
+                outcomes = returned(route, events, value, self._backoff)
             if entered:
-                await _hooks_awaited(_after(entered, outcomes, raised, started, stoppable=True))
+                await hooks_awaited(after_hooks(entered, outcomes, raised, started, stoppable=True))
         except BaseException as exc:  # noqa: BLE001 - the safety net: see _unsettled
             outcomes = self._unsettled(route, events, exc, outcomes, runnings)
         if not route.batch:
