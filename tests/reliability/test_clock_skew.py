@@ -51,7 +51,11 @@ async def test_skewed_worker_clock_changes_nothing(fresh_db: str, monkeypatch: p
                          poll_interval=30.0, shutdown_timeout=6.0)
     worker = Worker(fresh_db, router, config)
     async with running(worker):
-        await asyncio.sleep(0.5)   # the first heartbeat measures the offset
+        # The first heartbeat measures the offset; until it has, the worker's
+        # timers would follow its own clock (a loaded machine may be slow to it).
+        async def offset_measured() -> bool:
+            return abs(worker.clock_offset + skew) < 5
+        await wait_until(offset_measured, timeout=30, what="the clock offset to be measured")
         async with AsyncCommittingProducer(fresh_db) as producer:
             long_ids = [await producer.enqueue("skew.long") for _ in range(3)]
             at_ids = [await producer.enqueue("skew.at", delay=d) for d in (1.0, 2.0, 3.0)]
