@@ -30,7 +30,7 @@ from conveyor import NewEvent, Producer
 from conveyor.db.named_queries import queries_for
 from conveyor.metrics.middleware import MetricsMiddleware
 from conveyor.middleware import HandlerResult
-from conveyor.router import pattern_filter
+from conveyor.patterns import sql_params
 from conveyor.tracing import TracingMiddleware
 from conveyor.types import CLAIM_COLUMNS, Event, EventState
 from conveyor.worker.acks import ack
@@ -141,7 +141,7 @@ def drain_wal(conn: psycopg.Connection, batches: int, batch: int, *,
               delete_succeeded: bool = False) -> tuple[float, float]:
     """WAL bytes per event of the claims, and of the acknowledgements, of ``batches`` batches."""
     claims, acks = OwnWal(conn), OwnWal(conn)
-    params = {**pattern_filter(["*"]), "all_tenants": True, "tenants": [], "limit": batch,
+    params = {**sql_params(["*"]), "all_tenants": True, "tenants": [], "limit": batch,
               "owner": OWNER, "lease_ttl": 30.0}
     for _ in range(batches):
         rows = conn.execute(Q["event_claim"], params).fetchall()

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from conveyor.db.named_queries import queries_for
-from conveyor.router import pattern_filter
+from conveyor.patterns import sql_params
 from conveyor.schema import migrator_core as migrator_module
 from conveyor.schema.migrator import Migrator, load_migrations
 from migration_support import migrate_to, storage
@@ -72,7 +72,7 @@ def test_0016_adds_the_xid_without_rewriting_and_old_events_come_first(
         # the server: another test's may be, for a moment.
         deadline = time.monotonic() + 60
         while len(read := [r[0] for r in conn.execute(q["relay_ordered_next"], {
-                **pattern_filter(["order.*"]), "limit": 10_000}).fetchall()]) \
+                **sql_params(["order.*"]), "limit": 10_000}).fetchall()]) \
                 < len(old_pending) + 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert read == [*sorted(old_pending), new]

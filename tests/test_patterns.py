@@ -6,7 +6,6 @@ import pytest
 
 from conveyor.errors import InvalidInputError
 from conveyor.patterns import TopicPattern, check_topic_pattern, matches_any, sql_params
-from conveyor.router import pattern_filter, patterns_match, patterns_overlap
 
 
 def p(text: str) -> TopicPattern:
@@ -70,7 +69,6 @@ def test_overlaps_is_symmetric_and_true_when_a_topic_matches_both(a: str, b: str
                                                                  expected: bool) -> None:
     assert p(a).overlaps(p(b)) is expected
     assert p(b).overlaps(p(a)) is expected
-    assert patterns_overlap(a, b) is expected
 
 
 @pytest.mark.parametrize("topic", ["x", "x.y", "x.y.z", "xy.z", "q"])
@@ -104,11 +102,10 @@ def test_topic_range(pattern: str, expected: tuple[str | None, ...]) -> None:
     assert p(pattern).topic_range() == expected
 
 
-def test_the_old_names_are_the_same_functions_of_patterns() -> None:
+def test_matches_any_is_the_patterns_matches() -> None:
     patterns = ["a.*", "b.c"]
-    assert pattern_filter(patterns, "x_") == sql_params(patterns, "x_")
     for topic in ("a.z", "b.c", "b.d", "a"):
-        assert patterns_match(patterns, topic) is matches_any(patterns, topic)
+        assert matches_any(patterns, topic) is any(p(x).matches(topic) for x in patterns)
     assert check_topic_pattern("a.*") == "a.*"
 
 

@@ -1118,10 +1118,10 @@ def test_slots_prune_deletes_old_slots_a_batch_at_a_time(db: Conn) -> None:
 # --------------------------------------------------------- flow control (0012)
 
 def _flow_params(owner: str, limit_pattern: str, limit: int) -> dict[str, Any]:
-    from conveyor.router import pattern_filter
+    from conveyor.patterns import sql_params
     return {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
             "tenants": [], "owner": owner, "lease_ttl": 30, "limit": limit,
-            "pattern": limit_pattern, **pattern_filter([limit_pattern], prefix="limit_")}
+            "pattern": limit_pattern, **sql_params([limit_pattern], prefix="limit_")}
 
 
 @exercises("flow_declare", "flow_list", "flow_remove", "flow_lock", "flow_running",
@@ -1141,8 +1141,8 @@ def test_flow_limits_are_declared_locked_counted_and_refilled(db: Conn) -> None:
     for topic in ("mail.a", "mail.b", "other"):
         _insert(db, topic)
     _claim(db, _owner())
-    from conveyor.router import pattern_filter
-    assert db.execute(Q["flow_running"], pattern_filter(["mail.*"])).fetchone() == (2,)
+    from conveyor.patterns import sql_params
+    assert db.execute(Q["flow_running"], sql_params(["mail.*"])).fetchone() == (2,)
     db.execute(Q["flow_take_tokens"], {"pattern": "sms.send", "tokens": 3.5})
     assert db.execute("SELECT tokens FROM conveyor.flow_limits WHERE pattern = 'sms.send'"
                       ).fetchone() == (3.5,)
@@ -1151,7 +1151,7 @@ def test_flow_limits_are_declared_locked_counted_and_refilled(db: Conn) -> None:
 
 @exercises("flow_claim", "flow_claim_fair", "event_claim_flow", "event_claim_flow_unpaused")
 def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: Conn) -> None:
-    from conveyor.router import pattern_filter
+    from conveyor.patterns import sql_params
     for _ in range(3):
         _insert(db, "mail.send", tenant="big")
     _insert(db, "mail.send", tenant="small")
@@ -1160,24 +1160,24 @@ def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: C
     # or a plain claim moves them.
     assert db.execute(Q["flow_claim"], _flow_params(_owner(), "mail.*", 5)).fetchall() == []
     plain = db.execute(Q["event_claim_flow"], {
-        **_flow_params(_owner(), "mail.*", 2), **pattern_filter(["mail.*"], prefix="except_"),
-        **pattern_filter([], prefix="fifo_")
+        **_flow_params(_owner(), "mail.*", 2), **sql_params(["mail.*"], prefix="except_"),
+        **sql_params([], prefix="fifo_")
     }).fetchall()
     # The first two in claim order are mail.* events: moved, not claimed; the
     # one row says so in its `moved` column, its event columns NULL.
     assert plain == [(None,) * 11 + (2,)]
     assert _lanes(db) == {"mail.send": [True, True, False, False], "other.job": [False]}
     plain = db.execute(Q["event_claim_flow"], {
-        **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_"),
-        **pattern_filter([], prefix="fifo_")
+        **_flow_params(_owner(), "mail.*", 10), **sql_params(["mail.*"], prefix="except_"),
+        **sql_params([], prefix="fifo_")
     }).fetchall()
     # The claimed event, then `moved`: the two mail.* events left in the open lane.
     assert [(r[2], r[-1]) for r in plain] == [("other.job", 2)]
     _insert(db, "other.job")
     db.execute("INSERT INTO conveyor.pauses (pattern) VALUES ('other.*')")
     paused = db.execute(Q["event_claim_flow_unpaused"], {
-        **_flow_params(_owner(), "mail.*", 10), **pattern_filter(["mail.*"], prefix="except_"),
-        **pattern_filter([], prefix="fifo_")
+        **_flow_params(_owner(), "mail.*", 10), **sql_params(["mail.*"], prefix="except_"),
+        **sql_params([], prefix="fifo_")
     }).fetchall()
     assert paused == []                              # mail.* left to the flow claim, other.* paused
     db.execute("DELETE FROM conveyor.pauses")
@@ -1190,8 +1190,8 @@ def test_flow_claims_take_only_their_pattern_and_the_plain_claim_leaves_it(db: C
 
 
 def _sort(db: Conn, patterns: list[str], window: int = 5000) -> int:
-    from conveyor.router import pattern_filter
-    return db.execute(Q["flow_sort"], {**pattern_filter(patterns, prefix="limit_"),
+    from conveyor.patterns import sql_params
+    return db.execute(Q["flow_sort"], {**sql_params(patterns, prefix="limit_"),
                                        "window": window}).rowcount
 
 
@@ -1207,7 +1207,7 @@ def _lanes(db: Conn) -> dict[str, list[bool]]:
 @exercises("flow_sort", "flow_unsort", "flow_sort_lock")
 def test_the_sort_moves_the_fronts_limited_events_and_the_unsort_brings_back_the_uncovered(
         db: Conn) -> None:
-    from conveyor.router import pattern_filter
+    from conveyor.patterns import sql_params
     # With a fifo_by limit the sorts take turns: a second one is refused at once.
     lock = {"key": "conveyor flow sort test"}
     assert db.execute(Q["flow_sort_lock"], lock).fetchone() == (True,)
@@ -1223,7 +1223,7 @@ def test_the_sort_moves_the_fronts_limited_events_and_the_unsort_brings_back_the
     # The plain claim reads the open lane only, the limited lane is left alone.
     assert [r[2] for r in _claim(db, _owner())] == ["other"]
     # sms.x's limit is gone: its events go back; mail.*'s stay.
-    params = {**pattern_filter(["mail.*"], prefix="limit_"), "batch": 1}
+    params = {**sql_params(["mail.*"], prefix="limit_"), "batch": 1}
     assert db.execute(Q["flow_unsort"], params).rowcount == 1     # a batch at a time
     assert db.execute(Q["flow_unsort"], params).rowcount == 1
     assert db.execute(Q["flow_unsort"], params).rowcount == 0
@@ -1235,14 +1235,14 @@ def test_the_sort_moves_the_fronts_limited_events_and_the_unsort_brings_back_the
     assert db.execute("SELECT state, limited FROM conveyor.events WHERE id = %s",
                       (taken[0][0],)).fetchone() == ("running", True)
     # No limit at all: every pending event goes back.
-    params = {**pattern_filter([], prefix="limit_"), "batch": 100}
+    params = {**sql_params([], prefix="limit_"), "batch": 100}
     assert db.execute(Q["flow_unsort"], params).rowcount == 2
     assert _lanes(db) == {"mail.b": [False], "mail.c": [False]}
 
 
 @exercises("flow_claim_fifo")
 def test_the_fifo_claim_takes_each_keys_first_unfinished_event_only(db: Conn) -> None:
-    from conveyor.router import pattern_filter
+    from conveyor.patterns import sql_params
 
     ids = {}
     for n, (tenant, to) in enumerate([("a", "x"), ("a", "y"), ("b", "x"), ("a", "x"),
@@ -1279,7 +1279,7 @@ def test_the_fifo_claim_takes_each_keys_first_unfinished_event_only(db: Conn) ->
     db.execute("UPDATE conveyor.events SET state = 'pending', lease_owner = NULL,"
                " lease_expires_at = NULL WHERE id IN (%s, %s)", (ids[4], ids[5]))
     assert claim(10, fifo_tenant=False, fifo_path=["to"]) == [ids[1], ids[5], ids[6]]
-    assert pattern_filter(["ledger.*"])["prefixes"] == ["ledger.%"]
+    assert sql_params(["ledger.*"])["prefixes"] == ["ledger.%"]
 
 
 @exercises("flow_claim_fair")
@@ -1465,14 +1465,14 @@ def test_a_bad_fragment_or_include_is_refused_by_name(queries: dict[str, str],
 
 @exercises("relay_replay")
 def test_replay_reads_succeeded_events_of_its_topics_in_finish_order(db: Conn) -> None:
-    from conveyor.router import pattern_filter
+    from conveyor.patterns import sql_params
 
     for topic in ("order.a", "order.b", "other.x", "order.c"):
         _insert(db, topic)
     db.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = now() - CASE topic"
                " WHEN 'order.a' THEN interval '1 minute' ELSE interval '2 minutes' END")
     db.execute("UPDATE conveyor.events SET state = 'failed' WHERE topic = 'order.c'")
-    params = {**pattern_filter(["order.*"]), "until": None, "limit": 10,
+    params = {**sql_params(["order.*"]), "until": None, "limit": 10,
               "after_at": datetime.now(UTC) - timedelta(hours=1), "after_id": 0}
     rows = db.execute(Q["relay_replay"], params).fetchall()
     # Oldest finish first (b finished before a), other.x and the failed one left out.
@@ -1487,9 +1487,9 @@ def test_replay_reads_succeeded_events_of_its_topics_in_finish_order(db: Conn) -
 @exercises("relay_ordered_lock", "relay_ordered_next", "relay_ordered_held",
            "relay_ordered_done", "relay_ordered_failed", "relay_order_topics")
 def test_ordered_relay_reads_past_no_running_transaction_in_xid_order(fresh_db: str) -> None:
-    from conveyor.router import pattern_filter
+    from conveyor.patterns import sql_params
 
-    route = {**pattern_filter(["order.*"]), "limit": 10}
+    route = {**sql_params(["order.*"]), "limit": 10}
     with psycopg.connect(fresh_db, autocommit=True) as reader, \
             psycopg.connect(fresh_db, autocommit=True) as rival, \
             psycopg.connect(fresh_db) as early:

@@ -10,7 +10,7 @@ import pytest
 
 from conveyor import ConfigError, Event, NewEvent, Producer, Router
 from conveyor.db.named_queries import queries_for
-from conveyor.router import patterns_match
+from conveyor.patterns import matches_any
 
 
 def handler(event: Event) -> None:
@@ -160,7 +160,7 @@ def test_claim_filter_escapes_like_wildcards_in_prefixes() -> None:
 ])
 def test_patterns_match_agrees_with_router(patterns: list[str], topic: str,
                                            expected: bool) -> None:
-    assert patterns_match(patterns, topic) is expected
+    assert matches_any(patterns, topic) is expected
     assert _router(*patterns).handles(topic) is expected
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack, ca
 from conveyor.cron import CATCH_UP_DEFAULT, Schedule
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.flow import FlowLimit
-from conveyor.patterns import TopicPattern, check_topic_pattern, matches_any, sql_params
+from conveyor.patterns import TopicPattern, check_topic_pattern, sql_params
 from conveyor.retry import RetryPolicy
 from conveyor.types import Event
 
@@ -267,23 +267,4 @@ class Router:
 
     def claim_filter(self) -> dict[str, Any]:
         """Parameters for the claim query: which topics this router may claim."""
-        return pattern_filter([r.pattern for r in self._routes])
-
-
-# The pattern functions other modules call by these names; TopicPattern is the one
-# implementation (conveyor.patterns).
-
-def patterns_overlap(a: str, b: str) -> bool:
-    """Whether some topic matches both patterns (exact topics, ``prefix.*``, ``*``)."""
-    return TopicPattern(a).overlaps(TopicPattern(b))
-
-
-def pattern_filter(patterns: list[str], prefix: str = "") -> dict[str, Any]:
-    """``{<prefix>all_topics, <prefix>topics, <prefix>prefixes}``: the claim queries' test
-    for topics matching any of ``patterns`` (:func:`conveyor.patterns.sql_params`)."""
-    return sql_params(patterns, prefix)
-
-
-def patterns_match(patterns: list[str], topic: str) -> bool:
-    """Whether any of ``patterns`` (as stored in the worker registry) matches ``topic``."""
-    return matches_any(patterns, topic)
+        return sql_params([r.pattern for r in self._routes])

@@ -10,7 +10,7 @@ import psycopg
 
 from conveyor import Event, Router, Worker
 from conveyor.db.named_queries import queries_for
-from conveyor.router import pattern_filter
+from conveyor.patterns import sql_params
 from conveyor.types import CLAIM_COLUMNS
 from worker_support import enqueue, fast_config, query
 
@@ -36,7 +36,7 @@ async def _learn_flow(worker: Worker) -> None:
 async def test_the_flow_claim_names_its_moved_count_after_the_event_columns(db: str) -> None:
     params = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
               "tenants": [], "owner": str(uuid.uuid4()), "lease_ttl": 30, "limit": 5,
-              **pattern_filter(["limited.*"], prefix="except_"), **pattern_filter([], prefix="fifo_")}
+              **sql_params(["limited.*"], prefix="except_"), **sql_params([], prefix="fifo_")}
     async with await psycopg.AsyncConnection.connect(db) as conn:
         cur = await conn.execute(Q["event_claim_flow"], params)
         assert cur.description is not None

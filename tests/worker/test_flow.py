@@ -22,7 +22,7 @@ import pytest
 from conveyor import BackoffPolicy, ConfigError, Event, NewEvent, Router, Worker
 from conveyor.db.named_queries import queries_for
 from conveyor.flow import parse_rate
-from conveyor.router import pattern_filter
+from conveyor.patterns import sql_params
 from worker_support import enqueue, enqueue_many, fast_config, query, running, wait_all_in
 
 Q = queries_for("conveyor")
@@ -255,7 +255,7 @@ async def test_a_limited_backlog_leaves_the_plain_claims_lane(db: str) -> None:
     await enqueue_many(db, [NewEvent(topic="fast.job", payload=n) for n in range(5)])
     params = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
               "tenants": [], "owner": str(uuid.uuid4()), "lease_ttl": 30, "limit": 20,
-              **pattern_filter(["slow.job"], prefix="except_"), **pattern_filter([], prefix="fifo_")}
+              **sql_params(["slow.job"], prefix="except_"), **sql_params([], prefix="fifo_")}
     async with await psycopg.AsyncConnection.connect(db) as conn:
         # The claim's plan on a busy table (tests/test_queries.py): an index scan
         # in claim order. On this small one the planner could pick a bitmap

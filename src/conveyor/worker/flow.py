@@ -44,7 +44,8 @@ import psycopg
 
 from conveyor.db.named_queries import Queries
 from conveyor.flow import FlowLimit
-from conveyor.router import Router, pattern_filter, patterns_overlap
+from conveyor.patterns import TopicPattern, sql_params
+from conveyor.router import Router
 
 # Seconds between two claims of a full pattern by this worker that one of its
 # events finishing may ask for: the first finish after a quiet spell claims
@@ -205,21 +206,21 @@ class FlowControl:
         now = time.monotonic()
         changed = patterns != [x.pattern for x in self.limits] or self._read_at == -math.inf
         if changed or now - self._unsorted_at >= UNSORT_EVERY:
-            params = {**pattern_filter(patterns, prefix="limit_"), "batch": UNSORT_BATCH}
+            params = {**sql_params(patterns, prefix="limit_"), "batch": UNSORT_BATCH}
             while True:
                 cur = await conn.execute(self._q["flow_unsort"], params)
                 if cur.rowcount < UNSORT_BATCH:
                     break
             self._unsorted_at = now
         if changed:
-            self._sort_params = {**pattern_filter(patterns, prefix="limit_"),
+            self._sort_params = {**sql_params(patterns, prefix="limit_"),
                                  "window": SORT_WINDOW_MAX}
             self._sort_at = 0.0
         self.limits = limits
         self._fifo = [x.pattern for x in limits if x.fifo_by is not None]
         routes = self._router.routes
         self.handled = [x for x in limits
-                        if any(patterns_overlap(r.pattern, x.pattern) for r in routes)]
+                        if any(TopicPattern(r.pattern).overlaps(TopicPattern(x.pattern)) for r in routes)]
         self._read_at = time.monotonic()
 
     async def sort(self, conn: psycopg.AsyncConnection[Any]) -> int:
@@ -261,8 +262,8 @@ class FlowControl:
     def plain_params(self) -> dict[str, Any]:
         """What the plain claim leaves out: every limited pattern (and the fifo_by
         ones it must not even move: only the sorts do, event_claim_flow says why)."""
-        return {**pattern_filter([x.pattern for x in self.limits], prefix="except_"),
-                **pattern_filter(self._fifo, prefix="fifo_")}
+        return {**sql_params([x.pattern for x in self.limits], prefix="except_"),
+                **sql_params(self._fifo, prefix="fifo_")}
 
     async def claim(self, conn: psycopg.AsyncConnection[Any], want: int,
                     params: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -307,7 +308,7 @@ class FlowControl:
             budget = want
             retry_in = None
             if max_running is not None:
-                cur = await conn.execute(q["flow_running"], pattern_filter([limit.pattern]))
+                cur = await conn.execute(q["flow_running"], sql_params([limit.pattern]))
                 running = (await cur.fetchone() or (0,))[0]
                 budget = min(budget, max_running - running)
             if rate is not None:
@@ -322,7 +323,7 @@ class FlowControl:
                                        {"pattern": limit.pattern, "tokens": tokens})
                 return []
             self._claimed_at[limit.pattern] = time.monotonic()
-            claim = {**params, **pattern_filter([limit.pattern], prefix="limit_"), "limit": budget,
+            claim = {**params, **sql_params([limit.pattern], prefix="limit_"), "limit": budget,
                      "pattern": limit.pattern}
             if limit.fifo_by is not None:
                 query = q["flow_claim_fifo"]

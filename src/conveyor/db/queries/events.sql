@@ -112,7 +112,7 @@ RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, 
           e.idempotency_key, e.created_at, e.traceparent, e.tracestate
 
 -- name: _topic_in(topic, prefix=)
--- Whether `topic` matches the patterns router.pattern_filter(patterns,
+-- Whether `topic` matches the patterns patterns.sql_params(patterns,
 -- prefix) binds: one query may test several sets side by side (the worker's
 -- own, and a flow limit's `limit_`, `except_` or `fifo_`).
 (%({prefix}all_topics)s OR {topic} = ANY(%({prefix}topics)s::text[])
@@ -120,7 +120,7 @@ RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, 
 
 -- name: _pattern_matches(pattern, topic)
 -- A stored pattern (a pause's, a flow limit's, a worker's in the registry:
--- '*', a topic, or 'prefix.*') against a topic; router.patterns_match is
+-- '*', a topic, or 'prefix.*') against a topic; patterns.matches_any is
 -- the same test in Python. starts_with, not LIKE: a stored pattern is not
 -- escaped for LIKE, and a topic may hold '_' or '%'.
 ({pattern} = '*' OR {pattern} = {topic}
