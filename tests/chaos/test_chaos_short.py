@@ -1,4 +1,4 @@
-"""R1, R3, R6, R7 and R13 of the reliability plan, short enough for CI (about 4 minutes together).
+"""R1, R3, R6, R7 and R13 of the reliability plan, short enough for CI (about 3 minutes together).
 
 Each test runs ``benchmarks/chaos.py`` (real ``conveyor worker`` processes, a
 private embedded PostgreSQL in a temp dir, the ledger router) and checks its
@@ -94,6 +94,11 @@ ALERT_MARGIN = 5.0
 # still 451 events when the run ended (cleared_after_release_s None). At 50/s
 # the pin still leaves its dead rows and xmin age, and the alert is the same.
 R13_RATE = 50
+# The phases, in seconds: a baseline to compare the pin's dead rows with; a pin
+# long enough for the latest alert (HORIZON_ALERT + HORIZON_CHECK + ALERT_MARGIN,
+# 17.5 s) with room to spare; after it, room for the release's record (at most
+# HORIZON_CHECK + ALERT_MARGIN) and the backlog to clear. (R13a ran 10 + 40 + 15 s.)
+R13_BASELINE, R13_PIN, R13_AFTER = 5, 25, 10
 
 
 def assert_pin_reported(report: dict[str, Any], holder: str) -> None:
@@ -120,19 +125,19 @@ def assert_pin_reported(report: dict[str, Any], holder: str) -> None:
 
 
 def test_r13a_short_idle_in_transaction_pin_raises_the_worker_alert(chaos: Chaos) -> None:
-    report = chaos("--workers", "2", "--rate", str(R13_RATE), "--baseline", "10",
-                   "--duration", "40", "--faults", "idle_tx", "--after", "15",
+    report = chaos("--workers", "2", "--rate", str(R13_RATE), "--baseline", str(R13_BASELINE),
+                   "--duration", str(R13_PIN), "--faults", "idle_tx", "--after", str(R13_AFTER),
                    "--horizon-alert", f"{HORIZON_ALERT:g}s", "--handler-ms", "0-20",
                    "--drain-timeout", "60", timeout=200)
     assert_pin_reported(report, "chaos-idle-tx, idle in transaction")
-    assert report["pin"]["held_s"] >= 38
-    assert report["feed"]["enqueued"] >= R13_RATE * (10 + 40 + 15) * 0.95
+    assert report["pin"]["held_s"] >= R13_PIN - 2
+    assert report["feed"]["enqueued"] >= R13_RATE * (R13_BASELINE + R13_PIN + R13_AFTER) * 0.95
 
 
 def test_r13b_short_repeatable_read_readers_raise_the_worker_alert(chaos: Chaos) -> None:
-    report = chaos("--workers", "2", "--rate", str(R13_RATE), "--baseline", "5",
-                   "--duration", "30", "--faults", "rr_readers", "--rr-readers", "4",
-                   "--rr-stagger", "3", "--rr-interval", "2", "--after", "10",
+    report = chaos("--workers", "2", "--rate", str(R13_RATE), "--baseline", str(R13_BASELINE),
+                   "--duration", str(R13_PIN), "--faults", "rr_readers", "--rr-readers", "4",
+                   "--rr-stagger", "3", "--rr-interval", "2", "--after", str(R13_AFTER),
                    "--horizon-alert", f"{HORIZON_ALERT:g}s", "--handler-ms", "0-20",
                    "--drain-timeout", "60", timeout=200)
     assert_pin_reported(report, "chaos-rr-reader-0")     # the oldest snapshot is named

@@ -216,7 +216,9 @@ def test_claim_on_a_million_finished_rows(fresh_db: str) -> None:
             assert f["first_ms_median"] < PAGE_LIMIT_MS, (name, f)
 
 
-HOLD_SECONDS = 45
+# 9,000 events through the pin: the bound (p95 < 50 ms) is far above what a
+# 45 s pin measured (docs/reliability.md); a soak run raises both.
+HOLD_SECONDS = 30
 RATE = 300          # events per second
 
 
