@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0020 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0021 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -81,7 +81,9 @@ CREATE TABLE conveyor.events (
     -- A running event always has an owner and a lease; nothing else does.
     CONSTRAINT events_lease_check
         CHECK ((state = 'running') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL))
-);
+)
+-- Room on each page for a claimed row's next version (0021).
+WITH (fillfactor = 85);
 
 -- The claim query walks this index in order; only pending rows are in it, so
 -- millions of finished rows cost the claim nothing. Topic and tenant ride
