@@ -172,6 +172,28 @@ class RabbitServer(PrivateServer):
             self.process = subprocess.Popen(["rabbitmq-server"], env=env, start_new_session=True,
                                             stdout=sink, stderr=subprocess.STDOUT)
         self.wait_for_port(60, lambda: out.read_text()[-1500:])
+        self.wait_for_broker(60, lambda: out.read_text()[-1500:])
+
+    def wait_for_broker(self, seconds: float, log: Callable[[], str]) -> None:
+        """Wait until a client can open a connection, not only the port.
+
+        A booting broker listens before it serves: it accepted the test's first
+        connection and closed it before the first frame (CI, 2026-12-03).
+        """
+        import aio_pika
+
+        async def attempt() -> None:
+            await (await aio_pika.connect(self.url, timeout=5)).close()
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                asyncio.run(attempt())
+                return
+            except Exception as error:             # every way a half-booted broker says no
+                assert self.process is not None and self.process.poll() is None, \
+                    f"{self.name} exited at start: {log()}"
+                assert time.monotonic() < deadline, f"{self.name} did not serve: {error!r}"
+                time.sleep(0.2)
 
     def kill(self) -> None:
         """SIGKILL the whole server (the start script, the Erlang VM and its helpers).
