@@ -181,6 +181,12 @@ class RabbitServer(PrivateServer):
         connection and closed it before the first frame (CI, 2026-12-03).
         """
         import aio_pika
+        import aiormq
+
+        # Every way a half-booted broker says no: a refused or reset socket, a
+        # connection closed before its first frame, a handshake that times out.
+        refusals = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError,
+                    aiormq.exceptions.AMQPError)
 
         async def attempt() -> None:
             await (await aio_pika.connect(self.url, timeout=5)).close()
@@ -189,7 +195,7 @@ class RabbitServer(PrivateServer):
             try:
                 asyncio.run(attempt())
                 return
-            except Exception as error:             # every way a half-booted broker says no
+            except refusals as error:
                 assert self.process is not None and self.process.poll() is None, \
                     f"{self.name} exited at start: {log()}"
                 assert time.monotonic() < deadline, f"{self.name} did not serve: {error!r}"
