@@ -66,6 +66,11 @@ def returned(route: Route, events: list[Event], value: object,
     return [outcome]
 
 
+def enters_all(hooks: Sequence[Middleware]) -> bool:
+    """Whether no hook has a ``before`` of its own: every hook is entered, nothing to call."""
+    return all(getattr(hook.before, "__func__", None) is Middleware.before for hook in hooks)
+
+
 def before_hooks(hooks: Sequence[Middleware], events: list[Event],
             entered: list[tuple[Event, Middleware]]) -> Generator[Any, Any, None]:
     """The call core's ``before`` hooks, event by event; yields what a hook returns to await."""
@@ -81,10 +86,11 @@ def after_hooks(entered: list[tuple[Event, Middleware]], outcomes: list[Outcome]
            raised: BaseException | None, started: float, *,
            stoppable: bool) -> Generator[Any, Any, None]:
     """The call core's ``after`` hooks, in reverse; each sees its event's outcome."""
-    by_id = {o.event_id: o for o in outcomes}
+    one = handler_result(outcomes[0], raised, started) if len(outcomes) == 1 else None
+    by_id = {o.event_id: o for o in outcomes} if one is None else {}
     results: dict[int, HandlerResult] = {}
     for event, hook in reversed(entered):
-        result = results.get(event.id)
+        result = one or results.get(event.id)
         if result is None:
             result = results[event.id] = handler_result(by_id[event.id], raised, started)
         try:

@@ -256,11 +256,11 @@ def stored_success(event: Event, route: Route, value: object) -> Outcome:
 
 
 def handler_result(outcome: Outcome, raised: BaseException | None, started: float) -> HandlerResult:
-    return HandlerResult(
-        state=outcome.state, error=outcome.error, exception=raised,
-        duration=time.monotonic() - started,
-        retry_in=outcome.delay if outcome.state is EventState.PENDING else None,
-        attempt_spent=not outcome.refund)
+    # Positional: a NamedTuple built from keywords costs three times as much (hot path).
+    state = outcome.state
+    return HandlerResult(state, outcome.error, raised, time.monotonic() - started,
+                         outcome.delay if state is EventState.PENDING else None,
+                         not outcome.refund)
 
 
 def exit_refused(exc: BaseException, event: Event) -> None:

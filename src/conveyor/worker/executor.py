@@ -42,6 +42,7 @@ from conveyor.worker.call_steps import (
     NO_HOOKS,
     after_hooks,
     before_hooks,
+    enters_all,
     hooks_awaited,
     hooks_inline,
     returned,
@@ -112,6 +113,9 @@ class Executor(InFlight):
         # An async hook needs a task to await in: no handler is called inline then.
         self._async_hooks = any(inspect.iscoroutinefunction(m.before)
                                 or inspect.iscoroutinefunction(m.after) for m in self._middleware)
+        # Hooks with only an ``after`` (metrics, say) are entered without a step
+        # to run: a generator per call would be most of their cost.
+        self._enters_all = enters_all(self._middleware)
 
     def start(self, events: list[Event]) -> None:
         """Start the handlers of claimed events whose slots are taken in ``running``."""
@@ -188,6 +192,13 @@ class Executor(InFlight):
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
+    def _entered(self, events: list[Event]) -> list[tuple[Event, Middleware]]:
+        """Every hook of every event when no hook has a ``before``; else an empty list
+        for :func:`before_hooks` to fill as each one's ``before`` returns."""
+        if not self._enters_all:
+            return []
+        return [(event, hook) for event in events for hook in self._middleware]
+
     def _call_inline(self, route: Route, event: Event) -> None:
         """Call a ``blocking=False`` plain handler here and hand on its outcome."""
         if self._middleware:
@@ -208,8 +219,9 @@ class Executor(InFlight):
         try:
             try:
                 if self._middleware:
-                    entered, started = [], time.monotonic()
-                    hooks_inline(before_hooks(self._middleware, events, entered))
+                    entered, started = self._entered(events), time.monotonic()
+                    if not entered:
+                        hooks_inline(before_hooks(self._middleware, events, entered))
                 value = route.handler(event)
             except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
                 outcomes, raised = self._failed(route, events, exc, None, 0.0)
@@ -239,8 +251,9 @@ class Executor(InFlight):
         try:
             try:
                 if self._middleware:
-                    entered, started = [], time.monotonic()
-                    await hooks_awaited(before_hooks(self._middleware, events, entered))
+                    entered, started = self._entered(events), time.monotonic()
+                    if not entered:
+                        await hooks_awaited(before_hooks(self._middleware, events, entered))
                 if route.batch:
                     handler: Any = route.handler    # a batch handler takes the list
                     # A copy: the handler may consume or reorder its list
