@@ -32,6 +32,7 @@ from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import Queries
 from conveyor.db.rows import CLAIM_PRIORITY
 from conveyor.types import CLAIM_COLUMNS, Event
+from conveyor.worker.classify import Outcome
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
     RECOVERABLE_ERRORS,
@@ -213,6 +214,23 @@ class Claims:
         # within the shutdown timeout like the rest.
         while self._deferred:
             self.executor.start(self._deferred.pop(0))
+
+    async def drain(self, timeout: float) -> None:
+        """The claims' part of a shutdown: every claimed event finished within
+        ``timeout``, cancelled after it, or handed back without spending an attempt."""
+        self.start_deferred()
+        pending = self.running.unfinished_tasks()
+        if pending:
+            log.info("waiting up to %.0fs for %d running handlers", timeout, len(pending),
+                     extra={"action": "draining"})
+            _done, late = await asyncio.wait(pending, timeout=timeout)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        for event in self.running.hand_back(self.completer.unacknowledged()):
+            self.completer.add(Outcome.handed_back(event))
+            self.stats.handed_back += 1
 
     async def run_once(self) -> list[Event]:
         """One plain claim of a batch, then the limited patterns' events as the flow

@@ -88,6 +88,20 @@ class Completer:
                 await asyncio.sleep(self._interval)
             await self.flush()
 
+    async def finish(self, task: asyncio.Task[None], timeout: float) -> None:
+        """Wait for ``task``, this completer's :meth:`run` told to stop, to write the last
+        outcomes; one that cannot finish within ``timeout`` is cut, and their leases expire."""
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if done:
+            return
+        log.error("could not acknowledge %d results before exit; their leases will expire",
+                  self.backlog, extra={"action": "ack_abandoned"})
+        # Its statements run in their own task (with_deadline_in_task): close the
+        # socket first, so the cancellation does not wait on the server.
+        self._conn.abort()
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+
     async def flush(self) -> None:
         """Write the buffered outcomes once; on a lost connection keep them for later."""
         batch, self._buffer = self._buffer, []

@@ -29,7 +29,7 @@ import psycopg
 
 from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import Queries
-from conveyor.worker.connection import ManagedConnection
+from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection
 from conveyor.worker.counts import CountsFlush
 from conveyor.worker.deadline import with_deadline
 from conveyor.worker.horizon import HorizonAlert, HorizonHolder
@@ -47,6 +47,7 @@ __all__ = ["PRUNE_BATCH", "RESCUE_BATCH", "HorizonHolder", "Maintenance", "Pause
 # Pauses are honoured within 1 s: a re-check every half second leaves the
 # other half for the next claim. One read of a table of a few rows.
 PAUSE_CHECK_INTERVAL = 0.5
+_LEAVE_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
 
 
 class PauseCheck:
@@ -170,6 +171,16 @@ class Maintenance:
 
     async def unregister(self, conn: psycopg.AsyncConnection[Any]) -> None:
         await self.lease.unregister(conn)
+
+    async def leave(self) -> None:
+        """The last outcome counts flushed and the registry row removed, briefly: the
+        row expires on its own, and an exit must not wait for the database."""
+        try:
+            conn = await asyncio.wait_for(self.conn.get(give_up_on_stop=False), 5)
+            await with_deadline(conn, self.flush_counts(conn), 2)
+            await with_deadline(conn, self.unregister(conn), 2)
+        except _LEAVE_ERRORS:
+            pass
 
     async def send_probe(self, payload: str) -> None:
         """NOTIFY ``payload`` from this session, so the listener can tell it hears."""

@@ -172,12 +172,9 @@ class Worker:
         self.startup = StartUp(self.connections.maintenance, c, router,
                                maintenance=self.maintenance, flow=self.flow, lanes=self.lanes)
         self.shutdown = Shutdown(c, stopping=self._stopping, closing=self._closing,
-                                 connections=self.connections, claims=self.claims,
-                                 flow_claims=self.flow_claims, running=self.running,
+                                 claims=self.claims, flow_claims=self.flow_claims,
                                  completer=self.completer, maintenance=self.maintenance,
-                                 executor=self.executor, due_times=self.due_times,
-                                 stats=self.stats, failure_log=self.failure_log,
-                                 worker_id=self.id)
+                                 connections=self.connections)
         self._flow_learned = False
         self.started = asyncio.Event()
 
@@ -261,6 +258,10 @@ class Worker:
                 await self.shutdown.run(services, listener, completer)
             finally:
                 self.watchdog.stop()
+                self.due_times.cancel()
+                self.executor.close()
+                self.failure_log.flush(everything=True)
+        log.info("worker stopped", extra={"action": "stopped", "worker": self.id})
         if services.failed is not None:
             raise services.failed
 
