@@ -87,6 +87,32 @@ async def test_the_clock_measures_the_database_clock_against_this_machine(
     assert clock.due_at() > time.monotonic()
 
 
+def test_a_due_time_timer_set_by_the_clock_never_fires_early() -> None:
+    # The database's clock is 2.0 s ahead of this machine's. Its reading comes
+    # at the end of a round trip slowed to 0.8 s by a loaded machine: the
+    # middle says 2.4, and a timer set with it would fire 0.4 s early.
+    clock = DatabaseClock(Q, interval=0.3)
+    clock.measured(database=1000.8 + 2.0, before=1000.0, after=1000.8)
+    assert clock.offset == pytest.approx(2.4)
+    assert clock.wake_offset <= 2.0
+    # A quick round trip later bounds it tightly: the middle is within 5 ms.
+    clock.measured(database=1010.01 + 2.0, before=1010.0, after=1010.01)
+    assert clock.offset == pytest.approx(2.0, abs=0.005)
+    assert 1.99 <= clock.wake_offset <= 2.0
+    # A slow one after it does not undo that.
+    clock.measured(database=1020.9 + 2.0, before=1020.0, after=1020.9)
+    assert clock.offset == pytest.approx(2.0, abs=0.005)
+
+
+def test_a_clock_set_meanwhile_is_believed_at_its_next_reading() -> None:
+    clock = DatabaseClock(Q, interval=0.3)
+    clock.measured(database=1002.005, before=1000.0, after=1000.01)
+    # The database's clock was set 30 s back: no offset fits both readings.
+    clock.measured(database=1010.8 - 28.0, before=1010.0, after=1010.8)
+    assert clock.offset == pytest.approx(-27.6)
+    assert clock.wake_offset == pytest.approx(-28.0)
+
+
 async def test_the_counts_flush_adds_the_tally_once(
         db: str, conn: psycopg.AsyncConnection[Any]) -> None:
     await query(db, "TRUNCATE conveyor.event_counts")

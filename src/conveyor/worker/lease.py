@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ from conveyor.worker.stats import WorkerStats
 log = logging.getLogger(__name__)
 
 CLOCK_SKEW_WARNING = 60.0
+# The clock readings the offset is chosen from: a few minutes of heartbeats.
+CLOCK_SAMPLES = 8
 
 
 class Lease:
@@ -93,7 +96,18 @@ class Lease:
 
 
 class DatabaseClock:
-    """Measures the database clock minus this machine's, every ``heartbeat_interval``."""
+    """Measures the database clock minus this machine's, every ``heartbeat_interval``.
+
+    A reading of the database's clock was taken at some moment of its round
+    trip: ``offset`` takes the middle, ``wake_offset`` the end, the smallest
+    offset the reading allows. A timer for a due time in the database's clock
+    set with ``wake_offset`` never fires before that time has come there (on a
+    loaded machine a round trip of a second made the middle half a second
+    early: the claim found nothing due, and the event waited for the poll).
+    Of the last :data:`CLOCK_SAMPLES` readings the one with the shortest round
+    trip counts: it bounds the offset most tightly; a reading no offset of the
+    best one's allows (a clock was set) starts the count again.
+    """
 
     name = "clock"
     timeout: float | None = None
@@ -103,6 +117,9 @@ class DatabaseClock:
         self._interval = interval
         self._next = 0.0
         self.offset = 0.0
+        self.wake_offset = 0.0
+        # (round trip, then the offset at its middle, its smallest and its largest).
+        self._samples: deque[tuple[float, float, float, float]] = deque(maxlen=CLOCK_SAMPLES)
 
     def due_at(self) -> float:
         return self._next
@@ -116,7 +133,17 @@ class DatabaseClock:
         self._next = now + self._interval
         if row is None:
             return
-        offset = float(row[0]) - (before + after) / 2
+        self.measured(float(row[0]), before, after)
+
+    def measured(self, database: float, before: float, after: float) -> None:
+        """A reading ``database`` of its clock, taken between ``before`` and ``after`` here."""
+        low, high = database - after, database - before
+        if self._samples:
+            _, _, best_low, best_high = min(self._samples)
+            if low > best_high or high < best_low:
+                self._samples.clear()   # no offset fits both: a clock was set meanwhile
+        self._samples.append((high - low, (low + high) / 2, low, high))
+        _, offset, self.wake_offset, _ = min(self._samples)
         if abs(offset) > CLOCK_SKEW_WARNING and abs(self.offset) <= CLOCK_SKEW_WARNING:
             log.warning("this machine's clock is %.1fs off the database's; schedules follow the "
                         "database", offset, extra={"action": "clock_skew", "offset_s": offset})

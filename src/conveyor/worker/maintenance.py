@@ -140,6 +140,12 @@ class Maintenance:
         return self.clock.offset
 
     @property
+    def wake_offset(self) -> float:
+        """The smallest database clock minus this machine's the last readings allow:
+        a timer set with it never fires before a due time has come in the database."""
+        return self.clock.wake_offset
+
+    @property
     def horizon(self) -> HorizonHolder | None:
         """The transaction pinning the vacuum horizon, while the alert stands."""
         return self.horizon_alert.holder

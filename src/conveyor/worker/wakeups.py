@@ -52,7 +52,8 @@ class DueTimes:
         wake: asks the fetch loop to claim now.
         handles: whether this worker claims a topic.
         clock_offset: the database clock minus this machine's, so a due time
-            announced by the database fires the local timer on time.
+            announced by the database fires the local timer on time; its
+            smallest bound (``Maintenance.wake_offset``), so never early.
         on_pause: called on a ``!pause`` notification. Defaults to None
             (such a notification is then ignored).
     """

@@ -147,7 +147,7 @@ class Worker:
                                        self.completer.unacknowledged, self.stats,
                                        pauses=self.pauses, tally=self.tally, lanes=self.lanes)
         self.due_times = DueTimes(self.wake, router.handles,
-                                  lambda: self.maintenance.clock_offset,
+                                  lambda: self.maintenance.wake_offset,
                                   on_pause=self._pauses_changed)
         self.listener = Listener(self.connections.listen, self._q.channel,
                                  on_notify=self.due_times.notified, on_connected=self.wake,
