@@ -27,7 +27,8 @@ def test_a_wake_up_reads_back_as_its_topic_and_due_time(due: float | str | None)
     assert notify.parse_wake(payload) == ("email.send", "" if due is None else str(due))
 
 
-@pytest.mark.parametrize("word", [notify.PAUSE_NOTIFICATION, notify.WAKE_ALL])
+@pytest.mark.parametrize("word", [notify.PAUSE_NOTIFICATION, notify.LEASES_NOTIFICATION,
+                                  notify.WAKE_ALL])
 def test_the_control_payloads_name_no_topic(word: str) -> None:
     with pytest.raises(InvalidInputError):
         check_topic(word)
@@ -38,6 +39,12 @@ def test_the_worker_hears_the_pause_notification_the_admin_sends() -> None:
     from conveyor.admin_core import PAUSE_NOTIFICATION as sent
     from conveyor.worker.wakeups import PAUSE_NOTIFICATION as heard
     assert sent == heard == notify.PAUSE_NOTIFICATION
+
+
+def test_both_cancel_statements_send_the_leases_notification_the_worker_hears() -> None:
+    q = queries_for("conveyor")
+    for name in ("event_cancel", "event_cancel_ids"):
+        assert f"pg_notify('conveyor.events', '{notify.LEASES_NOTIFICATION}')" in q[name], name
 
 
 def test_a_result_announcement_is_the_event_id() -> None:

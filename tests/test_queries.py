@@ -292,6 +292,29 @@ def test_lock_owned_skips_rows_held_elsewhere_while_owned_still_sees_them(fresh_
         b.rollback()
 
 
+@exercises("event_cancelled_among")
+def test_cancel_of_a_running_event_tells_the_workers_once_and_is_found_cancelled(
+        fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as listener, \
+            psycopg.connect(fresh_db, autocommit=True) as db:
+        listener.execute('LISTEN "conveyor.events"')
+        pending, first, second = _insert(db), _insert(db), _insert(db)
+        db.execute("UPDATE conveyor.events SET run_at = now() + interval '1 day' WHERE id = %s",
+                   (pending,))
+        _claim(db, _owner())
+        heard = [n.payload for n in listener.notifies(timeout=0.2)]   # the inserts' wake-ups
+        assert db.execute(Q["event_cancel"], {"id": pending}).fetchall() == [(pending,)]
+        assert [n.payload for n in listener.notifies(timeout=0.5)] == []   # none was running
+        with db.transaction():
+            for running in (first, second):
+                assert db.execute(Q["event_cancel"], {"id": running}).fetchall() == [(running,)]
+        assert [n.payload for n in listener.notifies(timeout=0.5)] == ["!leases"]
+        assert heard.count("!leases") == 0
+        found = db.execute(Q["event_cancelled_among"], {"ids": [pending, first, second]})
+        assert sorted(r[0] for r in found) == [pending, first, second]
+        assert db.execute(Q["event_cancelled_among"], {"ids": [_insert(db)]}).fetchall() == []
+
+
 @exercises("event_rescue_expired")
 def test_rescue_requeues_expired_and_parks_last_attempts(db: Conn) -> None:
     retry, last, alive = _insert(db, max_attempts=2), _insert(db, max_attempts=1), _insert(db)

@@ -10,8 +10,11 @@ channel, so nothing in a payload may do more than wake a reader early.
 - ``<topic>|<epoch>``: an event of ``topic`` falls due at ``epoch`` (seconds
   since 1970, in the database's clock);
 - ``*`` (:data:`WAKE_ALL`): claim now, whatever the topic;
-- ``!pause`` (:data:`PAUSE_NOTIFICATION`): the pauses table changed. Topics
-  cannot contain ``!`` or ``*``, so neither names a topic.
+- ``!pause`` (:data:`PAUSE_NOTIFICATION`): the pauses table changed;
+- ``!leases`` (:data:`LEASES_NOTIFICATION`): a running event was cancelled:
+  its worker checks its leases now rather than at its next heartbeat, and
+  stops the handlers of the events it no longer holds. Topics cannot
+  contain ``!`` or ``*``, so none of these names a topic.
 
 The insert statements (``events.sql``, ``tracing.sql``) build the first two
 forms in SQL, as ``topic`` or ``topic || '|' || <epoch>``; tests/test_notify.py
@@ -28,11 +31,12 @@ payload stays far below PostgreSQL's 8000-byte limit.
 
 from __future__ import annotations
 
-__all__ = ["DUE_SEPARATOR", "PAUSE_NOTIFICATION", "WAKE_ALL", "events_channel", "parse_wake",
-           "result_payload", "results_channel", "wake_payload"]
+__all__ = ["DUE_SEPARATOR", "LEASES_NOTIFICATION", "PAUSE_NOTIFICATION", "WAKE_ALL",
+           "events_channel", "parse_wake", "result_payload", "results_channel", "wake_payload"]
 
 WAKE_ALL = "*"
 PAUSE_NOTIFICATION = "!pause"
+LEASES_NOTIFICATION = "!leases"
 DUE_SEPARATOR = "|"
 
 

@@ -105,9 +105,10 @@ class Event:
     None (docs/tracing.md).
     """
 
-    __slots__ = ("_payload", "_payload_text", "attempt", "created_at", "id",
+    __slots__ = ("_cancelled", "_payload", "_payload_text", "attempt", "created_at", "id",
                  "idempotency_key", "max_attempts", "priority", "tenant", "topic",
                  "traceparent", "tracestate")
+    _cancelled: bool
 
     def __init__(
         self,
@@ -162,6 +163,22 @@ class Event:
     def payload_text(self) -> str:
         """The payload as JSON text, as PostgreSQL keeps it (the relay publishes it as is)."""
         return self._payload_text
+
+    @property
+    def cancelled(self) -> bool:
+        """True once this attempt is no longer wanted: an operator cancelled the
+        event while it ran, or the worker lost its lease. An async handler is
+        cancelled then; a plain one in a thread cannot be interrupted, so a long
+        one checks this now and then and returns (docs/workers.md)."""
+        # Unset until then: a claimed event pays nothing for it (hot path).
+        try:
+            return self._cancelled
+        except AttributeError:
+            return False
+
+    def cancel(self) -> None:
+        """Mark this attempt as no longer wanted (the worker calls it; see :attr:`cancelled`)."""
+        self._cancelled = True
 
     @property
     def is_last_attempt(self) -> bool:

@@ -191,8 +191,9 @@ def register_cancel(sub: Sub, env: Any) -> None:
     p = add_command(
         sub, "cancel", "cancel pending, running or failed events",
         "Mark events cancelled so they never run again: by id, or every pending,\n"
-        "running or failed event the filters match. A worker still running one has its\n"
-        "result discarded. Cancelling a cancelled event again is no error; ids alone\n"
+        "running or failed event the filters match. A worker still running one is told\n"
+        "at once: it cancels an async handler, a plain one sees event.cancelled, and its\n"
+        "result is discarded. Cancelling a cancelled event again is no error; ids alone\n"
         "change all or none.", run_cancel,
         examples=[("conveyor cancel 9 10", "two events"),
                   ("conveyor cancel --topic 'spam.*' --dry-run", "which events would go"),

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 CLOCK_SKEW_WARNING = 60.0
 # The clock readings the offset is chosen from: a few minutes of heartbeats.
 CLOCK_SAMPLES = 8
+# An early heartbeat asked for by a notification comes at most this often.
+LEASE_CHECK_GAP = 0.1
 
 
 class Lease:
@@ -53,6 +55,7 @@ class Lease:
         self._decided = decided
         self._stats = stats
         self._next = 0.0
+        self._last = -LEASE_CHECK_GAP
         self.registration = {
             "id": owner, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
             "topics": topics, "concurrency": config.concurrency,
@@ -63,11 +66,24 @@ class Lease:
         return self._next
 
     async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """One heartbeat; the events whose lease was lost leave the running set."""
-        now = time.monotonic()
+        """One heartbeat; the events whose lease was lost or cancelled leave the running set."""
+        now = self._last = time.monotonic()
         lost = await self.heartbeat(conn)
-        self._stats.lost += self._running.lose(lost, self._decided())
+        if lost:
+            cur = await conn.execute(self._q["event_cancelled_among"],
+                                     {"ids": sorted({event_id for event_id, _ in lost})})
+            cancelled = {row[0] for row in await cur.fetchall()}
+            stopped = {key for key in lost if key[0] in cancelled}
+            decided = self._decided()
+            self._stats.cancelled += self._running.lose(stopped, decided, cancelled=True)
+            self._stats.lost += self._running.lose(lost - stopped, decided)
         self._next = now + self._interval
+
+    def check_soon(self) -> None:
+        """Heartbeat at the next pass (a ``!leases`` notification: a running event was
+        cancelled), but not more than once per :data:`LEASE_CHECK_GAP`: any role may
+        send that notification, and a flood of them must not become a flood of queries."""
+        self._next = min(self._next, self._last + LEASE_CHECK_GAP)
 
     async def register(self, conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute(self._q["worker_register"], self.registration)

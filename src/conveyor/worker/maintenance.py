@@ -188,6 +188,11 @@ class Maintenance:
         except _LEAVE_ERRORS:
             pass
 
+    def check_leases_soon(self) -> None:
+        """A running event was cancelled (``!leases``): heartbeat now, to stop its handler."""
+        self.lease.check_soon()
+        self.loop.poke()
+
     async def send_probe(self, payload: str) -> None:
         """NOTIFY ``payload`` from this session, so the listener can tell it hears."""
         conn = await self.conn.get()

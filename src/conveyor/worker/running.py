@@ -89,10 +89,12 @@ class RunningSet:
         """Free the slot of an acknowledged outcome; returns what ran there."""
         return self.entries.pop(key, None)
 
-    def lose(self, lost: Iterable[Key], keep: set[Key]) -> int:
+    def lose(self, lost: Iterable[Key], keep: set[Key], *, cancelled: bool = False) -> int:
         """Stop work on events whose lease this worker no longer holds; returns how many.
 
         ``keep`` are outcomes already decided: their acknowledgement will tell.
+        ``cancelled``: an operator cancelled them while they ran (the lease went
+        with the cancel), rather than the lease expiring.
         """
         count = 0
         for key in lost:
@@ -100,9 +102,15 @@ class RunningSet:
             if running is None or key in keep:
                 continue
             count += 1
-            log.warning("lost the lease of event %s; abandoning it", key[0],
-                        extra={"action": "lease_lost", "event_id": key[0], "attempt": key[1]})
+            if cancelled:
+                log.info("event %s was cancelled while it ran; stopping its handler", key[0],
+                         extra={"action": "running_cancelled", "event_id": key[0],
+                                "attempt": key[1]})
+            else:
+                log.warning("lost the lease of event %s; abandoning it", key[0],
+                            extra={"action": "lease_lost", "event_id": key[0], "attempt": key[1]})
             del self.entries[key]
+            running.event.cancel()    # what a plain handler in a thread can look at
             task = running.task
             # A batch's events share one task: the others still need its outcomes.
             if task is not None and not task.done() \

@@ -91,6 +91,11 @@ class ServiceLoop:
         self.conn = conn
         self.services = list(passes)
         self.query_timeout = query_timeout
+        self._poked = asyncio.Event()
+
+    def poke(self) -> None:
+        """End the loop's sleep now: a pass became due earlier than it said."""
+        self._poked.set()
 
     async def _run(self, service: Periodic, conn: psycopg.AsyncConnection[Any]) -> None:
         await with_deadline(conn, service.run_once(conn), service.timeout or self.query_timeout)
@@ -112,7 +117,8 @@ class ServiceLoop:
                 await self.conn.pause_after_failure(interruptible=False)
                 continue
             sleep_for = max(MIN_SLEEP, min(s.due_at() for s in self.services) - time.monotonic())
-            await sleep_unless(stopping, sleep_for)
+            self._poked.clear()
+            await sleep_unless(stopping, sleep_for, self._poked)
 
     async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """One pass of every service, due or not, in order."""
@@ -120,12 +126,21 @@ class ServiceLoop:
             await self._run(service, conn)
 
 
-async def sleep_unless(stopping: asyncio.Event, seconds: float) -> None:
-    """Sleep ``seconds``, less if ``stopping`` is set meanwhile."""
+async def sleep_unless(stopping: asyncio.Event, seconds: float,
+                       poked: asyncio.Event | None = None) -> None:
+    """Sleep ``seconds``, less if ``stopping`` (or ``poked``) is set meanwhile."""
+    if poked is None:
+        try:
+            await asyncio.wait_for(stopping.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+        return
+    waits = {asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(poked.wait())}
     try:
-        await asyncio.wait_for(stopping.wait(), timeout=seconds)
-    except TimeoutError:
-        pass
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 class ServiceTasks:

@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Callable
 
-from conveyor.notify import PAUSE_NOTIFICATION, WAKE_ALL, parse_wake
+from conveyor.notify import LEASES_NOTIFICATION, PAUSE_NOTIFICATION, WAKE_ALL, parse_wake
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +56,17 @@ class DueTimes:
             smallest bound (``Maintenance.wake_offset``), so never early.
         on_pause: called on a ``!pause`` notification. Defaults to None
             (such a notification is then ignored).
+        on_leases: called on a ``!leases`` notification (a running event was
+            cancelled). Defaults to None (ignored).
     """
 
     def __init__(self, wake: Callable[[], None], handles: Callable[[str], bool],
                  clock_offset: Callable[[], float],
-                 on_pause: Callable[[], None] | None = None) -> None:
+                 on_pause: Callable[[], None] | None = None,
+                 on_leases: Callable[[], None] | None = None) -> None:
         self._wake = wake
         self._on_pause = on_pause
+        self._on_leases = on_leases
         self._handles = handles
         self._clock_offset = clock_offset
         self.heap: list[float] = []
@@ -75,6 +79,10 @@ class DueTimes:
         if payload == PAUSE_NOTIFICATION:
             if self._on_pause is not None:
                 self._on_pause()
+            return
+        if payload == LEASES_NOTIFICATION:
+            if self._on_leases is not None:
+                self._on_leases()
             return
         topic, due = parse_wake(payload)
         if topic != WAKE_ALL and not self._handles(topic):

@@ -148,7 +148,8 @@ class Worker:
                                        pauses=self.pauses, tally=self.tally, lanes=self.lanes)
         self.due_times = DueTimes(self.wake, router.handles,
                                   lambda: self.maintenance.wake_offset,
-                                  on_pause=self._pauses_changed)
+                                  on_pause=self._pauses_changed,
+                                  on_leases=self.maintenance.check_leases_soon)
         self.listener = Listener(self.connections.listen, self._q.channel,
                                  on_notify=self.due_times.notified, on_connected=self.wake,
                                  ping_interval=c.listener_ping_interval,

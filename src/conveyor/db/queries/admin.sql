@@ -66,11 +66,14 @@ RETURNING id
 -- name: event_cancel_ids
 -- One batch of cancel_matching, checked again like event_retry_ids, with the
 -- same rule as event_cancel.
+WITH was AS (
+    SELECT id, state FROM {schema}.events
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND state = ANY(%(states)s::text[])
+      AND -- include: _cancellable
+    FOR UPDATE
+)
 -- include: _cancel
-WHERE id = ANY(%(ids)s::bigint[])
-  AND state = ANY(%(states)s::text[])
-  AND -- include: _cancellable
-RETURNING id
 
 -- name: event_prune_count
 -- What event_prune would delete, counted without deleting, through the same

@@ -278,6 +278,12 @@ WHERE id = ANY(%(ids)s::bigint[])
   AND state = 'running'
   AND lease_owner = %(owner)s
 
+-- name: event_cancelled_among
+-- Which of the events a heartbeat found missing were cancelled by an
+-- operator while they ran: their handlers are stopped, not lost.
+SELECT id FROM {schema}.events
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'cancelled'
+
 -- name: event_lock_owned
 -- The acknowledgement fallback after a lock timeout: lock the rows this worker
 -- owns that nobody else holds, skipping the rest, inside a transaction.
@@ -352,12 +358,23 @@ SET state = 'pending',
 
 -- name: _cancel
 -- A cancelled event is finished, and no worker's lease holds it any more.
-UPDATE {schema}.events
+-- It follows a CTE `was` of the rows to cancel, locked, as they were. If one
+-- was running, its worker is told to look at its leases now ('!leases',
+-- conveyor/notify.py) and stops the handler (docs/workers.md): one
+-- notification per transaction, however many rows (PostgreSQL folds equal
+-- ones). `told` runs because the UPDATE joins it; its count() makes it one row.
+, told AS (
+    SELECT count(pg_notify({channel}, '!leases')) FROM was WHERE was.state = 'running'
+)
+UPDATE {schema}.events AS e
 SET state = 'cancelled',
     lease_owner = NULL,
     lease_expires_at = NULL,
     finished_at = now(),
     updated_at = now()
+FROM was, told
+WHERE e.id = was.id
+RETURNING e.id
 
 -- name: _cancellable
 -- A running event may be cancelled too: its worker's late result is then
@@ -386,9 +403,12 @@ WHERE state = 'failed' AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
 RETURNING id
 
 -- name: event_cancel
+WITH was AS (
+    SELECT id, state FROM {schema}.events
+    WHERE id = %(id)s AND -- include: _cancellable
+    FOR UPDATE
+)
 -- include: _cancel
-WHERE id = %(id)s AND -- include: _cancellable
-RETURNING id
 
 -- name: event_state
 SELECT state FROM {schema}.events WHERE id = %(id)s
