@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import psycopg
 
@@ -23,6 +24,12 @@ from worker_support import enqueue, event_row, fast_config, running
 # Far longer than any wait below: only the notification can explain a prompt stop.
 SLOW_HEARTBEAT = fast_config(heartbeat_interval=30.0, lease_ttl=90.0, poll_interval=0.2)
 PROMPT = 10.0
+
+
+def _worker(db: str, topic: str, handler: Any, **options: Any) -> Worker:
+    router = Router()
+    router.add(topic, handler, **options)
+    return Worker(db, router, SLOW_HEARTBEAT)
 
 
 def _cancel(db: str, event_id: int) -> None:
@@ -43,9 +50,7 @@ async def test_cancelling_a_running_async_handler_cancels_its_task(db: str) -> N
             stopped.set()
             raise
 
-    router = Router()
-    router.add("job.slow", slow)
-    worker = Worker(db, router, SLOW_HEARTBEAT)
+    worker = _worker(db, "job.slow", slow)
     async with running(worker):
         event_id = await enqueue(db, "job.slow")
         await asyncio.wait_for(started.wait(), PROMPT)
@@ -70,9 +75,7 @@ async def test_a_bulk_cancel_of_running_events_stops_every_handler(db: str) -> N
             stopped.append(event.id)
             raise
 
-    router = Router()
-    router.add("job.bulk", slow)
-    worker = Worker(db, router, SLOW_HEARTBEAT)
+    worker = _worker(db, "job.bulk", slow)
     async with running(worker):
         ids = [await enqueue(db, "job.bulk") for _ in range(2)]
 
@@ -103,9 +106,7 @@ async def test_cancelling_a_running_plain_handler_lets_it_see_cancelled(db: str)
         if event.cancelled:
             saw.set()
 
-    router = Router()
-    router.add("job.plain", cooperative, blocking=True)
-    worker = Worker(db, router, SLOW_HEARTBEAT)
+    worker = _worker(db, "job.plain", cooperative, blocking=True)
     async with running(worker):
         event_id = await enqueue(db, "job.plain")
         assert await asyncio.to_thread(started.wait, PROMPT)
@@ -128,9 +129,7 @@ async def test_a_leases_notification_from_anyone_stops_nothing_still_held(db: st
         started.set()
         await release.wait()
 
-    router = Router()
-    router.add("job.held", waits)
-    worker = Worker(db, router, SLOW_HEARTBEAT)
+    worker = _worker(db, "job.held", waits)
     async with running(worker):
         event_id = await enqueue(db, "job.held")
         await asyncio.wait_for(started.wait(), PROMPT)
