@@ -38,6 +38,7 @@ ALL_INPUTS: dict[str, str] = {
     "src/conveyor/testing/assertions_async.py": "src/conveyor/testing/assertions.py",
     "src/conveyor/testing/working_async.py": "src/conveyor/testing/working.py",
     "src/conveyor/workflow/publisher_async.py": "src/conveyor/workflow/publisher.py",
+    "src/conveyor/completion_async.py": "src/conveyor/completion.py",
 }
 
 # Async name -> sync name, replaced as whole words.
@@ -51,6 +52,7 @@ NAMES: dict[str, str] = {
     "AsyncCursor": "Cursor",
     "AsyncIterator": "Iterator",
     "run_async": "run",
+    "complete_async": "complete",
     "connect_for_statements_async": "connect_for_statements",
     "connect_async": "connect",
     "behind_pooler_async": "behind_pooler",

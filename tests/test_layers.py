@@ -21,7 +21,7 @@ TOOLS = ROOT / "tools" / "conveyor_tools"
 VOCABULARY = {"conveyor.errors", "conveyor.outcomes", "conveyor.validation", "conveyor.retry",
               "conveyor.types", "conveyor.states", "conveyor.records", "conveyor.filters",
               "conveyor.patterns", "conveyor.notify", "conveyor.config", "conveyor.log_context",
-              "conveyor.trace_context", "conveyor.version"}
+              "conveyor.trace_context", "conveyor.version", "conveyor.holder"}
 
 
 def _module_name(path: Path) -> str:
@@ -253,7 +253,8 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "producer": ("conveyor.producer", "conveyor.producer_async", "conveyor.producer_core"),
     "admin": ("conveyor.admin", "conveyor.admin_async", "conveyor.admin_core",
               "conveyor.admin_status", "conveyor.admin_controls", "conveyor.admin_controls_async"),
-    "worker": ("conveyor.worker",),
+    "worker": ("conveyor.worker", "conveyor.completion", "conveyor.completion_async",
+               "conveyor.completion_core"),
     "relay": ("conveyor.relay",),
     "tenancy": ("conveyor.multitenant", "conveyor.tenancy"),
     "metrics": ("conveyor.metrics",),

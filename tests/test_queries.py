@@ -315,6 +315,23 @@ def test_cancel_of_a_running_event_tells_the_workers_once_and_is_found_cancelled
         assert db.execute(Q["event_cancelled_among"], {"ids": [_insert(db)]}).fetchall() == []
 
 
+@exercises("event_complete")
+def test_complete_finishes_only_the_attempt_its_owner_holds(db: Conn) -> None:
+    mine, theirs = _insert(db), _insert(db)
+    owner = _owner()
+    _claim(db, owner)
+    params = {"owner": owner, "attempt": 1, "result": '{"ok": true}',
+              "results_channel": Q.results_channel}
+    assert db.execute(Q["event_complete"], {**params, "id": mine, "attempt": 2}).fetchall() == []
+    assert db.execute(Q["event_complete"], {**params, "id": theirs, "owner": _owner()}
+                      ).fetchall() == []
+    assert [r[0] for r in db.execute(Q["event_complete"], {**params, "id": mine})] == [mine]
+    assert _row(db, mine, "state, lease_owner, result, finished_at IS NOT NULL") == (
+        "succeeded", None, {"ok": True}, True)
+    assert _row(db, theirs, "state") == ("running",)
+    assert db.execute(Q["event_complete"], {**params, "id": mine}).fetchall() == []
+
+
 @exercises("event_rescue_expired")
 def test_rescue_requeues_expired_and_parks_last_attempts(db: Conn) -> None:
     retry, last, alive = _insert(db, max_attempts=2), _insert(db, max_attempts=1), _insert(db)

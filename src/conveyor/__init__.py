@@ -1,6 +1,8 @@
 """Conveyor: the transactional outbox and job queue for Python on PostgreSQL."""
 
 from conveyor.admin import Admin, AsyncAdmin
+from conveyor.completion import complete
+from conveyor.completion_async import complete_async
 from conveyor.config import ProducerConfig, WorkerConfig
 from conveyor.errors import (
     BrokerUnavailableError,
@@ -16,6 +18,7 @@ from conveyor.errors import (
     InvalidDatabaseUrlError,
     InvalidInputError,
     InvalidStateError,
+    LeaseLostError,
     MigrationError,
     MissingExtraError,
     PayloadTooLargeError,
@@ -86,6 +89,7 @@ __all__ = [
     "InvalidDatabaseUrlError",
     "InvalidInputError",
     "InvalidStateError",
+    "LeaseLostError",
     "LinearBackoff",
     "Middleware",
     "Migration",
@@ -115,4 +119,6 @@ __all__ = [
     "WorkerConfig",
     "WorkerInfo",
     "WorkerStats",
+    "complete",
+    "complete_async",
 ]

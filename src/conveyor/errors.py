@@ -12,6 +12,7 @@ Every error Conveyor raises on purpose derives from :class:`ConveyorError`::
     ├── MigrationError         the schema is missing, too new, or a migration failed
     ├── EventNotFoundError     no event has that id
     ├── InvalidStateError      the event is in a state that forbids the operation
+    │   └── LeaseLostError     a handler's attempt is no longer its worker's (complete())
     ├── WaitTimeoutError       Admin.wait() ran out of time (also a TimeoutError)
     ├── EmbeddedServerError    the embedded PostgreSQL could not be started
     ├── MissingExtraError      an optional part's extra is not installed (also an ImportError)
@@ -68,6 +69,12 @@ class EventNotFoundError(ConveyorError, LookupError):
 
 class InvalidStateError(ConveyorError):
     """The event's state does not allow the requested operation."""
+
+
+class LeaseLostError(InvalidStateError):
+    """The attempt a handler is finishing is no longer its worker's: the lease
+    expired and another worker took the event, or an operator cancelled it.
+    Raised inside the handler's transaction, which must roll back."""
 
 
 class WaitTimeoutError(ConveyorError, TimeoutError):

@@ -61,6 +61,8 @@ class RouteOptions(TypedDict, total=False):
 # column's domain refuses more, migration 0010).
 RESULT_LIMIT_DEFAULT = 64 * 1024
 RESULT_LIMIT_MAX = 1024 * 1024
+# Nesting a stored result may have, as an enqueued payload by default.
+RESULT_MAX_DEPTH = 64
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.filters import ERROR_FILTER_MAX_LENGTH, FILTER_IDS_MAX, EventFilter
 from conveyor.records import (
@@ -29,6 +29,9 @@ from conveyor.records import (
     WorkerInfo,
 )
 from conveyor.states import FINAL_STATES, FINISHED_STATES, EventState
+
+if TYPE_CHECKING:
+    from conveyor.holder import Holder
 
 __all__ = [
     "CLAIM_COLUMNS", "ERROR_FILTER_MAX_LENGTH", "FILTER_IDS_MAX", "FINAL_STATES",
@@ -105,10 +108,11 @@ class Event:
     None (docs/tracing.md).
     """
 
-    __slots__ = ("_cancelled", "_payload", "_payload_text", "attempt", "created_at", "id",
-                 "idempotency_key", "max_attempts", "priority", "tenant", "topic",
+    __slots__ = ("_cancelled", "_holder", "_payload", "_payload_text", "attempt", "created_at",
+                 "id", "idempotency_key", "max_attempts", "priority", "tenant", "topic",
                  "traceparent", "tracestate")
     _cancelled: bool
+    _holder: Holder      # set by the worker that claimed it (conveyor.complete reads it)
 
     def __init__(
         self,

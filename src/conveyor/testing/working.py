@@ -79,13 +79,15 @@ def work_event(
     row = cur.fetchone()
     if row is None:
         return None
-    claim = _prepare(router, owner, row, timeout)
+    claim = _prepare(router, owner, row, timeout, schema)
     outcome = _run(claim, router, backoff, middleware)
-    # The worker's own acknowledgement (worker/acks.py): one statement for one outcome.
-    (query, params), = ack(q, owner, [outcome]).statements
-    cur.execute(query, params)
-    if cur.fetchone() is None:
-        raise AssertionError(f"event {claim.event.id} changed hands while its handler ran")
+    if (claim.event.id, claim.event.attempt) not in claim.holder.completed:
+        # The worker's own acknowledgement (worker/acks.py): one statement for one
+        # outcome; none when the handler finished the event itself (conveyor.complete).
+        (query, params), = ack(q, owner, [outcome]).statements
+        cur.execute(query, params)
+        if cur.fetchone() is None:
+            raise AssertionError(f"event {claim.event.id} changed hands while its handler ran")
     cur.execute(q["event_get"], {"id": claim.event.id})
     after = cur.fetchone()
     if after is None:

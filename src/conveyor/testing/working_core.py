@@ -14,6 +14,7 @@ from typing import Any
 
 from conveyor.config import HANDLER_TIMEOUT_DEFAULT
 from conveyor.db.rows import event_from_claim_row
+from conveyor.holder import Holder
 from conveyor.middleware import Middleware
 from conveyor.retry import BackoffPolicy, RetryPolicy
 from conveyor.router import Route, Router
@@ -49,6 +50,7 @@ class _Claim:
     route: Route
     event: Event
     timeout: float
+    holder: Holder      # what conveyor.complete() in the handler fences on
 
 
 def _claim_params(router: Router, owner: str, timeout: float,
@@ -59,18 +61,19 @@ def _claim_params(router: Router, owner: str, timeout: float,
             "limit": 1, "owner": owner, "lease_ttl": timeout + _LEASE_MARGIN}
 
 
-def _prepare(router: Router, owner: str, row: Any, timeout: float | None) -> _Claim:
+def _prepare(router: Router, owner: str, row: Any, timeout: float | None, schema: str) -> _Claim:
     event = event_from_claim_row(row)   # the worker's own decoder of the claim row
     route = router.resolve(event.topic)
     if route is None:  # the claim filter makes this unreachable
         raise AssertionError(f"router claimed topic {event.topic!r} it cannot route")
-    return _Claim(owner, route, event, timeout or route.timeout or HANDLER_TIMEOUT_DEFAULT)
+    return _Claim(owner, route, event, timeout or route.timeout or HANDLER_TIMEOUT_DEFAULT,
+                  Holder(owner, schema))
 
 
 async def _run_async(claim: _Claim, router: Router, backoff: RetryPolicy | None,
                      middleware: Sequence[Middleware] = ()) -> Outcome:
     """Run the claimed event through the worker's executor, as a worker of one slot would."""
-    running = RunningSet(1)
+    running = RunningSet(1, claim.holder)
     outcomes: list[Outcome] = []
     # The same precedence as the worker: the route's policy, then the caller's.
     executor = Executor(router, running, outcomes.append, handler_timeout=claim.timeout,

@@ -21,15 +21,13 @@ from conveyor.errors import InvalidInputError
 from conveyor.middleware import HandlerResult
 from conveyor.outcomes import Cancel, PermanentFailure, RetryAfter, Snooze, reason_text
 from conveyor.retry import RetryPolicy
-from conveyor.router import Route
+from conveyor.router import RESULT_MAX_DEPTH, Route
 from conveyor.types import Event, EventState
 from conveyor.validation import DELAY_MAX_SECONDS, encode_payload
 
 log = logging.getLogger(__name__)
 
 ERROR_MAX_CHARS = 2000
-# Nesting a stored result may have, as an enqueued payload by default.
-RESULT_MAX_DEPTH = 64
 TRACEBACK_MAX_CHARS = 4000
 # Used only when even the retry policy failed while recording an error.
 FALLBACK_RETRY_DELAY = 60.0

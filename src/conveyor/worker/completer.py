@@ -32,8 +32,12 @@ class Completer:
     def __init__(self, conn: ManagedConnection, queries: Queries, owner: str, *,
                  flush_size: int, interval: float, query_timeout: float = 30.0,
                  on_acked: Callable[[list[Outcome], set[int]], None],
-                 delete_succeeded: bool = False) -> None:
+                 delete_succeeded: bool = False,
+                 completed: set[tuple[int, int]] | None = None) -> None:
         self._conn = conn
+        # (event id, attempt) that handlers finished themselves (conveyor.complete):
+        # their acknowledgement finds the row no longer owned, and that is no loss.
+        self._completed = completed if completed is not None else set()
         # Retention 0: a success is acknowledged by deleting the row, which
         # writes no new row version and no index entries (4 us less per event).
         self._delete_succeeded = delete_succeeded
@@ -149,6 +153,8 @@ class Completer:
             return
         finally:
             self._flushing = []
+        if self._completed:
+            self._completed_in_handlers(batch, done)
         self.acked += len(done)
         missed = len(batch) - len(done)
         if missed:
@@ -156,6 +162,15 @@ class Completer:
             log.warning("%d results discarded: the events are no longer owned by this worker",
                         missed, extra={"action": "ack_stale"})
         self._on_acked(batch, done)
+
+    def _completed_in_handlers(self, batch: list[Outcome], done: set[int]) -> None:
+        """Count as written the outcomes of events their handlers finished, and forget them."""
+        completed = self._completed
+        for outcome in batch:
+            key = (outcome.event_id, outcome.attempt)
+            if key in completed:
+                completed.discard(key)
+                done.add(outcome.event_id)
 
     async def _write(self, conn: psycopg.AsyncConnection[Any], batch: list[Outcome]) -> set[int]:
         plan = ack(self._q, self._owner, batch, delete_succeeded=self._delete_succeeded)

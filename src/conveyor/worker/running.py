@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.holder import Holder
 from conveyor.types import Event
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,11 @@ class RunningSet:
     still run while the event was claimed again.
     """
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, holder: Holder | None = None) -> None:
         self.concurrency = concurrency
+        # Handed to every event taken, for a handler that finishes it itself
+        # (conveyor.complete); set while the set's loop runs anyway.
+        self.holder = holder
         self.entries: dict[Key, Running] = {}
         self.abandoned_threads = 0   # timed-out plain handlers whose threads still run
         # Slots held for a claim in flight on another connection (the flow
@@ -73,8 +77,10 @@ class RunningSet:
     def take(self, events: Iterable[Event]) -> None:
         """Take a slot for each claimed event; its call starts later."""
         entries = self.entries
+        holder = self.holder
         for event in events:
             entries[(event.id, event.attempt)] = Running(event, None)
+            event._holder = holder  # type: ignore[assignment]   # None outside a worker
 
     def keys(self) -> list[Key]:
         return list(self.entries)

@@ -38,6 +38,7 @@ from conveyor.config import WorkerConfig
 from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import ConfigError
+from conveyor.holder import Holder
 from conveyor.middleware import Middleware
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
@@ -121,7 +122,9 @@ class Worker:
                                              cron=bool(router.schedules))
         self.listens = c.listen and not (c.transaction_pooler is True
                                          and self.connections.listen_target == conninfo)
-        self.running = RunningSet(c.concurrency)
+        # What a handler finishing its own event (conveyor.complete) fences on.
+        self.holder = Holder(self.id, c.schema)
+        self.running = RunningSet(c.concurrency, self.holder)
         self.flow = FlowControl(self._q, router)
         self.accounting = OutcomeAccounting(
             self.running, self.stats, self.tally, self.failure_log,
@@ -131,6 +134,7 @@ class Worker:
                                    flush_size=c.batch_size, interval=c.ack_interval,
                                    query_timeout=c.query_timeout,
                                    on_acked=self.accounting.settled,
+                                   completed=self.holder.completed,
                                    delete_succeeded=c.retention == 0)
         self.executor = Executor(router, self.running, self.completer.add,
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,

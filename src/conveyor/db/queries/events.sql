@@ -207,6 +207,25 @@ WHERE e.id = d.id
   AND e.attempts = d.attempt
 RETURNING e.id
 
+-- name: event_complete
+-- A handler finishing its own event in its own transaction (conveyor.complete):
+-- fenced like event_succeed_many, so a lease lost or a cancel meanwhile
+-- changes nothing and returns no row (the caller raises, and its transaction,
+-- business writes included, rolls back). Waits for the row's lock rather than
+-- skipping it: a rescuer or a cancel holding it decides, then the fence does.
+-- Admin.wait() hears of it at the caller's commit.
+UPDATE {schema}.events AS e
+SET state = 'succeeded',
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    result = %(result)s,
+    finished_at = now(),
+    updated_at = now()
+WHERE e.id = %(id)s
+  AND e.lease_owner = %(owner)s
+  AND e.attempts = %(attempt)s
+RETURNING e.id, pg_notify(%(results_channel)s, e.id::text)
+
 -- name: event_delete_succeeded_many
 -- The acknowledgement of a worker with retention 0: the succeeded row goes at
 -- once. Fenced exactly like event_succeed_many.
