@@ -180,8 +180,8 @@ class Event:
         except AttributeError:
             return False
 
-    def cancel(self) -> None:
-        """Mark this attempt as no longer wanted (the worker calls it; see :attr:`cancelled`)."""
+    def _stop(self) -> None:
+        """Mark this attempt as no longer wanted: the worker's call (see :attr:`cancelled`)."""
         self._cancelled = True
 
     @property

@@ -116,7 +116,7 @@ class RunningSet:
                 log.warning("lost the lease of event %s; abandoning it", key[0],
                             extra={"action": "lease_lost", "event_id": key[0], "attempt": key[1]})
             del self.entries[key]
-            running.event.cancel()    # what a plain handler in a thread can look at
+            running.event._stop()    # what a plain handler in a thread can look at
             task = running.task
             # A batch's events share one task: the others still need its outcomes.
             if task is not None and not task.done() \
