@@ -189,7 +189,7 @@ class RabbitServer(PrivateServer):
             try:
                 asyncio.run(attempt())
                 return
-            except Exception as error:             # every way a half-booted broker says no
+            except Exception as error:  # noqa: BLE001 - every way a half-booted broker says no
                 assert self.process is not None and self.process.poll() is None, \
                     f"{self.name} exited at start: {log()}"
                 assert time.monotonic() < deadline, f"{self.name} did not serve: {error!r}"
