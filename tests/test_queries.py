@@ -694,6 +694,33 @@ def test_horizon_holders_names_an_open_transaction(db: Conn, server_url: str) ->
     assert dead is not None and dead[0] >= 0
 
 
+def test_horizon_holders_leaves_out_an_idle_session_reading_notifications(
+        db: Conn, server_url: str) -> None:
+    # An idle session's backend takes a snapshot of its own to read notifications for
+    # its client, reported as its backend_xmin with the state still `idle` and the
+    # xact_start of its client's last command. Caught in the act: its client reads
+    # nothing, so the backend waits to send them, inside that transaction.
+    dbname, channel = db.info.dbname, f"horizon_{uuid.uuid4().hex}"
+    with psycopg.connect(server_url, dbname=dbname, autocommit=True,
+                         application_name="idle-listener") as listener, \
+            psycopg.connect(server_url, dbname=dbname, autocommit=True) as asker:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        pid = listener.info.backend_pid
+        # Distinct payloads (repeats are folded), more than the sockets' buffers hold.
+        asker.execute("SELECT pg_notify(%s, i || repeat('x', 7000)) "
+                      "FROM generate_series(1, 3000) AS i", (channel,))
+        deadline = time.monotonic() + 30
+        while (row := asker.execute(
+                "SELECT state, backend_xmin IS NOT NULL FROM pg_stat_activity WHERE pid = %s",
+                (pid,)).fetchone()) != ("idle", True):
+            assert time.monotonic() < deadline, f"the listener's backend never showed it: {row}"
+            time.sleep(0.02)
+        named = [r for r in asker.execute(Q["horizon_holders"]).fetchall()
+                 if f"pid {pid} " in r[1]]
+        asker.execute("SELECT pg_terminate_backend(%s)", (pid,))   # it would wait for good
+    assert named == []
+
+
 @exercises("worker_unregister", "worker_prune_dead")
 def test_worker_unregister_and_prune_dead(db: Conn) -> None:
     gone, dead, alive = _owner(), _owner(), _owner()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from typing import Any
 
 import psycopg
 
 from conveyor.worker.connection import ManagedConnection
-from worker_support import WORKER_BACKENDS
+from waiting import wait_until
+from worker_support import WORKER_BACKENDS, query
 
 
 async def test_concurrent_callers_share_one_new_connection(db: str) -> None:
@@ -25,3 +29,58 @@ async def test_concurrent_callers_share_one_new_connection(db: str) -> None:
         assert len({id(conn) for conn in again}) == 1 and again[0] is not got[0]
     finally:
         await managed.close()
+
+
+async def _next_socket_gets(fd: int) -> list[socket.socket]:
+    """Hold every free descriptor below ``fd``, so the next socket opened gets ``fd``."""
+    held = []
+    while (s := socket.socket()).fileno() != fd:
+        held.append(s)
+        assert len(held) < 1000, f"descriptor {fd} never came free"
+    s.close()
+    return held
+
+
+async def _statement_in_flight(managed: ManagedConnection, db: str
+                               ) -> tuple[int, int, asyncio.Task[Any]]:
+    """A statement awaited on ``managed``'s connection: its backend, its socket, and the
+    task waiting."""
+    conn = await managed.get()
+    pid, fd = conn.info.backend_pid, conn.pgconn.socket
+    statement = asyncio.create_task(conn.execute("SELECT pg_sleep(30)"))
+
+    async def running() -> bool:
+        rows = await query(db, "SELECT 1 FROM pg_stat_activity WHERE pid = %s "
+                               "AND state = 'active'", (pid,))
+        return bool(rows)
+    await wait_until(running, timeout=10, what="the statement to run")
+    return pid, fd, statement
+
+
+async def test_an_aborted_connection_lets_the_next_connect_take_its_socket_number(
+        db: str) -> None:
+    # At shutdown the completer's statement is cut (abort) and its task cancelled.
+    # Until that task wakes, the loop's selector kept the closed socket's entry, and
+    # a connect given the same number failed: "connection socket closed" (CI, a
+    # cron test's connect after its worker stopped).
+    managed = ManagedConnection(db, "cut", reconnect_min=0.05, reconnect_max=0.2,
+                                stopping=asyncio.Event())
+    pid, fd, statement = await _statement_in_flight(managed, db)
+    managed.abort()
+    statement.cancel()
+    held = await _next_socket_gets(fd)
+    try:
+        other = await psycopg.AsyncConnection.connect(db, autocommit=True)
+        try:
+            assert other.pgconn.socket == fd              # the closed socket's number
+            assert await (await other.execute("SELECT 1")).fetchone() == (1,)
+        finally:
+            await other.close()
+    finally:
+        for s in held:
+            s.close()
+        with contextlib.suppress(BaseException):
+            await statement
+        await managed.close()
+        # Its client gone without a word, the server would sleep on for 30 s.
+        await query(db, "SELECT pg_terminate_backend(%s)", (pid,))

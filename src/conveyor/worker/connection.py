@@ -13,6 +13,7 @@ from conveyor.config import WorkerConfig
 from conveyor.db.connect import behind_pooler_async, connect_async
 from conveyor.errors import DatabaseUnavailableError, InvalidDatabaseUrlError
 from conveyor.retry import BackoffPolicy, RetryPolicy
+from conveyor.worker.deadline import unwatch
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +282,7 @@ class ManagedConnection:
         skips asking the server to cancel (which could wait on a dead server).
         """
         if self._conn is not None and not self._conn.closed:
+            unwatch(self._conn)
             self._conn.pgconn.finish()
 
     async def close(self) -> None:

@@ -17,6 +17,25 @@ import psycopg
 T = TypeVar("T")
 
 
+def unwatch(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Take ``conn``'s socket out of the running event loop, before it is closed.
+
+    A task awaiting a statement on ``conn`` has the socket registered with the
+    loop's selector; psycopg removes it when the task wakes. Closed under it,
+    the descriptor leaves that entry behind, and a socket opened meanwhile
+    takes the same number: registering it then fails (psycopg's "connection
+    socket closed" on connect). Without the entry, the waiting task wakes on
+    its own interval and finds the connection closed.
+    """
+    try:
+        fd = conn.pgconn.socket
+        loop = asyncio.get_running_loop()
+    except (psycopg.OperationalError, RuntimeError):
+        return      # closed already, or no loop to take it out of
+    loop.remove_reader(fd)
+    loop.remove_writer(fd)
+
+
 async def with_deadline(conn: psycopg.AsyncConnection[Any], statement: Awaitable[T], timeout: float, *,
                   stopping: asyncio.Event | None = None, grace: float = 1.0) -> T:
     """Await a statement on ``conn`` for at most ``timeout`` seconds.
@@ -50,6 +69,7 @@ async def with_deadline(conn: psycopg.AsyncConnection[Any], statement: Awaitable
             stop_task.cancel()
     if task in done:
         return task.result()
+    unwatch(conn)
     conn.pgconn.finish()
     task.cancel()
     try:
@@ -112,6 +132,7 @@ async def with_deadline_in_task(conn: psycopg.AsyncConnection[Any], statement: A
     def expire() -> None:
         nonlocal expired
         expired = True
+        unwatch(conn)
         conn.pgconn.finish()   # fails the statement without a word to the server
         task.cancel()
 

@@ -39,6 +39,13 @@ SELECT extract(epoch FROM clock_timestamp())::float8
 -- read the start time (another role's session without pg_read_all_stats);
 -- `key` then lets the worker time the holder from when it first saw it. Ages
 -- are taken at this statement, not at the start of the caller's transaction.
+-- A session that is `idle` (between two commands of its client) is left out:
+-- it holds no transaction of its client's, only, for a moment, one the server
+-- runs itself to read notifications (or invalidations) for it, whose snapshot
+-- shows as its backend_xmin and whose xact_start is its last command's start,
+-- long past: a worker's idle LISTEN session was named as an old pin that way
+-- (R13b, CI). `idle in transaction` and `active` sessions are listed, and a
+-- walsender, whatever its state (a standby's feedback).
 SELECT kind, who, seconds, xid_age, key
 FROM (
     -- A walsender's xmin is a standby's feedback: it is named as the standby
@@ -60,6 +67,7 @@ FROM (
     FROM pg_stat_activity
     WHERE pid <> pg_backend_pid()
       AND backend_type IS DISTINCT FROM 'autovacuum worker'
+      AND (state IS DISTINCT FROM 'idle' OR backend_type = 'walsender')
       AND (backend_xid IS NOT NULL
            OR (backend_xmin IS NOT NULL AND datname = current_database())
            -- a standby's hot_standby_feedback arrives as its walsender's xmin
