@@ -252,7 +252,9 @@ async def test_rabbitmq_a_message_over_max_message_size_is_refused_and_parked(
     home.chmod(0o755)
     server = SmallRabbitServer(home / "node")
     try:
-        server.start()
+        # In a thread: the start waits for the broker to serve a client with
+        # asyncio.run(), which cannot run inside this test's event loop.
+        await asyncio.to_thread(server.start)
         connection = await aio_pika.connect(server.url)
         channel = await connection.channel()
         exchange = await channel.declare_exchange("refusals", "topic", durable=True)
