@@ -33,34 +33,45 @@ need_package pgbouncer /usr/sbin/pgbouncer "the R19 tests"
 # The browser tests (tests/browser_support.py) drive Debian's chromium through
 # Playwright: the browsers Playwright downloads itself cannot be fetched everywhere.
 need_package chromium /usr/bin/chromium "the browser tests" --no-install-recommends
-# Two tiers, with the same arguments (paths, -k, -x...):
-# 1. the tests not marked `serial`, in parallel: CONVEYOR_TEST_WORKERS processes
-#    (pytest-xdist; `auto`, one per core, by default), a test file's tests in one
-#    process (--dist loadfile: module fixtures such as Django's set-up are per process);
-# 2. the `serial` ones (they kill or restart servers, time themselves, drive a
-#    browser or load the CPU), one at a time.
-# CONVEYOR_TEST_TIER=parallel or serial runs one tier alone. A tier none of the
-# selected tests belongs to is no failure; both empty is (pytest's status 5).
+# Three tiers, with the same arguments (paths, -k, -x...):
+# 1. the tests marked neither `serial` nor `paired`, in parallel:
+#    CONVEYOR_TEST_WORKERS processes (pytest-xdist; `auto`, one per core, by
+#    default), a test file's tests in one process (--dist loadfile: module
+#    fixtures such as Django's set-up are per process);
+# 2. the `paired` ones, two at a time: light tests that would not share the
+#    machine with the parallel tier (they restart private servers or time
+#    themselves) but do with one other of their kind; test by test, not file by
+#    file (--dist load): a few long files would leave one process idle;
+# 3. the `serial` ones (they load the CPU, time themselves tightly, drive a
+#    browser or read the cluster-wide xmin), one at a time.
+# CONVEYOR_TEST_TIER=parallel, paired or serial runs one tier alone. A tier none
+# of the selected tests belongs to is no failure; all of them empty is (pytest's
+# status 5).
 tier="${CONVEYOR_TEST_TIER:-all}"
 case "$tier" in
-    all|parallel|serial) ;;
-    *) echo "conveyor: expected CONVEYOR_TEST_TIER to be all, parallel or serial, got $tier" >&2
+    all|parallel|paired|serial) ;;
+    *) echo "conveyor: expected CONVEYOR_TEST_TIER to be all, parallel, paired or serial," \
+            "got $tier" >&2
        exit 2 ;;
 esac
-parallel=5 serial=5
-if [ "$tier" != serial ]; then
+parallel=5 paired=5 serial=5
+if [ "$tier" = all ] || [ "$tier" = parallel ]; then
     parallel=0
-    python -m pytest -n "${CONVEYOR_TEST_WORKERS:-auto}" --dist loadfile -m "not serial" "$@" \
-        || parallel=$?
+    python -m pytest -n "${CONVEYOR_TEST_WORKERS:-auto}" --dist loadfile \
+        -m "not serial and not paired" "$@" || parallel=$?
 fi
-if [ "$tier" != parallel ]; then
+if [ "$tier" = all ] || [ "$tier" = paired ]; then
+    paired=0
+    python -m pytest -n 2 --dist load -m paired "$@" || paired=$?
+fi
+if [ "$tier" = all ] || [ "$tier" = serial ]; then
     serial=0
     python -m pytest -m serial "$@" || serial=$?
 fi
-if [ "$parallel" = 5 ] && [ "$serial" = 5 ]; then
+if [ "$parallel" = 5 ] && [ "$paired" = 5 ] && [ "$serial" = 5 ]; then
     exit 5
 fi
-for status in "$parallel" "$serial"; do
+for status in "$parallel" "$paired" "$serial"; do
     if [ "$status" != 0 ] && [ "$status" != 5 ]; then
         exit "$status"
     fi

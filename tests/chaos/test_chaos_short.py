@@ -14,12 +14,16 @@ import pytest
 
 from .conftest import assert_exactly_once_where_it_counts
 
-# serial: four worker processes under SIGKILL, up to 50,000 events: both cores.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.serial]
+# Each run has a private embedded PostgreSQL of its own. The draining ones are
+# serial (worker processes draining up to 50,000 events load both cores); the
+# restart and the horizon pins (two workers, a trickle of events, bounds of
+# seconds) are paired.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 Chaos = Callable[..., dict[str, Any]]
 
 
+@pytest.mark.serial
 def test_r1_short_exactly_once_without_faults(chaos: Chaos) -> None:
     report = chaos("--workers", "4", "--events", "2000", "--upfront", "--handler-ms", "0-20",
                    "--drain-timeout", "60")
@@ -33,6 +37,7 @@ def test_r1_short_exactly_once_without_faults(chaos: Chaos) -> None:
 LEASE_TTL, RESCUE = 3.0, 1.0
 
 
+@pytest.mark.serial
 def test_r3_short_sigkill_a_worker_every_two_seconds(chaos: Chaos) -> None:
     report = chaos("--workers", "4", "--events", "50000", "--duration", "20", "--faults", "kill:2s",
                    "--handler-ms", "50-500", "--lease-ttl", f"{LEASE_TTL:g}",
@@ -53,6 +58,7 @@ def test_r3_short_sigkill_a_worker_every_two_seconds(chaos: Chaos) -> None:
     assert report["orphan_rerun_s"]["max"] <= bound + 10.0
 
 
+@pytest.mark.serial
 def test_r7_short_backend_kill_storm(chaos: Chaos) -> None:
     report = chaos("--workers", "2", "--events", "50000", "--duration", "15",
                    "--faults", "terminate:1s", "--after", "5", "--handler-ms", "0-20",
@@ -63,6 +69,7 @@ def test_r7_short_backend_kill_storm(chaos: Chaos) -> None:
     assert report["throughput"]["after_faults_first_60s"] > 0
 
 
+@pytest.mark.paired
 def test_r6_short_server_restart_mid_drain(chaos: Chaos) -> None:
     report = chaos("--workers", "2", "--events", "3000", "--upfront", "--duration", "3",
                    "--faults", "restart:1s", "--restart-down", "3", "--after", "12",
@@ -124,6 +131,7 @@ def assert_pin_reported(report: dict[str, Any], holder: str) -> None:
     assert pin["backlog"]["cleared_after_release_s"] is not None
 
 
+@pytest.mark.paired
 def test_r13a_short_idle_in_transaction_pin_raises_the_worker_alert(chaos: Chaos) -> None:
     report = chaos("--workers", "2", "--rate", str(R13_RATE), "--baseline", str(R13_BASELINE),
                    "--duration", str(R13_PIN), "--faults", "idle_tx", "--after", str(R13_AFTER),
@@ -134,6 +142,7 @@ def test_r13a_short_idle_in_transaction_pin_raises_the_worker_alert(chaos: Chaos
     assert report["feed"]["enqueued"] >= R13_RATE * (R13_BASELINE + R13_PIN + R13_AFTER) * 0.95
 
 
+@pytest.mark.paired
 def test_r13b_short_repeatable_read_readers_raise_the_worker_alert(chaos: Chaos) -> None:
     report = chaos("--workers", "2", "--rate", str(R13_RATE), "--baseline", str(R13_BASELINE),
                    "--duration", str(R13_PIN), "--faults", "rr_readers", "--rr-readers", "4",

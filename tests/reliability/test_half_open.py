@@ -18,8 +18,9 @@ from worker_support import router_for
 
 from .helpers import BlackHoleProxy, fast_config, query, running, state_counts, via
 
-# serial: each hole must be detected within its timeout + 1 to 1.5 s.
-pytestmark = pytest.mark.serial
+# paired: each hole must be detected within its timeout + 1 to 1.5 s; one light
+# process (a test of its tier) beside it leaves it a core.
+pytestmark = pytest.mark.paired
 
 LISTEN_PID = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
               "AND application_name = 'conveyor-listen' AND query ILIKE 'LISTEN%%'")
