@@ -694,9 +694,9 @@ def test_twenty_thousand_rows_in_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-# serial: writes a million-row workbook (5M cells in Python), then measures peak memory.
-@pytest.mark.serial
-# Writing the 1M-row workbook (XlsxWriter, 5M cells in Python; cached under /tmp
+# In the parallel tier: its figures are the peak RSS of its own child processes,
+# which other processes do not change, and it loads one core, as every xdist
+# worker does. Writing the 1M-row workbook (XlsxWriter, 5M cells in Python; cached under /tmp
 # afterwards) outlasted the suite's 300 s timeout on the loaded 2-core box, before
 # anything was measured. The deadline only bounds a failure: this test's figures
 # are memory, not time; generation plus measure()'s own 300 s and 600 s fit.
