@@ -60,6 +60,33 @@ async def test_an_async_handler_completes_its_event_with_its_own_write(business:
     assert (worker.completer.stale, worker.stats.lost, worker.holder.completed) == (0, 0, set())
 
 
+async def test_a_handler_that_works_on_after_completing_keeps_running(business: str) -> None:
+    # Its heartbeats (every 0.3 s) find the lease gone: the handler ended it
+    # itself, and that is neither a loss nor a reason to cancel the handler.
+    db = business
+    finished = asyncio.Event()
+
+    async def ship(event: Event) -> None:
+        async with await psycopg.AsyncConnection.connect(db) as conn, conn.transaction():
+            await conn.execute("INSERT INTO public.business VALUES (%s, 'shipped')", (event.id,))
+            await conveyor.complete_async(conn, event)
+        await asyncio.sleep(1.5)          # more work after the commit, past five heartbeats
+        finished.set()
+
+    router = Router()
+    router.add("order.ship", ship)
+    worker = Worker(db, router, fast_config())
+    async with running(worker):
+        event_id = await enqueue(db, "order.ship")
+        await asyncio.wait_for(finished.wait(), PROMPT)
+
+        async def settled() -> bool:
+            return worker.stats.succeeded == 1
+        await wait_until(settled, timeout=PROMPT, what="the event to be settled")
+    assert (worker.stats.lost, worker.stats.cancelled, worker.completer.stale) == (0, 0, 0)
+    assert (await event_row(db, event_id))["state"] == "succeeded"
+
+
 async def test_a_lease_lost_before_complete_rolls_the_handlers_write_back(business: str) -> None:
     db = business
     started, go = threading.Event(), threading.Event()
