@@ -21,7 +21,7 @@ TOOLS = ROOT / "tools" / "conveyor_tools"
 VOCABULARY = {"conveyor.errors", "conveyor.outcomes", "conveyor.validation", "conveyor.retry",
               "conveyor.types", "conveyor.states", "conveyor.records", "conveyor.filters",
               "conveyor.patterns", "conveyor.notify", "conveyor.config", "conveyor.log_context",
-              "conveyor.trace_context", "conveyor.version", "conveyor.holder"}
+              "conveyor.trace_context", "conveyor.version", "conveyor.holder", "conveyor.canvas"}
 
 
 def _module_name(path: Path) -> str:

@@ -28,17 +28,35 @@ def test_a_wake_up_reads_back_as_its_topic_and_due_time(due: float | str | None)
 
 
 @pytest.mark.parametrize("word", [notify.PAUSE_NOTIFICATION, notify.LEASES_NOTIFICATION,
-                                  notify.WAKE_ALL])
+                                  notify.DEPENDENCIES_NOTIFICATION, notify.WAKE_ALL])
 def test_the_control_payloads_name_no_topic(word: str) -> None:
     with pytest.raises(InvalidInputError):
         check_topic(word)
     assert notify.DUE_SEPARATOR not in word
 
 
-def test_the_worker_hears_the_pause_notification_the_admin_sends() -> None:
+def test_the_admin_sends_the_pause_notification_of_the_protocol() -> None:
     from conveyor.admin_core import PAUSE_NOTIFICATION as sent
-    from conveyor.worker.wakeups import PAUSE_NOTIFICATION as heard
-    assert sent == heard == notify.PAUSE_NOTIFICATION
+    assert sent == notify.PAUSE_NOTIFICATION
+
+
+def test_every_signal_is_one_the_worker_answers() -> None:
+    # A signal the worker does not map is ignored: a new one must be wired in.
+    from conveyor.router import Router
+    from conveyor.worker.worker import Worker
+    router = Router()
+    router.route("mail.send")(lambda event: None)
+    worker = Worker("postgresql://nobody@127.0.0.1:1/none", router)
+    sent = {notify.PAUSE_NOTIFICATION, notify.LEASES_NOTIFICATION,
+            notify.DEPENDENCIES_NOTIFICATION}
+    assert set(worker.due_times._signals) == sent
+    assert all(s.startswith(notify.SIGNAL_PREFIX) for s in sent)
+
+
+def test_writing_dependent_events_sends_the_dependencies_notification() -> None:
+    q = queries_for("conveyor")
+    assert f"pg_notify('conveyor.events', '{notify.DEPENDENCIES_NOTIFICATION}')" \
+        in q["step_edges_add"]
 
 
 def test_both_cancel_statements_send_the_leases_notification_the_worker_hears() -> None:
@@ -72,7 +90,7 @@ async def test_the_worker_reads_every_payload_form_notify_writes() -> None:
     from conveyor.worker.wakeups import DueTimes
     heard: list[str] = []
     due = DueTimes(lambda: heard.append("wake"), lambda topic: topic == "mail.send",
-                   lambda: 0.0, on_pause=lambda: heard.append("pause"))
+                   lambda: 0.0, {notify.PAUSE_NOTIFICATION: lambda: heard.append("pause")})
     due.notified(notify.wake_payload("mail.send"))
     due.notified(notify.wake_payload("other.topic"))          # not this worker's
     due.notified(notify.WAKE_ALL)

@@ -1608,3 +1608,122 @@ def test_ordered_relay_reads_past_no_running_transaction_in_xid_order(fresh_db: 
                        " WHERE id = %s", (first,))
         rows = reader.execute(Q["relay_ordered_next"], route).fetchall()
         assert [(r[0], r[7], r[8]) for r in rows] == [(first, True, False), (second, False, True)]
+
+
+# ------------------------------------------------------------ dependencies (0022)
+
+def _release(conn: Conn) -> tuple[int, int, int]:
+    row = conn.execute(Q["deps_release"], {"limit": 1000,
+                                           "results_channel": "conveyor.results"}).fetchone()
+    assert row is not None
+    return row[0], row[1], row[2]
+
+
+def _finish(conn: Conn, event_id: int, state: str, result: Any = None) -> None:
+    conn.execute("UPDATE conveyor.events SET state = %s, finished_at = now(), result = %s"
+                 " WHERE id = %s", (state, None if result is None else json.dumps(result),
+                                    event_id))
+
+
+@exercises("step_insert_many", "step_edges_add", "deps_open")
+def test_a_workflow_writes_its_waiting_steps_and_their_edges(db: Conn) -> None:
+    from conveyor import chain, group, step
+    first, second, third = step("wf.a"), step("wf.b"), step("wf.c")
+    ids = Producer().enqueue_workflow(db, chain(first, group(second, third)))
+    states = db.execute("SELECT id, state FROM conveyor.events ORDER BY id").fetchall()
+    assert states == [(ids[first], "pending"), (ids[second], "waiting"), (ids[third], "waiting")]
+    edges = db.execute("SELECT event_id, depends_on, on_failure, satisfied"
+                       " FROM conveyor.event_dependencies ORDER BY 1").fetchall()
+    assert edges == [(ids[second], ids[first], "park", False),
+                     (ids[third], ids[first], "park", False)]
+    assert db.execute(Q["deps_open"]).fetchone() == (True,)
+    assert list(ids.last) == [ids[second], ids[third]]
+
+
+@exercises("step_parents_missing")
+def test_a_workflow_after_an_event_that_does_not_exist_is_refused(db: Conn) -> None:
+    from conveyor import InvalidInputError, step
+    known = _insert(db)
+    assert known is not None
+    with pytest.raises(InvalidInputError, match=r"after: no event 999999 to wait for"):
+        Producer().enqueue_workflow(db, step("wf.a"), after=[known, 999999])
+    ids = Producer().enqueue_workflow(db, step("wf.a"), after=[known])
+    assert _row(db, ids[0], "state") == ("waiting",)
+
+
+@exercises("deps_try_lock", "deps_release")
+def test_release_makes_a_step_due_only_when_all_it_waits_for_succeeded(db: Conn) -> None:
+    from conveyor import group, step
+    a, b, done = step("wf.a"), step("wf.b"), step("wf.done")
+    ids = Producer().enqueue_workflow(db, group(a, b).then(done))
+    assert db.execute(Q["deps_try_lock"], {"key": "k"}).fetchone() == (True,)
+    assert _release(db) == (0, 0, 0)                   # nothing finished yet
+    _finish(db, ids[a], "succeeded")
+    assert _release(db) == (1, 0, 0)                   # one edge closed, one open
+    assert _row(db, ids[done], "state") == ("waiting",)
+    _finish(db, ids[b], "succeeded")
+    assert _release(db) == (1, 1, 0)
+    assert _row(db, ids[done], "state, run_at <= now()") == ("pending", True)
+    assert db.execute(Q["deps_open"]).fetchone() == (False,)
+    assert _release(db) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(("rule", "state", "error"), [
+    ("park", "failed", "dependency {} failed"),
+    ("cancel", "cancelled", "dependency {} failed"),
+    ("ignore", "pending", None),
+])
+def test_a_failed_dependency_decides_its_dependent_by_the_edges_rule(
+        db: Conn, rule: str, state: str, error: str | None) -> None:
+    from conveyor import step
+    a, b = step("wf.a"), step("wf.b", on_failure=rule)  # type: ignore[arg-type]
+    ids = Producer().enqueue_workflow(db, a.then(b))
+    _finish(db, ids[a], "failed")
+    _release(db)
+    expected = None if error is None else error.format(ids[a])
+    assert _row(db, ids[b], "state, last_error") == (state, expected)
+
+
+def test_a_parked_step_parks_the_steps_after_it_down_the_chain(db: Conn) -> None:
+    from conveyor import chain, step
+    a, b, c = step("wf.a"), step("wf.b"), step("wf.c")
+    ids = Producer().enqueue_workflow(db, chain(a, b, c))
+    _finish(db, ids[a], "cancelled")
+    _release(db)
+    _release(db)
+    assert _row(db, ids[b], "state, last_error") == ("failed", f"dependency {ids[a]} cancelled")
+    assert _row(db, ids[c], "state, last_error") == ("failed", f"dependency {ids[b]} failed")
+
+
+def test_a_dependency_deleted_at_its_acknowledgement_counts_as_succeeded(db: Conn) -> None:
+    # retention 0 deletes a succeeded event when it is acknowledged.
+    from conveyor import step
+    a, b = step("wf.a"), step("wf.b")
+    ids = Producer().enqueue_workflow(db, a.then(b))
+    db.execute("DELETE FROM conveyor.events WHERE id = %s", (ids[a],))
+    assert _release(db) == (1, 1, 0)
+
+
+def test_a_cancelled_waiting_step_is_not_revived_by_its_dependency(db: Conn) -> None:
+    from conveyor import step
+    a, b = step("wf.a"), step("wf.b")
+    ids = Producer().enqueue_workflow(db, a.then(b))
+    assert db.execute(Q["event_cancel"], {"id": ids[b]}).fetchall() == [(ids[b],)]
+    _finish(db, ids[a], "succeeded")
+    assert _release(db) == (1, 0, 0)
+    assert _row(db, ids[b], "state") == ("cancelled",)
+
+
+@exercises("step_parent_results", "workflow_graph")
+def test_a_steps_dependencies_and_the_whole_graph_read_back(db: Conn) -> None:
+    from conveyor import group, step
+    a, b, done = step("wf.a"), step("wf.b"), step("wf.done")
+    ids = Producer().enqueue_workflow(db, group(a, b).then(done))
+    _finish(db, ids[a], "succeeded", {"n": 1})
+    rows = db.execute(Q["step_parent_results"], {"id": ids[done]}).fetchall()
+    assert rows == [(ids[a], "wf.a", "succeeded", {"n": 1}), (ids[b], "wf.b", "pending", None)]
+    for member in (ids[a], ids[done]):
+        graph = db.execute(Q["workflow_graph"], {"id": member, "limit": 100}).fetchall()
+        assert [(r[0], r[1], r[2], r[6]) for r in graph] == [
+            (ids[a], "wf.a", "succeeded", []), (ids[b], "wf.b", "pending", []),
+            (ids[done], "wf.done", "waiting", [ids[a], ids[b]])]

@@ -1,6 +1,7 @@
 """Conveyor: the transactional outbox and job queue for Python on PostgreSQL."""
 
 from conveyor.admin import Admin, AsyncAdmin
+from conveyor.canvas import Step, WorkflowIds, chain, group, step
 from conveyor.completion import complete
 from conveyor.completion_async import complete_async
 from conveyor.config import ProducerConfig, WorkerConfig
@@ -112,6 +113,7 @@ __all__ = [
     "Router",
     "ScheduleInfo",
     "Snooze",
+    "Step",
     "TopicCount",
     "WaitTimeoutError",
     "WorkbookError",
@@ -119,6 +121,10 @@ __all__ = [
     "WorkerConfig",
     "WorkerInfo",
     "WorkerStats",
+    "WorkflowIds",
+    "chain",
     "complete",
     "complete_async",
+    "group",
+    "step",
 ]

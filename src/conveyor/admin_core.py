@@ -181,7 +181,7 @@ def _list_params(filter: EventFilter, after: int | None, limit: int, *,
 
 # The states each bulk action can change (retry: pending only while scheduled).
 RETRYABLE_STATES = ("pending", "failed", "cancelled")
-CANCELLABLE_STATES = ("pending", "running", "failed")
+CANCELLABLE_STATES = ("waiting", "pending", "running", "failed")
 
 # A step of an I/O-free flow: a query and its parameters; the driver sends back the rows.
 Step = tuple[str, dict[str, Any]]

@@ -13,7 +13,10 @@ channel, so nothing in a payload may do more than wake a reader early.
 - ``!pause`` (:data:`PAUSE_NOTIFICATION`): the pauses table changed;
 - ``!leases`` (:data:`LEASES_NOTIFICATION`): a running event was cancelled:
   its worker checks its leases now rather than at its next heartbeat, and
-  stops the handlers of the events it no longer holds. Topics cannot
+  stops the handlers of the events it no longer holds;
+- ``!deps`` (:data:`DEPENDENCIES_NOTIFICATION`): events that wait for others
+  were written: a dependency pass settles the edges whose events already
+  finished (conveyor/worker/dependencies.py). Topics cannot
   contain ``!`` or ``*``, so none of these names a topic.
 
 The insert statements (``events.sql``, ``tracing.sql``) build the first two
@@ -31,12 +34,16 @@ payload stays far below PostgreSQL's 8000-byte limit.
 
 from __future__ import annotations
 
-__all__ = ["DUE_SEPARATOR", "LEASES_NOTIFICATION", "PAUSE_NOTIFICATION", "WAKE_ALL",
-           "events_channel", "parse_wake", "result_payload", "results_channel", "wake_payload"]
+__all__ = ["DEPENDENCIES_NOTIFICATION", "DUE_SEPARATOR", "LEASES_NOTIFICATION",
+           "PAUSE_NOTIFICATION", "SIGNAL_PREFIX", "WAKE_ALL", "events_channel", "parse_wake",
+           "result_payload", "results_channel", "wake_payload"]
 
 WAKE_ALL = "*"
+# Every payload that starts with it is a signal to the workers, not a topic.
+SIGNAL_PREFIX = "!"
 PAUSE_NOTIFICATION = "!pause"
 LEASES_NOTIFICATION = "!leases"
+DEPENDENCIES_NOTIFICATION = "!deps"
 DUE_SEPARATOR = "|"
 
 

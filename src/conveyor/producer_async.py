@@ -32,10 +32,12 @@ from typing import Any, Self
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from conveyor.canvas import Part, WorkflowIds, plan
 from conveyor.config import ProducerConfig
 from conveyor.db.connect import connect_for_statements_async
 from conveyor.db.execute import run_async
 from conveyor.db.named_queries import queries_for
+from conveyor.errors import InvalidInputError
 
 # unasync: from conveyor.producer_async import AsyncCommittingProducer as AsyncCommittingProducer
 # unasync: from conveyor.producer_async import AsyncProducer as AsyncProducer
@@ -60,6 +62,9 @@ from conveyor.producer_core import (
     producer_tracing,
     single_insert,
     unseen_key,
+    workflow_after,
+    workflow_params,
+    workflow_rows,
     wrap,
 )
 from conveyor.trace_context import TraceContext
@@ -249,6 +254,40 @@ class AsyncProducer:
         except psycopg.Error as exc:
             raise wrap(exc, f"enqueue of {what}") from exc
         return written
+
+    async def enqueue_workflow(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        workflow: Part,
+        *,
+        after: Iterable[int] = (),
+    ) -> WorkflowIds:
+        """Write a workflow's steps in ``conn``'s current transaction (docs/workflows.md).
+
+        The steps that wait for others are written ``waiting``; the rest are
+        due as any event. ``after``: ids of events written before (or earlier
+        in this transaction) that the workflow's first steps wait for too.
+        Returns the steps' ids (``ids[step]`` for one step).
+        """
+        p = plan(workflow)
+        rows = workflow_rows(self.config, p)
+        outside = workflow_after(after)
+        try:
+            if outside:
+                cur = await run_async(conn, self._q["step_parents_missing"], {"ids": outside})
+                found = await cur.fetchone()
+                missing = found[0] if found is not None else []
+                if missing:
+                    raise InvalidInputError(
+                        f"after: no event {', '.join(map(str, missing))} to wait for")
+            ids = await self._reserve_ids(conn, len(rows))
+            steps, edges = workflow_params(rows, ids, p, outside)
+            await run_async(conn, self._q["step_insert_many"], steps)
+            if edges["event_ids"]:
+                await run_async(conn, self._q["step_edges_add"], edges)
+        except psycopg.Error as exc:
+            raise wrap(exc, f"enqueue of a workflow of {len(rows)} steps") from exc
+        return WorkflowIds(p, ids)
 
     async def _reserve_ids(self, conn: psycopg.AsyncConnection[Any], count: int) -> list[int]:
         q = self._q

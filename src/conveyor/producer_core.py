@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from conveyor.canvas import Plan
 from conveyor.config import MAX_ATTEMPTS_DEFAULT, ProducerConfig
 from conveyor.db.named_queries import Queries
 from conveyor.errors import DatabaseError, InvalidInputError, MissingExtraError
@@ -207,6 +208,37 @@ def insert_many_params(rows: Sequence[_Row], ids: Sequence[int],
     if trace is not None:
         params["traceparent"], params["tracestate"] = trace
     return params
+
+
+def workflow_rows(config: ProducerConfig, p: Plan) -> list[_Row]:
+    """A workflow's steps checked, in plan order; a refusal names the step."""
+    try:
+        return prepare_many(config, [s.event for s in p.steps])
+    except InvalidInputError as exc:
+        raise type(exc)(str(exc).replace("event #", "step #", 1)) from None
+
+
+def workflow_after(after: Iterable[int]) -> list[int]:
+    """The ids of events outside the workflow its first steps wait for, checked."""
+    ids = list(after)
+    for i in ids:
+        if type(i) is not int or i <= 0:
+            raise InvalidInputError(f"after: an event id is a positive integer, not {i!r}")
+    return ids
+
+
+def workflow_params(rows: Sequence[_Row], ids: Sequence[int], p: Plan,
+                    after: Sequence[int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``step_insert_many``'s and ``step_edges_add``'s parameters."""
+    edges = [(ids[later], ids[earlier], p.steps[later].on_failure) for later, earlier in p.edges]
+    edges += [(ids[first], outside, p.steps[first].on_failure)
+              for first in p.firsts for outside in after]
+    waiting = {later for later, _, _ in edges}
+    params = insert_many_params(rows, ids)
+    del params["keys"]
+    params["states"] = ["waiting" if i in waiting else "pending" for i in ids]
+    return params, {"event_ids": [e[0] for e in edges], "depends_on": [e[1] for e in edges],
+                    "on_failure": [e[2] for e in edges]}
 
 
 class _Copy(NamedTuple):

@@ -10,9 +10,11 @@ class EventState(StrEnum):
 
     ``pending`` -> ``running`` -> ``succeeded`` | ``failed`` | ``cancelled``;
     a failed attempt with attempts left goes back to ``pending`` with a later
-    ``run_at``.
+    ``run_at``. An event written with dependencies starts ``waiting`` and
+    becomes ``pending`` when they have succeeded (docs/workflows.md).
     """
 
+    WAITING = "waiting"
     PENDING = "pending"
     RUNNING = "running"
     SUCCEEDED = "succeeded"

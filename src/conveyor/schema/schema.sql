@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0021 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0022 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -76,7 +76,7 @@ CREATE TABLE conveyor.events (
     xid              xid8,
     -- state and topic keep table CHECKs: partial indexes read them (0007).
     CONSTRAINT events_state_check
-        CHECK (state IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
+        CHECK (state IN ('waiting', 'pending', 'running', 'succeeded', 'failed', 'cancelled')),
     CONSTRAINT events_topic_check CHECK (length(topic) BETWEEN 1 AND 100),
     -- A running event always has an owner and a lease; nothing else does.
     CONSTRAINT events_lease_check
@@ -141,6 +141,27 @@ CREATE INDEX events_stopped_tenant_idx
 CREATE UNIQUE INDEX events_idempotency_idx
     ON conveyor.events (tenant, idempotency_key) NULLS NOT DISTINCT
     WHERE idempotency_key IS NOT NULL;
+
+-- Events that wait for others (0022; docs/workflows.md): one row per edge,
+-- `event_id` waits for `depends_on`; kept once satisfied, for the graph.
+CREATE TABLE conveyor.event_dependencies (
+    event_id    bigint  NOT NULL,
+    depends_on  bigint  NOT NULL,
+    on_failure  text    NOT NULL DEFAULT 'park',
+    satisfied   boolean NOT NULL DEFAULT false,
+    CONSTRAINT event_dependencies_pkey PRIMARY KEY (event_id, depends_on),
+    CONSTRAINT event_dependencies_on_failure_check
+        CHECK (on_failure IN ('park', 'cancel', 'ignore')),
+    CONSTRAINT event_dependencies_self_check CHECK (event_id <> depends_on)
+);
+
+-- The dependency service's passes read only the open edges.
+CREATE INDEX event_dependencies_open_idx
+    ON conveyor.event_dependencies (depends_on)
+    WHERE NOT satisfied;
+
+CREATE INDEX event_dependencies_depends_on_idx
+    ON conveyor.event_dependencies (depends_on);
 
 CREATE TABLE conveyor.workers (
     id           uuid        PRIMARY KEY,

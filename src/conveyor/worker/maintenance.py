@@ -11,7 +11,9 @@ and in this order:
 - :class:`~conveyor.worker.lanes.Lanes`: the aside lane, after the heartbeat
   (a bring-back follows this worker's registry row, so no set-aside can miss it);
 - :class:`~conveyor.worker.rescuer.Rescuer`, :class:`~conveyor.worker.horizon.HorizonAlert`
-  and :class:`~conveyor.worker.pruner.Pruner`.
+  and :class:`~conveyor.worker.pruner.Pruner`;
+- :class:`~conveyor.worker.dependencies.Dependencies`: waiting events whose
+  dependencies finished become due (or are parked), after the rescue.
 
 :class:`Maintenance` composes them for one worker and keeps the start-up and
 shutdown steps that use the same connection (register, the listener's probe,
@@ -32,6 +34,7 @@ from conveyor.db.named_queries import Queries
 from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection
 from conveyor.worker.counts import CountsFlush
 from conveyor.worker.deadline import with_deadline
+from conveyor.worker.dependencies import Dependencies
 from conveyor.worker.horizon import HorizonAlert, HorizonHolder
 from conveyor.worker.lanes import Lanes
 from conveyor.worker.lease import DatabaseClock, Lease
@@ -126,12 +129,13 @@ class Maintenance:
         self.rescuer = Rescuer(queries, config.rescue_interval, stats)
         self.horizon_alert = HorizonAlert(queries, config.horizon_alert_after)
         self.pruner = Pruner(queries, config)
+        self.dependencies = Dependencies(queries)
         services: list[Periodic] = [self.lease, self.clock, self.counts]
         if self.pause_check is not None:
             services.append(self.pause_check)
         if lanes is not None:
             services.append(lanes)
-        services += [self.rescuer, self.horizon_alert, self.pruner]
+        services += [self.rescuer, self.dependencies, self.horizon_alert, self.pruner]
         self.loop = ServiceLoop("maintenance", conn, services, query_timeout=config.query_timeout)
 
     @property
@@ -168,7 +172,7 @@ class Maintenance:
 
     async def run_once(self, conn: psycopg.AsyncConnection[Any] | None = None) -> None:
         """One pass of everything, on ``conn`` (default: the maintenance connection):
-        heartbeat and clock, pauses, lanes, rescue, horizon check, pruning."""
+        heartbeat and clock, pauses, lanes, rescue, dependencies, horizon check, pruning."""
         await self.loop.run_once(conn or await self.conn.get(give_up_on_stop=False))
 
     async def register(self) -> None:
@@ -191,6 +195,11 @@ class Maintenance:
     def check_leases_soon(self) -> None:
         """A running event was cancelled (``!leases``): heartbeat now, to stop its handler."""
         self.lease.check_soon()
+        self.loop.poke()
+
+    def check_dependencies_soon(self) -> None:
+        """Events that wait for others were written (``!deps``): settle their edges now."""
+        self.dependencies.check_soon()
         self.loop.poke()
 
     async def send_probe(self, payload: str) -> None:

@@ -18,9 +18,9 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from conveyor.notify import LEASES_NOTIFICATION, PAUSE_NOTIFICATION, WAKE_ALL, parse_wake
+from conveyor.notify import SIGNAL_PREFIX, WAKE_ALL, parse_wake
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +54,16 @@ class DueTimes:
         clock_offset: the database clock minus this machine's, so a due time
             announced by the database fires the local timer on time; its
             smallest bound (``Maintenance.wake_offset``), so never early.
-        on_pause: called on a ``!pause`` notification. Defaults to None
-            (such a notification is then ignored).
-        on_leases: called on a ``!leases`` notification (a running event was
-            cancelled). Defaults to None (ignored).
+        signals: what to call on each ``!`` notification (conveyor/notify.py:
+            ``!pause``, ``!leases``, ``!deps``). Defaults to none (every such
+            notification is then ignored).
     """
 
     def __init__(self, wake: Callable[[], None], handles: Callable[[str], bool],
                  clock_offset: Callable[[], float],
-                 on_pause: Callable[[], None] | None = None,
-                 on_leases: Callable[[], None] | None = None) -> None:
+                 signals: Mapping[str, Callable[[], None]] | None = None) -> None:
         self._wake = wake
-        self._on_pause = on_pause
-        self._on_leases = on_leases
+        self._signals = dict(signals or {})
         self._handles = handles
         self._clock_offset = clock_offset
         self.heap: list[float] = []
@@ -76,13 +73,10 @@ class DueTimes:
 
     def notified(self, payload: str) -> None:
         """React to one notification: wake now, set a timer, or ignore it."""
-        if payload == PAUSE_NOTIFICATION:
-            if self._on_pause is not None:
-                self._on_pause()
-            return
-        if payload == LEASES_NOTIFICATION:
-            if self._on_leases is not None:
-                self._on_leases()
+        if payload.startswith(SIGNAL_PREFIX):
+            signal = self._signals.get(payload)
+            if signal is not None:
+                signal()
             return
         topic, due = parse_wake(payload)
         if topic != WAKE_ALL and not self._handles(topic):

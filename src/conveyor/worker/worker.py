@@ -40,6 +40,7 @@ from conveyor.db.named_queries import queries_for
 from conveyor.errors import ConfigError
 from conveyor.holder import Holder
 from conveyor.middleware import Middleware
+from conveyor.notify import DEPENDENCIES_NOTIFICATION, LEASES_NOTIFICATION, PAUSE_NOTIFICATION
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
 from conveyor.worker.accounting import OutcomeAccounting
@@ -152,8 +153,11 @@ class Worker:
                                        pauses=self.pauses, tally=self.tally, lanes=self.lanes)
         self.due_times = DueTimes(self.wake, router.handles,
                                   lambda: self.maintenance.wake_offset,
-                                  on_pause=self._pauses_changed,
-                                  on_leases=self.maintenance.check_leases_soon)
+                                  signals={
+                                      PAUSE_NOTIFICATION: self._pauses_changed,
+                                      LEASES_NOTIFICATION: self.maintenance.check_leases_soon,
+                                      DEPENDENCIES_NOTIFICATION:
+                                          self.maintenance.check_dependencies_soon})
         self.listener = Listener(self.connections.listen, self._q.channel,
                                  on_notify=self.due_times.notified, on_connected=self.wake,
                                  ping_interval=c.listener_ping_interval,

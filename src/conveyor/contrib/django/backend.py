@@ -66,6 +66,7 @@ __all__ = ["TOPIC_PREFIX", "ConveyorBackend", "Task", "TaskContext", "TaskResult
 TOPIC_PREFIX = "django."
 
 _STATUS = {
+    EventState.WAITING: TaskResultStatus.READY,
     EventState.PENDING: TaskResultStatus.READY,
     EventState.RUNNING: TaskResultStatus.RUNNING,
     EventState.SUCCEEDED: TaskResultStatus.SUCCESSFUL,

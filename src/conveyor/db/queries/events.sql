@@ -397,8 +397,8 @@ RETURNING e.id
 
 -- name: _cancellable
 -- A running event may be cancelled too: its worker's late result is then
--- fenced out. A finished one stays as it ended.
-state IN ('pending', 'running', 'failed')
+-- fenced out; a waiting one (0022) never runs. A finished one stays as it ended.
+state IN ('waiting', 'pending', 'running', 'failed')
 
 -- name: event_retry
 -- Operator retry: run again now, granting one more attempt if all are spent.

@@ -17,7 +17,7 @@
 -- and the rows it points to (running: at most the workers' slots);
 -- events_failed_idx (topic), an index-only scan. `oldest_due_s`: on a due
 -- row, seconds its oldest event has waited since it came due (a relay's or a
--- topic's lag), from the same read.
+-- topic's lag), from the same read. Waiting events (0022) last.
 SELECT topic, tenant,
        CASE WHEN run_at <= now() THEN 'pending' ELSE 'scheduled' END AS state,
        count(*) AS n,
@@ -36,6 +36,14 @@ SELECT topic, NULL, 'failed', count(*), NULL
 FROM {schema}.events
 WHERE state = 'failed'
 GROUP BY topic
+UNION ALL
+-- Waiting events (0022) through their open edges: no index of the events
+-- table holds them, so an application without dependencies pays for none.
+SELECT e.topic, NULL, 'waiting', count(*), NULL
+FROM {schema}.events AS e
+WHERE e.state = 'waiting'
+  AND e.id IN (SELECT d.event_id FROM {schema}.event_dependencies AS d WHERE NOT d.satisfied)
+GROUP BY e.topic
 
 -- name: status_finished_sample
 -- At most `limit` succeeded and cancelled rows, oldest first, counted by state
