@@ -37,6 +37,7 @@ from conveyor.producer import (
     NewEvent,
     Producer,
 )
+from conveyor.records import Dependency, WorkflowStep
 from conveyor.retry import BackoffPolicy, LinearBackoff, RetryPolicy
 from conveyor.router import Route, RouteOptions, Router
 from conveyor.schema.migrator import AsyncMigrator, Migration, Migrator
@@ -73,6 +74,7 @@ __all__ = [
     "ConveyorError",
     "DatabaseError",
     "DatabaseUnavailableError",
+    "Dependency",
     "EmbeddedServerError",
     "EngineError",
     "EngineHTTPError",
@@ -122,6 +124,7 @@ __all__ = [
     "WorkerInfo",
     "WorkerStats",
     "WorkflowIds",
+    "WorkflowStep",
     "chain",
     "complete",
     "complete_async",

@@ -54,6 +54,49 @@ class EventRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Dependency:
+    """An event another one waits for, as :meth:`conveyor.Admin.dependencies` reads it.
+
+    Attributes:
+        id: the dependency's id.
+        topic: its topic.
+        state: its state now (None once retention pruned it).
+        value: what its handler returned, on a ``store_result`` route.
+    """
+
+    id: int
+    topic: str | None
+    state: EventState | None
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowStep:
+    """One event of a workflow graph, as :meth:`conveyor.Admin.workflow` reads it.
+
+    Attributes:
+        id: the event's id.
+        topic: its topic (None once retention pruned it).
+        state: its state now (None once pruned).
+        attempts: the attempts it has made.
+        error: its last error: for a step parked by a dependency, which one.
+        finished_at: when it reached a final state.
+        depends_on: the ids it waits (or waited) for.
+    """
+
+    id: int
+    topic: str | None
+    state: EventState | None
+    attempts: int | None
+    error: str | None
+    finished_at: datetime | None
+    depends_on: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return _json_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
 class EventResult:
     """Where one event stands and what its handler returned, as
     :meth:`conveyor.Admin.result` and :meth:`conveyor.Admin.wait` read it.

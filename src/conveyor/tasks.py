@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import psycopg
 
+from conveyor.canvas import Step, step
 from conveyor.errors import InvalidInputError
 from conveyor.outcomes import PermanentFailure
 from conveyor.types import Event
@@ -114,6 +115,11 @@ class Task(Generic[P, R]):
         except TypeError as exc:
             raise InvalidInputError(f"task {self.topic!r} ({self.__name__}): {exc}") from None
         return {"args": list(args), "kwargs": kwargs}
+
+    def step(self, *args: P.args, **kwargs: P.kwargs) -> Step:
+        """This call as a workflow step (:mod:`conveyor.canvas`), with the task's options."""
+        options = {k: v for k, v in self.options.items() if k != "idempotency_key"}
+        return step(self.topic, self.payload(*args, **kwargs), **options)
 
     def enqueue(self, conn: psycopg.Connection[Any], *args: P.args, **kwargs: P.kwargs) -> int:
         """Write this call as an event in ``conn``'s transaction; returns the event's id."""

@@ -18,7 +18,15 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.records import AttemptError, EventRecord, EventResult, ScheduleInfo, WorkerInfo
+from conveyor.records import (
+    AttemptError,
+    Dependency,
+    EventRecord,
+    EventResult,
+    ScheduleInfo,
+    WorkerInfo,
+    WorkflowStep,
+)
 from conveyor.states import EventState
 from conveyor.types import CLAIM_COLUMNS, Event
 
@@ -31,12 +39,14 @@ __all__ = [
     "RESULT_COLUMNS",
     "SCHEDULE_COLUMNS",
     "WORKER_COLUMNS",
+    "dependency_from_row",
     "event_from_claim_row",
     "found_from_event_find_row",
     "record_from_event_get_row",
     "result_from_event_result_row",
     "schedule_from_row",
     "worker_from_row",
+    "workflow_step_from_row",
 ]
 
 # event_claim: the worker sorts a claimed batch on this column.
@@ -51,6 +61,10 @@ EVENT_FIND_COLUMNS = (*EVENT_GET_COLUMNS, "due_in")
 
 # event_result: an EventResult's fields.
 RESULT_COLUMNS = tuple(f.name for f in dataclasses.fields(EventResult))
+
+# step_parent_results, workflow_graph: a Dependency's and a WorkflowStep's fields.
+DEPENDENCY_COLUMNS = tuple(f.name for f in dataclasses.fields(Dependency))
+WORKFLOW_STEP_COLUMNS = tuple(f.name for f in dataclasses.fields(WorkflowStep))
 
 # cron_list: a ScheduleInfo's fields.
 SCHEDULE_COLUMNS = tuple(f.name for f in dataclasses.fields(ScheduleInfo))
@@ -97,6 +111,21 @@ def result_from_event_result_row(row: Sequence[Any]) -> EventResult:
     fields = _named(RESULT_COLUMNS, row)
     fields["state"] = EventState(fields["state"])
     return EventResult(**fields)
+
+
+def dependency_from_row(row: Sequence[Any]) -> Dependency:
+    """A :class:`Dependency` from one ``step_parent_results`` row."""
+    fields = _named(DEPENDENCY_COLUMNS, row)
+    fields["state"] = None if fields["state"] is None else EventState(fields["state"])
+    return Dependency(**fields)
+
+
+def workflow_step_from_row(row: Sequence[Any]) -> WorkflowStep:
+    """A :class:`WorkflowStep` from one ``workflow_graph`` row."""
+    fields = _named(WORKFLOW_STEP_COLUMNS, row)
+    fields["state"] = None if fields["state"] is None else EventState(fields["state"])
+    fields["depends_on"] = tuple(fields["depends_on"])
+    return WorkflowStep(**fields)
 
 
 def schedule_from_row(row: Sequence[Any]) -> ScheduleInfo:

@@ -130,16 +130,18 @@ SELECT (SELECT count(*) FROM closed) AS closed,
 SELECT EXISTS (SELECT 1 FROM {schema}.event_dependencies WHERE NOT satisfied)
 
 -- name: step_parent_results
--- The dependencies of one event with their states and stored results, in id order.
-SELECT p.id, p.topic, p.state, p.result
+-- The dependencies of one event with their states and stored results, in id
+-- order (a pruned one with its id only). Columns: conveyor.records.Dependency's.
+SELECT d.depends_on AS id, p.topic, p.state, p.result AS value
 FROM {schema}.event_dependencies AS d
-JOIN {schema}.events AS p ON p.id = d.depends_on
+LEFT JOIN {schema}.events AS p ON p.id = d.depends_on
 WHERE d.event_id = %(id)s
-ORDER BY p.id
+ORDER BY d.depends_on
 
 -- name: workflow_graph
 -- Every event connected to `id` by dependency edges, either way (at most
--- `limit`), with their edges: `conveyor workflow show`.
+-- `limit`), with their edges: `conveyor workflow show`. Columns:
+-- conveyor.records.WorkflowStep's.
 WITH RECURSIVE linked(id) AS (
     SELECT %(id)s::bigint
     UNION
@@ -147,7 +149,7 @@ WITH RECURSIVE linked(id) AS (
     FROM linked AS l
     JOIN {schema}.event_dependencies AS d ON d.event_id = l.id OR d.depends_on = l.id
 )
-SELECT e.id, e.topic, e.state, e.attempts, e.last_error, e.finished_at,
+SELECT l.id, e.topic, e.state, e.attempts, e.last_error AS error, e.finished_at,
        coalesce((SELECT array_agg(d.depends_on ORDER BY d.depends_on)
                  FROM {schema}.event_dependencies AS d WHERE d.event_id = l.id), ARRAY[]::bigint[])
            AS depends_on
