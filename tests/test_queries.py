@@ -1727,3 +1727,14 @@ def test_a_steps_dependencies_and_the_whole_graph_read_back(db: Conn) -> None:
         assert [(r[0], r[1], r[2], r[6]) for r in graph] == [
             (ids[a], "wf.a", "succeeded", []), (ids[b], "wf.b", "pending", []),
             (ids[done], "wf.done", "waiting", [ids[a], ids[b]])]
+
+
+@exercises("deps_forget")
+def test_the_edges_of_a_pruned_step_are_forgotten_and_no_others(db: Conn) -> None:
+    from conveyor import step
+    a, b = step("wf.a"), step("wf.b")
+    ids = Producer().enqueue_workflow(db, a.then(b))
+    assert db.execute(Q["deps_forget"], {"limit": 10}).rowcount == 0
+    db.execute("DELETE FROM conveyor.events WHERE id = %s", (ids[b],))
+    assert db.execute(Q["deps_forget"], {"limit": 10}).rowcount == 1
+    assert db.execute("SELECT count(*) FROM conveyor.event_dependencies").fetchone() == (0,)

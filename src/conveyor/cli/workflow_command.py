@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+from collections import Counter
 from typing import Any
 
 from conveyor.admin import Admin
@@ -18,6 +19,8 @@ from conveyor.errors import ConfigError, InvalidInputError
 # Every CLI run imports this module, the workflow package only a workflow
 # command; these mirror the package's own defaults (a test checks).
 REGISTRATION_TENANT_DEFAULT = "system"
+# `workflow show` lists a level's steps of one topic one by one up to this many.
+SHOW_EACH = 5
 TOPIC_PREFIX_DEFAULT = "workflow"
 
 Env = Any
@@ -25,10 +28,11 @@ Sub = Any  # argparse's private _SubParsersAction
 
 
 def register_workflow(sub: Sub, env: Env) -> None:
-    p = add_command(sub, "workflow", "register definitions; the status of a workflow event",
-             "Workflow events: 'register' sends a module's object types and triggers to the\n"
-             "workflow engine (idempotent; conflicts exit 1 naming each); 'status' shows one\n"
-             "published event's state, attempts and last error.")
+    p = add_command(sub, "workflow", "draw a workflow's steps; workflow-engine events",
+             "'show' draws the steps of a workflow (chain, group, then: docs/workflows.md).\n"
+             "Workflow-engine events: 'register' sends a module's object types and triggers\n"
+             "to the workflow engine (idempotent; conflicts exit 1 naming each); 'status'\n"
+             "shows one published event's state, attempts and last error.")
     wsub = p.add_subparsers(dest="workflow_command", metavar="ACTION", required=True)
 
     reg = add_command(wsub, "register", "register a WorkflowRegistry with the workflow engine",
@@ -57,6 +61,58 @@ def register_workflow(sub: Sub, env: Env) -> None:
     option(st, "--topic-prefix", default=TOPIC_PREFIX_DEFAULT,
            help="the publisher's topic prefix")
     st.add_argument("--json", action="store_true", help="print one JSON object")
+    _register_show(wsub)
+
+
+def _register_show(wsub: Sub) -> None:
+    sh = add_command(wsub, "show", "draw the graph of steps an event belongs to",
+              "Draw the workflow (docs/workflows.md) that event ID belongs to: its steps by\n"
+              "level (a step's level is one more than its deepest dependency's), each\n"
+              "level's steps by topic with their states; a topic with more than\n"
+              f"{SHOW_EACH} steps on a level is summed up. Exit 1 if no such event.")
+    sh.set_defaults(handler=run_workflow_show)
+    sh.add_argument("id", help="the id of any step of the workflow")
+    sh.add_argument("--limit", type=int, default=10_001, metavar="N",
+                    help="read at most N steps (default 10001)")
+    sh.add_argument("--json", action="store_true",
+                    help="print every step as JSON (id, topic, state, depends_on, ...)")
+
+
+def run_workflow_show(ctx: Context, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise InvalidInputError(f"--limit must be at least 1, not {args.limit}")
+    steps = Admin(ctx.schema).workflow(ctx.connect(), args.id, limit=args.limit)
+    if args.json:
+        emit_json({"steps": [s.to_json() for s in steps]})
+        return 0
+    level: dict[int, int] = {}
+    known = {s.id for s in steps}
+    for s in steps:   # id order: a step is written after what it waits for
+        level[s.id] = 1 + max((level.get(d, 0) for d in s.depends_on if d in known), default=-1)
+    states = Counter(s.state.value if s.state else "pruned" for s in steps)
+    say(f"workflow of event {args.id}: {len(steps)} steps ("
+        + ", ".join(f"{n} {state}" for state, n in sorted(states.items())) + ")")
+    for depth in sorted(set(level.values())):
+        say(f"level {depth}:")
+        by_topic: dict[str, list[Any]] = {}
+        for s in steps:
+            if level[s.id] == depth:
+                by_topic.setdefault(s.topic or "(pruned)", []).append(s)
+        for topic, group in by_topic.items():
+            if len(group) <= SHOW_EACH:
+                for s in group:
+                    waits = "" if not s.depends_on else " after " + ", ".join(
+                        map(str, s.depends_on[:SHOW_EACH])) + (
+                        f", ... ({len(s.depends_on)})" if len(s.depends_on) > SHOW_EACH else "")
+                    error = f": {escape(s.error)}" if s.error and s.state \
+                        and s.state.value in ("failed", "cancelled") else ""
+                    say(f"  {s.id:>10} {s.state.value if s.state else 'pruned':<9} "
+                        f"{escape(topic)}{waits}{error}")
+            else:
+                counts = Counter(s.state.value if s.state else "pruned" for s in group)
+                say(f"  {len(group):>10} x {escape(topic)}: "
+                    + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    return 0
 
 
 def run_workflow_register(ctx: Context, args: argparse.Namespace) -> int:

@@ -43,7 +43,9 @@ from conveyor.notify import results_channel
 POLL_INTERVAL = 0.2
 # Seconds between passes with no open edge, when no notification came.
 IDLE_INTERVAL = 30.0
-# Edges one statement settles; statements in one pass, at most.
+# Seconds between two deletions of pruned steps' edges (deps_forget).
+FORGET_INTERVAL = 300.0
+# Edges one statement settles (or forgets); statements in one pass, at most.
 RELEASE_BATCH = 5_000
 RELEASE_STATEMENTS = 20
 
@@ -66,6 +68,7 @@ class Dependencies:
                         "results_channel": results_channel(queries.schema)}
         self._lock = {"key": f"conveyor dependencies {queries.schema}"}
         self._next = 0.0
+        self._forget_at = time.monotonic() + FORGET_INTERVAL
         self.released_total = 0   # waiting events made pending
         self.stopped_total = 0    # waiting events parked or cancelled by a dependency
 
@@ -78,6 +81,9 @@ class Dependencies:
 
     async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> None:
         q = self._q
+        if time.monotonic() >= self._forget_at:
+            self._forget_at = time.monotonic() + FORGET_INTERVAL
+            await conn.execute(q["deps_forget"], {"limit": RELEASE_BATCH})
         if not await self._open(conn):
             # No event waits: the usual case, one read of an empty index.
             self._next = time.monotonic() + IDLE_INTERVAL

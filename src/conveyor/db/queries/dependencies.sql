@@ -125,6 +125,16 @@ SELECT (SELECT count(*) FROM closed) AS closed,
        (SELECT * FROM woken) AS woken,
        (SELECT * FROM told) AS told
 
+-- name: deps_forget
+-- The edges of events retention has pruned (or deleted at their
+-- acknowledgement), at most `limit`: the graph of a finished workflow goes
+-- with its steps. Reads the whole edges table: run every few minutes.
+DELETE FROM {schema}.event_dependencies AS d
+WHERE (d.event_id, d.depends_on) IN (
+    SELECT o.event_id, o.depends_on FROM {schema}.event_dependencies AS o
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.events AS e WHERE e.id = o.event_id)
+    LIMIT %(limit)s)
+
 -- name: deps_open
 -- Whether any edge is still open: the service polls while one is.
 SELECT EXISTS (SELECT 1 FROM {schema}.event_dependencies WHERE NOT satisfied)
