@@ -209,3 +209,30 @@ async def test_a_service_loop_logs_a_failed_pass_and_runs_on(
         await managed.close()
     assert failing.passes >= 2
     assert any(getattr(r, "action", None) == "maintenance_failed" for r in caplog.records)
+
+
+async def test_the_dependency_pass_releases_then_backs_off_while_nothing_finishes(
+        db: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    from conveyor import AsyncProducer, chain, step
+    from conveyor.worker.dependencies import IDLE_INTERVAL, POLL_MAX, POLL_MIN, Dependencies
+    deps = Dependencies(Q)
+    await deps.run_once(conn)                    # nothing waits: the slow fallback
+    assert deps.due_at() - time.monotonic() > IDLE_INTERVAL - 1
+    a, b, c = step("svc.a"), step("svc.b"), step("svc.c")
+    async with await psycopg.AsyncConnection.connect(db) as writer:
+        ids = await AsyncProducer().enqueue_workflow(writer, chain(a, b, c))
+        await writer.commit()
+    deps.check_soon()                            # the !deps notification
+    assert deps.due_at() == 0.0
+    await query(db, "UPDATE conveyor.events SET state = 'succeeded', finished_at = now()"
+                    " WHERE id = %s", (ids[a],))
+    await deps.run_once(conn)
+    assert (await event_row(db, ids[b]))["state"] == "pending"
+    assert (await event_row(db, ids[c]))["state"] == "waiting"
+    assert deps.released_total == 1
+    assert deps.due_at() - time.monotonic() <= POLL_MIN
+    waits = []
+    for _ in range(6):                           # b runs for a long time: fewer passes
+        await deps.run_once(conn)
+        waits.append(round(deps.due_at() - time.monotonic(), 1))
+    assert waits == sorted(waits) and waits[-1] == POLL_MAX and waits[0] >= 2 * POLL_MIN - 0.1
