@@ -125,6 +125,11 @@ def test_quick_json_reports_every_figure_and_leaves_nothing_behind(
     settings = result["drain_best_settings"]
     assert _positive(settings["batch_size"]) and _positive(settings["concurrency"])
     assert result["wake_missing"] == 0
+    # The chord's callback starts after its last member and within the
+    # dependency service's longest wait (2 s) plus a loaded machine's claim.
+    assert result["chord_members"] == 1_000
+    assert 0 < result["chord_callback_after_last_ms"] < 10_000
+    assert 0 < result["chord_members_done_s"] < result["chord_total_s"]
     assert set(result["targets"]) >= {"drain_default_ratio", "drain_best_ratio",
                                       "enqueue_batch_ratio", "wake_p50_ms", "wake_p99_ms",
                                       "worker_rss_mb"} | NEW_TARGETS

@@ -610,3 +610,63 @@ def _wake_run(reader: _PipeReader, sent: dict[int, float], samples: int, rss: fl
     if not latencies:
         raise BenchError("no wake-up sample arrived")
     return WakeRun(latencies, samples - len(latencies), rss)
+
+
+@dataclass
+class ChordRun:
+    """One chord (a group of no-op members and one callback), drained at defaults."""
+
+    members: int
+    callback_after_last_ms: float    # callback's start - the last member's finish
+    members_done_s: float            # the last member's finish - the workflow's commit
+    total_s: float                   # the callback's finish - the workflow's commit
+
+
+def chord(admin: psycopg.Connection[Any], url: str, schemas: Schemas,
+          registry: ProcessRegistry, *, members: int) -> ChordRun:
+    """Enqueue ``group(members no-op steps).then(one no-op step)`` for an idle worker at
+    defaults; read from the rows how long after the last member the callback started.
+
+    Both sides are the database's clock (``finished_at``, ``attempted_at``), so
+    the figure holds no client clock offset: it is the dependency service's
+    delay plus the callback's wake-up and claim.
+    """
+    from conveyor import group, step
+
+    schema = schemas.conveyor
+    _reset_all(admin, schemas)
+    scratch.settle(admin, schema)
+    worker = registry.worker(url, schema)
+    worker.start()
+    worker.wait_registered(admin)
+    with psycopg.connect(url) as conn:
+        callback = step(NOOP_TOPIC, {"callback": True})
+        ids = Producer(ProducerConfig(schema=schema)).enqueue_workflow(
+            conn, group(*[step(NOOP_TOPIC, {"i": i}) for i in range(members)]).then(callback))
+        committed = conn.execute("SELECT now()").fetchone()
+        conn.commit()
+    assert committed is not None
+    table = psycopg.sql.Identifier(schema, "events")
+    deadline = time.monotonic() + _timeout(members)
+    done_query = psycopg.sql.SQL("SELECT state = 'succeeded' FROM {} WHERE id = %s").format(table)
+    while True:
+        row = admin.execute(done_query, (ids[callback],)).fetchone()
+        if row is not None and row[0]:
+            break
+        worker.check_alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"the chord of {members} members did not finish in time")
+        time.sleep(POLL)
+    found = admin.execute(psycopg.sql.SQL("""
+        SELECT extract(epoch FROM c.attempted_at - m.last) * 1000,
+               extract(epoch FROM m.last - %s::timestamptz),
+               extract(epoch FROM c.finished_at - %s::timestamptz)
+        FROM {t} AS c,
+             (SELECT max(finished_at) AS last FROM {t} WHERE id <> %s) AS m
+        WHERE c.id = %s""").format(t=table),
+        (committed[0], committed[0], ids[callback], ids[callback])).fetchone()
+    assert found is not None
+    code = worker.stop()
+    if code != 0:
+        raise BenchError(f"worker exited with code {code} after the chord")
+    return ChordRun(members, float(found[0]), float(found[1]), float(found[2]))

@@ -233,6 +233,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"  {'raw LISTEN loop':<{v}}{'':>6}  {_verdict(r, 'wake_p50_ms')}",
         f"{'wake-up p99':<{w}}{r['wake_p99_ms']:>10.2f} ms  {r['raw_wake_p99_ms']:>10.2f} ms"
         f"  {'raw LISTEN loop':<{v}}{'':>6}  {_verdict(r, 'wake_p99_ms')}",
+        f"{'chord callback':<{w}}{r['chord_callback_after_last_ms']:>10.1f} ms"
+        f"  {'':>13}  {'after the last of ' + format(r['chord_members'], ',') + ' members':<{v}}",
         f"{'worker peak RSS':<{w}}{r['worker_rss_mb']:>10.1f} MB"
         f"  {r['raw_worker_rss_mb']:>10.1f} MB  {'raw drainer':<{v}}{'':>6}  "
         f"{_verdict(r, 'worker_rss_mb')}",

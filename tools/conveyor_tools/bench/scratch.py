@@ -97,7 +97,7 @@ def reset(conn: psycopg.Connection[Any], schema: str) -> None:
     WAL it would then add to.
     """
     conn.execute(sql.SQL("TRUNCATE {}").format(_table(schema)))
-    for name in ("workers", "orders"):
+    for name in ("workers", "orders", "event_dependencies"):
         exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
                               (sql.Identifier(schema, name).as_string(),)).fetchone()
         if exists and exists[0]:

@@ -72,6 +72,8 @@ class Plan:
     outbox_rounds: int = 30
     wake_warmup: int = 10
     wake_gap: float = 0.02
+    # A group of this many no-op members and one callback (docs/workflows.md).
+    chord_members: int = 10_000
     quick: bool = False
 
     @classmethod
@@ -81,7 +83,8 @@ class Plan:
             return cls(events=n, single_events=n, batch_events=max(n, 10_000), reps=1,
                        candidates=((500, 1000, None), (500, 1000, 0)), wake_samples=50,
                        raw_batches=(RAW_SAME_BATCH, RAW_BEST_BATCH), finalists=2,
-                       outbox_events=300, outbox_rounds=10, quick=True)
+                       outbox_events=300, outbox_rounds=10, chord_members=1_000,
+                       quick=True)
         # One event per transaction is commit-bound (~0.4 ms each, far more on a busy
         # box); 5,000 of each shape give a stable ratio without dominating the run.
         # The outbox's extra INSERT is a tenth of a commit: 3,000 transactions of
@@ -238,7 +241,13 @@ class Suite:
         raw_wake = measure.raw_wake_latency(admin, self.url, s, self.registry,
                                             samples=p.wake_samples, warmup=p.wake_warmup,
                                             gap=p.wake_gap)
+        self.say(f"a chord of {p.chord_members:,} no-op members and a callback, at defaults")
+        chord = measure.chord(admin, self.url, s, self.registry, members=p.chord_members)
         return {
+            "chord_members": chord.members,
+            "chord_callback_after_last_ms": round(chord.callback_after_last_ms, 1),
+            "chord_members_done_s": round(chord.members_done_s, 3),
+            "chord_total_s": round(chord.total_s, 3),
             "enqueue_single_per_s": single.one_tx, "raw_single_per_s": single.raw_one_tx,
             "enqueue_one_tx_per_s": single.one_tx, "raw_insert_one_tx_per_s": single.raw_one_tx,
             "enqueue_autocommit_per_s": single.autocommit,
@@ -297,7 +306,7 @@ class Suite:
                      "wake_gap_ms": p.wake_gap * 1000, "wake_warmup": p.wake_warmup,
                      "raw_same_batch": RAW_SAME_BATCH, "raw_best_batch": RAW_BEST_BATCH,
                      "raw_batches": list(p.raw_batches), "raw_finalists": p.finalists,
-                     "outbox_events": p.outbox_events,
+                     "outbox_events": p.outbox_events, "chord_members": p.chord_members,
                      "outbox_rounds": p.outbox_rounds},
         }
 
