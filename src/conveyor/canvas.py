@@ -39,6 +39,7 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 
 from conveyor.errors import InvalidInputError
+from conveyor.records import WorkflowStep
 from conveyor.types import NewEvent
 
 OnFailure = Literal["park", "cancel", "ignore"]
@@ -278,3 +279,19 @@ class WorkflowIds(Sequence[int]):
 
     def __repr__(self) -> str:
         return f"WorkflowIds({list(self._ids)!r})"
+
+
+def levels(steps: Sequence[WorkflowStep]) -> list[list[WorkflowStep]]:
+    """A workflow's steps (:meth:`conveyor.Admin.workflow`) by level: a step's is one
+    more than its deepest dependency's among ``steps``; each level in id order.
+
+    Ids ascend in writing order and a step is written after what it waits
+    for, so one pass in id order sees every dependency's level first.
+    """
+    level: dict[int, int] = {}
+    for s in sorted(steps, key=lambda s: s.id):
+        level[s.id] = 1 + max((level[d] for d in s.depends_on if d in level), default=-1)
+    found: list[list[WorkflowStep]] = [[] for _ in range(1 + max(level.values(), default=-1))]
+    for s in sorted(steps, key=lambda s: s.id):
+        found[level[s.id]].append(s)
+    return found

@@ -451,3 +451,27 @@ def test_the_payload_filter_finds_events_by_a_json_path(page: Page, fresh_db: st
     assert _states(fresh_db, acme + other) == {
         acme[0]: "pending", acme[1]: "pending", acme[2]: "pending",
         other[0]: "failed", other[1]: "pending", other[2]: "pending", other[3]: "pending"}
+
+
+def test_an_event_page_draws_its_workflow_with_links_to_each_step(
+        page: Page, fresh_db: str) -> None:
+    from conveyor import chain, group, step
+    first, last = step("order.reserve"), step("order.close")
+    members = [step("mail.confirm"), step("invoice.create")]
+    many = [step("report.collect", {"i": i}) for i in range(40)]
+    with psycopg.connect(fresh_db) as conn:
+        ids = Producer().enqueue_workflow(
+            conn, chain(first, group(*members, *many), last))
+        conn.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = now()"
+                     " WHERE id = ANY(%s)", ([ids[first], ids[members[0]], *ids[1:30]],))
+        conn.commit()
+    with served(fresh_db) as base_url:
+        page.goto(f"{base_url}/events/{ids[last]}")
+        levels = page.locator(".workflow .level")
+        expect(levels).to_have_count(3)
+        expect(levels.nth(1)).to_contain_text("40 × report.collect")
+        screenshot(page, "dashboard-event-workflow")
+        levels.nth(0).get_by_role("link", name=str(ids[first])).click()
+        page.wait_for_url(re.compile(rf"/events/{ids[first]}$"))
+        expect(page.locator("h1 .badge")).to_have_text("succeeded")
+        expect(page.locator(".workflow .step.this")).to_contain_text("order.reserve")

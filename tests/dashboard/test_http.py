@@ -333,3 +333,26 @@ async def test_the_timeline_puts_an_attempts_start_before_its_failure(fresh_db: 
     async with _client(_app(fresh_db)) as client:
         page = (await client.get(f"/events/{ids['failed']}")).text
     assert page.index("attempt 5 started") < page.index("attempt 5 failed") < page.index("> failed</li>")
+
+
+async def test_an_event_page_draws_its_workflow_by_level_and_sums_up_large_groups(
+        fresh_db: str) -> None:
+    from conveyor import chain, group, step
+    first, last = step("wf.first"), step("wf.last")
+    members = [step("wf.member", {"i": i}) for i in range(8)]
+    with psycopg.connect(fresh_db) as conn:
+        ids = Producer().enqueue_workflow(conn, chain(first, group(*members), last))
+        conn.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = now()"
+                     " WHERE id = %s", (ids[first],))
+        conn.commit()
+    async with _client(_app(fresh_db)) as client:
+        page = (await client.get(f"/events/{ids[last]}")).text
+        plain = (await client.get(f"/events/{_seed(fresh_db)['pending']}")).text
+    drawing = page[page.index('<div class="workflow">'):]
+    levels = drawing.split('<ol class="level"')[1:]
+    assert len(levels) == 3
+    assert f'href="/events/{ids[first]}"' in levels[0] and "state-succeeded" in levels[0]
+    assert "8 &times; wf.member" in levels[1] and "8 waiting" in levels[1]
+    assert f'class="step this"><a href="/events/{ids[last]}"' in levels[2]
+    assert "10 steps" in page
+    assert '<div class="workflow">' not in plain        # an event of no workflow draws none

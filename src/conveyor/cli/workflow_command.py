@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 from conveyor.admin import Admin
+from conveyor.canvas import levels
 from conveyor.cli.context import Context
 from conveyor.cli.options import add_command, option
 from conveyor.cli.output import emit_json, escape, say
@@ -85,19 +86,14 @@ def run_workflow_show(ctx: Context, args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"steps": [s.to_json() for s in steps]})
         return 0
-    level: dict[int, int] = {}
-    known = {s.id for s in steps}
-    for s in steps:   # id order: a step is written after what it waits for
-        level[s.id] = 1 + max((level.get(d, 0) for d in s.depends_on if d in known), default=-1)
     states = Counter(s.state.value if s.state else "pruned" for s in steps)
     say(f"workflow of event {args.id}: {len(steps)} steps ("
         + ", ".join(f"{n} {state}" for state, n in sorted(states.items())) + ")")
-    for depth in sorted(set(level.values())):
+    for depth, on_level in enumerate(levels(steps)):
         say(f"level {depth}:")
         by_topic: dict[str, list[Any]] = {}
-        for s in steps:
-            if level[s.id] == depth:
-                by_topic.setdefault(s.topic or "(pruned)", []).append(s)
+        for s in on_level:
+            by_topic.setdefault(s.topic or "(pruned)", []).append(s)
         for topic, group in by_topic.items():
             if len(group) <= SHOW_EACH:
                 for s in group:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from typing import Any
 from urllib.parse import urlencode
 
@@ -20,6 +21,7 @@ from starlette.responses import RedirectResponse, Response
 
 import conveyor.dashboard.charts as charts
 from conveyor.admin_async import AsyncAdmin
+from conveyor.canvas import levels
 from conveyor.dashboard.config import DashboardConfig
 from conveyor.dashboard.data import TOPICS_SHOWN, Database, outcome_chart, topic_table
 from conveyor.dashboard.guard import Handler
@@ -28,9 +30,14 @@ from conveyor.dashboard.render import Renderer, timeline
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import InvalidInputError
 from conveyor.filters import EventFilter
+from conveyor.records import WorkflowStep
 
 # Topics the "no live worker claims" warning names; it counts the rest.
 UNHANDLED_SHOWN = 20
+# Steps of an event's workflow the event page reads, and a level's steps of
+# one topic it draws one by one (more are summed up by state).
+WORKFLOW_STEPS_READ = 10_001
+WORKFLOW_EACH = 5
 
 
 class Pages:
@@ -82,9 +89,13 @@ class Pages:
         wanted = event_id(request.path_params["event_id"])
         async with self.db.connection() as conn:
             record = await self.admin.show(conn, wanted)
+            steps = await self.admin.workflow(conn, wanted, limit=WORKFLOW_STEPS_READ)
         payload = json.dumps(record.payload, indent=2, ensure_ascii=False, sort_keys=True)
         return await self.render(request, "event.html", event=record, payload=payload,
-                                 payload_bytes=len(payload.encode()), timeline=timeline(record))
+                                 payload_bytes=len(payload.encode()), timeline=timeline(record),
+                                 workflow=workflow_view(steps) if len(steps) > 1 else None,
+                                 workflow_steps=len(steps),
+                                 workflow_cut=len(steps) >= WORKFLOW_STEPS_READ)
 
     def _back(self, request: Request, name: str, query_string: str = "", **params: Any
               ) -> Response:
@@ -146,3 +157,20 @@ class Pages:
             existed = await self.admin.resume(conn, pattern, tenant=tenant)
         return self._back(request, "overview",
                           urlencode({"done": "resumed" if existed else "not_paused"}))
+
+
+def workflow_view(steps: list[WorkflowStep]) -> list[list[dict[str, Any]]]:
+    """The event page's drawing of a workflow: per level, per topic, either the steps
+    (``steps``) or, past ``WORKFLOW_EACH``, their count by state (``counts``)."""
+    drawn: list[list[dict[str, Any]]] = []
+    for on_level in levels(steps):
+        by_topic: dict[str, list[WorkflowStep]] = {}
+        for s in on_level:
+            by_topic.setdefault(s.topic or "(pruned)", []).append(s)
+        drawn.append([
+            {"topic": topic, "steps": group if len(group) <= WORKFLOW_EACH else None,
+             "count": len(group),
+             "counts": sorted(Counter(s.state.value if s.state else "pruned"
+                                      for s in group).items())}
+            for topic, group in by_topic.items()])
+    return drawn
