@@ -469,7 +469,7 @@ def test_an_event_page_draws_its_workflow_with_links_to_each_step(
         page.goto(f"{base_url}/events/{ids[last]}")
         levels = page.locator(".workflow .level")
         expect(levels).to_have_count(3)
-        expect(levels.nth(1)).to_contain_text("40 × report.collect")
+        expect(levels.nth(1)).to_contain_text("40 \u00d7 report.collect")
         screenshot(page, "dashboard-event-workflow")
         levels.nth(0).get_by_role("link", name=str(ids[first])).click()
         page.wait_for_url(re.compile(rf"/events/{ids[first]}$"))
