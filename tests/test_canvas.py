@@ -112,3 +112,13 @@ def test_workflow_show_draws_levels_and_sums_up_large_groups(fresh_db: str, cli:
 def test_workflow_show_of_an_unknown_event_says_so(cli: Run) -> None:
     code, _, err = cli("workflow", "show", "424242")
     assert code == 1 and "event 424242 not found" in err
+
+
+def test_status_counts_waiting_steps_per_topic(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:
+        Producer().enqueue_workflow(conn, chain(step("s.first"), group(step("s.b"), step("s.b"))))
+        conn.commit()
+        status = Admin().status(conn)
+    assert status.counts["waiting"] == 2 and status.counts["pending"] == 1
+    by_topic = {(t.topic, t.state): t.count for t in status.by_topic}
+    assert by_topic[("s.b", "waiting")] == 2
