@@ -274,7 +274,7 @@ def test_quick_observability_measures_metrics_and_tracing_beside_a_plain_worker(
         assert done.returncode == 0, done.stderr
         result = json.loads(done.stdout)
         assert _leftovers(url) == ([], 0)
-    for kind in ("plain", "metrics", "tracing", "tracing_sampled"):
+    for kind in ("plain", "plain_head_sampled", "metrics", "tracing", "tracing_sampled"):
         row = result[f"drain_{kind}"]
         assert _positive(row["per_s"]) and _positive(row["worker_cpu_us_per_event"]), row
         assert len(row["runs_per_s"]) == 1
@@ -283,6 +283,9 @@ def test_quick_observability_measures_metrics_and_tracing_beside_a_plain_worker(
             result[f"drain_{kind}"]["per_s"] / result["drain_plain"]["per_s"], rel=1e-3)
         target = result["targets"][f"drain_{kind}_ratio"]
         assert target["met"] == (target["value"] >= float(target["target"].split()[1]))
+    assert result["drain_tracing_sampled_same_rows_ratio"] == pytest.approx(
+        result["drain_tracing_sampled"]["per_s"] / result["drain_plain_head_sampled"]["per_s"],
+        rel=1e-3)
     for name in ("all", "sampled_1pct"):
         assert _positive(result["sdk_span_us"][name]), result["sdk_span_us"]
         assert _positive(result["tracing_middleware_us"][name]), result["tracing_middleware_us"]

@@ -325,3 +325,63 @@ def test_before_an_sdk_is_set_up_the_middleware_does_nothing_and_follows_it_once
         "print([s.name for s in exporter.get_finished_spans()])\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["False", "True", "['process t.x']"]
+
+
+# ------------------------------------------------------------- head sampling
+
+UNSAMPLED = trace.SpanContext(trace_id=0x5A5A, span_id=0x77, is_remote=False,
+                              trace_flags=trace.TraceFlags(trace.TraceFlags.DEFAULT))
+
+
+def test_enqueue_in_an_unsampled_span_carries_its_context_without_a_span(
+        conn: psycopg.Connection[Any], spans: InMemorySpanExporter) -> None:
+    with trace.use_span(trace.NonRecordingSpan(UNSAMPLED)):
+        Producer().enqueue(conn, "trace.unsampled", {})
+        Producer().enqueue_bulk(conn, [("trace.unsampled", {})] * 100)
+    assert trace_columns(conn, "trace.unsampled") == {
+        (f"00-{0x5A5A:032x}-{0x77:016x}-00", None)}
+    assert spans.get_finished_spans() == ()
+
+
+def _provider(sampler: Any, exporter: InMemorySpanExporter) -> TracerProvider:
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+@pytest.mark.parametrize(("sampler", "recorded"), [
+    ("parent_based", False),     # the head said no: no span, no SDK call
+    ("always_on", True),         # a sampler that ignores the parent decides itself
+])
+def test_an_unsampled_producer_decides_the_process_span_when_the_sampler_follows_it(
+        conn: psycopg.Connection[Any], sampler: str, recorded: bool) -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+    exporter = InMemorySpanExporter()
+    provider = _provider(ParentBased(ALWAYS_ON) if sampler == "parent_based" else ALWAYS_ON,
+                         exporter)
+    with trace.use_span(trace.NonRecordingSpan(UNSAMPLED)):
+        Producer().enqueue(conn, "trace.head", {})
+    seen: list[trace.SpanContext] = []
+    router = Router()
+    router.add("trace.head", lambda event: seen.append(trace.get_current_span().get_span_context()))
+    assert work_event(conn, router, middleware=[TracingMiddleware(provider)]) is not None
+    process = named(exporter, "process")
+    assert len(process) == (1 if recorded else 0)
+    assert seen[0].trace_id == 0x5A5A                 # the handler's calls carry the trace
+    assert seen[0].trace_flags.sampled is recorded
+
+
+def test_only_a_parent_based_sampler_that_drops_unsampled_parents_is_followed() -> None:
+    from opentelemetry.sdk.trace.sampling import (
+        ALWAYS_ON,
+        ParentBased,
+        TraceIdRatioBased,
+    )
+
+    from conveyor.tracing import follows_unsampled_parents
+    assert follows_unsampled_parents(TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01))))
+    assert follows_unsampled_parents(TracerProvider())   # the SDK's default sampler
+    assert not follows_unsampled_parents(TracerProvider(sampler=ALWAYS_ON))
+    assert not follows_unsampled_parents(TracerProvider(
+        sampler=ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON)))
+    assert not follows_unsampled_parents(trace.NoOpTracerProvider())

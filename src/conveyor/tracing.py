@@ -38,8 +38,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a child interpreter
     raise MissingExtraError("conveyor.tracing", "otel", module="opentelemetry") from exc
 
-__all__ = ["SEMCONV_VERSION", "ProducerTracing", "SendSpan", "TracingMiddleware",
-           "context_of"]
+__all__ = ["SEMCONV_VERSION", "CarriedContext", "ProducerTracing", "SendSpan",
+           "TracingMiddleware", "context_of"]
 
 # The messaging semantic conventions these spans follow: "send" (it replaced
 # "publish" in 1.26) and messaging.operation.type/.name.
@@ -140,8 +140,36 @@ class SendSpan:
                 otel_context.detach(self._token)
 
 
+class CarriedContext:
+    """What an enqueue inside a span that is not recorded stores: that span's
+    context, so the head's decision (not sampled) travels with the event and
+    the worker's span follows it (docs/tracing.md). No span of its own: the
+    interface of :class:`SendSpan`, doing nothing but carry ``trace``.
+    """
+
+    __slots__ = ("trace",)
+
+    def __init__(self, context: trace.SpanContext) -> None:
+        state = context.trace_state.to_header() if context.trace_state else None
+        if state is not None and (not state or len(state) > TRACESTATE_MAX):
+            state = None
+        self.trace: TraceContext | None = TraceContext(
+            f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}",
+            state)
+
+    def finish(self, **_: Any) -> None:
+        pass
+
+    def __enter__(self) -> CarriedContext:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+
 class ProducerTracing:
-    """Starts send spans for a producer, and only inside a recording span.
+    """Starts send spans for a producer inside a recording span; inside one that is
+    not recorded (a head sampler said no), carries its context without a span.
 
     Args:
         tracer_provider: where spans go. Defaults to the global provider.
@@ -152,10 +180,13 @@ class ProducerTracing:
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         self._tracer = _tracer(tracer_provider)
 
-    def start(self, topic: str | None) -> SendSpan | None:
-        """A send span for ``topic`` (None: a batch), or None outside a recording span."""
-        if not trace.get_current_span().is_recording():
-            return None
+    def start(self, topic: str | None) -> SendSpan | CarriedContext | None:
+        """A send span for ``topic`` (None: a batch); the current context alone in a
+        span that is not recorded; None outside any span."""
+        current = trace.get_current_span()
+        if not current.is_recording():
+            context = current.get_span_context()
+            return CarriedContext(context) if context.is_valid else None
         attributes: dict[str, str] = {"messaging.system": SYSTEM,
                                       "messaging.operation.type": "send",
                                       "messaging.operation.name": "send"}
@@ -184,6 +215,11 @@ class TracingMiddleware(Middleware):
         # API's proxy (no SDK set up yet). The global can be set once, so once
         # it is not the proxy it never is again.
         self._maybe_noop = tracer_provider is None
+        # Whether the provider's sampler drops every span whose remote parent
+        # was not sampled: then such an event's first attempt needs no span of
+        # its own, only its producer's context made current (see before()).
+        self._parent_decides = (tracer_provider is not None
+                                and follows_unsampled_parents(tracer_provider))
         # The attempt's span and the token that made it current. before() and
         # after() run in the handler's own context, so each attempt sees its own.
         self._attempt: ContextVar[tuple[trace.Span, Token[Any]] | None] = ContextVar(
@@ -191,13 +227,24 @@ class TracingMiddleware(Middleware):
 
     def before(self, event: Event) -> None:
         if self._maybe_noop:
-            if type(trace.get_tracer_provider()) is trace.ProxyTracerProvider:
+            provider = trace.get_tracer_provider()
+            if type(provider) is trace.ProxyTracerProvider:
                 # No SDK set up (yet): every span would be a no-op, and building
                 # its links and attributes would cost CPU on every event for nothing.
                 return
             self._maybe_noop = False
+            self._parent_decides = follows_unsampled_parents(provider)
         producer = context_of(event.traceparent, event.tracestate) \
             if event.traceparent is not None else None
+        if producer is not None and event.attempt == 1 and self._parent_decides \
+                and not producer.trace_flags.sampled:
+            # The head sampler said no and the provider's sampler would follow
+            # it: the SDK's span would record nothing. The producer's context,
+            # current as is, carries the decision to the handler's own calls.
+            unsampled = trace.NonRecordingSpan(producer)
+            token = otel_context.attach(trace.set_span_in_context(unsampled, _ROOT))
+            self._attempt.set((unsampled, token))
+            return
         if producer is None:
             # A root: never whatever span happens to be current in the worker.
             links, parent = None, _ROOT
@@ -243,6 +290,27 @@ class TracingMiddleware(Middleware):
         finally:
             span.end()
             otel_context.detach(token)
+
+
+def follows_unsampled_parents(provider: trace.TracerProvider) -> bool:
+    """Whether ``provider`` is the SDK's and its sampler drops a span whose remote
+    parent was not sampled: ``ParentBased`` with its default for that case.
+
+    Asked of the sampler once, with such a parent; a sampler of another kind,
+    or a ParentBased told to sample those spans, is always asked per span.
+    """
+    try:
+        from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+        from opentelemetry.sdk.trace.sampling import Decision, ParentBased
+    except ImportError:   # the API alone: no sampler to ask
+        return False
+    if not isinstance(provider, SdkTracerProvider) or not isinstance(provider.sampler, ParentBased):
+        return False
+    parent = trace.SpanContext(trace_id=1, span_id=1, is_remote=True,
+                               trace_flags=trace.TraceFlags(trace.TraceFlags.DEFAULT))
+    probe = provider.sampler.should_sample(
+        trace.set_span_in_context(trace.NonRecordingSpan(parent), _ROOT), 1, "probe")
+    return probe.decision is Decision.DROP
 
 
 def _record_error(span: trace.Span, exc: BaseException, description: str) -> None:

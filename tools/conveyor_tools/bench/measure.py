@@ -361,7 +361,7 @@ def _per_event(seconds: float | None, count: int) -> float | None:
 def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, count: int,
                    registry: ProcessRegistry, *, batch_size: int | None = None,
                    concurrency: int | None = None, retention: float | None = None,
-                   **options: Any) -> DrainRun:
+                   head_sampled: float | None = None, **options: Any) -> DrainRun:
     """Start an idle worker, then commit ``count`` events at once; time first claim to last ack.
 
     With ``retention=0`` the worker deletes each event as it acknowledges it,
@@ -383,7 +383,8 @@ def conveyor_drain(admin: psycopg.Connection[Any], url: str, schemas: Schemas, c
     # One commit: its NOTIFY starts the drain. The CPU probe starts just before
     # it, so the worker's idle time (heartbeats) while the fill runs is not counted.
     lsn = scratch.fill_conveyor(url, schema, NOOP_TOPIC, count,
-                                lambda: probes.append(CpuProbe(admin, worker.pid)))
+                                lambda: probes.append(CpuProbe(admin, worker.pid)),
+                                head_sampled=head_sampled)
     filled = time.time()
     probe = probes[0]
     deadline = time.monotonic() + _timeout(count)

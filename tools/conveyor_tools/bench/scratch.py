@@ -129,20 +129,46 @@ def wal_since(conn: psycopg.Connection[Any], lsn: str) -> int:
 
 
 def fill_conveyor(url: str, schema: str, topic: str, count: int,
-                  before_commit: Callable[[], None] | None = None) -> str:
+                  before_commit: Callable[[], None] | None = None, *,
+                  head_sampled: float | None = None) -> str:
     """Enqueue ``count`` no-op events with Conveyor's own batch producer, one commit.
 
     Returns the WAL position read inside the fill's transaction just before
     its commit: the commit is what wakes a worker, so WAL from there on is the
     drain's, apart from the commit record itself (tens of bytes for the
     whole fill). ``before_commit`` runs right after that reading.
+
+    ``head_sampled``: each event is enqueued on its own inside a request span
+    of a ``ParentBased(TraceIdRatioBased(head_sampled))`` SDK provider (set
+    as this process's global one), as a web application traced at the head
+    writes them: that share of the rows carries a sampled context, the rest
+    their request's unsampled one.
     """
     producer = Producer(ProducerConfig(schema=schema))
+    if head_sampled is not None:
+        return _fill_head_sampled(url, producer, topic, count, before_commit, head_sampled)
     with psycopg.connect(url) as conn:
         for start in range(0, count, FILL_BATCH):
             stop = min(count, start + FILL_BATCH)
             producer.enqueue_many(conn, [NewEvent(topic=topic, payload={"i": i})
                                          for i in range(start, stop)])
+        return _commit_at(conn, before_commit)
+
+
+def _fill_head_sampled(url: str, producer: Producer, topic: str, count: int,
+                       before_commit: Callable[[], None] | None, ratio: float) -> str:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        trace.set_tracer_provider(TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio))))
+    tracer = trace.get_tracer("conveyor_tools.bench")
+    with psycopg.connect(url) as conn:
+        for i in range(count):
+            with tracer.start_as_current_span("request"):
+                producer.enqueue(conn, topic, {"i": i})
         return _commit_at(conn, before_commit)
 
 
