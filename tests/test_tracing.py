@@ -331,6 +331,9 @@ def test_before_an_sdk_is_set_up_the_middleware_does_nothing_and_follows_it_once
 
 UNSAMPLED = trace.SpanContext(trace_id=0x5A5A, span_id=0x77, is_remote=False,
                               trace_flags=trace.TraceFlags(trace.TraceFlags.DEFAULT))
+# W3C level 2's "random" flag, which the SDK sets on the ids it makes, and not sampled.
+UNSAMPLED_RANDOM = trace.SpanContext(trace_id=0x5A5A, span_id=0x77, is_remote=False,
+                                     trace_flags=trace.TraceFlags(0x02))
 
 
 def test_enqueue_in_an_unsampled_span_carries_its_context_without_a_span(
@@ -349,17 +352,27 @@ def _provider(sampler: Any, exporter: InMemorySpanExporter) -> TracerProvider:
     return provider
 
 
+@pytest.mark.parametrize("head", [UNSAMPLED, UNSAMPLED_RANDOM], ids=["flags-00", "flags-02"])
 @pytest.mark.parametrize(("sampler", "recorded"), [
     ("parent_based", False),     # the head said no: no span, no SDK call
     ("always_on", True),         # a sampler that ignores the parent decides itself
 ])
 def test_an_unsampled_producer_decides_the_process_span_when_the_sampler_follows_it(
-        conn: psycopg.Connection[Any], sampler: str, recorded: bool) -> None:
+        conn: psycopg.Connection[Any], sampler: str, recorded: bool,
+        head: trace.SpanContext) -> None:
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+    asked: list[str] = []
+
+    class Counting(ParentBased):
+        def should_sample(self, *args: Any, **kwargs: Any) -> Any:
+            asked.append("asked")
+            return super().should_sample(*args, **kwargs)
+
     exporter = InMemorySpanExporter()
-    provider = _provider(ParentBased(ALWAYS_ON) if sampler == "parent_based" else ALWAYS_ON,
+    provider = _provider(Counting(ALWAYS_ON) if sampler == "parent_based" else ALWAYS_ON,
                          exporter)
-    with trace.use_span(trace.NonRecordingSpan(UNSAMPLED)):
+    with trace.use_span(trace.NonRecordingSpan(head)):
         Producer().enqueue(conn, "trace.head", {})
     seen: list[trace.SpanContext] = []
     router = Router()
@@ -369,6 +382,8 @@ def test_an_unsampled_producer_decides_the_process_span_when_the_sampler_follows
     assert len(process) == (1 if recorded else 0)
     assert seen[0].trace_id == 0x5A5A                 # the handler's calls carry the trace
     assert seen[0].trace_flags.sampled is recorded
+    if sampler == "parent_based":
+        assert asked == ["asked"]         # once, when the middleware was built: no span asked
 
 
 def test_only_a_parent_based_sampler_that_drops_unsampled_parents_is_followed() -> None:

@@ -52,8 +52,10 @@ SYSTEM = "conveyor"
 _W3C = TraceContextTextMapPropagator()
 # The fields of a version-00 traceparent, for context_of's fast path.
 _HEX = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-# A traceparent whose flags say "not sampled" (version 00, no other flag set).
-_NOT_SAMPLED = "-00"
+# The last hex digit of a traceparent whose flags say "not sampled": the
+# sampled flag is the lowest bit (others, such as W3C level 2's "random",
+# 0x02, which the SDK sets, may be on).
+_NOT_SAMPLED = frozenset("02468ace")
 # Every process span's fixed attributes, and the empty context a root span starts from.
 _PROCESS_ATTRIBUTES: dict[str, str] = {"messaging.system": SYSTEM,
                                        "messaging.operation.type": "process",
@@ -237,7 +239,7 @@ class TracingMiddleware(Middleware):
             self._maybe_noop = False
             self._parent_decides = follows_unsampled_parents(provider)
         carried = event.traceparent
-        if carried is not None and carried.endswith(_NOT_SAMPLED) and event.attempt == 1 \
+        if carried is not None and carried[-1:] in _NOT_SAMPLED and event.attempt == 1 \
                 and self._parent_decides:
             # The head sampler said no and the provider's sampler would follow
             # it: the SDK's span would record nothing. The producer's context,
