@@ -23,8 +23,9 @@ def holder_of(event: Event) -> Holder:
 
 
 def complete_params(q: Queries, holder: Holder, event: Event, result: Any) -> dict[str, Any]:
+    limit = holder.result_limit(event.topic) or RESULT_LIMIT_DEFAULT
     text = None if result is None else encode_payload(
-        result, max_bytes=RESULT_LIMIT_DEFAULT, max_depth=RESULT_MAX_DEPTH)
+        result, max_bytes=limit, max_depth=RESULT_MAX_DEPTH)
     return {"id": event.id, "attempt": event.attempt, "owner": holder.owner, "result": text,
             "results_channel": q.results_channel}
 

@@ -249,6 +249,11 @@ class Router:
                 raise ConfigError(f"cron schedule {schedule.name!r} is already declared")
             self._schedules.append(schedule)
 
+    def result_limit(self, topic: str) -> int | None:
+        """The stored-result limit of ``topic``'s route; None when no route takes it."""
+        route = self.resolve(topic)
+        return None if route is None else route.result_limit
+
     def resolve(self, topic: str) -> Route | None:
         """The first route matching ``topic``, or ``None``."""
         try:

@@ -146,3 +146,31 @@ def test_complete_refuses_an_event_no_worker_handed_over(business: str) -> None:
         event = Event(id=7, topic="order.ship", payload_text="{}")
         with pytest.raises(InvalidStateError, match="event 7 was not handed to this handler"):
             conveyor.complete(conn, event)
+
+
+@pytest.mark.parametrize(("limit", "refused"), [(200 * 1024, False), (1024, True)])
+def test_complete_keeps_a_result_within_the_routes_own_limit(
+        business: str, limit: int, refused: bool) -> None:
+    # 100 KiB: over the 64 KiB default, within a route's 200 KiB, over a route's 1 KiB.
+    router = Router()
+    big = {"text": "x" * (100 * 1024)}
+    outcomes: list[str] = []
+
+    def ship(event: Event) -> None:
+        try:
+            conveyor.complete(conn, event, big)
+            outcomes.append("kept")
+        except conveyor.PayloadTooLargeError as exc:
+            outcomes.append(str(exc))
+            raise
+
+    router.add("order.ship", ship, blocking=True, result_limit=limit)
+    with psycopg.connect(business, autocommit=True) as conn:
+        Producer().enqueue(conn, "order.ship")
+        worked = work_event(conn, router)
+    assert worked is not None
+    if refused:
+        assert worked.record.state.value != "succeeded" and "1024" in outcomes[0]
+    else:
+        assert outcomes == ["kept"] and worked.record.state.value == "succeeded"
+        assert len(worked.record.result["text"]) == 100 * 1024

@@ -67,7 +67,7 @@ def _prepare(router: Router, owner: str, row: Any, timeout: float | None, schema
     if route is None:  # the claim filter makes this unreachable
         raise AssertionError(f"router claimed topic {event.topic!r} it cannot route")
     return _Claim(owner, route, event, timeout or route.timeout or HANDLER_TIMEOUT_DEFAULT,
-                  Holder(owner, schema))
+                  Holder(owner, schema, result_limit=router.result_limit))
 
 
 async def _run_async(claim: _Claim, router: Router, backoff: RetryPolicy | None,

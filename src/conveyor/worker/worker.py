@@ -124,7 +124,7 @@ class Worker:
         self.listens = c.listen and not (c.transaction_pooler is True
                                          and self.connections.listen_target == conninfo)
         # What a handler finishing its own event (conveyor.complete) fences on.
-        self.holder = Holder(self.id, c.schema)
+        self.holder = Holder(self.id, c.schema, result_limit=router.result_limit)
         self.running = RunningSet(c.concurrency, self.holder)
         self.flow = FlowControl(self._q, router)
         self.accounting = OutcomeAccounting(
