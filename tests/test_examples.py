@@ -106,3 +106,16 @@ def test_relay_example_publishes_orders_and_the_ordered_ledger(fresh_db: str) ->
     assert sorted(orders) == [f'{{"order": {n}}}' for n in range(3)]
     # The ordered stream: in the order the transactions committed them.
     assert ledger == [f'{{"cents": {100 * (n + 1)}, "entry": {n}}}' for n in range(3)]
+
+
+def test_workflow_example_runs_the_chord_and_reports_the_counts(fresh_db: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "workflow.py"), fresh_db],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "report: {'order': 1, 'in_stock': 49}" in result.stdout
+    with psycopg.connect(fresh_db) as conn:
+        states = conn.execute(
+            "SELECT topic, state FROM conveyor.events ORDER BY id").fetchall()
+    assert states == [("stock.reserve", "succeeded")] + [("stock.count", "succeeded")] * 3 \
+        + [("stock.report", "succeeded")]
