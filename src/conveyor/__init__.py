@@ -1,6 +1,7 @@
 """Conveyor: the transactional outbox and job queue for Python on PostgreSQL."""
 
 from conveyor.admin import Admin, AsyncAdmin
+from conveyor.admin_controls_core import AuditEntry, LimitInfo
 from conveyor.completion import complete
 from conveyor.completion_async import complete_async
 from conveyor.config import ProducerConfig, WorkerConfig
@@ -24,6 +25,7 @@ from conveyor.errors import (
     PayloadTooLargeError,
     PublishRejectedError,
     RelayError,
+    ScheduleNotFoundError,
     WaitTimeoutError,
     WorkbookError,
 )
@@ -64,6 +66,7 @@ __all__ = [
     "AsyncMigrator",
     "AsyncProducer",
     "AttemptError",
+    "AuditEntry",
     "BackoffPolicy",
     "BrokerUnavailableError",
     "Cancel",
@@ -90,6 +93,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidStateError",
     "LeaseLostError",
+    "LimitInfo",
     "LinearBackoff",
     "Middleware",
     "Migration",
@@ -111,6 +115,7 @@ __all__ = [
     "RouteOptions",
     "Router",
     "ScheduleInfo",
+    "ScheduleNotFoundError",
     "Snooze",
     "TopicCount",
     "WaitTimeoutError",

@@ -13,7 +13,10 @@ channel, so nothing in a payload may do more than wake a reader early.
 - ``!pause`` (:data:`PAUSE_NOTIFICATION`): the pauses table changed;
 - ``!leases`` (:data:`LEASES_NOTIFICATION`): a running event was cancelled:
   its worker checks its leases now rather than at its next heartbeat, and
-  stops the handlers of the events it no longer holds. Topics cannot
+  stops the handlers of the events it no longer holds;
+- ``!control`` (:data:`CONTROL_NOTIFICATION`): an operator changed a flow
+  limit or a cron schedule: the workers read the flow limits at their next
+  claim, and their schedulers look at their schedules again. Topics cannot
   contain ``!`` or ``*``, so none of these names a topic.
 
 The insert statements (``events.sql``, ``tracing.sql``) build the first two
@@ -31,12 +34,13 @@ payload stays far below PostgreSQL's 8000-byte limit.
 
 from __future__ import annotations
 
-__all__ = ["DUE_SEPARATOR", "LEASES_NOTIFICATION", "PAUSE_NOTIFICATION", "WAKE_ALL",
-           "events_channel", "parse_wake", "result_payload", "results_channel", "wake_payload"]
+__all__ = ["CONTROL_NOTIFICATION", "DUE_SEPARATOR", "LEASES_NOTIFICATION", "PAUSE_NOTIFICATION",
+           "WAKE_ALL", "events_channel", "parse_wake", "result_payload", "results_channel", "wake_payload"]
 
 WAKE_ALL = "*"
 PAUSE_NOTIFICATION = "!pause"
 LEASES_NOTIFICATION = "!leases"
+CONTROL_NOTIFICATION = "!control"
 DUE_SEPARATOR = "|"
 
 

@@ -20,7 +20,13 @@ import math
 import time
 from collections.abc import Callable
 
-from conveyor.notify import LEASES_NOTIFICATION, PAUSE_NOTIFICATION, WAKE_ALL, parse_wake
+from conveyor.notify import (
+    CONTROL_NOTIFICATION,
+    LEASES_NOTIFICATION,
+    PAUSE_NOTIFICATION,
+    WAKE_ALL,
+    parse_wake,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +64,19 @@ class DueTimes:
             (such a notification is then ignored).
         on_leases: called on a ``!leases`` notification (a running event was
             cancelled). Defaults to None (ignored).
+        on_control: called on a ``!control`` notification (an operator changed
+            a flow limit or a cron schedule). Defaults to None (ignored).
     """
 
     def __init__(self, wake: Callable[[], None], handles: Callable[[str], bool],
                  clock_offset: Callable[[], float],
                  on_pause: Callable[[], None] | None = None,
-                 on_leases: Callable[[], None] | None = None) -> None:
+                 on_leases: Callable[[], None] | None = None,
+                 on_control: Callable[[], None] | None = None) -> None:
         self._wake = wake
         self._on_pause = on_pause
         self._on_leases = on_leases
+        self._on_control = on_control
         self._handles = handles
         self._clock_offset = clock_offset
         self.heap: list[float] = []
@@ -83,6 +93,10 @@ class DueTimes:
         if payload == LEASES_NOTIFICATION:
             if self._on_leases is not None:
                 self._on_leases()
+            return
+        if payload == CONTROL_NOTIFICATION:
+            if self._on_control is not None:
+                self._on_control()
             return
         topic, due = parse_wake(payload)
         if topic != WAKE_ALL and not self._handles(topic):

@@ -153,7 +153,8 @@ class Worker:
         self.due_times = DueTimes(self.wake, router.handles,
                                   lambda: self.maintenance.wake_offset,
                                   on_pause=self._pauses_changed,
-                                  on_leases=self.maintenance.check_leases_soon)
+                                  on_leases=self.maintenance.check_leases_soon,
+                                  on_control=self._controls_changed)
         self.listener = Listener(self.connections.listen, self._q.channel,
                                  on_notify=self.due_times.notified, on_connected=self.wake,
                                  ping_interval=c.listener_ping_interval,
@@ -210,6 +211,13 @@ class Worker:
     def _pauses_changed(self) -> None:
         self.pauses.notified()
         self.lanes.bring_back_soon()   # a resume: the aside events come back
+
+    def _controls_changed(self) -> None:
+        # An operator changed a flow limit or a schedule (Admin.set_limit, ...).
+        if self.flow.expire():
+            self.wake()
+        if self.scheduler is not None:
+            self.scheduler.poke()
 
     def request_stop(self) -> None:
         """Begin a graceful stop: claim nothing more, let running handlers finish."""
