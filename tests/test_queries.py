@@ -1071,6 +1071,25 @@ def test_event_counts_add_up_series_by_bucket_and_prune(db: Conn) -> None:
     assert db.execute("SELECT DISTINCT topic FROM conveyor.event_counts").fetchall() == [("a.x",)]
 
 
+@exercises("event_counts_topic_series", "event_counts_topics")
+def test_event_counts_of_one_pattern_and_per_topic(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.event_counts")
+    now = db.execute("SELECT floor(extract(epoch FROM now()) / 60) * 60").fetchone()[0]
+    db.execute(Q["event_counts_add"], {
+        "minutes": [float(now) - 60] * 3 + [float(now) - 2 * 86_400],
+        "topics": ["a.x", "a.y", "ab", "a.x"], "succeeded": [5, 7, 1, 100],
+        "retried": [1, 0, 0, 0], "failed": [2, 0, 3, 0], "cancelled": [0, 0, 0, 0]})
+    series = Q["event_counts_topic_series"]
+    assert db.execute(series, {"span": 3600, "step": 60, "pattern": "a.*"}).fetchall() == [
+        (int(now) - 60, 12, 1, 2, 0)]                 # a.x and a.y, not ab
+    assert db.execute(series, {"span": 3600, "step": 60, "pattern": "ab"}).fetchall() == [
+        (int(now) - 60, 1, 0, 3, 0)]
+    topics = db.execute(Q["event_counts_topics"], {"span": 86_400, "limit": 10}).fetchall()
+    assert topics == [("a.x", 5, 2), ("a.y", 7, 0), ("ab", 1, 3)]   # the busiest first
+    assert db.execute(Q["event_counts_topics"], {"span": 86_400, "limit": 1}).fetchall() == [
+        ("a.x", 5, 2)]
+
+
 # ------------------------------------------------------------ results (0010)
 
 @exercises("event_result")
