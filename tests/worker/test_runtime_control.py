@@ -12,9 +12,11 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from conveyor import AsyncAdmin, Event, NewEvent, Router, Worker
-from conveyor.worker.flow import FLOW_REFRESH
+from conveyor.notify import CONTROL_NOTIFICATION
+from conveyor.worker.flow import CONTROL_REREAD_MIN, FLOW_REFRESH
 from waiting import wait_until
 from worker_support import enqueue_many, fast_config, query, running
 
@@ -175,3 +177,46 @@ async def test_a_scheduler_follows_a_changed_disabled_and_enabled_schedule(db: s
                          what="the override firing after a restart")
     [info] = await _admin(db, "schedules")
     assert (info.expression, info.expression_override) == ("0 0 1 1 *", "* * * * * *")
+
+
+async def test_a_flood_of_control_notifications_is_coalesced(db: str) -> None:
+    # Any role may NOTIFY: a "!control" must not cost a claim and a read of the
+    # limits each (the adversary of docs/reliability.md's N11, with another word).
+    router = Router()
+    router.add("a.*", lambda event: None)
+    worker = Worker(db, router, fast_config(poll_interval=30.0))
+    claims = 0
+    claim = worker.claims.claim
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal claims
+        claims += 1
+        return await claim(*args, **kwargs)
+
+    worker.claims.claim = counting  # type: ignore[method-assign]
+    flood = 5_000
+    async with running(worker):
+        async def settled() -> bool:
+            return worker.pauses.in_force is not None and not worker.claims.woken.is_set()
+        await wait_until(settled, timeout=30, what="the worker settled")
+        heard_before, claims_before = worker.listener.notifications, claims
+        started = time.monotonic()
+
+        def send() -> None:
+            with psycopg.connect(db, autocommit=True) as conn:
+                conn.execute("SET synchronous_commit = off")
+                conn.execute(sql.SQL(
+                    "DO $$ BEGIN FOR i IN 1..{} LOOP PERFORM pg_notify({}, {}); "
+                    "COMMIT; END LOOP; END $$").format(flood, worker._q.channel,
+                                                      CONTROL_NOTIFICATION))
+        await asyncio.to_thread(send)
+
+        async def all_heard() -> bool:
+            return worker.listener.notifications - heard_before >= flood
+        await wait_until(all_heard, timeout=30, what="the flood heard")
+        elapsed = time.monotonic() - started
+        made = claims - claims_before
+    # At most one wake per CONTROL_REREAD_MIN after a read, and a few more around
+    # the pause checks' own wakes.
+    assert made <= elapsed / CONTROL_REREAD_MIN + elapsed / 0.5 + 3, (made, elapsed)
+    assert made < flood / 10, (made, elapsed)
