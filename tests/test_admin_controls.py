@@ -315,3 +315,26 @@ async def test_the_async_admin_sets_clears_and_reads_the_log(
     assert await admin.clear_limit(aconn, pattern, actor="async") is True
     assert [e.kind for e in await admin.audit_log(aconn, target=pattern)] == [
         "limit.clear", "limit.set"]
+
+
+def test_the_decoders_read_the_columns_their_queries_return(db: psycopg.Connection[Any]) -> None:
+    from conveyor.admin_controls_core import AUDIT_COLUMNS, LIMIT_COLUMNS
+    from conveyor.db.rows import SCHEDULE_COLUMNS
+    for query, params, columns in [
+            ("flow_limit_list", {"pattern": None}, LIMIT_COLUMNS),
+            ("control_audit_list", {"target": None, "kind": None, "limit": 1, "before": None},
+             AUDIT_COLUMNS),
+            ("cron_list", None, SCHEDULE_COLUMNS)]:
+        cur = db.execute(Q[query], params)
+        assert cur.description is not None
+        assert tuple(c.name for c in cur.description) == columns, query
+
+
+def test_enabling_an_enabled_schedule_or_clearing_no_override_keeps_its_cursor(
+        db: psycopg.Connection[Any]) -> None:
+    _declare_schedule(db)
+    row = db.execute("UPDATE conveyor.cron_schedules SET fired_through = now() - interval "
+                     "'10 minutes' RETURNING fired_through").fetchone()
+    assert row is not None
+    assert Admin().enable_schedule(db, "nightly").fired_through == row[0]
+    assert Admin().clear_schedule(db, "nightly").fired_through == row[0]

@@ -163,8 +163,9 @@ class AdminControls:
         who = _who(reason, actor)
         row = self._schedule_row(conn, name)
         following = next_slot(row[1], row[2], row[5]) if row[4] else None
+        # Back on the declared expression from now; without an override nothing moves.
         return self._control_schedule(conn, row, "schedule.clear", expression=None,
-                                            enabled=row[4], restart=True,
+                                            enabled=row[4], restart=row[3] is not None,
                                             next_fire_at=following, **who)
 
     def disable_schedule(self, conn: psycopg.Connection[Any], name: str, *,
@@ -189,8 +190,9 @@ class AdminControls:
         who = _who(reason, actor)
         row = self._schedule_row(conn, name)
         following = next_slot(row[3] or row[1], row[2], row[5])
+        # From now when it was disabled; an enabled one keeps its cursor.
         return self._control_schedule(conn, row, "schedule.enable", expression=row[3],
-                                            enabled=True, restart=True,
+                                            enabled=True, restart=not row[4],
                                             next_fire_at=following, **who)
 
     def set_limit(self, conn: psycopg.Connection[Any], pattern: str, *,
