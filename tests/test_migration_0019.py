@@ -17,7 +17,7 @@ import pytest
 from conveyor import NewEvent, Producer
 from conveyor.db.named_queries import queries_for
 from conveyor.patterns import sql_params
-from conveyor.schema.migrator import Migrator
+from conveyor.schema.migrator import Migrator, latest_version
 from migration_support import migrate_to
 from wal_support import OwnWal
 
@@ -79,7 +79,7 @@ def test_a_routes_trigger_gives_its_topics_their_xid_and_keeps_older_events_firs
         before_0016 = [add("orders.a"), add("orders.b")]
         migrate_to(empty_db, 18, monkeypatch)
         in_0016 = add("orders.a")
-        assert [m.version for m in Migrator().apply(conn)] == [19, 20, 21]
+        assert [m.version for m in Migrator().apply(conn)] == list(range(19, latest_version() + 1))
         since_0019 = [add("orders.a"), add("audit.x")]
         xid = conn.execute("SELECT xid FROM conveyor.events WHERE id = %s",
                            (since_0019[0],)).fetchone()

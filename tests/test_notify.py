@@ -28,7 +28,8 @@ def test_a_wake_up_reads_back_as_its_topic_and_due_time(due: float | str | None)
 
 
 @pytest.mark.parametrize("word", [notify.PAUSE_NOTIFICATION, notify.LEASES_NOTIFICATION,
-                                  notify.DEPENDENCIES_NOTIFICATION, notify.WAKE_ALL])
+                                  notify.DEPENDENCIES_NOTIFICATION, notify.CONTROL_NOTIFICATION,
+                                  notify.WAKE_ALL])
 def test_the_control_payloads_name_no_topic(word: str) -> None:
     with pytest.raises(InvalidInputError):
         check_topic(word)
@@ -48,7 +49,7 @@ def test_every_signal_is_one_the_worker_answers() -> None:
     router.route("mail.send")(lambda event: None)
     worker = Worker("postgresql://nobody@127.0.0.1:1/none", router)
     sent = {notify.PAUSE_NOTIFICATION, notify.LEASES_NOTIFICATION,
-            notify.DEPENDENCIES_NOTIFICATION}
+            notify.CONTROL_NOTIFICATION, notify.DEPENDENCIES_NOTIFICATION}
     assert set(worker.due_times._signals) == sent
     assert all(s.startswith(notify.SIGNAL_PREFIX) for s in sent)
 
@@ -57,6 +58,21 @@ def test_writing_dependent_events_sends_the_dependencies_notification() -> None:
     q = queries_for("conveyor")
     assert f"pg_notify('conveyor.events', '{notify.DEPENDENCIES_NOTIFICATION}')" \
         in q["step_edges_add"]
+
+
+def test_the_admin_sends_the_control_notification_the_worker_hears(fresh_db: str) -> None:
+    from conveyor import Admin
+    with psycopg.connect(fresh_db, autocommit=True) as listener, \
+            psycopg.connect(fresh_db) as conn:
+        listener.execute(sql.SQL("LISTEN {}").format(
+            sql.Identifier(notify.events_channel("conveyor"))))
+        Admin().set_limit(conn, "mail.*", max_running=2)
+        conn.rollback()                                       # nothing changed: nothing sent
+        Admin().clear_limit(conn, "mail.*")                   # nothing to clear: nothing sent
+        Admin().set_limit(conn, "mail.*", max_running=3)
+        conn.commit()
+        payloads = [n.payload for n in listener.notifies(timeout=20, stop_after=1)]
+    assert payloads == [notify.CONTROL_NOTIFICATION]
 
 
 def test_both_cancel_statements_send_the_leases_notification_the_worker_hears() -> None:
@@ -90,15 +106,17 @@ async def test_the_worker_reads_every_payload_form_notify_writes() -> None:
     from conveyor.worker.wakeups import DueTimes
     heard: list[str] = []
     due = DueTimes(lambda: heard.append("wake"), lambda topic: topic == "mail.send",
-                   lambda: 0.0, {notify.PAUSE_NOTIFICATION: lambda: heard.append("pause")})
+                   lambda: 0.0, {notify.PAUSE_NOTIFICATION: lambda: heard.append("pause"),
+                                 notify.CONTROL_NOTIFICATION: lambda: heard.append("control")})
     due.notified(notify.wake_payload("mail.send"))
     due.notified(notify.wake_payload("other.topic"))          # not this worker's
     due.notified(notify.WAKE_ALL)
     due.notified(notify.PAUSE_NOTIFICATION)
+    due.notified(notify.CONTROL_NOTIFICATION)
     later = round(time.time() + 3600, 3)
     due.notified(notify.wake_payload("mail.send", later))
     try:
-        assert heard == ["wake", "wake", "pause"]
+        assert heard == ["wake", "wake", "pause", "control"]
         assert due.heap == [later]
     finally:
         due.cancel()

@@ -918,7 +918,7 @@ def _claim_unpaused(conn: Conn, owner: str, **filter_: Any) -> list[tuple[Any, .
 
 def _pause(conn: Conn, pattern: str, tenant: str | None = None) -> tuple[Any, ...]:
     row = conn.execute(Q["pause_upsert"], {"pattern": pattern, "tenant": tenant,
-                                           "reason": None}).fetchone()
+                                           "reason": None, "actor": "test"}).fetchone()
     assert row is not None
     return tuple(row)
 
@@ -962,8 +962,12 @@ def test_pause_delete_and_list(db: Conn) -> None:
     _pause(db, "email.*")
     assert [r[:2] for r in db.execute(Q["pause_list"])] == [("email.*", None),
                                                           ("email.*", "acme")]
-    deleted = db.execute(Q["pause_delete"], {"pattern": "email.*", "tenant": None}).fetchall()
+    deleted = db.execute(Q["pause_delete"], {"pattern": "email.*", "tenant": None,
+                                             "reason": "done", "actor": None}).fetchall()
     assert deleted == [("email.*",)]
+    audit = db.execute("SELECT actor = session_user::text, kind, old ->> 'tenant', new "
+                       "FROM conveyor.control_audit ORDER BY id DESC LIMIT 1").fetchone()
+    assert audit == (True, "pause.resume", None, None)
     assert [r[:2] for r in db.execute(Q["pause_list"])] == [("email.*", "acme")]
 
 
@@ -1067,6 +1071,25 @@ def test_event_counts_add_up_series_by_bucket_and_prune(db: Conn) -> None:
     assert db.execute("SELECT DISTINCT topic FROM conveyor.event_counts").fetchall() == [("a.x",)]
 
 
+@exercises("event_counts_topic_series", "event_counts_topics")
+def test_event_counts_of_one_pattern_and_per_topic(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.event_counts")
+    now = db.execute("SELECT floor(extract(epoch FROM now()) / 60) * 60").fetchone()[0]
+    db.execute(Q["event_counts_add"], {
+        "minutes": [float(now) - 60] * 3 + [float(now) - 2 * 86_400],
+        "topics": ["a.x", "a.y", "ab", "a.x"], "succeeded": [5, 7, 1, 100],
+        "retried": [1, 0, 0, 0], "failed": [2, 0, 3, 0], "cancelled": [0, 0, 0, 0]})
+    series = Q["event_counts_topic_series"]
+    assert db.execute(series, {"span": 3600, "step": 60, "pattern": "a.*"}).fetchall() == [
+        (int(now) - 60, 12, 1, 2, 0)]                 # a.x and a.y, not ab
+    assert db.execute(series, {"span": 3600, "step": 60, "pattern": "ab"}).fetchall() == [
+        (int(now) - 60, 1, 0, 3, 0)]
+    topics = db.execute(Q["event_counts_topics"], {"span": 86_400, "limit": 10}).fetchall()
+    assert topics == [("a.x", 5, 2), ("a.y", 7, 0), ("ab", 1, 3)]   # the busiest first
+    assert db.execute(Q["event_counts_topics"], {"span": 86_400, "limit": 1}).fetchall() == [
+        ("a.x", 5, 2)]
+
+
 # ------------------------------------------------------------ results (0010)
 
 @exercises("event_result")
@@ -1134,13 +1157,16 @@ def test_declare_starts_a_schedule_now_and_updates_only_a_changed_definition(db:
     assert db.execute("SELECT expression FROM conveyor.cron_schedules").fetchone() == ("*/5 * * * *",)
     now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     locked = db.execute(Q["cron_lock"], {"name": "r", "now": now}).fetchone()
-    assert locked == (first[0], now)
+    assert locked == (first[0], now, None, True)
     assert db.execute(Q["cron_lock"], {"name": "nope", "now": None}).fetchone() is None
     listed = db.execute(Q["cron_list"]).fetchall()
     assert [(r[0], r[1], r[3]) for r in listed] == [("r", "*/5 * * * *", "report.build")]
-    assert listed[0][-1] == 0.0                       # never fired: nothing overdue yet
-    assert db.execute(Q["cron_remove"], {"name": "r"}).fetchone() == ("r",)
-    assert db.execute(Q["cron_remove"], {"name": "r"}).fetchone() is None
+    assert listed[0][-3:] == (0.0, None, True)      # never fired: nothing overdue yet
+    removal = {"name": "r", "reason": None, "actor": "ops"}
+    assert db.execute(Q["cron_remove"], removal).fetchone() == ("r",)
+    assert db.execute(Q["cron_remove"], removal).fetchone() is None
+    assert db.execute("SELECT kind, target, old ->> 'expression' FROM conveyor.control_audit "
+                      "WHERE actor = 'ops'").fetchall() == [("schedule.remove", "r", "*/5 * * * *")]
 
 
 @exercises("cron_fire", "cron_advance")
@@ -1214,6 +1240,72 @@ def test_flow_limits_are_declared_locked_counted_and_refilled(db: Conn) -> None:
     assert db.execute("SELECT tokens FROM conveyor.flow_limits WHERE pattern = 'sms.send'"
                       ).fetchone() == (3.5,)
     assert db.execute(Q["flow_remove"], {"pattern": "sms.send"}).fetchone() == ("sms.send",)
+
+
+def _override(db: Conn, pattern: str, **values: Any) -> None:
+    db.execute(Q["flow_override_set"], {"pattern": pattern, "max_running": None, "rate": None,
+                                        "burst": None, "reason": "why", "actor": "ops", **values})
+
+
+@exercises("flow_override_set", "flow_override_clear", "flow_limit_list")
+def test_an_override_wins_over_the_declared_limit_until_cleared(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.flow_limits")
+    declare = {"patterns": ["mail.*"], "max_runnings": [2], "rates": [None], "bursts": [None],
+               "fair_bys": [None], "fifo_bys": [None]}
+    db.execute(Q["flow_declare"], declare)
+    _override(db, "mail.*", max_running=5, rate=4.0, burst=4.0)
+    db.execute(Q["flow_declare"], {**declare, "max_runnings": [3]})   # a worker re-declares
+    assert db.execute(Q["flow_list"]).fetchall() == [("mail.*", 5, 4.0, None, None)]
+    assert db.execute(Q["flow_lock"], {"pattern": "mail.*"}).fetchone()[:3] == (5, 4.0, 4.0)
+    _override(db, "mail.*", max_running=7)             # the rate's override stays
+    _override(db, "new.topic", rate=1.0, burst=1.0)    # no route declares it
+    rows = db.execute(Q["flow_limit_list"], {"pattern": None}).fetchall()
+    assert [r[:9] for r in rows] == [("mail.*", 3, None, None, None, None, 7, 4.0, 4.0),
+                                     ("new.topic", None, None, None, None, None, None, 1.0, 1.0)]
+    assert [r[9] for r in rows] == [0, 0]              # running
+    clear = {"reason": None, "actor": "ops"}
+    assert db.execute(Q["flow_override_clear"], {"pattern": "mail.*", **clear}).fetchall() == [
+        ("mail.*",)]
+    assert db.execute(Q["flow_override_clear"], {"pattern": "mail.*", **clear}).fetchall() == []
+    assert db.execute(Q["flow_override_clear"], {"pattern": "new.topic", **clear}).fetchall() == [
+        ("new.topic",)]
+    assert db.execute(Q["flow_list"]).fetchall() == [("mail.*", 3, None, None, None)]
+    audit = db.execute("SELECT kind, target, old, new FROM conveyor.control_audit "
+                       "WHERE actor = 'ops' ORDER BY id").fetchall()
+    none = {"max_running": None, "rate": None, "burst": None}
+    assert audit == [
+        ("limit.set", "mail.*", none, {"max_running": 5, "rate": 4.0, "burst": 4.0}),
+        ("limit.set", "mail.*", {"max_running": 5, "rate": 4.0, "burst": 4.0},
+         {"max_running": 7, "rate": 4.0, "burst": 4.0}),
+        ("limit.set", "new.topic", None, {**none, "rate": 1.0, "burst": 1.0}),
+        ("limit.clear", "mail.*", {"max_running": 7, "rate": 4.0, "burst": 4.0}, None),
+        ("limit.clear", "new.topic", {**none, "rate": 1.0, "burst": 1.0}, None)]
+
+
+@exercises("cron_control_get", "cron_control", "control_audit_list")
+def test_a_schedule_override_outlives_a_declaration_and_is_audited(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.cron_schedules")
+    _declare(db)
+    row = db.execute(Q["cron_control_get"], {"name": "r"}).fetchone()
+    assert row is not None and row[:5] == ("r", "* * * * *", "UTC", None, True)
+    assert db.execute(Q["cron_control_get"], {"name": "nope"}).fetchone() is None
+    change = {"name": "r", "expression_override": "*/5 * * * *", "enabled": False,
+              "restart": True, "next_fire_at": None, "kind": "schedule.set", "reason": "why",
+              "actor": "ops"}
+    assert db.execute(Q["cron_control"], change).fetchall() == [("r",)]
+    _declare(db, expression="*/10 * * * *")          # a worker re-declares: the override stays
+    assert db.execute(Q["cron_lock"], {"name": "r", "now": None}).fetchone()[2:] == (
+        "*/5 * * * *", False)
+    listed = db.execute(Q["control_audit_list"], {"target": "r", "kind": "schedule",
+                                                  "limit": 10, "before": None}).fetchall()
+    assert [(r[2], r[3], r[4], r[5], r[6], r[7]) for r in listed] == [
+        ("ops", "schedule.set", "r", "why",
+         {"expression": "* * * * *", "override": None, "enabled": True},
+         {"expression": "*/5 * * * *", "override": "*/5 * * * *", "enabled": False})]
+    assert db.execute(Q["control_audit_list"], {"target": "r", "kind": "limit", "limit": 10,
+                                                "before": None}).fetchall() == []
+    assert db.execute(Q["control_audit_list"], {"target": None, "kind": None, "limit": 10,
+                                                "before": listed[0][0]}).fetchall() == []
 
 
 @exercises("flow_claim", "flow_claim_fair", "event_claim_flow", "event_claim_flow_unpaused")

@@ -1,6 +1,7 @@
 """Conveyor: the transactional outbox and job queue for Python on PostgreSQL."""
 
 from conveyor.admin import Admin, AsyncAdmin
+from conveyor.admin_controls_core import AuditEntry, LimitInfo
 from conveyor.canvas import Step, WorkflowIds, chain, group, step
 from conveyor.completion import complete
 from conveyor.completion_async import complete_async
@@ -25,6 +26,7 @@ from conveyor.errors import (
     PayloadTooLargeError,
     PublishRejectedError,
     RelayError,
+    ScheduleNotFoundError,
     WaitTimeoutError,
     WorkbookError,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "AsyncMigrator",
     "AsyncProducer",
     "AttemptError",
+    "AuditEntry",
     "BackoffPolicy",
     "BrokerUnavailableError",
     "Cancel",
@@ -93,6 +96,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidStateError",
     "LeaseLostError",
+    "LimitInfo",
     "LinearBackoff",
     "Middleware",
     "Migration",
@@ -114,6 +118,7 @@ __all__ = [
     "RouteOptions",
     "Router",
     "ScheduleInfo",
+    "ScheduleNotFoundError",
     "Snooze",
     "Step",
     "TopicCount",

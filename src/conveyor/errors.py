@@ -11,6 +11,7 @@ Every error Conveyor raises on purpose derives from :class:`ConveyorError`::
     │       └── InvalidDatabaseUrlError   the URL does not parse (also a ConfigError)
     ├── MigrationError         the schema is missing, too new, or a migration failed
     ├── EventNotFoundError     no event has that id
+    ├── ScheduleNotFoundError  no cron schedule has that name
     ├── InvalidStateError      the event is in a state that forbids the operation
     │   └── LeaseLostError     a handler's attempt is no longer its worker's (complete())
     ├── WaitTimeoutError       Admin.wait() ran out of time (also a TimeoutError)
@@ -65,6 +66,10 @@ class MigrationError(ConveyorError):
 
 class EventNotFoundError(ConveyorError, LookupError):
     """No event exists with the given id."""
+
+
+class ScheduleNotFoundError(ConveyorError, LookupError):
+    """No cron schedule has the given name; the message lists those that exist."""
 
 
 class InvalidStateError(ConveyorError):

@@ -14,11 +14,11 @@ that enforces them is :mod:`conveyor.worker.flow`. See docs/flow-control.md.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 from conveyor.errors import ConfigError
+from conveyor.validation import MAX_RUNNING_MAX, rate_per_second
 
 __all__ = ["FAIR_BY", "MAX_RUNNING_MAX", "FlowLimit", "parse_rate"]
 
@@ -26,20 +26,13 @@ __all__ = ["FAIR_BY", "MAX_RUNNING_MAX", "FlowLimit", "parse_rate"]
 FIFO_PATH_MAX = 8
 _FIFO_KEY_RE = re.compile(r"[^.\s]{1,100}")
 
-MAX_RUNNING_MAX = 1_000_000
 FAIR_BY = ("tenant",)
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smh])\s*$")
 
 
 def parse_rate(rate: object, pattern: str) -> float:
     """Starts per second from ``"10/s"``, ``"600/m"``, ``"5/10s"``, ``"1000/h"``; ConfigError otherwise."""
-    match = _RATE_RE.match(rate) if isinstance(rate, str) else None
-    per_second = 0.0
-    if match is not None:
-        count, span, unit = float(match[1]), float(match[2] or 1), _UNITS[match[3]]
-        per_second = count / (span * unit) if span else 0.0
-    if not (math.isfinite(per_second) and 0 < per_second <= 1_000_000):
+    per_second = rate_per_second(rate) if isinstance(rate, str) else None
+    if per_second is None:
         raise ConfigError(f"expected rate for {pattern!r} like '10/s', '600/m' or '5/10s' "
                           f"(more than 0, at most 1000000/s), got {rate!r:.60}")
     return per_second

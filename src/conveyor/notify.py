@@ -14,6 +14,9 @@ channel, so nothing in a payload may do more than wake a reader early.
 - ``!leases`` (:data:`LEASES_NOTIFICATION`): a running event was cancelled:
   its worker checks its leases now rather than at its next heartbeat, and
   stops the handlers of the events it no longer holds;
+- ``!control`` (:data:`CONTROL_NOTIFICATION`): an operator changed a flow
+  limit or a cron schedule: the workers read the flow limits at their next
+  claim, and their schedulers look at their schedules again;
 - ``!deps`` (:data:`DEPENDENCIES_NOTIFICATION`): events that wait for others
   were written: a dependency pass settles the edges whose events already
   finished (conveyor/worker/dependencies.py). Topics cannot
@@ -34,9 +37,9 @@ payload stays far below PostgreSQL's 8000-byte limit.
 
 from __future__ import annotations
 
-__all__ = ["DEPENDENCIES_NOTIFICATION", "DUE_SEPARATOR", "LEASES_NOTIFICATION",
-           "PAUSE_NOTIFICATION", "SIGNAL_PREFIX", "WAKE_ALL", "events_channel", "parse_wake",
-           "result_payload", "results_channel", "wake_payload"]
+__all__ = ["CONTROL_NOTIFICATION", "DEPENDENCIES_NOTIFICATION", "DUE_SEPARATOR",
+           "LEASES_NOTIFICATION", "PAUSE_NOTIFICATION", "SIGNAL_PREFIX", "WAKE_ALL",
+           "events_channel", "parse_wake", "result_payload", "results_channel", "wake_payload"]
 
 WAKE_ALL = "*"
 # Every payload that starts with it is a signal to the workers, not a topic.
@@ -44,6 +47,7 @@ SIGNAL_PREFIX = "!"
 PAUSE_NOTIFICATION = "!pause"
 LEASES_NOTIFICATION = "!leases"
 DEPENDENCIES_NOTIFICATION = "!deps"
+CONTROL_NOTIFICATION = "!control"
 DUE_SEPARATOR = "|"
 
 

@@ -217,7 +217,13 @@ class ScheduleInfo:
         last_fired_at: the last slot that enqueued an event.
         missed: slots skipped so far because they were past the catch-up window.
         last_missed_at: when the last of those was found.
-        overdue_s: seconds the next slot is past (0 when it is still ahead).
+        overdue_s: seconds the next slot is past (0 when it is still ahead,
+            and always 0 for a disabled schedule).
+        expression_override: the expression an operator set at run time
+            (``Admin.set_schedule``), which the workers fire instead of
+            ``expression`` until it is cleared; None: none.
+        enabled: False while an operator has disabled it: its slots pass
+            without firing.
     """
 
     name: str
@@ -231,6 +237,13 @@ class ScheduleInfo:
     missed: int
     last_missed_at: datetime | None
     overdue_s: float
+    expression_override: str | None = None
+    enabled: bool = True
+
+    @property
+    def effective_expression(self) -> str:
+        """The expression the workers fire: the operator's override, else the declared one."""
+        return self.expression_override or self.expression
 
     @property
     def overdue(self) -> bool:

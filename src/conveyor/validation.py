@@ -352,3 +352,26 @@ def encode_payload(payload: object, *, max_bytes: int, max_depth: int) -> str:
             f"payload is {size} bytes of JSON, the limit is {max_bytes} bytes"
         )
     return text
+
+
+# Flow limits (conveyor.flow's routes, and an operator's overrides).
+MAX_RUNNING_MAX = 1_000_000
+RATE_MAX = 1_000_000.0
+_RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smh])\s*$")
+
+
+def rate_per_second(rate: object) -> float | None:
+    """Starts per second from ``"10/s"``, ``"600/m"``, ``"5/10s"``, ``"1000/h"``, or a
+    number of starts per second; None unless it is more than 0 and at most RATE_MAX."""
+    per_second = 0.0
+    if isinstance(rate, int | float) and not isinstance(rate, bool):
+        per_second = float(rate)
+    elif isinstance(rate, str):
+        match = _RATE_RE.match(rate)
+        if match is not None:
+            count, span, unit = float(match[1]), float(match[2] or 1), _RATE_UNITS[match[3]]
+            per_second = count / (span * unit) if span else 0.0
+    if not (math.isfinite(per_second) and 0 < per_second <= RATE_MAX):
+        return None
+    return per_second

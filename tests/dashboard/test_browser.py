@@ -18,7 +18,7 @@ from playwright.sync_api import Dialog, Page, expect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from browser_support import browser, page, phone_page, screenshot, serve_asgi
-from conveyor import Producer
+from conveyor import Admin, Producer
 from conveyor.dashboard import DashboardConfig, allow_all, dashboard_app, read_only
 from conveyor.dashboard.security import Authorize
 
@@ -55,8 +55,9 @@ def _closing_pool(app: Any) -> ASGIApp:
 
 
 @contextlib.contextmanager
-def served(db_url: str, authorize: Authorize = allow_all) -> Iterator[str]:
-    app = dashboard_app(db_url, DashboardConfig(schema="conveyor"), authorize=authorize)
+def served(db_url: str, authorize: Authorize = allow_all,
+           config: DashboardConfig | None = None) -> Iterator[str]:
+    app = dashboard_app(db_url, config or DashboardConfig(schema="conveyor"), authorize=authorize)
     with serve_asgi(_closing_pool(app)) as base_url:
         yield base_url
 
@@ -336,6 +337,32 @@ def test_pause_form_pauses_the_pattern_and_resume_removes_it(page: Page, fresh_d
     assert in_db_while_paused == [("email.*", None, reason)]
     assert after_notice == "Resumed: the pause is lifted." and empty == "Nothing is paused."
     assert _pauses(fresh_db) == []
+
+
+def test_the_limits_form_sets_an_override_and_the_live_page_shows_the_next_change(
+        page: Page, fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:
+        conn.execute("INSERT INTO conveyor.flow_limits (pattern, max_running) "
+                     "VALUES ('report.render', 2)")
+    in_force = page.locator("table.limits tbody tr").first.locator("td").nth(3)
+    with served(fresh_db, config=DashboardConfig(live_refresh=1)) as base_url:
+        page.goto(base_url + "/limits")
+        form = page.get_by_role("form", name="Set a limit override")
+        form.locator("input[name=pattern]").fill("report.render")
+        form.locator("input[name=max_running]").fill("6")
+        form.locator("input[name=reason]").fill("month end")
+        form.get_by_role("button", name="Set").click()
+        page.wait_for_url(re.compile(r"/limits\?done=limit_set"))
+        expect(in_force).to_have_text("6")
+        screenshot(page, "dashboard-limits")
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            Admin().set_limit(conn, "report.render", max_running=11, actor="cli-user")
+        # No reload: the page's script reads it again within its second.
+        expect(in_force).to_have_text("11", timeout=8000)
+        expect(page.locator("p.notice")).to_have_count(0)   # said once, not at each refresh
+    with psycopg.connect(fresh_db) as conn:
+        audit = conn.execute("SELECT actor, reason FROM conveyor.control_audit ORDER BY id").fetchall()
+    assert audit == [("dashboard", "month end"), ("cli-user", None)]
 
 
 # -- who may act -------------------------------------------------------------------

@@ -86,6 +86,24 @@ async def test_flow_gauges_show_running_against_max_running_and_the_tokens(
     assert _value(registry, "conveyor_flow_tokens", pattern="mail.*") is None
 
 
+async def test_the_gauges_show_an_operators_override_and_no_disabled_schedule_overdue(
+        db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO conveyor.flow_limits (pattern, max_running, override_max_running, "
+            "override_rate, override_burst, tokens, refilled_at) VALUES "
+            "('mail.*', 3, 7, 0.001, 2, 1, now())")
+        conn.execute(
+            "INSERT INTO conveyor.cron_schedules (name, expression, timezone, topic, catch_up, "
+            "next_fire_at, enabled) VALUES ('off', '* * * * *', 'UTC', 'report.build', 300, "
+            "now() - interval '1 hour', false)")
+    registry = await _read(db)
+    assert _value(registry, "conveyor_flow_max_running", pattern="mail.*") == 7
+    assert 1 <= _value(registry, "conveyor_flow_tokens",  # type: ignore[operator]
+                       pattern="mail.*") < 2
+    assert _value(registry, "conveyor_cron_overdue_seconds", schedule="off") == 0
+
+
 async def test_schedules_and_patterns_past_the_cap_fold_into_other(db: str) -> None:
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(

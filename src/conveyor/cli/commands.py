@@ -15,13 +15,13 @@ import psycopg
 
 from conveyor.admin import SCHEDULED, Admin
 from conveyor.cli.context import Context, duration, moment, positive_int
+from conveyor.cli.control_command import format_schedules
 from conveyor.cli.options import add_command, add_json, usage_error
 from conveyor.cli.output import emit_json, escape, escape_lines, note, say
 from conveyor.cli.progress import Ticker
 from conveyor.config import (
     ProducerConfig,
 )
-from conveyor.cron import default_name
 from conveyor.db.execute import run
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import (
@@ -31,7 +31,7 @@ from conveyor.errors import (
 )
 from conveyor.producer import Producer
 from conveyor.schema.migrator import Migrator, migration_script
-from conveyor.types import Pause, QueueStatus, ScheduleInfo
+from conveyor.types import Pause, QueueStatus
 from conveyor.vacuum_health import vacuum_warnings
 
 Env = Callable[..., str | None]
@@ -238,27 +238,6 @@ def format_pauses(pauses: Sequence[Pause]) -> list[str]:
         who = "every tenant" if p.tenant is None else f"tenant {escape(p.tenant)}"
         lines.append(f"  {escape(p.pattern)} ({who}) since {_utc(p.paused_at)}"
                      + (f": {escape(p.reason)}" if p.reason else ""))
-    return lines
-
-
-def format_schedules(schedules: Sequence[ScheduleInfo]) -> list[str]:
-    """The lines about cron schedules, by name; none when there are none."""
-    if not schedules:
-        return []
-    lines = ["", f"cron schedules ({len(schedules)}):"]
-    for s in schedules:
-        zone = "" if s.timezone == "UTC" else f" {s.timezone}"
-        nxt = _utc(s.next_fire_at) if s.next_fire_at else "-"
-        # A schedule defined without a name is named by what follows: said once.
-        named = "" if s.name == default_name(s.topic, s.expression, s.timezone) \
-            else f"{escape(s.name)}: "
-        line = (f"  {named}{escape(s.expression)}{escape(zone)} -> {escape(s.topic)}, "
-                f"next {nxt}")
-        if s.overdue:
-            line += f", OVERDUE by {s.overdue_s:.0f}s: no running worker fires it"
-        if s.missed:
-            line += f", {s.missed} slot(s) skipped past the catch-up window"
-        lines.append(line)
     return lines
 
 

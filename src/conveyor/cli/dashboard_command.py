@@ -55,6 +55,9 @@ def register_dashboard(sub: Sub, env: Any) -> None:
            env_type=boolean, help="never show event payloads (their size only)")
     option(p, "--statement-timeout", env="DASHBOARD_STATEMENT_TIMEOUT", type=duration, unit="s",
            default=5.0, help="longest a page's query may run")
+    option(p, "--live-refresh", env="DASHBOARD_LIVE_REFRESH", type=duration, unit="s",
+           default=10.0, help="how often the overview, limits, cron and audit pages re-read "
+                              "themselves in the browser (0: never)")
     option(p, "--public-url", env="DASHBOARD_PUBLIC_URL", metavar="URL",
            help="the address browsers use behind a reverse proxy, e.g. https://ops.example.com: "
                 "a POST's Origin must match it, https marks the cookie Secure, its path "
@@ -129,7 +132,7 @@ def dashboard_config(args: argparse.Namespace, schema: str) -> Any:
         hosts.append(args.host)
     return DashboardConfig(schema=schema, hide_payloads=args.hide_payloads,
                            statement_timeout=args.statement_timeout, public_url=args.public_url,
-                           allowed_hosts=tuple(hosts))
+                           allowed_hosts=tuple(hosts), live_refresh=args.live_refresh)
 
 
 def _is_address(host: str) -> bool:

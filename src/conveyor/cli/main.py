@@ -17,6 +17,7 @@ import psycopg
 
 from conveyor.cli import (
     commands,
+    control_command,
     dashboard_command,
     events,
     pause_command,
@@ -114,6 +115,8 @@ COMMANDS = [commands.register_migrate, worker_command.register_worker,
             events.register_prune, commands.register_xlsx,
             worker_multi_command.register_worker_multi, workflow_command.register_workflow,
             pause_command.register_pause, pause_command.register_resume,
+            control_command.register_limits, control_command.register_cron,
+            control_command.register_audit,
             dashboard_command.register_dashboard, relay_command.register_relay]
 
 

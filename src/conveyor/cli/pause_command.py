@@ -11,6 +11,7 @@ from typing import Any
 
 from conveyor.admin import Admin
 from conveyor.cli.context import Context
+from conveyor.cli.control_command import default_actor
 from conveyor.cli.options import add_command, add_json, option
 from conveyor.cli.output import emit_json, escape, note, say
 
@@ -39,12 +40,13 @@ def register_pause(sub: Sub, env: Any) -> None:
     _add_target(p, "pause")
     option(p, "--reason", help="who paused and why, shown by `conveyor status` (up to 500 "
                                "characters)", metavar="TEXT")
+    _add_actor(p)
     add_json(p, '{"pattern", "tenant", "reason", "paused_at"}')
 
 
 def run_pause(ctx: Context, args: argparse.Namespace) -> int:
     pause = Admin(ctx.schema).pause(ctx.connect(), args.pattern, tenant=args.tenant,
-                                    reason=args.reason)
+                                    reason=args.reason, actor=args.actor or default_actor())
     if args.json:
         emit_json(pause.to_json())
     else:
@@ -63,13 +65,16 @@ def register_resume(sub: Sub, env: Any) -> None:
         examples=[("conveyor resume 'email.*'", "lift the pause of every email topic"),
                   ("conveyor resume billing.invoice --tenant acme", "one tenant's pause")])
     _add_target(p, "resume")
+    option(p, "--reason", help="why, for the audit log (`conveyor audit`)", metavar="TEXT")
+    _add_actor(p)
     add_json(p, '{"pattern", "tenant", "resumed"}')
 
 
 def run_resume(ctx: Context, args: argparse.Namespace) -> int:
     admin = Admin(ctx.schema)
     conn = ctx.connect()
-    resumed = admin.resume(conn, args.pattern, tenant=args.tenant)
+    resumed = admin.resume(conn, args.pattern, tenant=args.tenant, reason=args.reason,
+                           actor=args.actor or default_actor())
     target = _target(args.pattern, args.tenant)
     if args.json:
         emit_json({"pattern": args.pattern, "tenant": args.tenant, "resumed": resumed})
@@ -80,6 +85,11 @@ def run_resume(ctx: Context, args: argparse.Namespace) -> int:
         note(f"{target} is not paused; paused: "
              + (", ".join(_target(p.pattern, p.tenant) for p in paused) or "nothing"))
     return 0 if resumed else 1
+
+
+def _add_actor(p: argparse.ArgumentParser) -> None:
+    option(p, "--actor", metavar="NAME", shown="the OS user",
+           help="who makes the change, for the audit log (`conveyor audit`)")
 
 
 def _target(pattern: str, tenant: str | None) -> str:

@@ -1,4 +1,5 @@
-"""The dashboard's Starlette app: overview, events, one event, and the actions on them.
+"""The dashboard's Starlette app: overview, events, one event, flow limits, cron
+schedules, the audit log, and the actions on them.
 
 Every page is rendered on the server from :class:`~conveyor.admin.AsyncAdmin`
 calls (the operator API the CLI uses, with its keyset pagination, its
@@ -78,6 +79,14 @@ def dashboard_app(conninfo: str, config: DashboardConfig | None = None, *,
               name="bulk_cancel_run"),
         Route("/pauses", g(Action.PAUSE, pages.pause), methods=["POST"], name="pause"),
         Route("/pauses/resume", g(Action.RESUME, pages.resume), methods=["POST"], name="resume"),
+        Route("/limits", g(None, pages.limits), name="limits"),
+        Route("/limits/set", g(Action.LIMIT, pages.set_limit), methods=["POST"], name="set_limit"),
+        Route("/limits/clear", g(Action.LIMIT, pages.clear_limit), methods=["POST"],
+              name="clear_limit"),
+        Route("/cron", g(None, pages.schedules), name="schedules"),
+        Route("/cron/{action}", g(Action.SCHEDULE, pages.change_schedule), methods=["POST"],
+              name="change_schedule"),
+        Route("/audit", g(None, pages.audit), name="audit"),
         Mount("/static", StaticFiles(packages=[("conveyor.dashboard", "static")]), name="static"),
     ]
     middleware = [] if config.allowed_hosts is None else [

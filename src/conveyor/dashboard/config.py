@@ -20,6 +20,7 @@ STATEMENT_TIMEOUT_DEFAULT = 5.0
 PAGE_SIZE_DEFAULT = 50
 POOL_SIZE_DEFAULT = 4
 SEARCH_ROWS_DEFAULT = 100_000
+LIVE_REFRESH_DEFAULT = 10.0
 ALLOWED_HOST = re.compile(r"\*|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?(:[0-9]{1,5})?")
 
 
@@ -51,6 +52,11 @@ class DashboardConfig:
             to None: no check, the host application's (Django's
             ``ALLOWED_HOSTS``, Starlette's ``TrustedHostMiddleware``);
             ``conveyor dashboard`` always checks.
+        live_refresh: seconds between two refreshes of a live page (the
+            overview, limits, cron and audit pages), done by a small script
+            that re-reads the page while it is visible and no form on it is
+            being filled in; 0 turns it off. Without JavaScript the pages
+            are plain documents. Defaults to 10.0.
     """
 
     schema: str = "conveyor"
@@ -61,6 +67,7 @@ class DashboardConfig:
     search_rows: int = SEARCH_ROWS_DEFAULT
     public_url: str | None = None
     allowed_hosts: tuple[str, ...] | None = None
+    live_refresh: float = LIVE_REFRESH_DEFAULT
 
     def __post_init__(self) -> None:
         try:
@@ -71,6 +78,11 @@ class DashboardConfig:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
                 or not math.isfinite(timeout) or not 0.01 <= timeout <= 3600:
             raise ConfigError(f"expected statement_timeout to be 0.01-3600 seconds, got {timeout!r}")
+        live = self.live_refresh
+        if isinstance(live, bool) or not isinstance(live, int | float) \
+                or not math.isfinite(live) or not (live == 0 or 1 <= live <= 3600):
+            raise ConfigError(f"expected live_refresh to be 0 (off) or 1-3600 seconds, "
+                              f"got {live!r}")
         for name, low, high in (("page_size", 1, 500), ("pool_size", 1, 100),
                                 ("search_rows", 1, 100_000_000)):
             value = getattr(self, name)

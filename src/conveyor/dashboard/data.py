@@ -81,17 +81,49 @@ async def outcome_chart(conn: psycopg.AsyncConnection[Any], queries: Queries,
     return charts.build(series, span, float(clock[0]) if clock else datetime.now(UTC).timestamp())
 
 
-def topic_table(counts: Sequence[TopicCount], shown: int
+async def topic_chart(conn: psycopg.AsyncConnection[Any], queries: Queries, pattern: str,
+                      span: str) -> charts.Chart:
+    """The outcome chart of the topics of ``pattern`` (checked by the caller) over ``span``."""
+    seconds, step, _ = charts.SPANS[span]
+    cur = await conn.execute(queries["event_counts_topic_series"],
+                             {"span": seconds, "step": step, "pattern": pattern})
+    series = await cur.fetchall()
+    clock = await (await conn.execute(queries["clock_now"])).fetchone()
+    return charts.build(series, span, float(clock[0]) if clock else datetime.now(UTC).timestamp())
+
+
+# The span of the outcomes the overview's topic table shows beside the events
+# (event_counts keeps eight days; a day is what the chart's longer span shows).
+DONE_SPAN = 86_400
+
+
+async def recent_outcomes(conn: psycopg.AsyncConnection[Any], queries: Queries,
+                          limit: int) -> dict[str, dict[str, int]]:
+    """Each topic's succeeded and failed outcomes of the last day, the busiest ``limit``."""
+    cur = await conn.execute(queries["event_counts_topics"], {"span": DONE_SPAN, "limit": limit})
+    return {topic: {"succeeded": int(s), "failed": int(f)}
+            for topic, s, f in await cur.fetchall()}
+
+
+def topic_table(counts: Sequence[TopicCount], shown: int,
+                done: dict[str, dict[str, int]] | None = None
                 ) -> tuple[list[tuple[str, dict[str, int]]], dict[str, int] | None]:
     """The overview's topic rows: the ``shown`` topics with the most open events
     (pending, scheduled, running, failed), by name, and one row totalling the
-    rest (None when every topic is shown, else with ``topics``: how many)."""
+    rest (None when every topic is shown, else with ``topics``: how many).
+
+    ``done``: each topic's outcomes of the last day (:func:`recent_outcomes`),
+    put in each row as ``succeeded_24h``; a topic found only there (all its
+    events finished, maybe pruned or deleted at success) gets a row too.
+    """
     table: dict[str, dict[str, int]] = {}
     for count in counts:
         row = table.setdefault(count.topic, {})
         row[count.state.value] = row.get(count.state.value, 0) + count.count
         if count.scheduled:
             row["scheduled"] = row.get("scheduled", 0) + count.scheduled
+    for topic, outcomes in (done or {}).items():
+        table.setdefault(topic, {})["succeeded_24h"] = outcomes["succeeded"]
     if len(table) <= shown:
         return sorted(table.items()), None
 

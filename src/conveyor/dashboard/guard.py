@@ -27,7 +27,12 @@ from conveyor.dashboard.security import (
     origin_problem,
     token_ok,
 )
-from conveyor.errors import ConveyorError, EventNotFoundError, InvalidInputError
+from conveyor.errors import (
+    ConveyorError,
+    EventNotFoundError,
+    InvalidInputError,
+    ScheduleNotFoundError,
+)
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -69,7 +74,7 @@ class Guard:
                     f"The database stopped a query of this page after the dashboard's "
                     f"{self.config.statement_timeout:g} s statement timeout. Narrow the filter "
                     "(a topic, a state, a time range) and try again.")
-            except EventNotFoundError as exc:
+            except (EventNotFoundError, ScheduleNotFoundError) as exc:
                 return await problem(request, 404, "Not found", str(exc))
             except psycopg.errors.DataError as exc:
                 # A value only the database can judge (a payload filter's regular

@@ -15,6 +15,7 @@ from urllib.parse import urlencode
 from starlette.datastructures import FormData, QueryParams
 from starlette.requests import Request
 
+from conveyor.admin_controls_core import AUDIT_KINDS
 from conveyor.errors import InvalidInputError
 from conveyor.filters import EventFilter
 
@@ -23,6 +24,9 @@ EVENT_ID_MAX = 2**63 - 1
 # The "created within" choices of the events filter, in seconds.
 WITHIN = {"1h": 3600.0, "24h": 86_400.0, "7d": 7 * 86_400.0, "30d": 30 * 86_400.0}
 BULK_KINDS = ("retry", "cancel")
+SCHEDULE_ACTIONS = ("set", "clear", "disable", "enable")
+# span name -> seconds shown; the charts' own table is charts.SPANS.
+CHART_SPANS = ("1h", "24h")
 
 
 def event_id(text: str, name: str = "event id") -> int:
@@ -83,3 +87,61 @@ def query(shown: dict[str, Any], **extra: Any) -> str:
                 pairs.append((key, str(item)))
     return urlencode(pairs)
 
+
+
+def chart_span(request: Request) -> str:
+    """The chart span a page's ``span`` names: ``1h`` (the default) or ``24h``."""
+    span = request.query_params.get("span") or "1h"
+    if span not in CHART_SPANS:
+        raise InvalidInputError(f"invalid chart span {span!r}: expected one of "
+                                f"{', '.join(CHART_SPANS)}")
+    return span
+
+
+def text_field(form: FormData, name: str) -> str | None:
+    """A form's text field, stripped; None when empty or absent."""
+    return str(form.get(name) or "").strip() or None
+
+
+def _number(form: FormData, name: str, convert: type[int] | type[float]) -> int | float | None:
+    text = text_field(form, name)
+    if text is None:
+        return None
+    try:
+        return convert(text)
+    except ValueError:
+        raise InvalidInputError(f"invalid {name.replace('_', ' ')} {text[:60]!r}: expected "
+                                f"{'an integer' if convert is int else 'a number'}") from None
+
+
+def limit_form(form: FormData) -> tuple[str, dict[str, Any]]:
+    """The pattern and values of the limits page's form (Admin.set_limit checks them)."""
+    rate: str | float | None = text_field(form, "rate")
+    if rate is not None:
+        try:
+            rate = float(rate)
+        except ValueError:
+            pass        # "10/s" and the like: Admin reads those
+    return text_field(form, "pattern") or "", {
+        "max_running": _number(form, "max_running", int), "rate": rate,
+        "burst": _number(form, "burst", float)}
+
+
+def schedule_action(request: Request) -> str:
+    """The schedule change a path names: set, clear, disable or enable."""
+    action = str(request.path_params["action"])
+    if action not in SCHEDULE_ACTIONS:
+        raise InvalidInputError(f"unknown schedule action {action[:40]!r}: expected one of "
+                                f"{', '.join(SCHEDULE_ACTIONS)}")
+    return action
+
+
+def audit_filter(params: QueryParams) -> tuple[str | None, str | None, dict[str, str]]:
+    """The audit page's target and kind (a kind or its family), and the form's values."""
+    target = str(params.get("target") or "").strip() or None
+    kind = str(params.get("kind") or "").strip() or None
+    families = {k.partition(".")[0] for k in AUDIT_KINDS}
+    if kind is not None and kind not in AUDIT_KINDS and kind not in families:
+        raise InvalidInputError(f"invalid audit kind {kind[:40]!r}: expected one of "
+                                f"{', '.join(sorted(families))} or a kind such as 'limit.set'")
+    return target, kind, {"target": target or "", "kind": kind or ""}

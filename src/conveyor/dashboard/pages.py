@@ -21,19 +21,40 @@ from starlette.responses import RedirectResponse, Response
 
 import conveyor.dashboard.charts as charts
 from conveyor.admin_async import AsyncAdmin
+from conveyor.admin_controls_core import AUDIT_KINDS
 from conveyor.canvas import levels
 from conveyor.dashboard.config import DashboardConfig
-from conveyor.dashboard.data import TOPICS_SHOWN, Database, outcome_chart, topic_table
+from conveyor.dashboard.data import (
+    TOPICS_SHOWN,
+    Database,
+    outcome_chart,
+    recent_outcomes,
+    topic_chart,
+    topic_table,
+)
 from conveyor.dashboard.guard import Handler
-from conveyor.dashboard.inputs import bulk_kind, event_id, filter_from, query
+from conveyor.dashboard.inputs import (
+    audit_filter,
+    bulk_kind,
+    chart_span,
+    event_id,
+    filter_from,
+    limit_form,
+    query,
+    schedule_action,
+    text_field,
+)
 from conveyor.dashboard.render import Renderer, timeline
+from conveyor.dashboard.security import actor
 from conveyor.db.named_queries import queries_for
-from conveyor.errors import InvalidInputError
 from conveyor.filters import EventFilter
+from conveyor.patterns import check_topic_pattern
 from conveyor.records import WorkflowStep
 
 # Topics the "no live worker claims" warning names; it counts the rest.
 UNHANDLED_SHOWN = 20
+# The audit page's kind filter: each family, then each kind.
+AUDIT_FAMILIES = sorted({k.partition(".")[0] for k in AUDIT_KINDS}) + list(AUDIT_KINDS)
 # Steps of an event's workflow the event page reads, and a level's steps of
 # one topic it draws one by one (more are summed up by state).
 WORKFLOW_STEPS_READ = 10_001
@@ -52,14 +73,13 @@ class Pages:
         self._path = render.path
 
     async def overview(self, request: Request) -> Response:
-        span = request.query_params.get("span") or "1h"
-        if span not in charts.SPANS:
-            raise InvalidInputError(f"invalid chart span {span!r}: expected one of {', '.join(charts.SPANS)}")
+        span = chart_span(request)
         async with self.db.connection() as conn:
             status = await self.admin.status(conn)
             pauses = await self.admin.paused(conn)
             chart = await outcome_chart(conn, self.queries, span)
-        topics, other = await asyncio.to_thread(topic_table, status.by_topic, TOPICS_SHOWN)
+            done = await recent_outcomes(conn, self.queries, TOPICS_SHOWN)
+        topics, other = await asyncio.to_thread(topic_table, status.by_topic, TOPICS_SHOWN, done)
         unhandled = status.unhandled_topics
         return await self.render(request, "overview.html", status=status, pauses=pauses,
                                  topics=topics, other=other, chart=chart, spans=list(charts.SPANS),
@@ -71,11 +91,16 @@ class Pages:
         filter, shown = filter_from(request.query_params, hide_payloads=self.config.hide_payloads)
         after_text = request.query_params.get("after") or None
         after = event_id(after_text, "after") if after_text else None
+        span = chart_span(request)
+        chart = None
         async with self.db.connection() as conn:
             page = await self.admin.events(conn, filter, after=after, limit=self.config.page_size,
                                            newest=self._newest(filter))
+            if filter.topic is not None:
+                chart = await topic_chart(conn, self.queries, filter.topic, span)
         return await self.render(
             request, "events.html", page=page, shown=shown, filtered=not filter.is_empty(),
+            chart=chart, spans=list(charts.SPANS),
             next_query=query(shown, after=page.next_after) if page.next_after else None,
             first_query=query(shown) if after else None, filter_query=query(shown),
             searched=self._newest(filter))
@@ -146,7 +171,8 @@ class Pages:
         tenant = str(form.get("tenant") or "").strip() or None
         reason = str(form.get("reason") or "").strip() or None
         async with self.db.connection() as conn:
-            await self.admin.pause(conn, pattern, tenant=tenant, reason=reason)
+            await self.admin.pause(conn, pattern, tenant=tenant, reason=reason,
+                                   actor=actor(request))
         return self._back(request, "overview", urlencode({"done": "paused"}))
 
     async def resume(self, request: Request) -> Response:
@@ -154,9 +180,58 @@ class Pages:
         pattern = str(form.get("pattern") or "").strip()
         tenant = str(form.get("tenant") or "").strip() or None
         async with self.db.connection() as conn:
-            existed = await self.admin.resume(conn, pattern, tenant=tenant)
+            existed = await self.admin.resume(conn, pattern, tenant=tenant, actor=actor(request))
         return self._back(request, "overview",
                           urlencode({"done": "resumed" if existed else "not_paused"}))
+
+    async def limits(self, request: Request) -> Response:
+        async with self.db.connection() as conn:
+            limits = await self.admin.limits(conn)
+        return await self.render(request, "limits.html", limits=limits, live=True)
+
+    async def set_limit(self, request: Request) -> Response:
+        form = await request.form()
+        pattern, values = limit_form(form)
+        async with self.db.connection() as conn:
+            await self.admin.set_limit(conn, pattern, **values,
+                                       reason=text_field(form, "reason"), actor=actor(request))
+        return self._back(request, "limits", urlencode({"done": "limit_set"}))
+
+    async def clear_limit(self, request: Request) -> Response:
+        form = await request.form()
+        pattern = check_topic_pattern(text_field(form, "pattern") or "")
+        async with self.db.connection() as conn:
+            cleared = await self.admin.clear_limit(conn, pattern,
+                                                   reason=text_field(form, "reason"),
+                                                   actor=actor(request))
+        return self._back(request, "limits",
+                          urlencode({"done": "limit_cleared" if cleared else "no_override"}))
+
+    async def schedules(self, request: Request) -> Response:
+        async with self.db.connection() as conn:
+            schedules = await self.admin.schedules(conn)
+        return await self.render(request, "cron.html", schedules=schedules, live=True)
+
+    async def change_schedule(self, request: Request) -> Response:
+        action = schedule_action(request)
+        form = await request.form()
+        name = text_field(form, "name") or ""
+        who = {"reason": text_field(form, "reason"), "actor": actor(request)}
+        async with self.db.connection() as conn:
+            if action == "set":
+                await self.admin.set_schedule(conn, name, text_field(form, "expression") or "",
+                                              **who)
+            else:
+                await getattr(self.admin, f"{action}_schedule")(conn, name, **who)
+        return self._back(request, "schedules", urlencode({"done": f"schedule_{action}"}))
+
+    async def audit(self, request: Request) -> Response:
+        target, kind, shown = audit_filter(request.query_params)
+        async with self.db.connection() as conn:
+            entries = await self.admin.audit_log(conn, target=target, kind=kind,
+                                                 limit=self.config.page_size)
+        return await self.render(request, "audit.html", entries=entries, shown=shown,
+                                 kinds=AUDIT_FAMILIES, live=True)
 
 
 def workflow_view(steps: list[WorkflowStep]) -> list[list[dict[str, Any]]]:

@@ -46,6 +46,13 @@ NOTICES = {
     "paused": "Paused: the pause is listed under Paused.",
     "resumed": "Resumed: the pause is lifted.",
     "not_paused": "Nothing to resume: that was not paused.",
+    "limit_set": "Limit set: the workers hold it from their next claim.",
+    "limit_cleared": "Override cleared: the declared limit holds again.",
+    "no_override": "Nothing to clear: that pattern has no override.",
+    "schedule_set": "Schedule changed: it fires on the new expression from now.",
+    "schedule_clear": "Schedule back to its declared expression.",
+    "schedule_disable": "Schedule disabled: its slots pass unfired until it is enabled.",
+    "schedule_enable": "Schedule enabled: it fires again from now.",
 }
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; "

@@ -47,6 +47,8 @@ class Action(StrEnum):
     BULK_CANCEL = "bulk_cancel"
     PAUSE = "pause"
     RESUME = "resume"
+    LIMIT = "limit"          # set or clear a flow limit's override
+    SCHEDULE = "schedule"    # change, disable or enable a cron schedule
 
 
 Authorize = Callable[[Request, Action], "bool | Awaitable[bool]"]
@@ -95,6 +97,31 @@ def _basic_credentials(header: str) -> bytes | None:
         return base64.b64decode(value.strip(), validate=True)
     except (binascii.Error, ValueError):
         return None
+
+
+# Who the audit log names for a change made on the dashboard when nobody is
+# known (open or read-only access, an application that sets no user).
+ACTOR_UNKNOWN = "dashboard"
+
+
+def actor(request: Request) -> str:
+    """Who makes a change, for the audit log: the user the host application's
+    authentication put on the request (Starlette's ``request.user``, or any
+    object with a ``username`` or ``display_name``), else the basic-auth user,
+    else ``"dashboard"``; prefixed ``dashboard:`` so the log tells where."""
+    user = request.scope.get("user")
+    name = None
+    if user is not None and getattr(user, "is_authenticated", True):
+        name = getattr(user, "username", None) or getattr(user, "display_name", None) \
+            or (user if isinstance(user, str) else None)
+    if not name:
+        given = _basic_credentials(request.headers.get("authorization", ""))
+        if given is not None:
+            name = given.partition(b":")[0].decode("utf-8", "replace")
+    if not name:
+        return ACTOR_UNKNOWN
+    printable = "".join(c for c in str(name) if c.isprintable())[:180]
+    return f"dashboard:{printable}" if printable else ACTOR_UNKNOWN
 
 
 async def allowed(authorize: Authorize, request: Request, action: Action) -> bool:

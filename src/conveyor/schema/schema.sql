@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0022 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0023 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -214,7 +214,11 @@ CREATE TABLE conveyor.cron_schedules (
     last_fired_at  timestamptz,
     missed         bigint      NOT NULL DEFAULT 0,
     last_missed_at timestamptz,
-    updated_at     timestamptz NOT NULL DEFAULT now()
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    -- The operator's expression (NULL: the declared one) and whether the
+    -- schedule fires (0022; docs/cron.md#changing-a-schedule-at-run-time).
+    expression_override text,
+    enabled        boolean     NOT NULL DEFAULT true
 );
 
 CREATE TABLE conveyor.cron_slots (
@@ -240,8 +244,29 @@ CREATE TABLE conveyor.flow_limits (
     fifo_by     text,
     -- The last tenant a fair claim served (0017; NULL: the events without a
     -- tenant, or none yet): the next claim starts with the tenant after it.
-    fair_cursor text
+    fair_cursor text,
+    -- The operator's overrides (0022; NULL: none): the claims use
+    -- COALESCE(override, declared); the workers' declarations write only the
+    -- declared columns above.
+    override_max_running integer,
+    override_rate        float8,
+    override_burst       float8
 );
+
+-- Every control change, written by the change's own statement (0022).
+CREATE TABLE conveyor.control_audit (
+    id     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at     timestamptz NOT NULL DEFAULT now(),
+    actor  text        NOT NULL,
+    kind   text        NOT NULL,
+    target text        NOT NULL,
+    reason text,
+    old    jsonb,
+    new    jsonb,
+    CONSTRAINT control_audit_actor_check CHECK (length(actor) BETWEEN 1 AND 200),
+    CONSTRAINT control_audit_reason_check CHECK (length(reason) <= 500)
+);
+CREATE INDEX control_audit_target_idx ON conveyor.control_audit (target, id);
 
 -- Wake-ups: no trigger (0007). The producer's INSERT statements call
 -- pg_notify('conveyor.events', <topic>[|<due epoch>]) themselves, delivered

@@ -29,7 +29,11 @@ of patterns changed, and once every UNSORT_EVERY seconds (an event that was
 running when its limit went returns to pending in the limited lane).
 
 With no row in flow_limits the worker claims exactly as before: one
-statement, ``event_claim`` (checked every FLOW_REFRESH seconds).
+statement, ``event_claim`` (checked every FLOW_REFRESH seconds, and at the
+next claim after a ``!control`` notification: an operator set or cleared a
+limit). An operator's override wins over the declared value (flow_list and
+flow_lock read COALESCE(override, declared), migration 0023); flow_lock
+reads it at every claim, so a changed value holds from the next claim.
 """
 
 from __future__ import annotations
@@ -63,6 +67,12 @@ FLOW_IDLE_RECHECK = 1.0
 # Seconds between two reads of the flow_limits table (a limit declared by a
 # worker that starts later is seen within this).
 FLOW_REFRESH = 5.0
+
+# A `!control` notification (an operator changed a limit) wakes the fetch
+# loop to read the limits again at most once per this many seconds after a
+# read: any role may send one, and a flood must not turn into a read per
+# notification (the flag still makes the next claim read them).
+CONTROL_REREAD_MIN = 0.1
 
 # Events at the front of the open lane one flow_sort looks at: the window
 # doubles after a sort that moved more than half of it (and that sort is
@@ -107,6 +117,8 @@ class FlowControl:
         # worked out once per read of the table.
         self.handled: list[FlowLimit] = []
         self._read_at = -math.inf
+        self._expired = False       # an operator changed a limit: read them at the next claim
+        self._lanes = asyncio.Lock()    # a sort and an unsort of this worker, one at a time
         self._turn = 0
         # When each pattern's next flow claim is worth sending (time.monotonic()):
         # a pattern found full is looked at again after FLOW_RECHECK (or its next
@@ -185,7 +197,13 @@ class FlowControl:
         return min(batch_size, sum(x.max_running or batch_size for x in self.handled))
 
     def stale(self) -> bool:
-        return time.monotonic() - self._read_at >= FLOW_REFRESH
+        return self._expired or time.monotonic() - self._read_at >= FLOW_REFRESH
+
+    def expire(self) -> bool:
+        """An operator changed a limit (a ``!control`` notification): read the limits at
+        the next claim; returns whether that claim is worth waking for now."""
+        self._expired = True
+        return time.monotonic() - self._read_at >= CONTROL_REREAD_MIN
 
     async def declare(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Write this router's limits (a new pattern starts with a full bucket)."""
@@ -200,28 +218,37 @@ class FlowControl:
     async def refresh(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Read every limit of the fleet; on a change (or the first read), send
         the events no limit covers any more back to the open lane."""
-        cur = await conn.execute(self._q["flow_list"])
-        limits = [FlowLimit(*row) for row in await cur.fetchall()]
-        patterns = [x.pattern for x in limits]
-        now = time.monotonic()
-        changed = patterns != [x.pattern for x in self.limits] or self._read_at == -math.inf
-        if changed or now - self._unsorted_at >= UNSORT_EVERY:
-            params = {**sql_params(patterns, prefix="limit_"), "batch": UNSORT_BATCH}
-            while True:
-                cur = await conn.execute(self._q["flow_unsort"], params)
-                if cur.rowcount < UNSORT_BATCH:
-                    break
-            self._unsorted_at = now
-        if changed:
-            self._sort_params = {**sql_params(patterns, prefix="limit_"),
-                                 "window": SORT_WINDOW_MAX}
-            self._sort_at = 0.0
-        self.limits = limits
+        # Before the read: a notification that comes during it asks for another.
+        self._expired = False
+        # Under the lanes' lock: a sort of the flow loop, on its own connection,
+        # with the limits read before, must not move events back into the
+        # limited lane after the unsort below (nothing would bring them out
+        # again for UNSORT_EVERY seconds).
+        async with self._lanes:
+            cur = await conn.execute(self._q["flow_list"])
+            limits = [FlowLimit(*row) for row in await cur.fetchall()]
+            patterns = [x.pattern for x in limits]
+            now = time.monotonic()
+            changed = patterns != [x.pattern for x in self.limits] or self._read_at == -math.inf
+            if changed or now - self._unsorted_at >= UNSORT_EVERY:
+                params = {**sql_params(patterns, prefix="limit_"), "batch": UNSORT_BATCH}
+                while True:
+                    cur = await conn.execute(self._q["flow_unsort"], params)
+                    if cur.rowcount < UNSORT_BATCH:
+                        break
+                self._unsorted_at = now
+            if changed:
+                self._sort_params = {**sql_params(patterns, prefix="limit_"),
+                                     "window": SORT_WINDOW_MAX}
+                self._sort_at = 0.0
+            self.limits = limits
         self._fifo = [x.pattern for x in limits if x.fifo_by is not None]
         routes = self._router.routes
         self.handled = [x for x in limits
                         if any(TopicPattern(r.pattern).overlaps(TopicPattern(x.pattern)) for r in routes)]
         self._read_at = time.monotonic()
+        if changed:
+            self.poke()     # the flow claims may have patterns to claim, or none any more
 
     async def sort(self, conn: psycopg.AsyncConnection[Any]) -> int:
         """Move the limited patterns' events at the open lane's front to the limited
@@ -229,21 +256,24 @@ class FlowControl:
         now = time.monotonic()
         if not self.limits or now < self._sort_at:
             return 0
-        params = self._sort_params
-        window = params["window"]
-        if self._fifo:
-            # The fleet's sorts take turns while a key's order is at stake
-            # (flow.sql's flow_sort_lock); one that finds another at it leaves
-            # the work to it.
-            async with conn.transaction():
-                cur = await conn.execute(self._q["flow_sort_lock"], self._sort_lock)
-                row = await cur.fetchone()
-                if not (row and row[0]):
-                    self._sort_at = now + FLOW_RECHECK
-                    return 0
+        async with self._lanes:
+            if not self.limits:
+                return 0        # a read while this sort waited found none any more
+            params = self._sort_params
+            window = params["window"]
+            if self._fifo:
+                # The fleet's sorts take turns while a key's order is at stake
+                # (flow.sql's flow_sort_lock); one that finds another at it leaves
+                # the work to it.
+                async with conn.transaction():
+                    cur = await conn.execute(self._q["flow_sort_lock"], self._sort_lock)
+                    row = await cur.fetchone()
+                    if not (row and row[0]):
+                        self._sort_at = now + FLOW_RECHECK
+                        return 0
+                    cur = await conn.execute(self._q["flow_sort"], params)
+            else:
                 cur = await conn.execute(self._q["flow_sort"], params)
-        else:
-            cur = await conn.execute(self._q["flow_sort"], params)
         moved = max(cur.rowcount, 0)
         self.sorted += moved
         self._sorted_at = now

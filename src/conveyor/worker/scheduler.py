@@ -9,6 +9,14 @@ locked with SKIP LOCKED, so a worker finding another one firing it leaves
 it be; the slots' unique keys and events inserted together; the cursor
 moved on. Slots come from the database's clock, never this machine's.
 
+An operator may change a schedule's expression or disable it at run time
+(``Admin.set_schedule``, migration 0023): ``cron_lock`` returns the override
+and whether the schedule is enabled with the row it locks, so every firing
+uses the operator's expression when there is one, and a disabled schedule's
+slots are settled without firing. A ``!control`` notification (:meth:`poke`)
+has the loop look at every schedule again within MAX_SLEEP; the periodic
+declaration does too, should a notification be missed.
+
 A failure of the loop itself is logged with its traceback and the loop
 starts again after a pause; :attr:`Scheduler.last_pass` tells ``/healthz``
 whether it is still turning (see conveyor.metrics.health).
@@ -17,6 +25,7 @@ whether it is still turning (see conveyor.metrics.health).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -81,6 +90,8 @@ class Scheduler:
         # When each schedule is next due, in epoch seconds on the schedules' clock;
         # 0 looks at once (at the start nothing is known).
         self._next: dict[str, float] = {s.name: 0.0 for s in self.schedules}
+        # The schedules as they fire: with the operator's expression when one is set.
+        self._effective: dict[str, Schedule] = {s.name: s for s in self.schedules}
         self._declared_at = -math.inf
         self.fired = 0          # events enqueued by this worker's firings
         self.skipped = 0        # slots it found past their catch-up window
@@ -116,11 +127,17 @@ class Scheduler:
             wait = min(self._next.values(), default=math.inf) - self._now()
             await sleep_unless(stopping, min(MAX_SLEEP, max(MIN_SLEEP, wait)))
 
+    def poke(self) -> None:
+        """An operator changed a schedule: look at each one again (its row says how)."""
+        for name in self._next:
+            self._next[name] = 0.0
+
     async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Declare the schedules when due, and fire every schedule whose next slot has come."""
         if time.monotonic() - self._declared_at >= DECLARE_INTERVAL:
             await with_deadline(conn, self.declare(conn), self._query_timeout)
             self._declared_at = time.monotonic()
+            self.poke()     # and read the operator's overrides, should a NOTIFY have been missed
         for schedule in self.schedules:
             if self._next[schedule.name] <= self._now():
                 await with_deadline(conn, self.fire(conn, schedule), self._query_timeout)
@@ -134,6 +151,18 @@ class Scheduler:
             "catch_ups": [x.catch_up for x in s],
             "now": self._clock() if self._clock is not None else None})
 
+    def _follow(self, declared: Schedule, override: str | None) -> Schedule:
+        """``declared`` with the operator's expression, if one is set (kept for the wait)."""
+        current = self._effective[declared.name]
+        wanted = override or declared.expression
+        if current.expression != wanted:
+            current = dataclasses.replace(declared, expression=wanted)
+            self._effective[declared.name] = current
+            log.info("cron schedule %r fires on %r%s", declared.name, wanted,
+                     " (set by an operator)" if override else " (as declared)",
+                     extra={"action": "cron_changed", "schedule": declared.name})
+        return current
+
     async def fire(self, conn: psycopg.AsyncConnection[Any], schedule: Schedule) -> int:
         """Fire ``schedule``'s due slots in one transaction; returns the events enqueued."""
         q = self._q
@@ -146,7 +175,16 @@ class Scheduler:
                 # and comes back with the next declaration): look again shortly.
                 self._next[schedule.name] = self._now() + LOCKED_RETRY
                 return 0
-            fired_through, now = row
+            fired_through, now, override, enabled = row
+            schedule = self._follow(schedule, override)
+            if not enabled:
+                # Disabled by an operator: its slots pass unfired and uncounted, and
+                # it has no next slot until it is enabled (a poke looks again).
+                await conn.execute(q["cron_advance"], {
+                    "name": schedule.name, "through": now, "next_fire_at": None,
+                    "fired": 0, "last_fired_at": None, "missed": 0})
+                self._next[schedule.name] = math.inf
+                return 0
             fire, skipped, through = schedule.due(fired_through, now)
             fired = 0
             if fire:

@@ -55,7 +55,8 @@ class DueTimes:
             announced by the database fires the local timer on time; its
             smallest bound (``Maintenance.wake_offset``), so never early.
         signals: what to call on each ``!`` notification (conveyor/notify.py:
-            ``!pause``, ``!leases``, ``!deps``). Defaults to none (every such
+            ``!pause``, ``!leases``,
+            ``!control``, ``!deps``). Defaults to none (every such
             notification is then ignored).
     """
 

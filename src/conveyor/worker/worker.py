@@ -40,7 +40,12 @@ from conveyor.db.named_queries import queries_for
 from conveyor.errors import ConfigError
 from conveyor.holder import Holder
 from conveyor.middleware import Middleware
-from conveyor.notify import DEPENDENCIES_NOTIFICATION, LEASES_NOTIFICATION, PAUSE_NOTIFICATION
+from conveyor.notify import (
+    CONTROL_NOTIFICATION,
+    DEPENDENCIES_NOTIFICATION,
+    LEASES_NOTIFICATION,
+    PAUSE_NOTIFICATION,
+)
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
 from conveyor.worker.accounting import OutcomeAccounting
@@ -156,6 +161,7 @@ class Worker:
                                   signals={
                                       PAUSE_NOTIFICATION: self._pauses_changed,
                                       LEASES_NOTIFICATION: self.maintenance.check_leases_soon,
+                                      CONTROL_NOTIFICATION: self._controls_changed,
                                       DEPENDENCIES_NOTIFICATION:
                                           self.maintenance.check_dependencies_soon})
         self.listener = Listener(self.connections.listen, self._q.channel,
@@ -214,6 +220,13 @@ class Worker:
     def _pauses_changed(self) -> None:
         self.pauses.notified()
         self.lanes.bring_back_soon()   # a resume: the aside events come back
+
+    def _controls_changed(self) -> None:
+        # An operator changed a flow limit or a schedule (Admin.set_limit, ...).
+        if self.flow.expire():
+            self.wake()
+        if self.scheduler is not None:
+            self.scheduler.poke()
 
     def request_stop(self) -> None:
         """Begin a graceful stop: claim nothing more, let running handlers finish."""

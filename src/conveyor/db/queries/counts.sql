@@ -33,3 +33,28 @@ FROM {schema}.event_counts
 WHERE minute >= now() - %(span)s * interval '1 second'
 GROUP BY 1
 ORDER BY 1
+
+-- name: event_counts_topic_series
+-- event_counts_series for the topics of one pattern (an exact topic,
+-- `prefix.*` or `*`): the dashboard's per-topic chart. The same range of the
+-- primary key, its rows filtered by topic.
+SELECT extract(epoch FROM minute)::bigint / %(step)s * %(step)s AS bucket,
+       sum(succeeded)::bigint AS succeeded, sum(retried)::bigint AS retried,
+       sum(failed)::bigint AS failed, sum(cancelled)::bigint AS cancelled
+FROM {schema}.event_counts
+WHERE minute >= now() - %(span)s * interval '1 second'
+  AND -- include: _pattern_matches(%(pattern)s::text, topic)
+GROUP BY 1
+ORDER BY 1
+
+-- name: event_counts_topics
+-- Each topic's outcomes of the last `span` seconds, the busiest `limit`
+-- topics: the overview lists the topics whose events are all finished (and
+-- maybe pruned or deleted at success) from here, since the events table
+-- alone no longer shows them.
+SELECT topic, sum(succeeded)::bigint AS succeeded, sum(failed)::bigint AS failed
+FROM {schema}.event_counts
+WHERE minute >= now() - %(span)s * interval '1 second'
+GROUP BY topic
+ORDER BY sum(succeeded + retried + failed + cancelled) DESC, topic
+LIMIT %(limit)s

@@ -18,9 +18,10 @@ WHERE (cron_schedules.expression, cron_schedules.timezone, cron_schedules.topic,
 
 -- name: cron_lock
 -- The schedule's row, locked for this firing, with the moment it fires up
--- to: the database's clock (or a test's, passed in). A row another worker
--- holds is skipped: that worker is firing it.
-SELECT fired_through, COALESCE(%(now)s::timestamptz, now()) AS now
+-- to: the database's clock (or a test's, passed in), and the operator's
+-- override of its expression and whether it fires (0023). A row another
+-- worker holds is skipped: that worker is firing it.
+SELECT fired_through, COALESCE(%(now)s::timestamptz, now()) AS now, expression_override, enabled
 FROM {schema}.cron_schedules
 WHERE name = %(name)s
 FOR UPDATE SKIP LOCKED
@@ -62,15 +63,28 @@ SET fired_through = GREATEST(fired_through, %(through)s),
 WHERE name = %(name)s
 
 -- name: cron_list
--- The schedules for `conveyor status`, with how long the next slot is overdue.
+-- The schedules for `conveyor status`, with how long the next slot is
+-- overdue (a disabled schedule never is), and the operator's override.
 SELECT name, expression, timezone, topic, catch_up, fired_through, next_fire_at,
        last_fired_at, missed, last_missed_at,
-       GREATEST(0, extract(epoch FROM now() - next_fire_at))::float8 AS overdue_s
+       CASE WHEN enabled THEN GREATEST(0, extract(epoch FROM now() - next_fire_at))
+            ELSE 0 END::float8 AS overdue_s,
+       expression_override, enabled
 FROM {schema}.cron_schedules
 ORDER BY name
 
 -- name: cron_remove
-DELETE FROM {schema}.cron_schedules WHERE name = %(name)s RETURNING name
+-- Audited (0023) by the same statement.
+WITH removed AS (
+    DELETE FROM {schema}.cron_schedules WHERE name = %(name)s
+    RETURNING name, expression, timezone, topic, expression_override, enabled
+), audited AS (
+    INSERT INTO {schema}.control_audit (actor, kind, target, reason, old, new)
+    SELECT COALESCE(%(actor)s::text, session_user::text), 'schedule.remove', removed.name,
+           %(reason)s::text, to_jsonb(removed) - 'name', NULL
+    FROM removed
+)
+SELECT name FROM removed
 
 -- name: cron_slots_prune
 -- Fired slots older than `keep` seconds, a batch at a time: the schedules'

@@ -18,7 +18,11 @@ WHERE (flow_limits.max_running, flow_limits.rate, flow_limits.burst, flow_limits
                         EXCLUDED.fifo_by)
 
 -- name: flow_list
-SELECT pattern, max_running, rate, fair_by, fifo_by FROM {schema}.flow_limits ORDER BY pattern
+-- The limits in force: an operator's override (0023) wins over the declared value.
+SELECT pattern, COALESCE(override_max_running, max_running) AS max_running,
+       COALESCE(override_rate, rate) AS rate, fair_by, fifo_by
+FROM {schema}.flow_limits
+ORDER BY pattern
 
 -- name: flow_remove
 DELETE FROM {schema}.flow_limits WHERE pattern = %(pattern)s RETURNING pattern
@@ -26,8 +30,11 @@ DELETE FROM {schema}.flow_limits WHERE pattern = %(pattern)s RETURNING pattern
 -- name: flow_lock
 -- The pattern's row, for one claim: the next statements of this transaction
 -- see every claim committed before (READ COMMITTED takes a new snapshot per
--- statement). A row another worker holds is skipped: it is claiming.
-SELECT max_running, rate, burst, tokens,
+-- statement). A row another worker holds is skipped: it is claiming. An
+-- operator's override (0023) wins over the declared value, read here at
+-- each claim, so a changed limit holds from the next claim on.
+SELECT COALESCE(override_max_running, max_running) AS max_running,
+       COALESCE(override_rate, rate) AS rate, COALESCE(override_burst, burst) AS burst, tokens,
        GREATEST(0, extract(epoch FROM clock_timestamp() - refilled_at))::float8 AS idle_s
 FROM {schema}.flow_limits
 WHERE pattern = %(pattern)s
