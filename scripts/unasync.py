@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ALL_INPUTS: dict[str, str] = {
     "src/conveyor/admin_async.py": "src/conveyor/admin.py",
     "src/conveyor/admin_controls_async.py": "src/conveyor/admin_controls.py",
+    "src/conveyor/admin_workflows_async.py": "src/conveyor/admin_workflows.py",
     "src/conveyor/schema/migrator_async.py": "src/conveyor/schema/migrator.py",
     "src/conveyor/producer_async.py": "src/conveyor/producer.py",
     "src/conveyor/db/connect_async.py": "src/conveyor/db/connect.py",
@@ -45,6 +46,7 @@ ALL_INPUTS: dict[str, str] = {
 NAMES: dict[str, str] = {
     "AsyncAdmin": "Admin",
     "AsyncAdminControls": "AdminControls",
+    "AsyncAdminWorkflows": "AdminWorkflows",
     "AsyncMigrator": "Migrator",
     "AsyncProducer": "Producer",
     "AsyncCommittingProducer": "CommittingProducer",

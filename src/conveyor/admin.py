@@ -60,25 +60,14 @@ from conveyor.admin_status import (
     needs_estimate,
     queue_status,
 )
+from conveyor.admin_workflows import AdminWorkflows
 from conveyor.db.execute import run
 from conveyor.db.named_queries import queries_for
-from conveyor.db.rows import (
-    dependency_from_row,
-    record_from_event_get_row,
-    result_from_event_result_row,
-    workflow_step_from_row,
-)
+from conveyor.db.rows import record_from_event_get_row, result_from_event_result_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, WaitTimeoutError
 from conveyor.filters import EventFilter
 from conveyor.notify import WAKE_ALL, result_payload, wake_payload
-from conveyor.records import (
-    Dependency,
-    EventPage,
-    EventRecord,
-    EventResult,
-    QueueStatus,
-    WorkflowStep,
-)
+from conveyor.records import EventPage, EventRecord, EventResult, QueueStatus
 from conveyor.validation import check_event_id, check_schema_name, check_topic
 
 __all__ = [
@@ -103,8 +92,6 @@ PRUNE_BATCH = 10_000
 
 # retry_matching and cancel_matching change at most this many events per UPDATE.
 MATCH_BATCH = 1000
-# Steps Admin.workflow reads at most by default: a 10,000-member chord and its callback.
-WORKFLOW_LIMIT = 10_001
 
 
 def _fetch(conn: psycopg.Connection[Any], query: str,
@@ -134,11 +121,13 @@ def _run_flow(conn: psycopg.Connection[Any],
         return result
 
 
-class Admin(AdminControls):
+class Admin(AdminControls, AdminWorkflows):
     """Operator operations on the connection you pass, in its transaction.
 
     The pauses and cron schedules (``pause``, ``resume``, ``paused``,
-    ``schedules``, ``remove_schedule``) come from :class:`AdminControls`.
+    ``schedules``, ``remove_schedule``) come from :class:`AdminControls`,
+    a workflow's graph and a step's dependencies (``workflow``,
+    ``dependencies``) from :class:`AdminWorkflows`.
 
     ``schema``: the schema holding Conveyor's tables. Defaults to ``"conveyor"``.
     """
@@ -327,32 +316,6 @@ class Admin(AdminControls):
         if row is None:
             raise EventNotFoundError(f"event {event_id} not found")
         return result_from_event_result_row(row)
-
-    def dependencies(self, conn: psycopg.Connection[Any],
-                           event_id: int) -> list[Dependency]:
-        """The events ``event_id`` waits (or waited) for, with what they returned.
-
-        A step of a workflow (docs/workflows.md) reads its dependencies'
-        results here: ``value`` is a ``store_result`` route's return value.
-        Empty for an event written without dependencies.
-        """
-        event_id = check_event_id(event_id)
-        cur = run(conn, self._q["step_parent_results"], {"id": event_id})
-        return [dependency_from_row(row) for row in cur.fetchall()]
-
-    def workflow(self, conn: psycopg.Connection[Any], event_id: int, *,
-                       limit: int = WORKFLOW_LIMIT) -> list[WorkflowStep]:
-        """Every event linked to ``event_id`` by dependencies, either way, in id order
-        (at most ``limit``): the graph ``conveyor workflow show`` draws.
-
-        Raises EventNotFoundError when the event is unknown and has no edge.
-        """
-        event_id = check_event_id(event_id)
-        cur = run(conn, self._q["workflow_graph"], {"id": event_id, "limit": limit})
-        steps = [workflow_step_from_row(row) for row in cur.fetchall()]
-        if len(steps) == 1 and steps[0].state is None:
-            raise EventNotFoundError(f"event {event_id} not found")
-        return steps
 
     def wait(self, conn: psycopg.Connection[Any], event_id: int, *,
                    timeout: float = 30.0) -> EventResult:
