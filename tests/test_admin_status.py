@@ -317,8 +317,9 @@ def test_status_query_plan_reads_only_its_index_among_200k_finished_rows(
 
 def test_status_query_plans_scan_no_events_without_an_index(big: Conn) -> None:
     """Plain EXPLAIN (the planner's choice without running): an index for every branch."""
+    # Waiting events (0022) are read by id through their open edges: events_pkey.
     expected = {"status_open_counts": {"events_claim_idx", "events_lease_idx",
-                                       "events_failed_idx"},
+                                       "events_failed_idx", "events_pkey"},
                 "status_finished_sample": {"events_prunable_idx"},
                 "status_oldest_due_age": {"events_claim_idx"}}
     for name, indexes in expected.items():

@@ -144,5 +144,9 @@ def test_pause_to_json_names_every_field(db: psycopg.Connection[Any]) -> None:
 
 def test_admin_sends_the_notification_the_workers_listen_for() -> None:
     from conveyor.admin_core import PAUSE_NOTIFICATION as sent
-    from conveyor.worker.wakeups import PAUSE_NOTIFICATION as heard
-    assert sent == heard
+    from conveyor.router import Router
+    from conveyor.worker.worker import Worker
+    router = Router()
+    router.route("mail.send")(lambda event: None)
+    worker = Worker("postgresql://nobody@127.0.0.1:1/none", router)
+    assert sent in worker.due_times._signals

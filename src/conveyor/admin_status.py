@@ -57,9 +57,15 @@ SCHEDULED = "scheduled"
 
 
 def empty_counts() -> dict[str, int]:
-    """Every count at 0, "scheduled" right after "pending" (the order status prints)."""
+    """Every count at 0, "scheduled" right after "pending" (the order status prints).
+
+    "waiting" (a workflow's steps, 0022) is not among them: it is added, after
+    "scheduled", only when some event waits, so a queue without workflows
+    reads and prints as it did before them.
+    """
     counts = {EventState.PENDING.value: 0, SCHEDULED: 0}
-    counts.update({s.value: 0 for s in EventState if s is not EventState.PENDING})
+    counts.update({s.value: 0 for s in EventState
+                   if s not in (EventState.PENDING, EventState.WAITING)})
     return counts
 
 
@@ -74,6 +80,10 @@ def queue_status(open_rows: Sequence[Sequence[Any]], sample: Sequence[Sequence[A
     oldest_per_topic: dict[str, float] = {}
     due_pairs = set()
     for topic, tenant, state, n, oldest_due in open_rows:
+        if state == EventState.WAITING.value and state not in counts:
+            counts = {**{k: v for k, v in counts.items() if k in (EventState.PENDING.value,
+                                                                  SCHEDULED)},
+                      state: 0, **counts}
         counts[state] += n
         if oldest_due is not None:
             oldest_per_topic[topic] = max(oldest_due, oldest_per_topic.get(topic, 0.0))

@@ -29,7 +29,7 @@ Sub = Any  # argparse's private _SubParsersAction
 
 
 def register_workflow(sub: Sub, env: Env) -> None:
-    p = add_command(sub, "workflow", "draw a workflow's steps; workflow-engine events",
+    p = add_command(sub, "workflow", "show a workflow's steps; register, status: engine events",
              "'show' draws the steps of a workflow (chain, group, then: docs/workflows.md).\n"
              "Workflow-engine events: 'register' sends a module's object types and triggers\n"
              "to the workflow engine (idempotent; conflicts exit 1 naming each); 'status'\n"
