@@ -376,7 +376,13 @@ def test_an_unsampled_producer_decides_the_process_span_when_the_sampler_follows
         Producer().enqueue(conn, "trace.head", {})
     seen: list[trace.SpanContext] = []
     router = Router()
-    router.add("trace.head", lambda event: seen.append(trace.get_current_span().get_span_context()))
+    repr_seen: list[str] = []
+
+    def handle(event: Any) -> None:
+        repr_seen.append(repr(trace.get_current_span()))
+        seen.append(trace.get_current_span().get_span_context())
+
+    router.add("trace.head", handle)
     assert work_event(conn, router, middleware=[TracingMiddleware(provider)]) is not None
     process = named(exporter, "process")
     assert len(process) == (1 if recorded else 0)
@@ -384,6 +390,7 @@ def test_an_unsampled_producer_decides_the_process_span_when_the_sampler_follows
     assert seen[0].trace_flags.sampled is recorded
     if sampler == "parent_based":
         assert asked == ["asked"]         # once, when the middleware was built: no span asked
+        assert repr_seen[0].startswith("NonRecordingSpan(SpanContext(trace_id=0x")  # loggable
 
 
 def test_only_a_parent_based_sampler_that_drops_unsampled_parents_is_followed() -> None:

@@ -311,6 +311,10 @@ class _UnsampledParent(trace.NonRecordingSpan):
             self._parsed = context_of(*self._row) or trace.INVALID_SPAN_CONTEXT
         return self._parsed
 
+    def __repr__(self) -> str:
+        # The base class's repr reads the context it was built with: there is none here.
+        return f"NonRecordingSpan({self.get_span_context()!r})"
+
 
 def follows_unsampled_parents(provider: trace.TracerProvider) -> bool:
     """Whether ``provider`` is the SDK's and its sampler drops a span whose remote
