@@ -236,6 +236,10 @@ class Fleet:
                 w.proc.kill()
                 w.proc.wait(timeout=10)
                 codes.append(-9)
+            if codes[-1] != 0:
+                # the report keeps only the code: the tail says why
+                tail = w.log_path.read_text(errors="replace")[-2000:]
+                log(f"worker {w.proc.pid} exited {codes[-1]} on SIGTERM; its log ends:\n{tail}")
         return codes
 
     def kill_all(self) -> None:

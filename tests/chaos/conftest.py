@@ -31,10 +31,10 @@ def assert_exactly_once_where_it_counts(report: dict[str, Any]) -> None:
     assert c["unexpected"] == 0, c["unexpected_examples"]
     assert c["overlapping"] == 0, c["overlap_examples"]
     assert c["unexplained_duplicates"] == 0, c["unexplained_examples"]
-    assert c["not_terminal"] == 0
-    assert report["drained"]
-    assert report["unexpected_worker_exits"] == []
-    assert set(report["sigterm_exit_codes"]) <= {0}
+    assert c["not_terminal"] == 0, c
+    assert report["drained"], (report["states"], report["elapsed_s"])
+    assert report["unexpected_worker_exits"] == [], report["unexpected_worker_exits"]
+    assert set(report["sigterm_exit_codes"]) <= {0}, report["sigterm_exit_codes"]
 
 
 @pytest.fixture
