@@ -28,6 +28,14 @@ def test_the_readme_links_the_index() -> None:
     assert "(docs/index.md)" in (ROOT / "README.md").read_text()
 
 
+def test_the_readme_is_short_and_starts_with_the_quickstart() -> None:
+    # The README is a front door: what it is, then the quickstart; the rest is in docs/.
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150, len(readme.splitlines())
+    sections = re.findall(r"^## (.+)$", readme, flags=re.MULTILINE)
+    assert sections[0] == "Quickstart", sections
+
+
 def test_relative_links_reach_a_file() -> None:
     broken = []
     for source in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *_pages()]:
