@@ -23,7 +23,14 @@ Faults (``--faults``, comma separated, ``kind:period``):
   from the start of the fault window (``idle_tx`` alone: the whole window);
 * ``rr_readers``    ``--rr-readers`` (4) REPEATABLE READ transactions, started ``--rr-stagger``
   apart, each holding its snapshot (and re-running ``--rr-query`` every ``--rr-interval``)
-  to the end of the window (``rr_readers:60s``: each snapshot is renewed every 60 s instead).
+  to the end of the window (``rr_readers:60s``: each snapshot is renewed every 60 s instead);
+* ``partition:10s`` (``--netns`` only) cut a random worker's network off for
+  ``--partition-down`` s every 10 s: both ends keep running, no packet passes.
+
+With ``--netns`` each worker runs in a network namespace of its own and reaches
+the private server over a bridge (``conveyor_tools.chaos.netsim``; needs root),
+``--latency`` milliseconds of round trip added to every worker's link: a fleet
+on several hosts, simulated on one.
 
 Feeding: by default the feeder keeps a backlog (saturation). ``--rate 500`` feeds a
 steady 500 events/s instead, in small batches every ``--feed-interval``, until the
@@ -72,6 +79,7 @@ if str(REPO / "src") not in sys.path:
 from conveyor import NewEvent, Producer  # noqa: E402
 from conveyor.embedded import SYSTEM_USER, EmbeddedPostgres  # noqa: E402
 from conveyor_tools.chaos import LEDGER_URL_ENV, check, create_ledger, percentile  # noqa: E402
+from conveyor_tools.chaos.netsim import DelayProxy, Network  # noqa: E402
 
 APP = "conveyor_tools.chaos:chaos_router"
 RUNNER_APP = "chaos-runner"
@@ -94,9 +102,9 @@ def parse_faults(spec: str) -> list[tuple[str, float | None]]:
     faults: list[tuple[str, float | None]] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         kind, _, period = part.partition(":")
-        if kind not in ("kill", "terminate", "restart", "idle_tx", "rr_readers"):
+        if kind not in ("kill", "terminate", "restart", "idle_tx", "rr_readers", "partition"):
             raise SystemExit(f"unknown fault {kind!r} (kill, terminate, restart, idle_tx, "
-                             "rr_readers)")
+                             "rr_readers, partition)")
         if kind not in ("idle_tx", "rr_readers") and not period:
             raise SystemExit(f"fault {kind!r} needs a period, e.g. {kind}:2s")
         faults.append((kind, parse_seconds(period) if period else None))
@@ -119,6 +127,16 @@ class PrivateServer:
         self.embedded = EmbeddedPostgres(base / "pg18")
         self.url = self.embedded.start()
         self.pgdata = self.embedded.data_dir
+        self.listen = ""     # TCP addresses besides the socket (listen_on)
+
+    def listen_on(self, address: str, cidr: str) -> str:
+        """Restart listening on ``address`` too, trusting ``cidr``; the URL that reaches it."""
+        with open(self.pgdata / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {cidr} trust\n")
+        self.listen = address
+        self.stop_fast()
+        self.start()
+        return make_conninfo(self.url, host=address)
 
     @property
     def _pg_ctl(self) -> str:
@@ -137,8 +155,8 @@ class PrivateServer:
 
     def start(self) -> None:
         socket_dir = conninfo_to_dict(self.url)["host"]
-        self._run("-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(self.pgdata / "log"),
-                  "start")
+        self._run("-o", f'-h "{self.listen}"', "-o", f"-k {socket_dir}",
+                  "-l", str(self.pgdata / "log"), "start")
 
     def close(self) -> None:
         try:
@@ -159,6 +177,7 @@ class Worker:
     log_path: Path
     started: float
     killed: bool = False
+    slot: int = 0         # its network namespace, with --netns
 
 
 @dataclass
@@ -168,6 +187,8 @@ class Fleet:
     logdir: Path
     workers: list[Worker] = field(default_factory=list)
     deaths: dict[int, float] = field(default_factory=dict)
+    network: Network | None = None
+    worker_url: str | None = None   # how a worker reaches the server (over the bridge)
     exits: list[dict[str, Any]] = field(default_factory=list)
     spawned: int = 0
 
@@ -175,11 +196,12 @@ class Fleet:
         a = self.args
         self.spawned += 1
         log_path = self.logdir / f"worker-{self.spawned}.log"
+        url = self.worker_url or self.url
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-        env.update({LEDGER_URL_ENV: self.url, "PYTHONUNBUFFERED": "1",
+        env.update({LEDGER_URL_ENV: url, "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),
                                                                 env.get("PYTHONPATH")]))})
-        cmd = [sys.executable, "-m", "conveyor.cli.main", "--database-url", self.url,
+        cmd = [sys.executable, "-m", "conveyor.cli.main", "--database-url", url,
                "--log-format", "json", "worker",
                "--app", a.app, "--concurrency", str(a.concurrency),
                "--lease-ttl", str(a.lease_ttl), "--rescue-interval", str(a.rescue_interval),
@@ -187,10 +209,15 @@ class Fleet:
                "--name", f"chaos-{self.spawned}"]
         if a.horizon_alert:
             cmd += ["--horizon-alert", a.horizon_alert]
+        # A replacement takes the slot (the host) of a worker no longer alive.
+        taken = {w.slot for w in self.alive()}
+        slot = next((s for s in range(a.workers) if s not in taken), 0)
+        if self.network is not None:
+            cmd = self.network.wrap(slot, cmd)
         with open(log_path, "wb") as out:
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL)
-        worker = Worker(proc, log_path, time.time())
+        worker = Worker(proc, log_path, time.time(), slot=slot)
         self.workers.append(worker)
         return worker
 
@@ -250,6 +277,17 @@ class Fleet:
                     w.proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
+
+
+def heal(fleet: Fleet, cut: dict[int, dict[str, Any]], slot: int, result: dict[str, Any]) -> None:
+    """End a slot's partition and record it."""
+    assert fleet.network is not None
+    part = cut.pop(slot)
+    fleet.network.heal(slot)
+    del part["heal_at"]
+    part["healed_after_s"] = round(time.time() - part["at"], 1)
+    result["partitions"].append(part)
+    log(f"worker {part['pid']} reachable again")
 
 
 def worker_log_actions(fleet: Fleet, actions: set[str]) -> list[dict[str, Any]]:
@@ -637,7 +675,8 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
     payload = {"ms_min": float(lo), "ms_max": float(hi or lo)}
     slots = args.workers * args.concurrency
     result: dict[str, Any] = {"kills": 0, "terminations": 0, "terminated_sessions": 0,
-                              "restarts": [], "idle_tx_held_s": None}
+                              "restarts": [], "idle_tx_held_s": None, "partitions": []}
+    cut: dict[int, dict[str, Any]] = {}    # slot -> its partition, until healed
 
     if args.upfront:
         t = time.time()
@@ -740,6 +779,18 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
                     result["restarts"].append(restart(url, server, fleet, args, prober))
                     # a restart takes seconds: keep the other periodic faults on schedule
                     now = time.time()
+                elif kind == "partition":
+                    assert fleet.network is not None   # main() requires --netns
+                    reachable = [w for w in fleet.alive() if w.slot not in cut]
+                    if reachable:
+                        victim = rng.choice(reachable)
+                        fleet.network.cut(victim.slot)
+                        cut[victim.slot] = {"pid": victim.proc.pid, "slot": victim.slot,
+                                            "at": now, "heal_at": now + args.partition_down}
+                        log(f"worker {victim.proc.pid} cut off for {args.partition_down:g}s")
+        for slot, part in list(cut.items()):
+            if now >= part["heal_at"]:
+                heal(fleet, cut, slot, result)
         for when in [w for w in respawn_at if w <= now]:
             respawn_at.remove(when)
             fleet.spawn()
@@ -765,6 +816,8 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
             log("drain timeout")
             break
         time.sleep(0.02)
+    for slot in list(cut):
+        heal(fleet, cut, slot, result)
     if prober:
         prober.stop.set()
         prober.join(timeout=5)
@@ -792,7 +845,17 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
 
     # ---------------------------------------------------------- figures
     with psycopg.connect(url, autocommit=True, application_name=RUNNER_APP) as conn:
-        report = check(conn, deaths=fleet.deaths)
+        cut_off: dict[int, list[tuple[float, float]]] = {}
+        for part in result["partitions"]:
+            cut_off.setdefault(part["pid"], []).append(
+                (part["at"], part["at"] + part["healed_after_s"]))
+        report = check(conn, deaths=fleet.deaths, partitions=cut_off)
+        for part in result["partitions"]:
+            # Back at work once its link was: executions it started after the heal.
+            part["ran_after_heal"] = conn.execute(
+                "SELECT count(*) FROM public.conveyor_ledger WHERE worker_pid = %s "
+                "AND started_at > to_timestamp(%s)",
+                (part["pid"], part["at"] + part["healed_after_s"])).fetchone()[0]
         first, last = conn.execute(
             "SELECT extract(epoch FROM min(started_at)), extract(epoch FROM max(finished_at)) "
             "FROM public.conveyor_ledger").fetchone() or (None, None)
@@ -1110,12 +1173,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database-url", help="use this server (a fresh database is created on it) "
                                           "instead of a private embedded one")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--netns", action="store_true",
+                   help="each worker in a network namespace of its own, reaching the private "
+                        "server over a bridge (needs root)")
+    p.add_argument("--latency", type=parse_seconds, default=0.0,
+                   help="with --netns: round trip added to every worker's link, e.g. 20ms")
+    p.add_argument("--partition-down", type=parse_seconds, default=6.0,
+                   help="how long a partition fault cuts its worker off (default 6 s)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, data)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
     faults = parse_faults(args.faults)
     if args.database_url and any(k == "restart" for k, _ in faults):
         p.error("restart faults need the private embedded server (no --database-url)")
+    if any(k == "partition" for k, _ in faults) and not args.netns:
+        p.error("partition faults need --netns")
+    if args.latency and not args.netns:
+        p.error(f"--latency needs --netns, got --latency {args.latency:g}s alone")
+    if args.netns and args.database_url:
+        p.error("--netns needs the private embedded server (no --database-url)")
     if faults and not args.duration:
         p.error("faults need --duration")
     if args.rate and args.upfront:
@@ -1131,6 +1207,9 @@ def main(argv: list[str] | None = None) -> int:
     os.chmod(base, 0o755)
     server: PrivateServer | None = None
     fleet: Fleet | None = None
+    network: Network | None = None
+    proxy: DelayProxy | None = None
+    latency_by: str | None = None
     admin_url = args.database_url
     dbname = f"conveyor_chaos_{uuid.uuid4().hex[:10]}"
     created = False
@@ -1152,16 +1231,43 @@ def main(argv: list[str] | None = None) -> int:
         logdir = base / "logs"
         logdir.mkdir()
         fleet = Fleet(url, args, logdir)
+        if args.netns:
+            assert server is not None
+            network = Network(args.workers)
+            network.open()
+            fleet.network = network
+            fleet.worker_url = make_conninfo(server.listen_on(network.server_address,
+                                                              network.cidr), dbname=dbname)
+            latency_by = None
+            if args.latency:
+                try:
+                    network.delay(args.latency * 1000)
+                    latency_by = "tc netem"
+                except RuntimeError as exc:   # a kernel without sch_netem
+                    log(f"no netem here ({exc}); the delay proxy adds the latency")
+                    proxy = DelayProxy(network.server_address,
+                                       (network.server_address,
+                                        int(conninfo_to_dict(server.url).get("port") or 5432)),
+                                       args.latency * 1000 / 2).start()
+                    fleet.worker_url = make_conninfo(fleet.worker_url, port=proxy.port)
+                    latency_by = "delay proxy"
+            log(f"workers in {args.workers} network namespaces, "
+                f"{args.latency * 1000:g} ms round trip added ({latency_by})")
         # what the workers run is what src/ holds when they start, not at the end
         source = source_version()
         result = measure(url, args, fleet, server)
         result["logs"] = str(logdir) if args.keep else None
+        result["latency_by"] = latency_by
         result["source"] = source
         if source_version() != source:
             result["source_changed_during_run_to"] = source_version()
     finally:
         if fleet is not None:
             fleet.kill_all()
+        if proxy is not None:
+            proxy.close()
+        if network is not None:
+            network.close()
         if created and args.database_url and admin_url:
             try:
                 with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -1188,6 +1294,7 @@ def print_report(r: dict[str, Any]) -> None:
         f"during faults {t['during_faults']}, after faults (60s) {t['after_faults_first_60s']}",
         f"faults: {r['kills']} kills, {r['terminations']} termination rounds "
         f"({r['terminated_sessions']} sessions), {len(r['restarts'])} restarts {r['restarts']}, "
+        f"{len(r['partitions'])} partitions {r['partitions']}, "
         f"idle tx held {r['idle_tx_held_s']}s",
         f"lost {c['lost']}, unexpected {c['unexpected']}, duplicated {c['duplicated']} "
         f"({c['duplicates_after_kill']} after a kill, {c['unexplained_duplicates']} unexplained), "

@@ -71,6 +71,28 @@ def test_r7_short_backend_kill_storm(chaos: Chaos) -> None:
 
 
 @pytest.mark.paired
+def test_a_fleet_with_latency_rides_out_a_partition(chaos: Chaos) -> None:
+    # Each worker on a "host" of its own (a network namespace), 2 ms of round trip
+    # to the server, and one of them cut off for 5 s mid-drain (its link down,
+    # both ends running): conveyor_tools/chaos/netsim.py, docs/scaling.md.
+    report = chaos("--netns", "--latency", "2ms", "--workers", "2", "--events", "3000",
+                   "--upfront", "--duration", "4", "--faults", "partition:3s",
+                   "--partition-down", "5", "--lease-ttl", f"{LEASE_TTL:g}",
+                   "--rescue-interval", f"{RESCUE:g}", "--handler-ms", "0-20",
+                   "--drain-timeout", "60")
+    assert_exactly_once_where_it_counts(report)
+    assert report["latency_by"] in ("tc netem", "delay proxy")
+    [part] = report["partitions"]
+    c = report["check"]
+    # What the cut-off worker had finished but could not acknowledge ran again
+    # elsewhere once its leases expired, and nothing else ran twice.
+    assert c["duplicated"] == c["duplicates_after_partition"], c
+    assert c["partition_rerun_max"] is None or c["partition_rerun_max"] <= LEASE_TTL + RESCUE + 4.0
+    # The worker itself lived through it and went back to work.
+    assert part["ran_after_heal"] > 0, part
+
+
+@pytest.mark.paired
 def test_r6_short_server_restart_mid_drain(chaos: Chaos) -> None:
     report = chaos("--workers", "2", "--events", "3000", "--upfront", "--duration", "3",
                    "--faults", "restart:1s", "--restart-down", "3", "--after", "12",

@@ -93,6 +93,22 @@ def test_cancelled_and_parked_events() -> None:
     assert report.allowed_duplicates == 1 and report.lost == 0
 
 
+def test_a_partition_explains_a_rerun_only_of_what_it_cut_off() -> None:
+    # Worker 100 finished events 1 and 2, then was cut off at t=10 until t=15:
+    # event 2's acknowledgement (finished 0.5 s before the cut) never landed and
+    # it ran again at 14; event 1 finished long before the cut, so its rerun is
+    # still an acknowledgement that vanished.
+    ledger = [run("a1", 1, 1, 100, 0.0, 1.0), run("a2", 1, 2, 101, 14.0, 14.1, owner=OWNER_B),
+              run("b1", 2, 1, 100, 9.0, 9.5), run("b2", 2, 2, 101, 14.0, 14.2, owner=OWNER_B)]
+    states = {1: "succeeded", 2: "succeeded"}
+    report = check_records(ledger, states, partitions={100: [(10.0, 15.0)]})
+    assert report.duplicated == 2 and report.duplicates_after_partition == 1
+    assert report.unexplained_duplicates == 1 and report.unexplained_examples == [1]
+    assert report.to_dict()["partition_rerun_max"] == 4.0
+    # Without the partition, both are unexplained.
+    assert check_records(ledger, states).unexplained_duplicates == 2
+
+
 def test_start_without_lease_is_reported_not_fatal() -> None:
     stale = Execution(execution="a", event_id=1, attempt=2, pid=100, started=0.0, finished=1.0,
                       outcome=SUCCEEDED, lease_owner=None, lease_attempt=2, lease_state="pending")

@@ -8,8 +8,10 @@ It applies Jepsen's *total-queue* semantics to the executions recorded by
 * **unexpected**: executions of events that were never committed;
 * **duplicated**: executions beyond the first that were not retries of a
   failed attempt. They are *allowed* when the previous execution's worker died
-  (SIGKILL), or it had lost its lease by the time it ended, or it was cancelled
-  (lease lost, shutdown); otherwise *unexplained* (an acknowledgement vanished);
+  (SIGKILL), or was cut off from the database before its acknowledgement could
+  land (a network partition), or it had lost its lease by the time it ended,
+  or it was cancelled (lease lost, shutdown); otherwise *unexplained* (an
+  acknowledgement vanished);
 * **overlapping**: two executions of one event running at the same time while
   both leases were valid (the second started before the first's granted lease
   expired, or the first still held its lease when it ended): a bug. Overlap
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -81,6 +83,9 @@ class Execution:
 
 
 EXAMPLES = 10
+# How long a finished handler's acknowledgement may take to reach the database
+# (the completer flushes within milliseconds; a loaded machine, a round trip).
+ACK_SLACK = 1.0
 
 
 @dataclass
@@ -97,6 +102,7 @@ class CheckReport:
     duplicated: int = 0
     allowed_duplicates: int = 0
     duplicates_after_kill: int = 0
+    duplicates_after_partition: int = 0
     unexplained_duplicates: int = 0
     overlapping: int = 0
     zombie_overlaps: int = 0
@@ -105,6 +111,8 @@ class CheckReport:
     orphans: int = 0
     orphans_not_rerun: int = 0
     rerun_delays: list[float] = field(default_factory=list, repr=False)
+    # cut-off -> next start elsewhere, for each event whose acknowledgement a partition held
+    partition_rerun_delays: list[float] = field(default_factory=list, repr=False)
     lost_examples: list[tuple[int, str]] = field(default_factory=list)
     unexpected_examples: list[int] = field(default_factory=list)
     duplicate_examples: list[int] = field(default_factory=list)
@@ -135,7 +143,9 @@ class CheckReport:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("rerun_delays")
-        data.update(ok=self.ok, rerun_max=self.rerun_max, rerun_p95=self.rerun_p95)
+        partition_reruns = data.pop("partition_rerun_delays")
+        data.update(ok=self.ok, rerun_max=self.rerun_max, rerun_p95=self.rerun_p95,
+                    partition_rerun_max=max(partition_reruns) if partition_reruns else None)
         return data
 
     def summary(self) -> str:
@@ -179,7 +189,9 @@ def _add_example(examples: list[Any], value: Any) -> None:
 
 def check_records(executions: Iterable[Execution], states: Mapping[int, str], *,
                   committed: Iterable[int] | None = None,
-                  deaths: Mapping[int, float] | None = None) -> CheckReport:
+                  deaths: Mapping[int, float] | None = None,
+                  partitions: Mapping[int, Sequence[tuple[float, float]]] | None = None,
+                  ack_slack: float = ACK_SLACK) -> CheckReport:
     """The checker over plain records (what :func:`check` reads, or a fabricated history).
 
     Args:
@@ -189,6 +201,10 @@ def check_records(executions: Iterable[Execution], states: Mapping[int, str], *,
             An id committed but absent from the table is lost.
         deaths: pid -> epoch second of every worker process known to have died
             (SIGKILL). Unfinished executions on other pids are presumed dead too.
+        partitions: pid -> (cut, healed) epoch seconds of every time that worker was cut
+            off from the database. An execution that finished at most ``ack_slack``
+            seconds before a cut, or during it, may have had its acknowledgement held
+            by the partition: the event running again is allowed, as after a kill.
     """
     committed_ids = set(states) if committed is None else set(committed)
     deaths = dict(deaths or {})
@@ -234,7 +250,12 @@ def check_records(executions: Iterable[Execution], states: Mapping[int, str], *,
                     died = prev.pid in deaths or prev.finished is None
                     if prev.pid in deaths:
                         report.duplicates_after_kill += 1
-                    if died or prev.outcome == CANCELLED or not prev.held_lease_at_end:
+                    held = _cut_off(prev, partitions or {}, ack_slack)
+                    if held is not None:
+                        report.duplicates_after_partition += 1
+                        report.partition_rerun_delays.append(run.started - held)
+                    if (died or held is not None or prev.outcome == CANCELLED
+                            or not prev.held_lease_at_end):
                         report.allowed_duplicates += 1
                     else:
                         report.unexplained_duplicates += 1
@@ -266,6 +287,17 @@ def check_records(executions: Iterable[Execution], states: Mapping[int, str], *,
     return report
 
 
+def _cut_off(run: Execution, partitions: Mapping[int, Sequence[tuple[float, float]]],
+             slack: float) -> float | None:
+    """When ``run``'s worker was cut off before its outcome could reach the database, if it was."""
+    if run.finished is None:
+        return None
+    for cut, healed in partitions.get(run.pid, ()):
+        if cut - slack <= run.finished <= healed:
+            return cut
+    return None
+
+
 def _epoch(value: datetime | None) -> float | None:
     return None if value is None else value.timestamp()
 
@@ -287,6 +319,7 @@ def read_executions(conn: psycopg.Connection[Any], table: str = TABLE_DEFAULT) -
 def check(conn: psycopg.Connection[Any], *, table: str = TABLE_DEFAULT,
           schema: str = SCHEMA_DEFAULT, committed: Iterable[int] | None = None,
           deaths: Mapping[int, float] | None = None,
+          partitions: Mapping[int, Sequence[tuple[float, float]]] | None = None,
           topic_like: str | None = None) -> CheckReport:
     """Check the ledger against the events table (see :func:`check_records`).
 
@@ -298,4 +331,5 @@ def check(conn: psycopg.Connection[Any], *, table: str = TABLE_DEFAULT,
         sql.SQL("true") if topic_like is None else sql.SQL("topic LIKE {}").format(
             sql.Literal(topic_like)))
     states = {int(i): str(s) for i, s in conn.execute(query).fetchall()}
-    return check_records(read_executions(conn, table), states, committed=committed, deaths=deaths)
+    return check_records(read_executions(conn, table), states, committed=committed, deaths=deaths,
+                         partitions=partitions)
