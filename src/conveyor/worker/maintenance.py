@@ -51,6 +51,10 @@ __all__ = ["PRUNE_BATCH", "RESCUE_BATCH", "HorizonHolder", "Maintenance", "Pause
 # other half for the next claim. One read of a table of a few rows.
 PAUSE_CHECK_INTERVAL = 0.5
 _LEAVE_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE_ERRORS, psycopg.Error)
+# Each step of leaving the registry: the connect and its two statements. A
+# connection cut by the services' stop (a statement cancelled mid-flight) is
+# opened again to leave, and to a dead server that connect waits this long.
+LEAVE_STEP_TIMEOUT = 2.0
 
 
 class PauseCheck:
@@ -186,9 +190,10 @@ class Maintenance:
         """The last outcome counts flushed and the registry row removed, briefly: the
         row expires on its own, and an exit must not wait for the database."""
         try:
-            conn = await asyncio.wait_for(self.conn.get(give_up_on_stop=False), 5)
-            await with_deadline(conn, self.flush_counts(conn), 2)
-            await with_deadline(conn, self.unregister(conn), 2)
+            conn = await asyncio.wait_for(self.conn.get(give_up_on_stop=False),
+                                          LEAVE_STEP_TIMEOUT)
+            await with_deadline(conn, self.flush_counts(conn), LEAVE_STEP_TIMEOUT)
+            await with_deadline(conn, self.unregister(conn), LEAVE_STEP_TIMEOUT)
         except _LEAVE_ERRORS:
             pass
 
