@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
+import psycopg
 import pytest
 
 from conveyor import AsyncCommittingProducer, Event, NewEvent, Worker
+from conveyor.worker.connection import ManagedConnection
+from conveyor.worker.deadline import with_deadline, with_deadline_in_task
 from waiting import wait_until
 from worker_support import router_for
 
@@ -289,3 +293,79 @@ async def test_one_half_open_worker_connection_is_replaced_within_query_timeout(
     assert took <= query_timeout + 3
     assert set(handled) == set(ids)
     assert twice == 0
+
+
+ACTIVE_PID = ("SELECT 1 FROM pg_stat_activity WHERE pid = %s AND state = 'active' "
+              "AND query LIKE 'SELECT pg_sleep%%'")
+
+
+async def _sleeping_behind_a_hole(fresh_db: str, proxy: BlackHoleProxy,
+                                  conn: psycopg.AsyncConnection[Any]) -> int:
+    """Wait until ``conn``'s statement runs on the server, then black-hole its
+    connection; returns its backend's pid."""
+    pid = conn.info.backend_pid
+
+    async def sleeping() -> bool:
+        return bool(await query(fresh_db, ACTIVE_PID, (pid,)))
+    await wait_until(sleeping, timeout=10, what="the statement to run")
+    proxy.hole(pid)
+    return pid
+
+
+# A statement in the calling task (with_deadline_in_task) whose caller was
+# cancelled made psycopg ask the server to cancel it, then wait 5 s on the dead
+# connection for the answer, the worker's stop waiting behind it.
+async def test_a_cancelled_statement_on_a_half_open_connection_ends_with_its_caller(
+        fresh_db: str, proxy: BlackHoleProxy) -> None:
+    managed = ManagedConnection(via(fresh_db, proxy), "fetch", reconnect_min=0.05,
+                                reconnect_max=0.2, stopping=asyncio.Event())
+    conn = await managed.get()
+    statement = asyncio.create_task(
+        with_deadline_in_task(conn, conn.execute("SELECT pg_sleep(30)"), 20.0))
+    pid = await _sleeping_behind_a_hole(fresh_db, proxy, conn)
+    try:
+        started = time.monotonic()
+        statement.cancel()
+        await asyncio.wait({statement}, timeout=15)
+        took = time.monotonic() - started
+        print(f"\ncancelled statement on a half-open connection ended after {took:.2f}s")
+        assert statement.cancelled()
+        # ~5 s before: psycopg's polite cancel waiting on the dead connection.
+        assert took < 1.5, took
+        # Its connection is lost: the owner opens a new one, which works.
+        assert conn.closed
+        fresh = await asyncio.wait_for(managed.get(), 10)
+        assert fresh is not conn
+        assert await (await fresh.execute("SELECT 1")).fetchone() == (1,)
+    finally:
+        proxy.heal()
+        if not statement.done():
+            statement.cancel()
+            await asyncio.wait({statement}, timeout=10)
+        await managed.close()
+        await query(fresh_db, "SELECT pg_terminate_backend(%s)", (pid,))
+
+
+# with_deadline() returned to a cancelled caller at once, but left its statement's
+# task asking the server to cancel on the dead connection: for 5 s the socket
+# stayed open (and registered in the loop once its owner closed it).
+async def test_a_bounded_statement_ends_with_its_cancelled_caller(
+        fresh_db: str, proxy: BlackHoleProxy) -> None:
+    conn = await psycopg.AsyncConnection.connect(via(fresh_db, proxy), autocommit=True)
+    caller = asyncio.create_task(with_deadline(conn, conn.execute("SELECT pg_sleep(30)"), 20.0))
+    pid = await _sleeping_behind_a_hole(fresh_db, proxy, conn)
+    try:
+        caller.cancel()
+        await asyncio.wait({caller}, timeout=15)
+        assert caller.cancelled()
+
+        async def closed() -> bool:
+            return conn.closed
+        took = await wait_until(closed, timeout=15, interval=0.01,
+                                what="the cancelled statement's connection to close")
+        print(f"\nthe cancelled statement's connection closed after {took:.2f}s")
+        assert took < 1.5, took
+    finally:
+        proxy.heal()
+        await conn.close()
+        await query(fresh_db, "SELECT pg_terminate_backend(%s)", (pid,))

@@ -100,8 +100,9 @@ class Completer:
             return
         log.error("could not acknowledge %d results before exit; their leases will expire",
                   self.backlog, extra={"action": "ack_abandoned"})
-        # Its statements run in their own task (with_deadline_in_task): close the
-        # socket first, so the cancellation does not wait on the server.
+        # Close the socket first, so the cancellation waits on no server: a
+        # statement under a deadline would close it itself, but those probing
+        # locks (_write_around_locks) run without one.
         self._conn.abort()
         task.cancel()
         await asyncio.wait({task}, timeout=1.0)

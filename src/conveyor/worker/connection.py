@@ -13,7 +13,7 @@ from conveyor.config import WorkerConfig
 from conveyor.db.connect import behind_pooler_async, connect_async
 from conveyor.errors import DatabaseUnavailableError, InvalidDatabaseUrlError
 from conveyor.retry import BackoffPolicy, RetryPolicy
-from conveyor.worker.deadline import unwatch
+from conveyor.worker.deadline import cut
 
 log = logging.getLogger(__name__)
 
@@ -280,10 +280,11 @@ class ManagedConnection:
 
         For a task about to be cancelled: with the connection gone, psycopg
         skips asking the server to cancel (which could wait on a dead server).
+        Statements under a deadline do this themselves when cancelled; the
+        others (a transaction's own statements) need it done for them.
         """
         if self._conn is not None and not self._conn.closed:
-            unwatch(self._conn)
-            self._conn.pgconn.finish()
+            cut(self._conn)
 
     async def close(self) -> None:
         await self.discard()

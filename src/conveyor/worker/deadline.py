@@ -4,12 +4,15 @@ A half-open connection (the peer's kernel still ACKs, nothing answers) hangs
 a statement for good, and TCP keepalives cannot see it. Every statement a
 worker runs is therefore bounded: past its deadline the socket is closed and
 ``TimeoutError`` raised, which the caller treats as a lost connection.
+
+A statement whose caller is cancelled ends with its caller, the same way: its
+socket is closed, not politely cancelled (see :class:`_EndsWithCaller`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
 import psycopg
@@ -36,6 +39,56 @@ def unwatch(conn: psycopg.AsyncConnection[Any]) -> None:
     loop.remove_writer(fd)
 
 
+def cut(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Close ``conn``'s socket without a word to the server; its owner replaces it."""
+    unwatch(conn)
+    conn.pgconn.finish()
+
+
+class _EndsWithCaller(Generator[Any, Any, T]):
+    """Awaits ``statement``; a cancellation on its way into it first cuts ``conn``.
+
+    psycopg meets a cancellation inside a statement by asking the server to
+    cancel it, on a new connection, then waiting on this one for the statement
+    to end: up to 5 s each when the server is gone or half-open, and a socket
+    its owner closes meanwhile stays registered in the loop. Cut before
+    psycopg sees the cancellation, the connection has no statement left to
+    cancel, so psycopg raises at once; and its own clean-up (taking the socket
+    out of the loop) runs in the same step as the close, before any new socket
+    can take the number. The server is not told: the statement runs on there
+    until it ends or meets its statement_timeout, as after a deadline. An
+    iterator of our own rather than a task around the statement: it costs one
+    method call per wake-up (hot path, measured: see docs/benchmarks.md).
+    """
+
+    __slots__ = ("_conn", "_inner")
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], statement: Awaitable[T]) -> None:
+        self._conn = conn
+        self._inner = statement.__await__()
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        return self
+
+    def __next__(self) -> Any:
+        return self._inner.send(None)
+
+    def send(self, value: Any) -> Any:
+        return self._inner.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None, /) -> Any:
+        exc = typ if val is None else val
+        if isinstance(exc, asyncio.CancelledError) or (
+                isinstance(exc, type) and issubclass(exc, asyncio.CancelledError)):
+            cut(self._conn)
+        if val is None and tb is None:
+            return self._inner.throw(typ)
+        return self._inner.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 async def with_deadline(conn: psycopg.AsyncConnection[Any], statement: Awaitable[T], timeout: float, *,
                   stopping: asyncio.Event | None = None, grace: float = 1.0) -> T:
     """Await a statement on ``conn`` for at most ``timeout`` seconds.
@@ -46,9 +99,10 @@ async def with_deadline(conn: psycopg.AsyncConnection[Any], statement: Awaitable
     (a polite cancel would first wait on the same dead connection), and
     TimeoutError is raised for the caller to treat as a lost connection. With
     ``stopping``, a stop request shortens the wait to ``grace`` seconds, so a
-    worker can always shut down.
+    worker can always shut down. A cancelled caller takes the statement down
+    with it, closing the socket the same way.
     """
-    task = asyncio.ensure_future(statement)
+    task = asyncio.ensure_future(_EndsWithCaller(conn, statement))
     stop_task = None
     waiters: set[asyncio.Future[Any]] = {task}
     if stopping is not None and not stopping.is_set():
@@ -59,8 +113,9 @@ async def with_deadline(conn: psycopg.AsyncConnection[Any], statement: Awaitable
         if task not in done and stopping is not None and stopping.is_set():
             done, _ = await asyncio.wait({task}, timeout=grace)
     except asyncio.CancelledError:
-        # The caller was cancelled: take the statement down with it, and retrieve
-        # its outcome so asyncio does not report it as never retrieved.
+        # The caller was cancelled: take the statement down with it (its socket
+        # closed as the cancellation reaches it), and retrieve its outcome so
+        # asyncio does not report it as never retrieved.
         task.cancel()
         task.add_done_callback(_retrieve)
         raise
@@ -69,13 +124,14 @@ async def with_deadline(conn: psycopg.AsyncConnection[Any], statement: Awaitable
             stop_task.cancel()
     if task in done:
         return task.result()
-    unwatch(conn)
-    conn.pgconn.finish()
     task.cancel()
     try:
         await task
     except BaseException:  # noqa: BLE001 - it failed because we closed its socket
         pass
+    # Already closed, unless the statement ended between the wait and the
+    # cancellation: dropped all the same, as the error says.
+    cut(conn)
     raise TimeoutError(f"no answer from the database within {timeout:g}s; connection dropped")
 
 
@@ -118,10 +174,8 @@ async def with_deadline_in_task(conn: psycopg.AsyncConnection[Any], statement: A
     TimeoutError raised; a stop shortens the wait to ``grace``), but a timer
     replaces the statement's own task and ``asyncio.wait()``: a claim or an
     acknowledgement costs about 50 us less CPU and reaches the wire one loop
-    round sooner. The difference: if the caller is cancelled, psycopg first
-    asks the server to cancel the statement, which waits on the connection
-    (the timer still bounds that wait). Callers cancelled from outside close
-    the connection first (see ``ManagedConnection.abort``).
+    round sooner. A caller cancelled from outside gets its CancelledError at
+    once, and ``conn`` is closed.
     """
     task = asyncio.current_task()
     if task is None:
@@ -132,8 +186,9 @@ async def with_deadline_in_task(conn: psycopg.AsyncConnection[Any], statement: A
     def expire() -> None:
         nonlocal expired
         expired = True
-        unwatch(conn)
-        conn.pgconn.finish()   # fails the statement without a word to the server
+        # The cancellation cuts the socket as it reaches the statement: closed
+        # here, its number could go to a new socket before psycopg, waking,
+        # takes it out of the loop.
         task.cancel()
 
     handle = loop.call_later(timeout, expire)
@@ -149,7 +204,7 @@ async def with_deadline_in_task(conn: psycopg.AsyncConnection[Any], statement: A
         assert stopping is not None
         stopping.add_callback(shorten)
     try:
-        return await statement
+        return await _EndsWithCaller(conn, statement)
     except asyncio.CancelledError:
         if expired and task.uncancel() == 0:
             raise TimeoutError(f"no answer from the database within {timeout:g}s; "
