@@ -121,18 +121,20 @@ def check_disk(conn: psycopg.Connection[Any], rows: int) -> dict[str, Any]:
     return {"need_gb": round(need / 1e9, 1), "free_gb": round(free / 1e9, 1)}
 
 
-def create_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+def create_schema(conn: psycopg.Connection[Any], schema: str, marker: str = MARKER,
+                  who: str = "big_table") -> None:
+    """A migrated scratch schema, marked as ``who``'s; one left by an earlier run is replaced."""
     exists = conn.execute("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace"
                           " WHERE nspname = %s", (schema,)).fetchone()
     if exists is not None:
-        if exists[0] != MARKER:
-            raise SystemExit(f"big_table: schema {schema!r} exists and is not ours; "
+        if exists[0] != marker:
+            raise SystemExit(f"{who}: schema {schema!r} exists and is not ours; "
                              "pick another with --schema")
         log(f"dropping {schema} left by an earlier run")
         drop_schema(conn, schema)
     Migrator(schema).apply(conn)
     conn.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
-        sql.Identifier(schema), sql.Literal(MARKER)))
+        sql.Identifier(schema), sql.Literal(marker)))
 
 
 def drop_schema(conn: psycopg.Connection[Any], schema: str) -> None:

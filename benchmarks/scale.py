@@ -43,14 +43,13 @@ from typing import Any
 
 import httpx
 import psycopg
-from big_table import FILL_PENDING, _render, check_disk, claim_params, rolled_back
+from big_table import FILL_PENDING, _render, check_disk, claim_params, create_schema, rolled_back
 from psycopg import sql
 
 from conveyor import NewEvent, Producer
 from conveyor.config import ProducerConfig
 from conveyor.dashboard import DashboardConfig, allow_all, dashboard_app
 from conveyor.db.named_queries import queries_for
-from conveyor.schema.migrator import Migrator
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "conveyor benchmarks/scale.py scratch schema"
@@ -80,19 +79,6 @@ def percentiles(values: list[float]) -> dict[str, float]:
         return round(ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))], 2)
 
     return {"p50": round(statistics.median(ordered), 2), "p95": at(0.95), "p99": at(0.99)}
-
-
-def create_schema(conn: psycopg.Connection[Any], schema: str) -> None:
-    row = conn.execute("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace"
-                       " WHERE nspname = %s", (schema,)).fetchone()
-    if row is not None:
-        if row[0] != MARKER:
-            raise SystemExit(f"scale: schema {schema!r} exists and is not this script's; "
-                             "pick another with --schema")
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    Migrator(schema).apply(conn)
-    conn.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(sql.Identifier(schema),
-                                                              sql.Literal(MARKER)))
 
 
 def grow_history(conn: psycopg.Connection[Any], schema: str, have: int, want: int) -> float:
@@ -266,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         version = conn.execute("SHOW server_version").fetchone()
         report["server_version"] = version[0] if version else None
         report["disk"] = check_disk(conn, sizes[-1])
-        create_schema(conn, args.schema)
+        create_schema(conn, args.schema, MARKER, "scale")
         with conn.transaction():
             conn.execute(_render(FILL_PENDING, args.schema), {"n": args.pending})
     have = 0
