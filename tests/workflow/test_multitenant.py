@@ -31,6 +31,7 @@ from conveyor.multitenant import (
 )
 from conveyor.schema.migrator import Migrator
 from conveyor.types import Event
+from reliability.helpers import BlackHoleProxy, via
 from waiting import wait_until
 
 from .conftest import ROOT, running, show
@@ -233,6 +234,60 @@ async def test_an_unreachable_tenant_does_not_stop_the_others(tenant_db: MakeDb)
     finally:
         worker.request_stop()
         await worker.close()
+
+
+async def test_a_tenant_whose_database_stops_answering_does_not_stall_the_others(
+        tenant_db: MakeDb, server_url: str) -> None:
+    # Tenant b's database stops answering mid-run (every packet to it swallowed,
+    # nothing closed: the worst way to go down); tenant a's events keep running
+    # within their usual time, and b's run again once its database is back.
+    url_a, url_b = tenant_db("a", True), tenant_db("b", True)
+    target = psycopg.conninfo.conninfo_to_dict(server_url)
+    proxy = BlackHoleProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    await proxy.start()
+    ran: dict[str, list[int]] = {"a": [], "b": []}
+
+    async def handle(event: Event) -> None:
+        tenant = current_tenant()
+        assert tenant is not None
+        ran[tenant.name].append(event.id)
+
+    async def publish(name: str, url: str, n: int) -> float:
+        async with AsyncCommittingProducer(url) as producer:
+            sent = time.monotonic()
+            for i in range(n):
+                await producer.enqueue("job.item", {"i": i}, tenant=name)
+        return sent
+
+    router = Router()
+    router.add("job.*", handle)
+    config = WorkerConfig(concurrency=5, query_timeout=2.0, lease_ttl=4.0, heartbeat_interval=1.0,
+                          **RECONNECT)
+    worker = MultiTenantWorker([TenantDatabase("a", url_a), TenantDatabase("b", via(url_b, proxy))],
+                               router, MultiTenantConfig(worker=config, rescan_interval=60))
+    try:
+        async with running(worker):
+            await publish("a", url_a, 5)
+            await publish("b", url_b, 5)
+            await wait_until(lambda: _ran_at_least(ran, a=5, b=5), timeout=15,
+                             what="both tenants' first events")
+            proxy.black_hole_all()
+            for round_ in range(1, 4):      # a's events, again and again while b is gone
+                sent = await publish("a", url_a, 20)
+                await wait_until(lambda n=5 + 20 * round_: _ran_at_least(ran, a=n), timeout=10,
+                                 what="tenant a's events while b is down")
+                assert time.monotonic() - sent < 5.0
+            await publish("b", url_b, 5)        # written beside the worker's dead path
+            proxy.heal()
+            await wait_until(lambda: _ran_at_least(ran, b=10), timeout=30,
+                             what="tenant b's events once its database answers again")
+    finally:
+        await proxy.stop()
+    assert sorted(set(ran["a"])) == sorted(ran["a"]) and len(ran["a"]) == 65
+
+
+async def _ran_at_least(ran: dict[str, list[int]], **wanted: int) -> bool:
+    return all(len(ran[name]) >= n for name, n in wanted.items())
 
 
 async def test_a_router_factory_builds_each_tenants_router(tenant_db: MakeDb) -> None:
