@@ -117,6 +117,12 @@ FILTERS: dict[str, tuple[dict[str, Any], set[str]]] = {
     "ids": ({"ids": ()}, set()),            # replaced below: ids are per run
     "state and topic": ({"states": ("pending",), "topic": "email.*"},
                         {"mail_acme", "later"}),
+    # "scheduled": pending, not due yet; beside other states it narrows only the pending ones
+    "scheduled": ({"states": ("scheduled",)}, {"later"}),
+    "scheduled flag": ({"scheduled": True}, {"later"}),
+    "scheduled or failed": ({"states": ("failed", "scheduled")}, {"mail_bulk", "later"}),
+    "scheduled and pending": ({"states": ("scheduled", "pending")},
+                              {"mail_acme", "emailx", "a_b", "axb", "later"}),
     "nothing matches": ({"tenant": "acme", "states": ("failed",)}, set()),
 }
 
@@ -217,6 +223,10 @@ BAD_FILTERS: list[tuple[dict[str, Any], str]] = [
     ({"ids": ("12",)}, "invalid event id '12' in ids"),
     ({"ids": (2**63,)}, "out of range"),
     ({"ids": 5}, "expected ids to be a tuple"),
+    ({"states": ("sheduled",)}, "unknown state 'sheduled' in states: expected one of .*scheduled"),
+    ({"scheduled": "yes"}, "expected scheduled to be True or False, got 'yes'"),
+    ({"states": ("failed",), "scheduled": True},
+     r"scheduled narrows pending events, but states \('failed',\) has none"),
 ]
 
 
@@ -551,6 +561,14 @@ def test_payload_path_filters_by_a_predicate_and_bulk_actions_follow_it(db: Conn
         big, acme]
 
 
+def test_cancelling_the_scheduled_events_leaves_the_due_ones(db: Conn) -> None:
+    ids = _sample(db)
+    admin = Admin()
+    assert admin.cancel_matching(db, EventFilter(states=("scheduled",))) == [ids["later"]]
+    due = _ids(admin.events(db, EventFilter(states=("pending",))))
+    assert sorted(due) == sorted(ids[k] for k in ("mail_acme", "emailx", "a_b", "axb"))
+
+
 @pytest.mark.parametrize(("path", "message"), [
     ("$.customer ==", "invalid payload path '$.customer ==': syntax error"),
     ("", "expected payload to be a non-empty string, got ''"),
@@ -563,6 +581,7 @@ def test_a_bad_payload_path_is_refused_naming_it(db: Conn, path: str, message: s
 
 COUNTED_FILTERS = [
     {"states": ("failed",)}, {"topic": "email.*"}, {"states": ("failed", "cancelled")},
+    {"states": ("scheduled",)}, {"states": ("scheduled", "failed")},
     {"tenant": "acme"}, {"topic": "*"}, {"error": "smtp"}, {"payload": "$.n == 1"},
 ]
 

@@ -83,6 +83,9 @@ def test_events_filters(cli: Run, fresh_db: str) -> None:
     assert _ids(_json(cli, "events", "--error", "smtp 550")) == [b]
     assert _ids(_json(cli, "events", "--older-than", "1d")) == [a]
     assert _ids(_json(cli, "events", "--newer-than", "1d")) == [c, b]
+    later = enqueue(cli, "email.send", "{}", "--delay", "1h")
+    assert _ids(_json(cli, "events", "--state", "scheduled")) == [later]
+    assert _ids(_json(cli, "events", "--state", "scheduled", "--state", "failed")) == [later, c, b]
 
 
 def test_events_payload_filter_and_its_next_page_hint(cli: Run) -> None:

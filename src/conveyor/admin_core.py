@@ -175,7 +175,8 @@ def _list_params(filter: EventFilter, after: int | None, limit: int, *,
         "topic": exact, "topic_from": low, "topic_to": high,
         "tenant": filter.tenant, "older_than": filter.older_than,
         "newer_than": filter.newer_than, "error": filter.error, "payload": filter.payload,
-        "scheduled_pending_only": scheduled_pending_only, "limit": limit, "newest": newest,
+        "scheduled_pending_only": scheduled_pending_only or filter.scheduled,
+        "limit": limit, "newest": newest,
     }
 
 

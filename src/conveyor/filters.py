@@ -31,6 +31,8 @@ class EventFilter:
         EventFilter(states=("failed",), topic="email.*", newer_than=86_400)
 
     ``states``: :class:`EventState` values; defaults to empty (any state).
+    ``"scheduled"`` among them names the pending events not due yet (a
+    delayed event, a retry waiting out its backoff): it sets ``scheduled``.
     ``topic``: an exact topic or ``"prefix.*"``, matched like the Router
     (``"*"`` names every topic explicitly); defaults to None (any topic).
     ``tenant``: one tenant; defaults to None (any tenant, and none).
@@ -41,6 +43,8 @@ class EventFilter:
     ``@@``), e.g. ``'$.customer == "acme"'`` or ``'exists($.refund)'``;
     defaults to None. A path that is not a predicate matches nothing.
     ``ids``: only these event ids; defaults to empty (no id restriction).
+    ``scheduled``: pending events match only while not due yet (``run_at`` in
+    the future); with no ``states``, only those. Defaults to False.
 
     Every value is checked on creation: a bad one raises
     :class:`~conveyor.errors.InvalidInputError` naming the field and the value.
@@ -54,11 +58,22 @@ class EventFilter:
     error: str | None = None
     ids: tuple[int, ...] = ()
     payload: str | None = None
+    scheduled: bool = False
 
     def __post_init__(self) -> None:
         # Frozen: the normalised values (tuples, plain strings, floats) are set
         # through object.__setattr__, the dataclass way.
-        object.__setattr__(self, "states", _filter_states(self.states))
+        if not isinstance(self.scheduled, bool):
+            raise InvalidInputError(f"expected scheduled to be True or False, got "
+                                    f"{show(self.scheduled)}")
+        states, scheduled = _filter_states(self.states)
+        object.__setattr__(self, "states", states)
+        object.__setattr__(self, "scheduled", scheduled or self.scheduled)
+        if self.scheduled and self.states and EventState.PENDING.value not in self.states:
+            raise InvalidInputError(
+                f"scheduled narrows pending events, but states {show(self.states)} has none")
+        if self.scheduled and not self.states:
+            object.__setattr__(self, "states", (EventState.PENDING.value,))
         if self.topic is not None:
             object.__setattr__(self, "topic", _filter_field("topic", self.topic,
                                                             check_topic_pattern))
@@ -82,16 +97,33 @@ def _sequence(name: str, value: object, example: str) -> tuple[Any, ...]:
     return tuple(value)
 
 
-def _filter_states(states: object) -> tuple[str, ...]:
-    out = []
+# Not a state of its own: pending events whose run_at is still ahead.
+SCHEDULED = "scheduled"
+# What a filter's states may name, in the order lists show them.
+FILTER_STATES = tuple(
+    name for state in EventState
+    for name in ((state.value, SCHEDULED) if state is EventState.PENDING else (state.value,)))
+
+
+def _filter_states(states: object) -> tuple[tuple[str, ...], bool]:
+    """The states, and whether ``"scheduled"`` narrows the pending ones (it stands for
+    pending events not due yet; beside ``"pending"`` itself it narrows nothing)."""
+    named: list[str] = []
+    scheduled = False
     for state in _sequence("states", states, "('failed',)"):
+        if state == SCHEDULED:
+            scheduled = True
+            continue
         try:
-            out.append(EventState(state).value)
+            named.append(EventState(state).value)
         except ValueError:
             raise InvalidInputError(
                 f"unknown state {show(state)} in states: expected one of "
-                + ", ".join(s.value for s in EventState)) from None
-    return tuple(dict.fromkeys(out))
+                + ", ".join([*(s.value for s in EventState), SCHEDULED])) from None
+    narrows = scheduled and EventState.PENDING.value not in named
+    if narrows:
+        named.append(EventState.PENDING.value)
+    return tuple(dict.fromkeys(named)), narrows
 
 
 def _filter_field(name: str, value: object, check: Any) -> Any:

@@ -301,6 +301,18 @@ async def test_created_before_and_within_make_a_time_range(fresh_db: str) -> Non
     assert f"/events/{ids['pending']}\"" in new.text and f"/events/{ids['failed']}\"" not in new.text
 
 
+async def test_the_scheduled_chip_lists_the_pending_events_not_due_yet(fresh_db: str) -> None:
+    ids = _seed(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        later = Producer().enqueue(conn, "email.send", {"to": "c@example.com"}, delay=3600)
+    async with _client(_app(fresh_db)) as client:
+        page = await client.get("/events?state=scheduled")
+    assert page.status_code == 200
+    assert f'href="/events/{later}"' in page.text
+    assert f'href="/events/{ids["pending"]}"' not in page.text     # due: pending, not scheduled
+    assert 'value="scheduled" checked' in page.text
+
+
 async def test_the_bulk_confirmation_counts_in_one_statement(fresh_db: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     with psycopg.connect(fresh_db, autocommit=True) as conn:

@@ -21,12 +21,13 @@ from conveyor.cli import progress
 from conveyor.cli.context import Context, duration, moment, positive_int
 from conveyor.cli.options import add_command, add_json, format_seconds, usage_error
 from conveyor.cli.output import emit_json, escape, note, say
-from conveyor.types import FINISHED_STATES, EventFilter, EventState, EventSummary
+from conveyor.filters import FILTER_STATES
+from conveyor.types import FINISHED_STATES, EventFilter, EventSummary
 from conveyor.validation import check_event_id
 
 Sub = Any  # argparse's private _SubParsersAction
 
-STATES = [s.value for s in EventState]
+STATES = list(FILTER_STATES)
 FILTERS = ("states", "topic", "tenant", "older_than", "newer_than", "error", "payload")
 # Text output lists the ids of a bulk action up to this many; --json lists all.
 IDS_SHOWN = 20
@@ -36,7 +37,8 @@ ERROR_WIDTH = 60
 def add_filter_options(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("filters (each one given narrows the match)")
     group.add_argument("--state", action="append", dest="states", choices=STATES,
-                       metavar="STATE", help="in this state (repeatable): " + ", ".join(STATES))
+                       metavar="STATE", help="in this state (repeatable): " + ", ".join(STATES)
+                       + " (scheduled: pending, not due yet)")
     group.add_argument("--topic", help="this topic, or every topic under a prefix: 'email.*'")
     group.add_argument("--tenant", help="of this tenant")
     group.add_argument("--older-than", type=duration, metavar="DURATION",

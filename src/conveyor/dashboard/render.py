@@ -32,6 +32,7 @@ from conveyor.dashboard.security import (
     csrf_token,
 )
 from conveyor.errors import InvalidInputError
+from conveyor.filters import FILTER_STATES
 from conveyor.records import EventRecord
 from conveyor.states import EventState
 
@@ -155,7 +156,7 @@ class Renderer:
             self.env.get_template(template).render,
             request=request, csrf_field=CSRF_FIELD, csrf_token=token, can=can,
             notice=self._notice(request), now=datetime.now(UTC), ago=ago, config=self.config,
-            states=[s.value for s in EventState], within_choices=list(WITHIN),
+            states=list(FILTER_STATES), within_choices=list(WITHIN),
             url=lambda name, **p: self.path(request, name, **p), **context)
         response = HTMLResponse(body, status_code=http_status)
         response.headers["Cache-Control"] = "no-store"
