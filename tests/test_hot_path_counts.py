@@ -192,13 +192,16 @@ def test_a_drained_event_writes_at_most_its_measured_wal(fresh_db: str,
             admin.execute("VACUUM (ANALYZE) conveyor.events")
         claim, acknowledge = drain_wal(conn, 10, 100, delete_succeeded=delete_succeeded)
         raw = raw_drain_wal(conn, 10, 100, "delete" if delete_succeeded else "mark")
-    # 2026-12-03: a claim writes 437 bytes per event (its row lock, the new row
-    # version and its primary key and events_lease_idx entries); a success
-    # marked 365 (the row version, its primary key and events_prunable_idx
-    # entries), one deleted 54. The raw loop's claim and finish of the same
-    # events: 610 bytes marked, 389 deleted (so 1.31 and 1.25 times as much
-    # here; the target is 1.1). The bounds leave room for a full-page image or
-    # two after a checkpoint; more than that is a new cost.
+    print(f"\nWAL per event: claim {claim:.1f}, acknowledgement {acknowledge:.1f}, raw {raw:.1f}")
+    # 2026-12-03, full-page images left out (wal_support): a claim writes
+    # 418-436 bytes per event (its row lock, the new row version and its primary
+    # key and events_lease_idx entries); a success marked 330-366 (the row
+    # version, its primary key and events_prunable_idx entries), one deleted 54.
+    # The raw loop's claim and finish of the same events: 610 bytes marked,
+    # 389-408 deleted (so 1.24-1.31 and 1.13-1.21 times as much here; the target
+    # is 1.1). What moves between runs is page pruning and index page splits,
+    # which follow what else the server holds open; the bounds leave room for
+    # that, and more than that is a new cost.
     assert claim <= 470, claim
     assert acknowledge <= (75 if delete_succeeded else 395), acknowledge
     assert (claim + acknowledge) / raw <= (1.3 if delete_succeeded else 1.36), (claim, acknowledge,
