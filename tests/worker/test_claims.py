@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -12,6 +13,7 @@ from conveyor import Event, Router, Worker
 from conveyor.db.named_queries import queries_for
 from conveyor.patterns import sql_params
 from conveyor.types import CLAIM_COLUMNS
+from waiting import wait_until
 from worker_support import enqueue, fast_config, query
 
 Q = queries_for("conveyor")
@@ -100,3 +102,46 @@ async def test_the_pause_aware_claim_is_chosen_only_while_a_pause_may_hold(db: s
         assert worker.claims._statement(chosen) == (Q["event_claim_flow"], True)
     finally:
         await worker.close()
+
+
+async def test_a_claim_answered_after_its_lease_hands_its_events_back_unrun(db: str) -> None:
+    # A claim whose answer comes back only after the lease it granted could have
+    # run out (a network path that stalled: in the fleet simulation, another
+    # worker had rescued and run the events meanwhile) must not start them.
+    # Here the claim waits on a table lock for longer than the lease.
+    ids = [await enqueue(db, "open.job") for _ in range(3)]
+    done: list[int] = []
+    config = fast_config(lease_ttl=1.0, query_timeout=30.0)
+    worker = Worker(db, _router(done), config)
+    try:
+        await _learn_flow(worker)       # so the claim itself is what waits on the lock
+        async with await psycopg.AsyncConnection.connect(db) as blocker:
+            await blocker.execute("LOCK TABLE conveyor.events IN ACCESS EXCLUSIVE MODE")
+            claim = asyncio.create_task(worker.claims.claim(5))
+            waiting = "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            await wait_until(lambda: _count_is_one(db, waiting), timeout=10,
+                             what="the claim to wait on the lock")
+            held_since = time.monotonic()
+            await wait_until(lambda: _past(held_since, config.lease_ttl + 0.2), timeout=10,
+                             what="the lease to have run out")
+            await blocker.rollback()
+            claimed = await claim
+        assert claimed == [] and done == [] and worker.stats.handed_back == 3
+        await worker.completer.flush()
+        rows = await query(db, "SELECT state, attempts FROM conveyor.events ORDER BY id")
+        assert [(r["state"], r["attempts"]) for r in rows] == [("pending", 0)] * 3
+        again = await worker.claims.claim(5)       # on time: started as usual
+        assert sorted(e.id for e in again or []) == ids
+        await asyncio.gather(*worker.running.tasks())
+        assert sorted(done) == ids
+        await worker.completer.flush()
+    finally:
+        await worker.close()
+
+
+async def _count_is_one(db: str, statement: str) -> bool:
+    return (await query(db, statement))[0]["n"] == 1
+
+
+async def _past(since: float, seconds: float) -> bool:
+    return time.monotonic() - since >= seconds

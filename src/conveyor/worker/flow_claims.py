@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
+import time
 from typing import Any
 
 import psycopg
@@ -81,13 +82,17 @@ class FlowClaims:
         free = max(0, min(running.free_slots(), max(1, c.concurrency // 4),
                           flow.most_claimable(c.batch_size)))
         running.reserved += free
+        sent = time.monotonic()
         try:
             rows = await with_deadline(conn, flow.claim(conn, free, self.claims.claim_params()),
                                        c.query_timeout, stopping=self._stopping)
         finally:
             running.reserved -= free
             running.freed.set()    # the fetch loop may wait for those slots
-        if rows:
+        answered_after = time.monotonic() - sent
+        if rows and answered_after >= c.lease_ttl:
+            self.claims.hand_back_late([Event._from_claim_row(r) for r in rows], answered_after)
+        elif rows:
             rows.sort(key=_PRIORITY, reverse=True)
             events = [Event._from_claim_row(r) for r in rows]
             stats = self.claims.stats
