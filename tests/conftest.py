@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import tempfile
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -75,8 +77,54 @@ def database_name(prefix: str) -> str:
     return f"{prefix}{worker + '_' if worker else ''}{uuid.uuid4().hex[:12]}"
 
 
+def _drop_statement(name: str) -> sql.Composed:
+    return sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+
+
+class _BackgroundDropper:
+    """Drops databases on a thread of its own, in order, over one admin connection.
+
+    Under xdist a test's teardown need not wait for its database to go: the
+    next test starts while the server drops it (DROP DATABASE waits for its
+    sessions to end and for the server to let go of the files). ``close``
+    waits for every drop and raises the first that failed, so a database a
+    test made is still dropped before the session ends, or the session fails.
+    """
+
+    def __init__(self, server_url: str) -> None:
+        self._server_url = server_url
+        self._names: queue.Queue[str | None] = queue.Queue()
+        self._errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name="drop-databases", daemon=True)
+        self._thread.start()
+
+    def drop(self, name: str) -> None:
+        self._names.put(name)
+
+    def _run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        while (name := self._names.get()) is not None:
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self._server_url, autocommit=True)
+                conn.execute(_drop_statement(name))
+            except psycopg.Error as exc:   # raised by close()
+                self._errors.append(exc)
+                if conn is not None:
+                    conn.close()
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        self._names.put(None)
+        self._thread.join()
+        if self._errors:
+            raise self._errors[0]
+
+
 @contextlib.contextmanager
-def _new_database(server_url: str, prefix: str, template: str | None) -> Iterator[str]:
+def _new_database(server_url: str, prefix: str, template: str | None,
+                  dropper: _BackgroundDropper | None = None) -> Iterator[str]:
     name = database_name(prefix)
     create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
     if template is not None:
@@ -85,15 +133,17 @@ def _new_database(server_url: str, prefix: str, template: str | None) -> Iterato
     try:
         yield database_url(server_url, name)
     finally:
-        _admin_exec(server_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(name)))
+        if dropper is not None:
+            dropper.drop(name)
+        else:
+            _admin_exec(server_url, _drop_statement(name))
 
 
 MakeDb = Callable[..., contextlib.AbstractContextManager[str]]
 
 
 @pytest.fixture(scope="session")
-def make_db(server_url: str) -> MakeDb:
+def make_db(server_url: str) -> Iterator[MakeDb]:
     """Factory of throwaway databases: ``with make_db(prefix=..., template=...) as url``.
 
     Creates a database named ``prefix`` plus a random suffix, cloned from
@@ -101,10 +151,21 @@ def make_db(server_url: str) -> MakeDb:
     drops it WITH (FORCE) on exit, also when the body raises. Session-scoped so
     module- and session-scoped fixtures can use it, e.g. to fill a big table
     once per module.
+
+    Under xdist (the parallel and paired tiers) the drop is handed to a
+    background thread and the session's end waits for all of them: in the
+    parallel tier (2026-12-03) creating and dropping took 368 s of its 2,021 s
+    of test time, the drops 124 s. Run alone (the serial tier, plain pytest)
+    a drop still finishes before the next test starts: those tests time
+    themselves or need the server to themselves.
     """
+    dropper = _BackgroundDropper(server_url) if os.environ.get("PYTEST_XDIST_WORKER") else None
+
     def make(*, prefix: str, template: str | None = None) -> contextlib.AbstractContextManager[str]:
-        return _new_database(server_url, prefix, template)
-    return make
+        return _new_database(server_url, prefix, template, dropper)
+    yield make
+    if dropper is not None:
+        dropper.close()
 
 
 @pytest.fixture(scope="session")
