@@ -41,7 +41,9 @@ need_package chromium /usr/bin/chromium "the browser tests" --no-install-recomme
 # 2. the `paired` ones, two at a time: light tests that would not share the
 #    machine with the parallel tier (they restart private servers or time
 #    themselves) but do with one other of their kind; test by test, not file by
-#    file (--dist load): a few long files would leave one process idle;
+#    file, and a process that runs out takes the other's queued tests
+#    (--dist worksteal): with --dist load a long test could wait queued behind
+#    another while the other process sat idle;
 # 3. the `serial` ones (they load the CPU, time themselves tightly, drive a
 #    browser or read the cluster-wide xmin), one at a time.
 # CONVEYOR_TEST_TIER=parallel, paired or serial runs one tier alone. A tier none
@@ -62,7 +64,7 @@ if [ "$tier" = all ] || [ "$tier" = parallel ]; then
 fi
 if [ "$tier" = all ] || [ "$tier" = paired ]; then
     paired=0
-    python -m pytest -n 2 --dist load -m paired "$@" || paired=$?
+    python -m pytest -n 2 --dist worksteal -m paired "$@" || paired=$?
 fi
 if [ "$tier" = all ] || [ "$tier" = serial ]; then
     serial=0
