@@ -284,7 +284,6 @@ def heal(fleet: Fleet, cut: dict[int, dict[str, Any]], slot: int, result: dict[s
     assert fleet.network is not None
     part = cut.pop(slot)
     fleet.network.heal(slot)
-    del part["heal_at"]
     part["healed_after_s"] = round(time.time() - part["at"], 1)
     result["partitions"].append(part)
     log(f"worker {part['pid']} reachable again")
@@ -786,10 +785,10 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
                         victim = rng.choice(reachable)
                         fleet.network.cut(victim.slot)
                         cut[victim.slot] = {"pid": victim.proc.pid, "slot": victim.slot,
-                                            "at": now, "heal_at": now + args.partition_down}
+                                            "at": now}
                         log(f"worker {victim.proc.pid} cut off for {args.partition_down:g}s")
         for slot, part in list(cut.items()):
-            if now >= part["heal_at"]:
+            if now >= part["at"] + args.partition_down:
                 heal(fleet, cut, slot, result)
         for when in [w for w in respawn_at if w <= now]:
             respawn_at.remove(when)
@@ -1238,7 +1237,6 @@ def main(argv: list[str] | None = None) -> int:
             fleet.network = network
             fleet.worker_url = make_conninfo(server.listen_on(network.server_address,
                                                               network.cidr), dbname=dbname)
-            latency_by = None
             if args.latency:
                 try:
                     network.delay(args.latency * 1000)

@@ -172,7 +172,6 @@ class Claims:
             await with_deadline_in_task(conn, cur.execute(query, params),
                                         self.config.query_timeout, stopping=self._stopping)
             rows = await cur.fetchall()
-            answered_after = time.monotonic() - sent
             self.moved = 0
             if counts_moves and rows:
                 self.moved = rows[0][_EVENT_COLUMNS]
@@ -193,8 +192,8 @@ class Claims:
             return None
         from_row = Event._from_claim_row
         events = [from_row(r) for r in rows]
-        if events and answered_after >= self.config.lease_ttl:
-            return self.hand_back_late(events, answered_after)
+        if events and self.handed_back_late(events, sent):
+            return []
         stats = self.stats
         stats.claimed += len(events)
         if events:
@@ -213,12 +212,16 @@ class Claims:
             self.executor.start(events)
         return events
 
-    def hand_back_late(self, events: list[Event], answered_after: float) -> list[Event]:
-        """A claim answered only after its leases could have run out (a network
-        path that stalled and came back): another worker may have been given
-        these events already. They are handed back, unrun: fenced like any
-        acknowledgement, so the hand-back is written only where the lease is
-        still this worker's, and the attempt the claim counted is given back."""
+    def handed_back_late(self, events: list[Event], sent: float) -> bool:
+        """Whether the claim of ``events``, sent at ``sent`` (``time.monotonic()``), was
+        answered only after their leases could have run out (a network path that
+        stalled and came back): another worker may have been given them already.
+        If so they are handed back, unrun: fenced like any acknowledgement, so the
+        hand-back is written only where the lease is still this worker's, and the
+        attempt the claim counted is given back."""
+        answered_after = time.monotonic() - sent
+        if answered_after < self.config.lease_ttl:
+            return False
         log.warning("a claim of %d events was answered after %.1fs, past the %gs lease: "
                     "handed back unrun", len(events), answered_after, self.config.lease_ttl,
                     extra={"action": "claim_late", "events": len(events)})
@@ -226,7 +229,7 @@ class Claims:
         for event in events:
             self.completer.add(Outcome.handed_back(event))
         self.stats.handed_back += len(events)
-        return []
+        return True
 
     def start_deferred(self) -> None:
         # Claimed events start even when a stop came in between, so they finish

@@ -89,12 +89,11 @@ class FlowClaims:
         finally:
             running.reserved -= free
             running.freed.set()    # the fetch loop may wait for those slots
-        answered_after = time.monotonic() - sent
-        if rows and answered_after >= c.lease_ttl:
-            self.claims.hand_back_late([Event._from_claim_row(r) for r in rows], answered_after)
-        elif rows:
+        if rows:
             rows.sort(key=_PRIORITY, reverse=True)
             events = [Event._from_claim_row(r) for r in rows]
+            if self.claims.handed_back_late(events, sent):
+                return free
             stats = self.claims.stats
             stats.claimed += len(events)
             stats.claims += 1
