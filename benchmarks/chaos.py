@@ -345,7 +345,7 @@ class Feeder(threading.Thread):
                 pending = int(row[0]) if row else 0
                 if pending < self.low:
                     n = min(self.chunk, self.total - self.enqueued)
-                    producer.enqueue_many(conn, [NewEvent(topic="chaos.work", payload=self.payload)
+                    producer.enqueue_many(conn, [NewEvent(topic=self.topic, payload=self.payload)
                                                  for _ in range(n)])
                     conn.commit()
                     self.enqueued += n
@@ -392,9 +392,10 @@ class RateFeeder(threading.Thread):
     """
 
     def __init__(self, url: str, rate: float, interval: float, payload: dict[str, Any],
-                 total: int | None = None) -> None:
+                 total: int | None = None, topic: str = "chaos.work") -> None:
         super().__init__(daemon=True, name="chaos-rate-feeder")
         self.url, self.rate, self.interval, self.payload = url, rate, interval, payload
+        self.topic = topic
         self.total = total
         self.enqueued = 0
         self.errors = 0
@@ -418,7 +419,7 @@ class RateFeeder(threading.Thread):
                     if conn is None or conn.closed:
                         conn = psycopg.connect(self.url, application_name=RUNNER_APP,
                                                connect_timeout=5)
-                    producer.enqueue_many(conn, [NewEvent(topic="chaos.work", payload=self.payload)
+                    producer.enqueue_many(conn, [NewEvent(topic=self.topic, payload=self.payload)
                                                  for _ in range(n)])
                     conn.commit()   # never left idle in a transaction between batches
                     self.enqueued += n
