@@ -31,7 +31,7 @@ from conveyor.consumers.workbook import Aggregate, Workbook, WorkbookLimits, agg
 from conveyor.errors import WorkbookError
 
 PY = sys.executable
-CACHE = Path("/tmp/conveyor-tests-xlsx-v2")  # bump the version when the generators change
+CACHE = Path("/tmp/conveyor-tests-xlsx-v3")  # bump the version when the generators change
 SHEET = "xl/worksheets/sheet1.xml"
 
 # ---------------------------------------------------------------- the data
@@ -642,8 +642,79 @@ def test_hostile_xxe_in_other_parts(tmp_path: Path, member: str) -> None:
 # --------------------------------------------------------------- big files
 
 
+def _row_values(i: int) -> tuple[int, str, float, str]:
+    """Row ``i`` of the big workbooks: id and date are i's, then tipo, amount, description.
+
+    Amounts in quarters: exact in binary, so every writer stores their exact decimal text
+    (99.99-style values are covered by test_amounts_are_the_stored_doubles).
+    """
+    quarters = (i * 7919) % 400_009 - 200_000  # deterministic, signed
+    return quarters, TIPOS[i % len(TIPOS)], quarters / 4, f"movimiento {i}"
+
+
+def _write_rows_xlsxwriter(path: Path, n: int, rows: Iterable[int] | None = None) -> None:
+    """The n-row workbook written cell by cell by XlsxWriter (constant_memory: inline strings).
+
+    ``rows``: write only these data rows (the header always); the dimension still
+    says n rows when the last one is among them.
+    """
+    wb = xlsxwriter.Workbook(str(path), {"constant_memory": True})
+    ws = wb.add_worksheet()
+    ws.write_row(0, 0, ["id", "fecha", "tipo", "monto", "descripcion"])
+    for i in range(1, n + 1) if rows is None else rows:
+        _, tipo, amount, text = _row_values(i)
+        ws.write_number(i, 0, i)
+        ws.write_number(i, 1, 45000 + i % 365)
+        ws.write_string(i, 2, tipo)
+        ws.write_number(i, 3, amount)
+        ws.write_string(i, 4, text)
+    wb.close()
+
+
+def _write_rows_fast(path: Path, n: int) -> None:
+    """The same workbook as :func:`_write_rows_xlsxwriter`, byte for byte in every part.
+
+    XlsxWriter spends about 10 us a cell: the million-row workbook took most
+    of its test's 95-177 s in CI. So XlsxWriter writes every part but the
+    rows (the header and the last row only, so the dimension is right), and
+    the rows are formatted here as XlsxWriter formats them (``%.16G`` numbers,
+    inline strings; none of ours needs escaping), streamed into the sheet.
+    ``test_the_fast_workbook_is_xlsxwriters`` holds the two writers equal.
+    """
+    skeleton = path.with_suffix(".skeleton.xlsx")
+    _write_rows_xlsxwriter(skeleton, n, rows=[n])
+    with zipfile.ZipFile(skeleton) as src, zipfile.ZipFile(path, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename != SHEET:
+                dst.writestr(info, data)
+                continue
+            head, sep, rest = data.partition(b'<row r="%d"' % (n + 1))
+            assert sep, "XlsxWriter's sheet has no data row"
+            tail = rest[rest.index(b"</sheetData>"):]
+            with dst.open(info, "w") as out:
+                out.write(head)
+                chunk: list[str] = []
+                for i in range(1, n + 1):
+                    _, tipo, amount, text = _row_values(i)
+                    r = i + 1
+                    chunk.append(
+                        f'<row r="{r}"><c r="A{r}"><v>{i}</v></c>'
+                        f'<c r="B{r}"><v>{45000 + i % 365}</v></c>'
+                        f'<c r="C{r}" t="inlineStr"><is><t>{tipo}</t></is></c>'
+                        f'<c r="D{r}"><v>{amount:.16G}</v></c>'
+                        f'<c r="E{r}" t="inlineStr"><is><t>{text}</t></is></c></row>')
+                    if len(chunk) == 10_000:
+                        out.write("".join(chunk).encode())
+                        chunk.clear()
+                out.write("".join(chunk).encode())
+                out.write(tail)
+    skeleton.unlink()
+
+
 def generate_rows_file(n: int) -> tuple[Path, dict[str, Any]]:
-    """An n-row inline-string workbook (XlsxWriter constant_memory), cached under /tmp with its totals.
+    """An n-row inline-string workbook (as XlsxWriter's constant_memory writes it), cached
+    under /tmp with its totals.
 
     Safe when two processes (xdist workers, concurrent runs) build the same file:
     each writes files of its own and renames them into place, the totals first,
@@ -654,22 +725,11 @@ def generate_rows_file(n: int) -> tuple[Path, dict[str, Any]]:
     if path.exists() and meta.exists():
         return path, json.loads(meta.read_text())
     tmp = path.with_suffix(f".{os.getpid()}.part.xlsx")
-    wb = xlsxwriter.Workbook(str(tmp), {"constant_memory": True})
-    ws = wb.add_worksheet()
-    ws.write_row(0, 0, ["id", "fecha", "tipo", "monto", "descripcion"])
-    # Amounts in quarters: exact in binary, so every writer stores their exact decimal text
-    # (99.99-style values are covered by test_amounts_are_the_stored_doubles).
+    _write_rows_fast(tmp, n)
     quarters_by_type = {t: 0 for t in TIPOS}
     for i in range(1, n + 1):
-        quarters = (i * 7919) % 400_009 - 200_000  # deterministic, signed
-        tipo = TIPOS[i % len(TIPOS)]
+        quarters, tipo, _, _ = _row_values(i)
         quarters_by_type[tipo] += quarters
-        ws.write_number(i, 0, i)
-        ws.write_number(i, 1, 45000 + i % 365)
-        ws.write_string(i, 2, tipo)
-        ws.write_number(i, 3, quarters / 4)
-        ws.write_string(i, 4, f"movimiento {i}")
-    wb.close()
     info = {"rows": n, "total": str(Decimal(sum(quarters_by_type.values())) / 4),
             "by_type": {t: str(Decimal(q) / 4) for t, q in quarters_by_type.items()}}
     tmp_meta = meta.with_suffix(f".{os.getpid()}.part.json")
@@ -677,6 +737,19 @@ def generate_rows_file(n: int) -> tuple[Path, dict[str, Any]]:
     tmp_meta.rename(meta)
     tmp.rename(path)
     return path, info
+
+
+def test_the_fast_workbook_is_xlsxwriters(tmp_path: Path) -> None:
+    """Every part of the big tests' workbook is what XlsxWriter itself writes, cell by cell."""
+    n = 2_500
+    _write_rows_xlsxwriter(tmp_path / "slow.xlsx", n)
+    _write_rows_fast(tmp_path / "fast.xlsx", n)
+    with zipfile.ZipFile(tmp_path / "slow.xlsx") as slow, \
+            zipfile.ZipFile(tmp_path / "fast.xlsx") as fast:
+        assert [i.filename for i in fast.infolist()] == [i.filename for i in slow.infolist()]
+        for info in slow.infolist():
+            assert fast.read(info.filename) == slow.read(info.filename), info.filename
+        assert fast.read(SHEET).count(b"<row ") == n + 1
 
 
 def _same_totals(got: dict[str, Any], want: dict[str, Any]) -> None:
