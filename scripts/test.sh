@@ -44,8 +44,8 @@ need_package chromium /usr/bin/chromium "the browser tests" --no-install-recomme
 #    file, and a process that runs out takes the other's queued tests
 #    (--dist worksteal): with --dist load a long test could wait queued behind
 #    another while the other process sat idle;
-# 3. the `serial` ones (they load the CPU, time themselves tightly, drive a
-#    browser or read the cluster-wide xmin), one at a time.
+# 3. the `serial` ones (they load the CPU, time themselves tightly or drive a
+#    browser), one at a time.
 # CONVEYOR_TEST_TIER=parallel, paired or serial runs one tier alone. A tier none
 # of the selected tests belongs to is no failure; all of them empty is (pytest's
 # status 5).

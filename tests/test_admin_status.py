@@ -29,17 +29,19 @@ from conveyor.cron import Schedule
 from conveyor.db.named_queries import queries_for
 from conveyor.types import ScheduleInfo, TopicCount
 from query_plans import plan_session, scans
+from server_support import own_server
 
 Q = queries_for("conveyor")
 
-# serial: the index-only reads counted here need VACUUM to have marked the filled
-# table's pages all-visible. In the first parallel run (-n 2, 2026-12-03) three
-# tests found every open row's page unmarked (140 heap fetches of 140) while
-# another worker ran its tests: a VACUUM marks no page all-visible while a
-# transaction anywhere on the server is older than its rows (_vacuumed waits
-# for that, bounded), and skips the index pass, leaving a page with dead line
-# pointers unmarked (hence INDEX_CLEANUP ON there).
-pytestmark = pytest.mark.serial
+# A server of its own: the index-only reads counted here need VACUUM to have
+# marked the filled table's pages all-visible. In the first parallel run (-n 2,
+# 2026-12-03) three tests found every open row's page unmarked (140 heap fetches
+# of 140) while another worker ran its tests on the same server: a VACUUM marks
+# no page all-visible while a transaction anywhere on the server is older than
+# its rows, and skips the index pass, leaving a page with dead line pointers
+# unmarked (hence INDEX_CLEANUP ON in _vacuumed). Until 2026-12-03 the module
+# ran alone in the serial tier for it.
+server_url, make_db, template_db, shared_db_url = own_server("conveyor-status-")
 Conn = psycopg.Connection[Any]
 
 SUCCEEDED = 200_000

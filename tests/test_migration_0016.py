@@ -14,8 +14,15 @@ from conveyor.patterns import sql_params
 from conveyor.schema import migrator_core as migrator_module
 from conveyor.schema.migrator import Migrator, load_migrations
 from migration_support import migrate_to, storage
+from server_support import own_server
 
 ROWS = 20_000
+
+# A server of its own: the ordered read returns only events older than every
+# transaction open in the whole cluster (pg_snapshot_xmin), so another test's
+# transaction in another database would hold the new event back. (Until
+# 2026-12-03 the test ran alone in the serial tier.)
+server_url, make_db, template_db, shared_db_url = own_server("conveyor-0016-")
 
 
 @pytest.fixture
@@ -32,10 +39,6 @@ def version_15(empty_db: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return empty_db
 
 
-# serial: the ordered read returns only events older than every transaction open in
-# the whole cluster (pg_snapshot_xmin), so any test's transaction in another
-# database holds the new event back.
-@pytest.mark.serial
 def test_0016_adds_the_xid_without_rewriting_and_old_events_come_first(
         version_15: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with psycopg.connect(version_15, autocommit=True) as conn:

@@ -22,12 +22,14 @@ from conveyor import AsyncAdmin, PublishRejectedError
 from conveyor.errors import ConfigError
 from conveyor.relay import NatsPublisher, Relay, RelayMessage
 from conveyor.relay.ordered import OrderedStream
+from server_support import own_server
 from worker_support import query
 
-# serial: a stream reads only events older than every transaction open in the whole
-# cluster (pg_snapshot_xmin); a test's transaction in another database holds events
-# back, and the held-events gauge checked here counts them.
-pytestmark = pytest.mark.serial
+# A server of its own: a stream reads only events older than every transaction
+# open in the whole cluster (pg_snapshot_xmin); another test's transaction in
+# another database would hold events back, and the held-events gauge checked
+# here counts them. (Until 2026-12-03 the module ran alone in the serial tier.)
+server_url, make_db, template_db, shared_db_url = own_server("conveyor-ordered-")
 
 NATS_URL = "nats://127.0.0.1:4222"
 INSERT = "INSERT INTO conveyor.events (topic, payload) VALUES (%s, '{}') RETURNING id"

@@ -9,12 +9,14 @@ import psycopg
 import pytest
 
 from conveyor.relay.ordered import LOCK_RETRY
+from server_support import own_server
 from worker_support import query
 
 from .test_relay_ordered import Recorder, _insert, _stream
 
-# serial: a stream reads only events older than every transaction open in the cluster.
-pytestmark = pytest.mark.serial
+# A server of its own: a stream reads only events older than every transaction
+# open in the cluster.
+server_url, make_db, template_db, shared_db_url = own_server("conveyor-ordered-")
 
 
 @pytest.fixture

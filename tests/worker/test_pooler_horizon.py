@@ -19,7 +19,14 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from conveyor import ConfigError, Event, Worker
 from conveyor.worker.listener import PROBE_TIMEOUT
+from server_support import own_server
 from worker_support import enqueue, fast_config, query, router_for, running, wait_all_in
+
+# A server of its own: the vacuum horizon is the whole cluster's; another test's
+# open transaction (the parallel tier's other processes) would be named first and
+# hold it after this one's release, so the alert checked here would be theirs.
+# (Until 2026-12-03 the horizon tests ran alone in the serial tier.)
+server_url, make_db, template_db, shared_db_url = own_server("conveyor-horizon-")
 
 
 def _noop_router() -> Any:
@@ -128,10 +135,6 @@ async def test_transaction_pooler_with_a_direct_listen_url_still_listens(db: str
         assert (await cur.fetchone())[0] != "0"   # the direct connection gets its guards
 
 
-# Serial: the horizon is the whole cluster's; another test's open transaction
-# (the parallel tier's other processes) is named first and holds it after this
-# one's release, so the alert checked here would be theirs.
-@pytest.mark.serial
 async def test_pinned_vacuum_horizon_raises_an_alert_and_its_release_clears_it(
         db: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="conveyor.worker.horizon")
@@ -159,10 +162,6 @@ async def test_pinned_vacuum_horizon_raises_an_alert_and_its_release_clears_it(
     assert actions.index("horizon_pinned") < actions.index("horizon_released")
 
 
-# Serial: the horizon is the whole cluster's; another test's open transaction
-# (the parallel tier's other processes) is named first and holds it after this
-# one's release, so the alert checked here would be theirs.
-@pytest.mark.serial
 async def test_a_short_transaction_raises_no_alert(db: str) -> None:
     worker = Worker(db, _noop_router(), fast_config(horizon_alert_after=3.0))
     holder = await psycopg.AsyncConnection.connect(db)
