@@ -23,8 +23,6 @@ shared server.
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,25 +38,20 @@ from conveyor.worker.connection import ManagedConnection
 from conveyor.worker.maintenance import HorizonHolder, Maintenance
 from conveyor.worker.running import RunningSet
 from conveyor.worker.stats import WorkerStats
+from server_support import private_postgres
 
 THRESHOLD = 1.0
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    from conveyor.embedded import EmbeddedPostgres
-
-    tmp = tempfile.mkdtemp(prefix="conveyor-horizon-")
-    os.chmod(tmp, 0o755)
-    server = EmbeddedPostgres(os.path.join(tmp, "pg18"))
-    url = server.start()
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(b"CREATE DATABASE queue_db")
-        conn.execute(b"CREATE DATABASE other_db")
-        conn.execute(b"CREATE ROLE app_role LOGIN")
-        conn.execute(b"CREATE ROLE worker_role LOGIN")
-    yield url
-    server.stop()
+    with private_postgres("conveyor-horizon-") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(b"CREATE DATABASE queue_db")
+            conn.execute(b"CREATE DATABASE other_db")
+            conn.execute(b"CREATE ROLE app_role LOGIN")
+            conn.execute(b"CREATE ROLE worker_role LOGIN")
+        yield url
 
 
 def _url(cluster: str, db: str, user: str | None = None) -> str:
