@@ -492,6 +492,26 @@ def test_prune_deletes_old_finished_rows_in_bounded_batches(db: Conn) -> None:
     assert len(ids) - 2 == db.execute("SELECT count(*) FROM conveyor.events").fetchone()[0]  # type: ignore[index]
 
 
+@exercises("event_prune_skip_locked", "prune_lock_timeout")
+def test_prune_past_held_rows_deletes_the_others_and_waits_for_none(fresh_db: str) -> None:
+    params = {"older_than": 60, "states": ["succeeded"], "limit": 10}
+    with psycopg.connect(fresh_db, autocommit=True) as conn, \
+            psycopg.connect(fresh_db) as holder:
+        ids = [_insert(conn) for _ in range(3)]
+        conn.execute("UPDATE conveyor.events SET state = 'succeeded',"
+                     " finished_at = now() - interval '1 hour'")
+        holder.execute("SELECT 1 FROM conveyor.events WHERE id = %s FOR UPDATE", (ids[0],))
+        with conn.transaction():
+            conn.execute(Q["prune_lock_timeout"], {"timeout": "50ms"})
+            assert conn.execute("SHOW lock_timeout").fetchone() == ("50ms",)
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                conn.execute(Q["event_prune"], params)
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("0",)   # for that transaction only
+        assert conn.execute(Q["event_prune_skip_locked"], params).rowcount == 2
+        holder.rollback()
+        assert [r[0] for r in conn.execute("SELECT id FROM conveyor.events")] == [ids[0]]
+
+
 # ------------------------------------------------------------ operator queries
 
 def _list(conn: Conn, **params: Any) -> list[Any]:

@@ -19,6 +19,7 @@ import pytest
 
 from conveyor.db.named_queries import queries_for
 from conveyor.types import Event
+from conveyor.worker import pruner as pruner_module
 from conveyor.worker.connection import Backoff, ManagedConnection
 from conveyor.worker.counts import CountsFlush
 from conveyor.worker.lease import DatabaseClock, Lease
@@ -164,6 +165,52 @@ async def test_the_pruner_deletes_old_finished_events_and_waits_its_interval(
     await pruner.run_once(conn)
     assert await query(db, "SELECT id FROM conveyor.events WHERE id = %s", (old,)) == []
     assert pruner.due_at() > time.monotonic() + PRUNE_INTERVAL - 5
+
+
+async def _old_succeeded(db: str, n: int) -> list[int]:
+    ids = [await enqueue(db, "svc.done") for _ in range(n)]
+    await query(db, "UPDATE conveyor.events SET state = 'succeeded', attempts = 1, "
+                    "finished_at = now() - interval '2 hours' WHERE id = ANY(%s)", (ids,))
+    return ids
+
+
+async def test_a_prune_pass_deletes_for_a_slice_then_lets_the_loop_go_on(
+        db: str, conn: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The pruner shares the maintenance loop with the heartbeat: a pass of millions
+    # of rows once held the leases' renewal for minutes.
+    caplog.set_level(logging.INFO, logger="conveyor.worker.pruner")
+    monkeypatch.setattr(pruner_module, "PRUNE_BATCH", 2)
+    monkeypatch.setattr(pruner_module, "PRUNE_SLICE", 0.0)     # one batch a slice
+    ids = await _old_succeeded(db, 5)
+    pruner = Pruner(Q, fast_config(retention=3600))
+    left = []
+    for _ in range(3):
+        started = time.monotonic()
+        await pruner.run_once(conn)
+        rows = await query(db, "SELECT id FROM conveyor.events WHERE id = ANY(%s)", (ids,))
+        left.append(len(rows))
+        if len(rows):
+            # the rest comes after a pause no longer than the slice took
+            assert pruner.due_at() <= time.monotonic() + (time.monotonic() - started)
+    assert left == [3, 1, 0]
+    assert pruner.due_at() > time.monotonic() + PRUNE_INTERVAL - 5
+    passes = [r for r in caplog.records if getattr(r, "action", None) == "pruned"]
+    assert [getattr(r, "count", None) for r in passes] == [5]      # one line for the pass
+
+
+async def test_a_prune_batch_steps_past_a_row_another_transaction_holds(
+        db: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    ids = await _old_succeeded(db, 3)
+    holder = await psycopg.AsyncConnection.connect(db)
+    try:
+        await holder.execute("SELECT 1 FROM conveyor.events WHERE id = %s FOR UPDATE", (ids[1],))
+        # The maintenance connection's own lock_timeout plays no part: this one has none.
+        await asyncio.wait_for(Pruner(Q, fast_config(retention=3600)).run_once(conn), 10)
+        rows = await query(db, "SELECT id FROM conveyor.events WHERE id = ANY(%s)", (ids,))
+        assert [r["id"] for r in rows] == [ids[1]]
+    finally:
+        await holder.close()
 
 
 class _Failing:

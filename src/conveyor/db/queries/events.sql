@@ -448,7 +448,7 @@ SELECT state FROM {schema}.events WHERE id = %(id)s
            AND 'failed' = ANY(%(states)s::text[])
            AND finished_at < now() - %(older_than)s * interval '1 second'
 
--- name: event_prune
+-- name: _prune(lock=)
 -- Deletes finished events in bounded batches so no single statement holds
 -- locks on a huge number of rows. Each branch reads its own partial index,
 -- even in the generic plan of the worker's prepared statement, so the old
@@ -458,16 +458,35 @@ SELECT state FROM {schema}.events WHERE id = %(id)s
 -- the planner, which cannot see that old finished rows are mostly failed ones
 -- and so expects a full batch, hash it and read the whole table. The outer
 -- conditions are checked again on a row that changed meanwhile (an operator's
--- retry), so it is not deleted.
+-- retry), so it is not deleted. `lock` may lock the candidates as they are
+-- read (a locking clause is refused in a branch of a UNION, so each branch
+-- reads from a subquery).
 DELETE FROM {schema}.events
 WHERE id = ANY(ARRAY(
-        (SELECT id FROM {schema}.events
-         -- include: _prunable_done
-         LIMIT %(limit)s)
+        (SELECT id FROM (SELECT id FROM {schema}.events
+                         -- include: _prunable_done
+                         LIMIT %(limit)s {lock}) AS done)
         UNION ALL
-        (SELECT id FROM {schema}.events
-         -- include: _prunable_failed
-         LIMIT %(limit)s)
+        (SELECT id FROM (SELECT id FROM {schema}.events
+                         -- include: _prunable_failed
+                         LIMIT %(limit)s {lock}) AS failed)
         LIMIT %(limit)s))
   AND state = ANY(%(states)s::text[])
   AND finished_at < now() - %(older_than)s * interval '1 second'
+
+-- name: event_prune
+-- include: _prune
+
+-- name: event_prune_skip_locked
+-- event_prune past the rows other transactions hold (an operator's open
+-- transaction on an old event), for the batch whose lock wait timed out: a
+-- held row would otherwise be in every batch the pruner tries, and stop
+-- retention for as long as it is held. Not the default: locking each
+-- candidate writes a lock record per row, about 56 bytes of WAL on top of the
+-- delete's 130 (measured 2026-12-03, 5,000-row batches).
+-- include: _prune(FOR UPDATE SKIP LOCKED)
+
+-- name: prune_lock_timeout
+-- The pruner's batches wait at most this long for a row lock, whatever the
+-- session's setting: in the batch's own transaction only.
+SELECT set_config('lock_timeout', %(timeout)s, true)
