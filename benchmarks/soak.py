@@ -14,8 +14,8 @@ other setting at the server's defaults) it
    and every ``--sample`` seconds one row: events done and their rate, the
    p50/p99 from due to claim (``attempted_at - greatest(created_at, run_at)``
    of the events finished in the minute), the backlog, the table's heap,
-   index and total size, live and dead tuples, autovacuum passes, and WAL
-   written;
+   index and total size, live and dead tuples, autovacuum passes, WAL
+   written, and the machine's load (so a run that shared the machine says so);
 3. reports whether it stayed **flat**: each figure of the last quarter
    against the quarter after the first retention pass, and writes the series
    as JSON and, with ``--plot``, a picture (matplotlib, the ``bench`` extra).
@@ -75,7 +75,7 @@ WHERE s.schemaname = 'conveyor' AND s.relname = 'events'
 # The columns of the report's rows, in order.
 COLUMNS = ["t_min", "done", "per_s", "wait_p50_ms", "wait_p99_ms", "pending", "heap_mb",
            "index_mb", "total_mb", "live_tuples", "dead_tuples", "autovacuums",
-           "autoanalyzes", "wal_mb", "query_ms", "fed", "feeder_lag_s"]
+           "autoanalyzes", "wal_mb", "query_ms", "fed", "feeder_lag_s", "load1"]
 
 
 def log(msg: str) -> None:
@@ -225,7 +225,9 @@ def soak(url: str, args: argparse.Namespace, rate: float, logdir: Path) -> list[
                     round(s["index_bytes"] / 2**20, 1), round(s["total_bytes"] / 2**20, 1),
                     s["n_live_tup"], s["n_dead_tup"], s["autovacuum_count"],
                     s["autoanalyze_count"], round((lsn - lsn0) / 2**20, 1), s["query_ms"],
-                    feeder.enqueued, round(max(0.0, lag), 2)])
+                    feeder.enqueued, round(max(0.0, lag), 2),
+                    # the machine's 1-minute load: whatever else ran shows here
+                    round(os.getloadavg()[0], 2)])
                 since, lsn0 = s["at"], lsn
                 log(" ".join(f"{c}={v}" for c, v in zip(COLUMNS, rows[-1], strict=True)))
                 if workers.died():
