@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,17 +68,34 @@ def test_the_refusal_comes_before_the_app_is_imported(tmp_path: Path) -> None:
     assert_refused_in_one_line(done, tmp_path)
 
 
-def run_for(tmp_path: Path, seconds: float, *argv: str, **env: str) -> str:
+def run_until(tmp_path: Path, action: str, *argv: str, then: float = 0.0, **env: str) -> str:
+    """Run ``worker-multi`` until it logs ``action`` (then ``then`` seconds more), then
+    SIGTERM it; its output. Waits on the log, not the clock: on a loaded machine the
+    interpreter's start alone may take seconds."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "conveyor.cli.main", "--log-format", "json", "worker-multi",
          "--app", APP, "--rescan-interval", "0.2", *argv],
         cwd=REPO, env=cli_env(tmp_path, **env), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("{") and json.loads(line).get("action") == action:
+                seen.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        time.sleep(seconds)
+        assert seen.wait(60), "".join(lines)
+        time.sleep(then)    # what must not happen again gets the time to
     finally:
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    output = "".join(lines)
     assert proc.returncode == 0, output
     return output
 
@@ -90,7 +108,8 @@ def actions(output: str) -> list[str]:
 def test_an_empty_tenants_directory_is_reported_once_not_served_silently(tmp_path: Path) -> None:
     empty = tmp_path / "tenants"
     empty.mkdir()
-    output = run_for(tmp_path, 1.5, "--tenants-dir", str(empty))
+    # Reported once, not at every rescan: five rescans (0.2 s) after the first report.
+    output = run_until(tmp_path, "no_tenants", "--tenants-dir", str(empty), then=1.0)
     assert actions(output).count("no_tenants") == 1, output
     assert "no tenant databases to serve" in output
     assert not (tmp_path / "embedded-data").exists()
@@ -105,7 +124,7 @@ def tenants_dir(tmp_path: Path, fresh_db: str) -> Path:
 
 
 def test_conveyor_tenants_dir_names_the_tenant_databases(tmp_path: Path, tenants_dir: Path) -> None:
-    output = run_for(tmp_path, 3.0, CONVEYOR_TENANTS_DIR=str(tenants_dir))
+    output = run_until(tmp_path, "tenants_synced", CONVEYOR_TENANTS_DIR=str(tenants_dir))
     assert "tenants_synced" in actions(output), output
     assert "no_tenants" not in actions(output), output
     assert not (tmp_path / "embedded-data").exists()
@@ -114,6 +133,7 @@ def test_conveyor_tenants_dir_names_the_tenant_databases(tmp_path: Path, tenants
 def test_dsn_flags_win_over_conveyor_tenants_dir(tmp_path: Path, fresh_db: str) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    output = run_for(tmp_path, 3.0, "--dsn", f"acme={fresh_db}", CONVEYOR_TENANTS_DIR=str(empty))
+    output = run_until(tmp_path, "tenants_synced", "--dsn", f"acme={fresh_db}",
+                       CONVEYOR_TENANTS_DIR=str(empty))
     assert "tenants_synced" in actions(output), output
     assert "no_tenants" not in actions(output), output
