@@ -96,6 +96,7 @@ class TenantState:
     next_check: float = 0.0
     requeue: bool = field(default=False, repr=False)
     ending: bool = field(default=False, repr=False)
+    ready: bool = field(default=False, repr=False)
     checking: bool = field(default=False, repr=False)
     failures: int = field(default=0, repr=False)
     listener: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -119,6 +120,30 @@ def idle_since(worker: Worker) -> float | None:
             or not stats.last_empty_claim_at or stats.last_empty_claim_at != stats.last_claim_at):
         return None
     return stats.last_empty_claim_at
+
+
+@dataclass(slots=True)
+class TurnStats:
+    """What one server's turns and due checks have taken, since the start.
+
+    Attributes:
+        turns: turns started.
+        longest_turn: seconds of the longest turn ended (its worker's start and stop in),
+            and whose it was.
+        longest_start: seconds of the longest start of a turn's worker (connections,
+            start-up steps), as the rotation's ticks see it.
+        checks: due checks of parked tenants (on short-lived connections).
+        longest_check: seconds of the longest one (the connect in).
+        peak_connections: the most connections the turns held at once (the ledger's).
+    """
+
+    turns: int = 0
+    longest_turn: float = 0.0
+    longest_turn_tenant: str = ""
+    longest_start: float = 0.0
+    checks: int = 0
+    longest_check: float = 0.0
+    peak_connections: int = 0
 
 
 class ServerTurns:
@@ -155,6 +180,7 @@ class ServerTurns:
         # The turns' connections (ending turns' too, until their worker has closed them).
         self.ledger = ConnectionLedger(budget - WAKE_CONNECTIONS)
         self.listening = 0       # LISTEN tasks that may hold a connection
+        self.stats = TurnStats()
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -251,11 +277,16 @@ class ServerTurns:
         for name in later:
             self.rotation.add(name)
         turns = [s for s in self.states.values() if s.running]
+        now = time.monotonic()
+        for state in turns:
+            if not state.ready and state.worker is not None and state.worker.started.is_set():
+                state.ready = True
+                self.stats.longest_start = max(self.stats.longest_start, now - state.started_at)
         if not self.rotation:
             return
         ending = sum(1 for s in turns if s.ending)
         views = [self._view(s) for s in turns]
-        for name in to_park(views, time.monotonic(), self.turn_length,
+        for name in to_park(views, now, self.turn_length,
                             len(self.rotation) - ending):
             self._end_turn(self.states[name])
         for state in turns:
@@ -279,9 +310,12 @@ class ServerTurns:
 
     def _start_turn(self, state: TenantState, cost: int) -> None:
         worker = self._make_worker(state, self.ledger)
-        state.worker, state.ending, state.requeue = worker, False, False
+        worker.startup.vacuum_check = state.turns == 0    # one warning per tenant, not per turn
+        state.worker, state.ending, state.requeue, state.ready = worker, False, False, False
         state.started_at = time.monotonic()
         state.turns += 1
+        self.stats.turns += 1
+        self.stats.peak_connections = max(self.stats.peak_connections, self.ledger.peak)
         state.task = asyncio.create_task(self._turn(state, worker, cost),
                                          name=f"conveyor-tenant-{state.tenant.name}")
 
@@ -308,6 +342,10 @@ class ServerTurns:
                       extra={"action": "tenant_worker_died", "tenant": name})
         finally:
             self.ledger.give(cost)
+            took = time.monotonic() - state.started_at
+            if took > self.stats.longest_turn:
+                self.stats.longest_turn, self.stats.longest_turn_tenant = took, name
+            self.stats.peak_connections = max(self.stats.peak_connections, self.ledger.peak)
             if state.worker is worker:
                 state.worker = None
             state.ending = False
@@ -380,11 +418,15 @@ class ServerTurns:
             async with self.wake_slots:
                 if state.running or self._stopping.is_set():
                     return
+                began = time.monotonic()
                 conn = await self._connect(state, WAKE_APPLICATION)
                 try:
                     due = await self._due(conn, state)
                 finally:
                     await conn.close()
+                self.stats.checks += 1
+                self.stats.longest_check = max(self.stats.longest_check,
+                                               time.monotonic() - began)
             self._found(state, due)
         except (ConveyorError, psycopg.Error, OSError, TimeoutError) as exc:
             self._failed(state, exc)
