@@ -34,7 +34,6 @@ from conveyor.multitenant import (
     current_tenant,
 )
 from conveyor.schema.migrator import Migrator
-from conveyor.tenancy.budget import WAKE_CONNECTIONS
 from conveyor.types import Event
 from waiting import wait_until
 
@@ -200,10 +199,10 @@ async def test_200_tenant_databases_are_served_within_40_connections(
         stats, peak = server.stats, server.ledger.peak
     print(f"\n{TENANTS} tenants, budget {BUDGET}: at most {sampler.most} connections seen in "
           f"{len(sampler.samples)} samples; the turns' ledger peaked at {peak} (+ "
-          f"{WAKE_CONNECTIONS} wake); {stats.turns} turns, longest {stats.longest_turn:.2f}s; "
+          f"{server.plan.wake} wake); {stats.turns} turns, longest {stats.longest_turn:.2f}s; "
           f"{stats.checks} due checks, longest {stats.longest_check:.3f}s")
     assert 0 < sampler.most <= BUDGET, sampler.most
-    assert peak + WAKE_CONNECTIONS <= BUDGET
+    assert peak + server.plan.wake <= BUDGET
     assert not server.plan.listen                 # 200 LISTENs would not fit in 40
     expected = {(name, i) for name, (ids, _) in first.items() for i in ids}
     expected |= {(name, i) for name, (ids, _) in second.items() for i in ids}
@@ -251,11 +250,11 @@ async def test_a_backlog_takes_bounded_turns_while_199_single_events_wait_within
     worst, p99 = max(waits.values()), _percentile(list(waits.values()), 0.99)
     median = _percentile(list(waits.values()), 0.5)
     # The bound (conveyor.tenancy.budget): found due within a poll interval plus a sweep
-    # of due checks (every tenant's, WAKE_CONNECTIONS at a time); then behind at most
+    # of due checks (every tenant's, plan.wake at a time); then behind at most
     # N - 1 others in the rotation, `slots` turns at a time, each at most the longest
     # turn; then its own turn.
     n = len(many)
-    detect = POLL + math.ceil(n / WAKE_CONNECTIONS) * stats.longest_check
+    detect = POLL + math.ceil(n / server.plan.wake) * stats.longest_check
     bound = detect + (math.ceil((n - 1) / slots) + 1) * stats.longest_turn
     print(f"\nfairness: {n} tenants, {slots} turns at a time in {BUDGET} connections; a "
           f"20,000-event backlog in {busy} ({backlog_ran} ran, in {busy_turns} more turns of "

@@ -21,6 +21,7 @@ from conveyor.tenancy.budget import (
     to_park,
     turn_connections,
     wait_bound,
+    wake_connections,
 )
 
 
@@ -40,11 +41,12 @@ def test_a_turn_reserves_three_connections_and_one_more_for_cron() -> None:
 
 
 def test_the_plan_listens_while_every_tenant_fits_in_half_the_budget() -> None:
-    assert ServerPlan.plan(50, 10, 3) == ServerPlan(50, True, 10, (50 - 2 - 10) // 3)
-    assert ServerPlan.plan(50, 24, 3).listen
-    polled = ServerPlan.plan(50, 25, 3)
-    assert (polled.listen, polled.listeners, polled.turn_slots) == (False, 0, 16)
-    assert ServerPlan.plan(40, 200, 3).turn_slots == 12
+    assert ServerPlan.plan(50, 10, 3) == ServerPlan(50, 5, True, 10, (50 - 5 - 10) // 3)
+    assert ServerPlan.plan(50, 22, 3).listen
+    polled = ServerPlan.plan(50, 23, 3)
+    assert (polled.listen, polled.listeners, polled.turn_slots) == (False, 0, 15)
+    assert ServerPlan.plan(40, 200, 3) == ServerPlan(40, 4, False, 0, 12)
+    assert ServerPlan.plan(12, 30, 3).wake == 2
     assert ServerPlan.plan(MIN_CONNECTIONS, 1, 4).turn_slots >= 1
 
 
@@ -101,4 +103,4 @@ def test_the_budget_and_the_turn_length_are_checked() -> None:
         MultiTenantConfig(connections_per_server=3)
     with pytest.raises(ConfigError, match=r"^expected turn_length to be > 0, got 0$"):
         MultiTenantConfig(turn_length=0)
-    assert MIN_CONNECTIONS > WAKE_CONNECTIONS
+    assert MIN_CONNECTIONS > WAKE_CONNECTIONS == wake_connections(MIN_CONNECTIONS)

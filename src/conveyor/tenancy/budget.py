@@ -38,8 +38,11 @@ from psycopg.conninfo import conninfo_to_dict
 from conveyor.router import Router
 
 # Per server: the due checks of parked tenants and their migrations, at most
-# this many at once. Two keep a slow or dead database from holding all of them.
+# this many at once: a tenth of the budget, at least two (so a slow or dead
+# database never holds all of them). Polling 200 tenants is mostly connecting,
+# so the sweep's length is about tenants / wake connections connects.
 WAKE_CONNECTIONS = 2
+WAKE_SHARE = 10
 # A turn's worker always holds three: fetch, ack, maintenance. Reserved when the
 # turn starts, so a turn never waits for them once it runs.
 TURN_BASE_CONNECTIONS = 3
@@ -69,6 +72,11 @@ def server_of(conninfo: str) -> str:
         return "?"
     host = str(parts.get("hostaddr") or parts.get("host") or "")
     return f"{host}:{parts.get('port') or 5432}"
+
+
+def wake_connections(budget: int) -> int:
+    """The connections of a server's due checks and migrations (see WAKE_SHARE)."""
+    return max(WAKE_CONNECTIONS, budget // WAKE_SHARE)
 
 
 def turn_connections(router: Router) -> int:
@@ -118,6 +126,7 @@ class ServerPlan:
 
     Attributes:
         budget: connections this process may hold on the server.
+        wake: connections of the due checks and migrations (:func:`wake_connections`).
         listen: whether every tenant there holds a LISTEN connection while it is parked
             (else parked tenants are polled).
         listeners: connections held by those LISTENs.
@@ -125,6 +134,7 @@ class ServerPlan:
     """
 
     budget: int
+    wake: int
     listen: bool
     listeners: int
     turn_slots: int
@@ -133,10 +143,11 @@ class ServerPlan:
     def plan(cls, budget: int, tenants: int, turn_cost: int) -> ServerPlan:
         """LISTEN for every tenant while that takes at most half of what the wake-ups leave
         and still leaves one turn; poll them otherwise. The turns take the rest."""
-        room = budget - WAKE_CONNECTIONS
+        wake = wake_connections(budget)
+        room = budget - wake
         listen = tenants <= room // 2 and room - tenants >= turn_cost
         listeners = tenants if listen else 0
-        return cls(budget, listen, listeners, max(0, (room - listeners) // turn_cost))
+        return cls(budget, wake, listen, listeners, max(0, (room - listeners) // turn_cost))
 
 
 class Rotation:

@@ -48,13 +48,13 @@ from conveyor.errors import ConveyorError
 from conveyor.notify import SIGNAL_PREFIX, WAKE_ALL, parse_wake
 from conveyor.router import Router
 from conveyor.tenancy.budget import (
-    WAKE_CONNECTIONS,
     ConnectionLedger,
     Rotation,
     ServerPlan,
     TurnView,
     to_park,
     turn_connections,
+    wake_connections,
 )
 from conveyor.tenancy.databases import TenantDatabase
 from conveyor.worker import Worker
@@ -174,11 +174,11 @@ class ServerTurns:
         self.states: dict[str, TenantState] = {}
         self.rotation = Rotation()
         # The due checks and migrations of this server's tenants, a few at a time.
-        self.wake_slots = asyncio.Semaphore(WAKE_CONNECTIONS)
+        self.wake_slots = asyncio.Semaphore(wake_connections(budget))
         self.turn_cost = 0
         self.plan = ServerPlan.plan(budget, 0, 1)
         # The turns' connections (ending turns' too, until their worker has closed them).
-        self.ledger = ConnectionLedger(budget - WAKE_CONNECTIONS)
+        self.ledger = ConnectionLedger(budget - wake_connections(budget))
         self.listening = 0       # LISTEN tasks that may hold a connection
         self.stats = TurnStats()
         self._changed = asyncio.Event()
@@ -262,8 +262,8 @@ class ServerTurns:
     def _fill(self) -> None:
         """Start waiting tenants while the budget has room; make room by ending turns."""
         # LISTEN connections still closing after a switch to polling count until closed.
-        self.ledger.limit = self.budget - WAKE_CONNECTIONS - max(self.plan.listeners,
-                                                                 self.listening)
+        self.ledger.limit = self.budget - self.plan.wake - max(self.plan.listeners,
+                                                               self.listening)
         later = []
         while self.rotation and self.ledger.take(self.turn_cost):
             name = self.rotation.pop()
