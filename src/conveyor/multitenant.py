@@ -21,7 +21,7 @@ schema. :class:`MultiTenantWorker` serves all of them from one process:
   turns first come first served, a backlog's turn ending after
   ``turn_length`` when others wait (:mod:`conveyor.tenancy.turns`; the bound
   is in :mod:`conveyor.tenancy.budget`). 200 tenant databases fit 40
-  connections (``tests/workflow/test_multitenant_budget.py``);
+  connections (``tests/workflow/test_multitenant_turns.py``);
 * nothing crosses tenants: a handler runs only for events of its tenant's
   database, sees that tenant through :func:`current_tenant`, and an event whose
   ``tenant`` column names another tenant is parked ``failed``, never run.

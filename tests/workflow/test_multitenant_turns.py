@@ -246,27 +246,30 @@ async def test_a_backlog_takes_bounded_turns_while_199_single_events_wait_within
                          what="the 199 single events")
         busy_turns = worker.tenants[busy].turns - busy_turns_before
         stats, slots, backlog_ran = server.stats, server.plan.turn_slots, done.count(busy)
+        wake = server.plan.wake
     waits = {name: done.at[name, ids[0]] - committed for name, (ids, committed) in sent.items()}
     worst, p99 = max(waits.values()), _percentile(list(waits.values()), 0.99)
     median = _percentile(list(waits.values()), 0.5)
-    # The bound (conveyor.tenancy.budget): found due within a poll interval plus a sweep
-    # of due checks (every tenant's, plan.wake at a time); then behind at most
-    # N - 1 others in the rotation, `slots` turns at a time, each at most the longest
-    # turn; then its own turn.
+    # The bound (docs/multitenant.md): found due within a poll interval plus a sweep of
+    # due checks (every tenant's, plan.wake at a time); then behind at most N - 1
+    # others in the rotation, `slots` turns at a time, each going on at most
+    # `longest_held` while someone waits; then its own turn. The turns' and checks'
+    # lengths are this machine's, measured; the rotation's discipline is what is tested.
     n = len(many)
-    detect = POLL + math.ceil(n / server.plan.wake) * stats.longest_check
-    bound = detect + (math.ceil((n - 1) / slots) + 1) * stats.longest_turn
+    detect = POLL + math.ceil(n / wake) * stats.longest_check
+    bound = detect + (math.ceil((n - 1) / slots) + 1) * stats.longest_held
     print(f"\nfairness: {n} tenants, {slots} turns at a time in {BUDGET} connections; a "
           f"20,000-event backlog in {busy} ({backlog_ran} ran, in {busy_turns} more turns of "
           f"{turn_length:g}s at most while others waited); the 199 single events waited "
           f"median {median:.2f}s, p99 {p99:.2f}s, max {worst:.2f}s; bound {bound:.1f}s (longest "
-          f"turn {stats.longest_turn:.2f}s, {stats.longest_turn_tenant}'s; longest start "
+          f"turn while others waited {stats.longest_held:.2f}s; longest start "
           f"{stats.longest_start:.2f}s; longest due check {stats.longest_check:.3f}s); "
           f"at most {sampler.most} connections")
     assert backlog_ran < 20_000, "the backlog drained: the measurement measured nothing"
     assert worst <= bound, waits
     assert busy_turns >= 2, "the backlog's turn never ended while others waited"
-    assert stats.longest_turn < turn_length + 3.0    # its turn, then a graceful stop
+    # A busy turn ends after turn_length once others wait, then stops gracefully.
+    assert stats.longest_held < turn_length + 5.0
     assert sampler.most <= BUDGET
 
 

@@ -150,6 +150,7 @@ class MultiTenantWorker:
         """Serve every tenant, follow the tenant source, stop all on :meth:`request_stop`."""
         await self._scan_or_raise()
         self._serving = True
+        self._run_servers()
         try:
             await self.sync()
             self.started.set()
@@ -234,10 +235,17 @@ class MultiTenantWorker:
                 key, c.connections_per_server, queries_for(c.worker.schema),
                 make_worker=self._turn_worker, turn_length=c.turn_length,
                 poll_interval=c.worker.poll_interval, query_timeout=c.worker.query_timeout)
-        if self._serving and key not in self._server_tasks:
-            self._server_tasks[key] = asyncio.create_task(
-                server.run(self._servers_stopping), name=f"conveyor-server-{key}")
+        self._run_servers()
         return server
+
+    def _run_servers(self) -> None:
+        """Start serving every server not served yet (those a sync before run() made, too)."""
+        if not self._serving:
+            return
+        for key, server in self._servers.items():
+            if key not in self._server_tasks:
+                self._server_tasks[key] = asyncio.create_task(
+                    server.run(self._servers_stopping), name=f"conveyor-server-{key}")
 
     async def _prepare(self, tenant: TenantDatabase, server: ServerTurns | None) -> TenantState | None:
         try:

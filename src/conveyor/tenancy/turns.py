@@ -132,6 +132,8 @@ class TurnStats:
             and whose it was.
         longest_start: seconds of the longest start of a turn's worker (connections,
             start-up steps), as the rotation's ticks see it.
+        longest_held: the longest a turn went on while a tenant waited for room: what
+            the fairness bound counts per turn (a turn nobody waits for may last).
         checks: due checks of parked tenants (on short-lived connections).
         longest_check: seconds of the longest one (the connect in).
         peak_connections: the most connections the turns held at once (the ledger's).
@@ -141,6 +143,7 @@ class TurnStats:
     longest_turn: float = 0.0
     longest_turn_tenant: str = ""
     longest_start: float = 0.0
+    longest_held: float = 0.0
     checks: int = 0
     longest_check: float = 0.0
     peak_connections: int = 0
@@ -181,6 +184,7 @@ class ServerTurns:
         self.ledger = ConnectionLedger(budget - wake_connections(budget))
         self.listening = 0       # LISTEN tasks that may hold a connection
         self.stats = TurnStats()
+        self._waited_since: float | None = None   # since when the rotation has not been empty
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -283,7 +287,10 @@ class ServerTurns:
                 state.ready = True
                 self.stats.longest_start = max(self.stats.longest_start, now - state.started_at)
         if not self.rotation:
+            self._waited_since = None
             return
+        if self._waited_since is None:
+            self._waited_since = now
         ending = sum(1 for s in turns if s.ending)
         views = [self._view(s) for s in turns]
         for name in to_park(views, now, self.turn_length,
@@ -345,6 +352,9 @@ class ServerTurns:
             took = time.monotonic() - state.started_at
             if took > self.stats.longest_turn:
                 self.stats.longest_turn, self.stats.longest_turn_tenant = took, name
+            if self._waited_since is not None:
+                held = time.monotonic() - max(state.started_at, self._waited_since)
+                self.stats.longest_held = max(self.stats.longest_held, held)
             self.stats.peak_connections = max(self.stats.peak_connections, self.ledger.peak)
             if state.worker is worker:
                 state.worker = None
