@@ -99,8 +99,12 @@ def test_the_ledger_never_admits_past_its_limit_from_any_thread() -> None:
 def test_the_budget_and_the_turn_length_are_checked() -> None:
     assert MultiTenantConfig().connections_per_server == 50
     assert MultiTenantConfig().turn_length == 5.0
-    with pytest.raises(ConfigError, match=r"^expected connections_per_server to be >= 8, got 3$"):
-        MultiTenantConfig(connections_per_server=3)
-    with pytest.raises(ConfigError, match=r"^expected turn_length to be > 0, got 0$"):
-        MultiTenantConfig(turn_length=0)
+    for bad in (3, 300_000, 40.0, True):
+        with pytest.raises(ConfigError, match=rf"^expected connections_per_server to be an "
+                                              rf"integer between 8 and 262143, got {bad!r}$"):
+            MultiTenantConfig(connections_per_server=bad)
+    for bad_length in (0, float("nan"), float("inf"), "5"):
+        with pytest.raises(ConfigError, match=r"^expected turn_length to be between 0.01s "
+                                              r"and 1d, got "):
+            MultiTenantConfig(turn_length=bad_length)
     assert MIN_CONNECTIONS > WAKE_CONNECTIONS == wake_connections(MIN_CONNECTIONS)

@@ -46,6 +46,9 @@ TENANT_CONCURRENCY_DEFAULT = 10
 # Half of PostgreSQL's default max_connections (100): the rest is the application's.
 CONNECTIONS_PER_SERVER_DEFAULT = 50
 TURN_LENGTH_DEFAULT = 5.0
+# PostgreSQL's own ceiling of max_connections: a larger budget is a typo.
+MAX_CONNECTIONS = 262_143
+TURN_LENGTH_RANGE = (0.01, 86_400.0)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,9 +65,10 @@ class MultiTenantConfig:
             holds 3 (4 with cron schedules; one more while a flow limit exists or the
             event loop is blocked, if there is room), each LISTEN connection 1, and 2
             wake parked tenants. Tenants with nothing to do give their connections up when
-            another tenant needs them (docs/multitenant.md). At least 8. Defaults to 50.
+            another tenant needs them (docs/multitenant.md). 8 to 262143. Defaults to 50.
         turn_length: seconds a tenant with work keeps its worker while other tenants of
-            its server wait for room; then it queues again behind them. Defaults to 5.0.
+            its server wait for room; then it queues again behind them. 0.01 to 86400.
+            Defaults to 5.0.
     """
 
     worker: WorkerConfig = field(
@@ -77,12 +81,15 @@ class MultiTenantConfig:
     def __post_init__(self) -> None:
         if not self.rescan_interval > 0:
             raise ConfigError(f"expected rescan_interval to be > 0, got {self.rescan_interval!r}")
-        if (not isinstance(self.connections_per_server, int)
-                or self.connections_per_server < MIN_CONNECTIONS):
-            raise ConfigError(f"expected connections_per_server to be >= {MIN_CONNECTIONS}, "
-                              f"got {self.connections_per_server!r}")
-        if not self.turn_length > 0:
-            raise ConfigError(f"expected turn_length to be > 0, got {self.turn_length!r}")
+        budget = self.connections_per_server
+        if (isinstance(budget, bool) or not isinstance(budget, int)
+                or not MIN_CONNECTIONS <= budget <= MAX_CONNECTIONS):
+            raise ConfigError(f"expected connections_per_server to be an integer between "
+                              f"{MIN_CONNECTIONS} and {MAX_CONNECTIONS}, got {budget!r}")
+        turn = self.turn_length
+        if (isinstance(turn, bool) or not isinstance(turn, int | float)
+                or not TURN_LENGTH_RANGE[0] <= turn <= TURN_LENGTH_RANGE[1]):
+            raise ConfigError(f"expected turn_length to be between 0.01s and 1d, got {turn!r}")
 
 
 @dataclass(frozen=True, slots=True)
