@@ -84,6 +84,8 @@ class TenantState:
         worker: the worker of its current turn, or ``None`` while it is parked.
         error: why its last turn or due check failed, or ``None``.
         turns: how many turns it has had.
+        started_at: when its last turn began (``time.monotonic()``).
+        found_due_at: when it last joined the rotation with work (``time.monotonic()``).
     """
 
     tenant: TenantDatabase
@@ -93,6 +95,7 @@ class TenantState:
     router: Router | None = field(default=None, repr=False)
     turns: int = 0
     started_at: float = 0.0
+    found_due_at: float = 0.0
     next_check: float = 0.0
     requeue: bool = field(default=False, repr=False)
     ending: bool = field(default=False, repr=False)
@@ -386,8 +389,14 @@ class ServerTurns:
         state.failures = 0
         state.next_check = time.monotonic() + self.poll_interval
         if due and not state.running and state.tenant.name in self.states:
+            self._queue(state)
+
+    def _queue(self, state: TenantState) -> None:
+        """``state``'s tenant has work: into the rotation, at the back unless it waits already."""
+        if state.tenant.name not in self.rotation:
+            state.found_due_at = time.monotonic()
             self.rotation.add(state.tenant.name)
-            self._changed.set()
+        self._changed.set()
 
     def _failed(self, state: TenantState, exc: BaseException) -> None:
         state.failures += 1
@@ -508,7 +517,6 @@ class ServerTurns:
             return
         epoch = due_epoch(due) if due else None
         if epoch is None or epoch <= time.time():
-            self.rotation.add(state.tenant.name)
-            self._changed.set()
+            self._queue(state)
         else:
             state.next_check = min(state.next_check, time.monotonic() + epoch - time.time())
