@@ -372,3 +372,40 @@ async def test_two_servers_each_within_its_budget_and_one_stopping_stalls_only_i
     expected = {(n, i) for sent_ in (first, back) for n, (ids, _) in sent_.items() for i in ids}
     assert expected <= set(done.runs)
     assert len(done.runs) == len(set(done.runs))
+
+
+async def test_parked_tenants_listening_are_woken_by_their_notify_not_by_polling(
+        server_url: str, template_db: str) -> None:
+    # 8 connections, 3 tenants: two wake connections, three LISTENs and one turn at a
+    # time. The poll interval is a minute, so only a NOTIFY can wake a parked tenant.
+    names = [f"conveyor_mtl_{os.urandom(4).hex()}_{i}" for i in range(3)]
+    try:
+        _create_many(server_url, template_db, names)
+        urls = {f"l{i}": make_conninfo(server_url, dbname=name) for i, name in enumerate(names)}
+        done = Done()
+        config = MultiTenantConfig(
+            worker=WorkerConfig(concurrency=2, poll_interval=60.0, query_timeout=5.0, **RECONNECT),
+            rescan_interval=60, connections_per_server=8)
+        worker = MultiTenantWorker(_tenants(urls), done.router(), config)
+        sampler = Sampler(server_url, names)
+        async with sampling(sampler), running(worker):
+            (server,) = worker.servers.values()
+            assert (server.plan.listen, server.plan.turn_slots) == (True, 1)
+            await wait_until(lambda: _first_turns_over(worker), timeout=30,
+                             what="every tenant's first turn")
+            for round_ in range(1, 3):
+                sent = await asyncio.to_thread(_enqueue, urls, 1)
+                began = min(t for _, t in sent.values())
+                await wait_until(lambda n=3 * round_: _ran(done, n), timeout=30,
+                                 what="the events of the parked tenants")
+                assert time.monotonic() - began < 20.0      # far below the 60 s poll
+        assert sampler.most <= 8, sampler.most
+        assert len(done.runs) == len(set(done.runs)) == 6
+        assert {name for name, _ in done.runs} == set(urls)
+    finally:
+        _drop_many(server_url, names)
+
+
+async def _first_turns_over(worker: MultiTenantWorker) -> bool:
+    states = worker.tenants.values()
+    return all(s.turns >= 1 for s in states) and sum(s.running for s in states) <= 1
