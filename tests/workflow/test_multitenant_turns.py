@@ -28,6 +28,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from conveyor import Producer, Router, WorkerConfig
 from conveyor.embedded import EmbeddedPostgres
 from conveyor.multitenant import (
+    DirectoryTenants,
     MultiTenantConfig,
     MultiTenantWorker,
     TenantDatabase,
@@ -409,3 +410,49 @@ async def test_parked_tenants_listening_are_woken_by_their_notify_not_by_polling
 async def _first_turns_over(worker: MultiTenantWorker) -> bool:
     states = worker.tenants.values()
     return all(s.turns >= 1 for s in states) and sum(s.running for s in states) <= 1
+
+
+async def test_switching_to_listen_when_tenants_go_shrinks_the_turns_first(
+        server_url: str, template_db: str, tmp_path: Path) -> None:
+    # 8 connections: 4 tenants are polled (2 turns of 3); once one goes, the other 3
+    # fit a LISTEN each and 1 turn. The busy turns end before the LISTENs connect.
+    names = [f"conveyor_mts_{os.urandom(4).hex()}_{i}" for i in range(4)]
+    try:
+        _create_many(server_url, template_db, names)
+        urls = {f"s{i}": make_conninfo(server_url, dbname=name) for i, name in enumerate(names)}
+        for name, url in urls.items():
+            (tmp_path / f"{name}.dsn").write_text(url + "\n")
+        await asyncio.to_thread(_enqueue, urls, 30)
+        done = Done()
+        router = Router()
+
+        async def slow(event: Event) -> None:
+            await asyncio.sleep(0.05)
+            await done.router().routes[0].handler(event)
+        router.add("job.*", slow)
+        config = MultiTenantConfig(
+            worker=WorkerConfig(concurrency=2, poll_interval=0.5, query_timeout=5.0, **RECONNECT),
+            rescan_interval=0.2, connections_per_server=8, turn_length=0.5)
+        worker = MultiTenantWorker(DirectoryTenants(tmp_path), router, config)
+        sampler = Sampler(server_url, names)
+        async with sampling(sampler), running(worker):
+            (server,) = worker.servers.values()
+            assert not server.plan.listen
+            await wait_until(lambda: _ran(done, 20), timeout=30, what="the turns to be busy")
+            (tmp_path / "s3.dsn").unlink()
+            await wait_until(lambda: _listening(server, 3), timeout=30, what="three LISTENs")
+            await wait_until(lambda: _ran_of(done, ("s0", "s1", "s2"), 90), timeout=60,
+                             what="the other tenants' events")
+        assert sampler.most <= 8, sampler.most
+        assert {n for n, _ in done.runs} >= {"s0", "s1", "s2"}
+        assert len(done.runs) == len(set(done.runs))
+    finally:
+        _drop_many(server_url, names)
+
+
+async def _listening(server: Any, n: int) -> bool:
+    return server.plan.listen and server.listening == n
+
+
+async def _ran_of(done: Done, tenants: tuple[str, ...], n: int) -> bool:
+    return sum(done.count(t) for t in tenants) >= n

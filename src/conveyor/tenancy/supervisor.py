@@ -187,6 +187,7 @@ class MultiTenantWorker:
                           extra={"action": "tenant_scan_failed"})
                 return TenantChanges([], [], [])
             self._note_emptiness(wanted)
+            self._run_servers()
             removed = [name for name, state in self._states.items()
                        if wanted.get(name) != state.tenant]
             await asyncio.gather(*(self._stop(name) for name in removed))
@@ -250,6 +251,13 @@ class MultiTenantWorker:
         if not self._serving:
             return
         for key, server in self._servers.items():
+            task = self._server_tasks.get(key)
+            if task is not None and task.done() and not self._servers_stopping.is_set():
+                # Not expected (a tick's errors are caught), but never silent nor final.
+                log.error("serving the tenants of server %s stopped: %r; restarting", key,
+                          None if task.cancelled() else task.exception(),
+                          extra={"action": "tenant_server_died"})
+                del self._server_tasks[key]
             if key not in self._server_tasks:
                 self._server_tasks[key] = asyncio.create_task(
                     server.run(self._servers_stopping), name=f"conveyor-server-{key}")

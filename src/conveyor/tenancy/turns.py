@@ -181,7 +181,7 @@ class ServerTurns:
         self.rotation = Rotation()
         # The due checks and migrations of this server's tenants, a few at a time.
         self.wake_slots = asyncio.Semaphore(wake_connections(budget))
-        self.turn_cost = 0
+        self.turn_cost = 1       # until a tenant's router says (_replan)
         self.plan = ServerPlan.plan(budget, 0, 1)
         # The turns' connections (ending turns' too, until their worker has closed them).
         self.ledger = ConnectionLedger(budget - wake_connections(budget))
@@ -226,6 +226,7 @@ class ServerTurns:
                      f"{self.budget} connections)",
                      extra={"action": "tenant_wakeups", "server": self.server})
         self.plan = plan
+        self._set_limit()
         if self._running:
             self._sync_listeners()
         self._changed.set()
@@ -239,7 +240,12 @@ class ServerTurns:
         polls = asyncio.create_task(self._poll_loop(), name=f"conveyor-tenant-polls-{self.server}")
         try:
             while not stopping.is_set():
-                self._fill()
+                try:
+                    self._fill()
+                except Exception:   # a bad tick must not stop every tenant of the server
+                    log.exception("server %s: serving its tenants failed; trying again",
+                                  self.server, extra={"action": "tenant_turns_failed"})
+                    await asyncio.sleep(1.0)
                 try:
                     async with asyncio.timeout(TICK):
                         await self._changed.wait()
@@ -268,9 +274,7 @@ class ServerTurns:
 
     def _fill(self) -> None:
         """Start waiting tenants while the budget has room; make room by ending turns."""
-        # LISTEN connections still closing after a switch to polling count until closed.
-        self.ledger.limit = self.budget - self.plan.wake - max(self.plan.listeners,
-                                                               self.listening)
+        self._set_limit()
         later = []
         while self.rotation and self.ledger.take(self.turn_cost):
             name = self.rotation.pop()
@@ -289,7 +293,11 @@ class ServerTurns:
             if not state.ready and state.worker is not None and state.worker.started.is_set():
                 state.ready = True
                 self.stats.longest_start = max(self.stats.longest_start, now - state.started_at)
-        if not self.rotation:
+        # Turns past the room they have (the LISTENs were given a share of it when
+        # the tenants came to fit) end like turns others wait for, so the LISTENs
+        # may connect.
+        excess = -(-(self.ledger.in_use - self.ledger.limit) // max(1, self.turn_cost))
+        if not self.rotation and excess <= 0:
             self._waited_since = None
             return
         if self._waited_since is None:
@@ -297,10 +305,15 @@ class ServerTurns:
         ending = sum(1 for s in turns if s.ending)
         views = [self._view(s) for s in turns]
         for name in to_park(views, now, self.turn_length,
-                            len(self.rotation) - ending):
+                            len(self.rotation) + max(excess, 0) - ending):
             self._end_turn(self.states[name])
         for state in turns:
             self._nudge(state)
+
+    def _set_limit(self) -> None:
+        # LISTEN connections still closing after a switch to polling count until closed.
+        self.ledger.limit = self.budget - self.plan.wake - max(self.plan.listeners,
+                                                               self.listening)
 
     def _view(self, state: TenantState) -> TurnView:
         worker = state.worker
@@ -482,6 +495,10 @@ class ServerTurns:
         channel = sql.SQL("LISTEN {}").format(sql.Identifier(self._q.channel))
         while not self._stopping.is_set():
             conn: psycopg.AsyncConnection[Any] | None = None
+            # Just switched to listening: the turns must first shrink to their share.
+            while self.ledger.in_use > self.ledger.limit and not self._stopping.is_set():
+                self._changed.set()
+                await asyncio.sleep(TICK)
             try:
                 conn = await self._connect(state, LISTEN_APPLICATION)
                 await with_deadline(conn, conn.execute(channel), self.query_timeout)
