@@ -1834,7 +1834,7 @@ def test_the_edges_of_a_pruned_step_are_forgotten_and_no_others(db: Conn) -> Non
 
 def _tenant_due(conn: Conn, **filter_: Any) -> bool:
     params = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
-              "tenants": [], **filter_}
+              "tenants": [], "cron": False, **filter_}
     row = conn.execute(Q["tenant_due"], params).fetchone()
     assert row is not None
     return bool(row[0])
@@ -1861,3 +1861,10 @@ def test_tenant_due_sees_claimable_events_and_expired_leases_only(db: Conn) -> N
     assert not _tenant_due(db)                                  # running, leased
     db.execute("UPDATE conveyor.events SET lease_expires_at = now() - interval '1 second'")
     assert _tenant_due(db)                                      # a lost worker's: rescue it
+    db.execute("DELETE FROM conveyor.events")
+    db.execute("INSERT INTO conveyor.cron_schedules (name, expression, timezone, topic, "
+               "catch_up, next_fire_at) VALUES ('tick', '* * * * *', 'UTC', 'a.tick', 0, now())")
+    assert not _tenant_due(db)                                  # its router has no schedule
+    assert _tenant_due(db, cron=True)                           # a schedule to fire
+    db.execute("UPDATE conveyor.cron_schedules SET enabled = false")
+    assert not _tenant_due(db, cron=True)

@@ -385,7 +385,8 @@ class ServerTurns:
     def _due_params(self, state: TenantState) -> dict[str, Any]:
         assert state.router is not None
         claim_filter = {**state.router.claim_filter(), "all_tenants": True, "tenants": []}
-        return {k: text_array(v) if isinstance(v, list) else v for k, v in claim_filter.items()}
+        params = {k: text_array(v) if isinstance(v, list) else v for k, v in claim_filter.items()}
+        return {**params, "cron": bool(state.router.schedules)}
 
     async def _due(self, conn: psycopg.AsyncConnection[Any], state: TenantState) -> bool:
         async with conn.cursor() as cur:

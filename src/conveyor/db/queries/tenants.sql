@@ -6,7 +6,7 @@
 -- an event its routes would claim (the open lane, as event_claim_unpaused
 -- picks it; or the limited lane, which the flow claims take), or a running
 -- event whose lease has run out (its worker was lost: a turn's maintenance
--- pass rescues it). Asked of every parked tenant at every poll, so each
+-- pass rescues it), or a cron schedule due to fire. Asked of every parked tenant at every poll, so each
 -- branch stops at its first row: events_claim_idx and events_lease_idx lead
 -- with the state, and a pause is tested only against the candidates found.
 -- A due event a turn could still not claim (a flow limit in force elsewhere)
@@ -25,4 +25,10 @@ SELECT EXISTS (
        OR EXISTS (
            SELECT 1 FROM {schema}.events
            WHERE state = 'running' AND lease_expires_at < now()
-       ) AS due
+       )
+       -- A schedule of its router to fire: only a router with schedules asks
+       -- (`cron`), or another's rows would give that tenant empty turns.
+       OR (%(cron)s AND EXISTS (
+           SELECT 1 FROM {schema}.cron_schedules
+           WHERE enabled AND next_fire_at <= now()
+       )) AS due
