@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -46,6 +47,10 @@ WAKE_SHARE = 10
 # A turn's worker always holds three: fetch, ack, maintenance. Reserved when the
 # turn starts, so a turn never waits for them once it runs.
 TURN_BASE_CONNECTIONS = 3
+# A closed connection's room comes back this long after the close: the server's
+# backend exits a few milliseconds after the client lets go (measured: up to
+# 5 ms on an idle server), and counts against max_connections until it has.
+RELEASE_GRACE = 0.05
 # The cron scheduler's connection, for a router with schedules: reserved too.
 CRON_CONNECTIONS = 1
 # The connections a worker opens only now and then (the flow claims', while a
@@ -94,24 +99,46 @@ class ConnectionLedger:
     event loop is blocked, hence the lock.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, grace: float = 0.0) -> None:
         self.limit = limit
-        self.in_use = 0
         self.peak = 0
+        self._grace = grace
+        self._in_use = 0
+        self._returning: list[tuple[float, int]] = []   # (when, how many): given back later
         self._lock = threading.Lock()
+
+    @property
+    def in_use(self) -> int:
+        with self._lock:
+            self._settle()
+            return self._in_use
+
+    def _settle(self) -> None:
+        if self._returning:
+            now = time.monotonic()
+            due = [n for when, n in self._returning if when <= now]
+            self._returning = [(when, n) for when, n in self._returning if when > now]
+            self._in_use -= sum(due)
 
     def take(self, n: int) -> bool:
         """Take ``n`` connections if they fit within the limit."""
         with self._lock:
-            if self.in_use + n > self.limit:
+            self._settle()
+            if self._in_use + n > self.limit:
                 return False
-            self.in_use += n
-            self.peak = max(self.peak, self.in_use)
+            self._in_use += n
+            self.peak = max(self.peak, self._in_use)
             return True
 
     def give(self, n: int) -> None:
+        """Give ``n`` connections back, ``grace`` seconds from now: a client's close
+        returns at once, but the server's backend takes a few milliseconds more to
+        exit, and until then it still counts against ``max_connections``."""
         with self._lock:
-            self.in_use -= n
+            if self._grace > 0:
+                self._returning.append((time.monotonic() + self._grace, n))
+            else:
+                self._in_use -= n
 
     def try_acquire(self) -> bool:
         return self.take(1)

@@ -268,7 +268,7 @@ class MultiTenantWorker:
                 if server is None:
                     await self.ensure_schema(tenant)
                 else:
-                    async with server.wake_slots:      # within the server's budget
+                    async with server.wake_slot():     # within the server's budget
                         await self.ensure_schema(tenant)
             return TenantState(tenant, router=tenant_router(tenant, self.app))
         except (ConveyorError, OSError) as exc:

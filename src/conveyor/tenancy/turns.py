@@ -32,9 +32,10 @@ bounded by ``query_timeout``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ from conveyor.errors import ConveyorError
 from conveyor.notify import SIGNAL_PREFIX, WAKE_ALL, parse_wake
 from conveyor.router import Router
 from conveyor.tenancy.budget import (
+    RELEASE_GRACE,
     ConnectionLedger,
     Rotation,
     ServerPlan,
@@ -184,7 +186,7 @@ class ServerTurns:
         self.turn_cost = 1       # until a tenant's router says (_replan)
         self.plan = ServerPlan.plan(budget, 0, 1)
         # The turns' connections (ending turns' too, until their worker has closed them).
-        self.ledger = ConnectionLedger(budget - wake_connections(budget))
+        self.ledger = ConnectionLedger(budget - wake_connections(budget), grace=RELEASE_GRACE)
         self.listening = 0       # LISTEN tasks that may hold a connection
         self.stats = TurnStats()
         self._waited_since: float | None = None   # since when the rotation has not been empty
@@ -448,7 +450,7 @@ class ServerTurns:
 
     async def _check(self, state: TenantState) -> None:
         try:
-            async with self.wake_slots:
+            async with self.wake_slot():
                 if state.running or self._stopping.is_set():
                     return
                 began = time.monotonic()
@@ -465,6 +467,16 @@ class ServerTurns:
             self._failed(state, exc)
         finally:
             state.checking = False
+
+    @contextlib.asynccontextmanager
+    async def wake_slot(self) -> AsyncIterator[None]:
+        """One of the server's wake connections, for a due check or a migration; given
+        back RELEASE_GRACE after, once the server's backend has exited."""
+        await self.wake_slots.acquire()
+        try:
+            yield
+        finally:
+            asyncio.get_running_loop().call_later(RELEASE_GRACE, self.wake_slots.release)
 
     def _sync_listeners(self) -> None:
         for state in self.states.values():
@@ -489,8 +501,11 @@ class ServerTurns:
         try:
             await self._listen_until_stopped(state)
         finally:
-            self.listening -= 1
-            self._changed.set()
+            asyncio.get_running_loop().call_later(RELEASE_GRACE, self._listener_gone)
+
+    def _listener_gone(self) -> None:
+        self.listening -= 1
+        self._changed.set()
 
     async def _listen_until_stopped(self, state: TenantState) -> None:
         channel = sql.SQL("LISTEN {}").format(sql.Identifier(self._q.channel))
