@@ -1850,3 +1850,41 @@ def test_the_edges_of_a_pruned_step_are_forgotten_and_no_others(db: Conn) -> Non
     db.execute("DELETE FROM conveyor.events WHERE id = %s", (ids[b],))
     assert db.execute(Q["deps_forget"], {"limit": 10}).rowcount == 1
     assert db.execute("SELECT count(*) FROM conveyor.event_dependencies").fetchone() == (0,)
+
+
+def _tenant_due(conn: Conn, **filter_: Any) -> bool:
+    params = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
+              "tenants": [], "cron": False, **filter_}
+    row = conn.execute(Q["tenant_due"], params).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+@exercises("tenant_due")
+def test_tenant_due_sees_claimable_events_and_expired_leases_only(db: Conn) -> None:
+    db.execute("DELETE FROM conveyor.pauses")
+    assert not _tenant_due(db)
+    later = _insert(db, "a.x", delay=3600)
+    assert not _tenant_due(db)                                  # not due yet
+    db.execute("UPDATE conveyor.events SET run_at = now() WHERE id = %s", (later,))
+    assert _tenant_due(db)
+    assert not _tenant_due(db, all_topics=False, topics=["b.y"])    # not one of its routes'
+    assert _tenant_due(db, all_topics=False, prefixes=["a.%"])
+    _pause(db, "a.*")
+    assert not _tenant_due(db)                                  # paused: no turn for it
+    db.execute("DELETE FROM conveyor.pauses")
+    db.execute("UPDATE conveyor.events SET limited = true WHERE id = %s", (later,))
+    assert _tenant_due(db)                                      # the flow claims' lane
+    _claim(db, _owner())
+    db.execute("UPDATE conveyor.events SET limited = false, state = 'running', "
+               "lease_owner = gen_random_uuid(), lease_expires_at = now() + interval '1 minute'")
+    assert not _tenant_due(db)                                  # running, leased
+    db.execute("UPDATE conveyor.events SET lease_expires_at = now() - interval '1 second'")
+    assert _tenant_due(db)                                      # a lost worker's: rescue it
+    db.execute("DELETE FROM conveyor.events")
+    db.execute("INSERT INTO conveyor.cron_schedules (name, expression, timezone, topic, "
+               "catch_up, next_fire_at) VALUES ('tick', '* * * * *', 'UTC', 'a.tick', 0, now())")
+    assert not _tenant_due(db)                                  # its router has no schedule
+    assert _tenant_due(db, cron=True)                           # a schedule to fire
+    db.execute("UPDATE conveyor.cron_schedules SET enabled = false")
+    assert not _tenant_due(db, cron=True)

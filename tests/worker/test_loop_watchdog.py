@@ -119,3 +119,22 @@ async def test_while_the_loop_is_stuck_each_lease_is_held_only_until_its_handler
     assert executor.held_during_stall(85.0, 35.0) == [1]
     assert executor.held_during_stall(101.0, 51.0) == []
     running_call.cancel()
+
+
+def test_a_stall_renewal_without_room_in_the_budget_is_skipped_and_room_is_given_back(
+        db: str) -> None:
+    from conveyor.db.named_queries import queries_for
+    from conveyor.tenancy.budget import ConnectionLedger
+    from conveyor.worker.watchdog import StallLeases
+
+    ledger = ConnectionLedger(limit=1)
+    leases = StallLeases(db, queries_for("conveyor"), "00000000-0000-0000-0000-000000000001",
+                         lease_ttl=5.0, query_timeout=5.0, held=lambda now, stalled: [1, 2],
+                         gate=ledger)
+    assert ledger.take(1)
+    assert leases.renew(0.0, 2.0) == (2, 0)         # no room: no connection, no renewal
+    ledger.give(1)
+    assert leases.renew(0.0, 2.0) == (2, 0)         # room: renewed (none of them is held)
+    assert ledger.in_use == 1
+    leases.close()
+    assert ledger.in_use == 0

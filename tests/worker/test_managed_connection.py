@@ -84,3 +84,24 @@ async def test_an_aborted_connection_lets_the_next_connect_take_its_socket_numbe
         await managed.close()
         # Its client gone without a word, the server would sleep on for 30 s.
         await query(db, "SELECT pg_terminate_backend(%s)", (pid,))
+
+
+async def test_a_gated_connection_waits_for_room_and_gives_it_back_when_closed(db: str) -> None:
+    from conveyor.tenancy.budget import ConnectionLedger
+
+    ledger = ConnectionLedger(limit=1)
+    assert ledger.take(1)                 # the budget is full
+    managed = ManagedConnection(db, "flow", reconnect_min=0.05, reconnect_max=0.1,
+                                stopping=asyncio.Event(), gate=ledger)
+    try:
+        getting = asyncio.create_task(managed.get())
+        await asyncio.sleep(0.3)
+        assert not getting.done() and not managed.connected   # no room: no connection
+        ledger.give(1)
+        conn = await asyncio.wait_for(getting, 5)
+        assert not conn.closed and ledger.in_use == 1
+        await managed.discard()
+        assert ledger.in_use == 0         # closed: the room is given back
+    finally:
+        await managed.close()
+    assert ledger.in_use == 0

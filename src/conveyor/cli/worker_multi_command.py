@@ -27,8 +27,10 @@ from conveyor.config import (
 )
 from conveyor.errors import ConfigError, InvalidInputError
 from conveyor.multitenant import (
+    CONNECTIONS_PER_SERVER_DEFAULT,
     RESCAN_INTERVAL_DEFAULT,
     TENANT_CONCURRENCY_DEFAULT,
+    TURN_LENGTH_DEFAULT,
     DirectoryTenants,
     MultiTenantConfig,
     MultiTenantWorker,
@@ -45,7 +47,9 @@ log = logging.getLogger(__name__)
 
 def register_worker_multi(sub: Sub, env: Env) -> None:
     p = add_command(sub, "worker-multi", "one worker process for many tenant databases",
-             "Serve every tenant database with its own worker in this process: a list of\n"
+             "Serve every tenant database with a worker of its own in this process, within\n"
+             "--connections-per-server per database server (a tenant's worker runs while it\n"
+             "has work or the room is not needed; docs/multitenant.md): a list of\n"
              "--dsn [TENANT=]URL, or --tenants-dir holding <tenant>.dsn files, re-scanned\n"
              "every --rescan-interval so tenants can be added or removed while it runs.\n"
              "Each tenant database is migrated when it is added. --app names a Router, or a\n"
@@ -66,7 +70,14 @@ def register_worker_multi(sub: Sub, env: Env) -> None:
     option(p, "--rescan-interval", type=duration, unit="s", default=RESCAN_INTERVAL_DEFAULT,
            help="re-read the tenant list this often")
     option(p, "--poll-interval", type=duration, unit="s", default=POLL_INTERVAL_DEFAULT,
-           help="fallback poll per tenant when no NOTIFY arrives")
+           help="due check of each parked tenant, and fallback poll per tenant when no "
+                "NOTIFY arrives")
+    option(p, "--connections-per-server", env="CONNECTIONS_PER_SERVER", type=positive_int,
+           default=CONNECTIONS_PER_SERVER_DEFAULT, metavar="N",
+           help="the most connections held on one database server, all its tenants "
+                "together; idle tenants give theirs up when others need them")
+    option(p, "--turn-length", type=duration, unit="s", default=TURN_LENGTH_DEFAULT,
+           help="how long a busy tenant keeps its worker while others wait for room")
     option(p, "--shutdown-timeout", type=duration, unit="s", default=SHUTDOWN_TIMEOUT_DEFAULT,
            help="grace for running handlers on SIGTERM")
     option(p, "--handler-timeout", type=duration, unit="s", default=HANDLER_TIMEOUT_DEFAULT,
@@ -106,7 +117,8 @@ def run_worker_multi(ctx: Context, args: argparse.Namespace) -> int:
                 poll_interval=args.poll_interval, shutdown_timeout=args.shutdown_timeout,
                 handler_timeout=args.handler_timeout,
                 heartbeat_interval=HEARTBEAT_INTERVAL_DEFAULT),
-            rescan_interval=args.rescan_interval)
+            rescan_interval=args.rescan_interval,
+            connections_per_server=args.connections_per_server, turn_length=args.turn_length)
     except ConfigError as exc:
         raise InvalidInputError(str(exc)) from None
     if stop.requested:

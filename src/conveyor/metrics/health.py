@@ -98,7 +98,9 @@ def _tenant_checks(multi: MultiTenantWorker, check: Callable[[Worker], Check]) -
     failing = []
     for name, state in sorted(multi.tenants.items()):
         if state.worker is None or not state.running:
-            failing.append(f"{name}: {state.error or 'worker not running'}")
+            # Parked (nothing to do, or waiting for its turn) is healthy; failing is not.
+            if state.error is not None:
+                failing.append(f"{name}: {state.error}")
             continue
         answer = check(state.worker)
         if not answer.ok:

@@ -61,10 +61,11 @@ class TenantsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("conveyor_tenant_worker_up",
-                               "1 while the tenant database's worker runs, 0 while it is down "
-                               "(it is restarted at the next scan).", labels=["tenant"])
+                               "1 while the tenant is served (its worker runs, or it is parked "
+                               "with nothing to do), 0 while its worker or database fails.",
+                               labels=["tenant"])
         for name, state in sorted(self.multi.tenants.items()):
-            up.add_metric([name], 1.0 if state.running else 0.0)
+            up.add_metric([name], 1.0 if state.running or state.error is None else 0.0)
         yield up
         yield from merge(self._families())
 

@@ -199,6 +199,9 @@ class Claims:
         if events:
             stats.claims += 1
         stats.last_claim_at = time.monotonic()
+        if not events and not self.moved:
+            # Caught up: a multi-tenant supervisor may park this worker (tenancy/turns.py).
+            stats.last_empty_claim_at = stats.last_claim_at
         # The slots are taken now; the handlers start on the loop's next round,
         # after the fetch loop has sent its next claim, so the database works
         # on that claim while this batch's handlers start.

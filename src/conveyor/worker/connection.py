@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -136,19 +136,35 @@ class SessionMode:
                 extra={"action": "pooler_detected", "role": role})
 
 
+class ConnectionGate(Protocol):
+    """Admits the connections a worker opens only now and then (its flow claims', its
+    stall watchdog's) within a budget it shares with others: a multi-tenant worker's
+    per-server one (conveyor.tenancy.budget). Called from the event loop and from the
+    watchdog's thread alike, so an implementation takes a lock, never the loop."""
+
+    def try_acquire(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
 class ManagedConnection:
     """A lazily (re)opened autocommit connection owned by one worker component.
 
     ``get()`` returns a live connection, waiting out the backoff while the
     database is away; ``discard()`` drops a connection that failed so the next
-    ``get()`` opens a new one.
+    ``get()`` opens a new one. With a ``gate``, a connection is opened only once
+    the gate admits it (and waits out the backoff while it does not); it is
+    given back when the connection closes.
     """
 
     def __init__(self, conninfo: str, role: str, *, reconnect_min: float, reconnect_max: float,
                  stopping: asyncio.Event, settings: dict[str, str] | None = None,
-                 mode: SessionMode | None = None, **connect_kwargs: Any) -> None:
+                 mode: SessionMode | None = None, gate: ConnectionGate | None = None,
+                 **connect_kwargs: Any) -> None:
         self.conninfo = conninfo
         self.role = role
+        self._gate = gate
+        self._admitted = False
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._connecting = asyncio.Lock()
         self._backoff = Backoff.doubling(reconnect_min, reconnect_max)
@@ -181,9 +197,17 @@ class ManagedConnection:
                 async with self._connecting:
                     if self._conn is not None and not self._conn.closed:
                         return self._conn
-                    conn = await connect_async(
-                        self.conninfo, autocommit=True,
-                        application_name=f"conveyor-{self.role}", **self._kwargs)
+                    if not self._admit():
+                        await self._sleep(self._backoff.next_delay(),
+                                          interruptible=give_up_on_stop)
+                        continue
+                    try:
+                        conn = await connect_async(
+                            self.conninfo, autocommit=True,
+                            application_name=f"conveyor-{self.role}", **self._kwargs)
+                    except BaseException:
+                        self._let_go()
+                        raise
                     try:
                         await self._mode.settle(conn, self.role)
                         if self._mode.pooled:
@@ -197,6 +221,7 @@ class ManagedConnection:
                                 [part for item in self._settings.items() for part in item])
                     except BaseException:
                         await conn.close()
+                        self._let_go()
                         raise
                     self._conn = conn
             except InvalidDatabaseUrlError:
@@ -215,6 +240,20 @@ class ManagedConnection:
             self._ever_connected = True
             self._backoff.reset()
             return self._conn
+
+    def _admit(self) -> bool:
+        if self._gate is None or self._admitted:
+            return True
+        self._admitted = self._gate.try_acquire()
+        if not self._admitted:
+            log.info("no room for the %s connection in the connection budget; retrying",
+                     self.role, extra={"action": "connection_deferred", "role": self.role})
+        return self._admitted
+
+    def _let_go(self) -> None:
+        if self._gate is not None and self._admitted:
+            self._admitted = False
+            self._gate.release()
 
     async def _wait_for_server(self, delay: float, *, interruptible: bool = True) -> None:
         """Sleep out a backoff step, cut short when the server comes back.
@@ -270,6 +309,7 @@ class ManagedConnection:
                 await conn.close()
             except Exception:  # noqa: BLE001 - it is already broken; closing is best effort
                 pass
+        self._let_go()
 
     async def pause_after_failure(self, *, interruptible: bool = True) -> None:
         """Wait out one backoff step (used after an error on a connection that still looks up)."""
@@ -307,7 +347,8 @@ class WorkerConnections:
     """
 
     def __init__(self, conninfo: str, config: WorkerConfig, stopping: asyncio.Event, *,
-                 listen_conninfo: str | None = None, cron: bool = False) -> None:
+                 listen_conninfo: str | None = None, cron: bool = False,
+                 gate: ConnectionGate | None = None) -> None:
         c = config
         modes = {conninfo: SessionMode(pooled=c.transaction_pooler)}
 
@@ -342,6 +383,7 @@ class WorkerConnections:
         # own, which must not interleave with the heartbeat's statements.
         self.cron = managed("cron", settings={"lock_timeout": str(LOCK_TIMEOUT_MS)}) if cron else None
         self._managed = managed
+        self._gate = gate
         self.flow: ManagedConnection | None = None
 
     def flow_connection(self) -> ManagedConnection:
@@ -349,7 +391,8 @@ class WorkerConnections:
         worker never opens it while no flow limit exists."""
         if self.flow is None:
             # Claims commit asynchronously, as the fetch connection's.
-            self.flow = self._managed("flow", settings={"synchronous_commit": "off"})
+            self.flow = self._managed("flow", settings={"synchronous_commit": "off"},
+                                      gate=self._gate)
         return self.flow
 
     def all(self) -> tuple[ManagedConnection, ...]:

@@ -59,6 +59,9 @@ class StartUp:
         self.maintenance = maintenance
         self.flow = flow
         self.lanes = lanes
+        # Whether to run the autovacuum check: a multi-tenant worker's turns run it
+        # at a tenant's first turn only, not at every one (tenancy/turns.py).
+        self.vacuum_check = True
 
     async def run(self) -> None:
         """Every step, in order."""
@@ -69,7 +72,8 @@ class StartUp:
         if any(r.flow is not None and r.flow.fifo_by is not None for r in self.router.routes):
             # On an error the maintenance pass brings them back.
             await self.step(self.lanes.bring_back, errors=RECOVERABLE_ERRORS)
-        await self.check_vacuum()
+        if self.vacuum_check:
+            await self.check_vacuum()
 
     async def step(self, step: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,
                    errors: tuple[type[BaseException], ...] = CONNECTION_ERRORS,

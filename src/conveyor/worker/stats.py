@@ -13,6 +13,7 @@ class WorkerStats:
     claimed: int = 0              # events claimed
     claims: int = 0               # claim statements that returned events (claimed / claims: batch size)
     last_claim_at: float = 0.0    # time.monotonic() of the last claim round trip, with or without rows
+    last_empty_claim_at: float = 0.0  # the same, of the last one that found nothing to claim
     succeeded: int = 0
     retried: int = 0
     failed: int = 0

@@ -28,6 +28,7 @@ from conveyor.db.connect import connect
 from conveyor.db.named_queries import Queries
 from conveyor.errors import DatabaseUnavailableError
 from conveyor.types import Event
+from conveyor.worker.connection import ConnectionGate
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +60,22 @@ class StallLeases:
             long the loop has been stuck, returns the ids of the events whose
             leases to keep: those whose calls may still legitimately run
             (:meth:`~conveyor.worker.executor.Executor.held_during_stall`).
+        gate: what must admit the connection before it opens (a shared connection
+            budget); refused, the renewal is skipped and logged. Defaults to none.
     """
 
     def __init__(self, conninfo: str, queries: Queries, owner: str, *, lease_ttl: float,
-                 query_timeout: float, held: Callable[[float, float], list[int]]) -> None:
+                 query_timeout: float, held: Callable[[float, float], list[int]],
+                 gate: ConnectionGate | None = None) -> None:
         self._conninfo = conninfo
+        self._gate = gate
         self._q = queries
         self._owner = owner
         self._lease_ttl = lease_ttl
         self._timeout = query_timeout
         self._held = held
         self._conn: psycopg.Connection[Any] | None = None
+        self._admitted = False     # whether the gate admitted the connection held
 
     def renew(self, loop_now: float, stalled_for: float) -> tuple[int, int]:
         """Renew the held events' leases; returns (held, renewed). Never raises."""
@@ -79,6 +85,12 @@ class StallLeases:
                 return 0, 0
             conn = self._conn
             if conn is None or conn.closed:
+                self.close()
+                if self._gate is not None and not self._gate.try_acquire():
+                    log.warning("no room in the connection budget to renew the leases while "
+                                "the event loop is blocked", extra={"action": "stall_renew_failed"})
+                    return len(ids), 0
+                self._admitted = self._gate is not None
                 # No prepared statements: a transaction pooler may stand in between.
                 conn = self._conn = connect(
                     self._conninfo, autocommit=True, application_name="conveyor-watchdog",
@@ -108,6 +120,9 @@ class StallLeases:
                 conn.close()
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
+        if self._admitted and self._gate is not None:
+            self._admitted = False
+            self._gate.release()
 
 
 class LoopWatchdog:

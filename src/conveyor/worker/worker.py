@@ -51,7 +51,7 @@ from conveyor.schema.migrator import AsyncMigrator
 from conveyor.worker.accounting import OutcomeAccounting
 from conveyor.worker.claims import Claims
 from conveyor.worker.completer import Completer
-from conveyor.worker.connection import StopRequested, WorkerConnections
+from conveyor.worker.connection import ConnectionGate, StopRequested, WorkerConnections
 from conveyor.worker.deadline import StopFlag
 from conveyor.worker.executor import Executor
 from conveyor.worker.failure_log import FailureLogLimiter
@@ -96,13 +96,20 @@ class Worker:
             flow claims, maintenance): a relay's ordered streams, the metrics
             refresher. One that raises stops the worker, and ``run`` raises
             its error. Defaults to none.
+        connection_gate: what admits the connections this worker opens only now and
+            then (its flow claims', when a flow limit exists; its stall watchdog's,
+            while the event loop is blocked) within a budget shared with other
+            workers: a multi-tenant worker's per-server one. Refused, they wait
+            (the flow claims) or are skipped (a stall's lease renewal). Defaults to
+            none: always opened.
     """
 
     def __init__(self, conninfo: str, router: Router, config: WorkerConfig | None = None, *,
                  listen_conninfo: str | None = None,
                  middleware: Sequence[Middleware] = (),
                  clock: Callable[[], datetime] | None = None,
-                 services: Sequence[Service] = ()) -> None:
+                 services: Sequence[Service] = (),
+                 connection_gate: ConnectionGate | None = None) -> None:
         if not router.routes and not router.schedules:
             raise ConfigError("router has no routes: the worker would claim nothing")
         self.conninfo = conninfo
@@ -125,7 +132,7 @@ class Worker:
         self._closing = asyncio.Event()   # set once nothing more will be acknowledged
         self.connections = WorkerConnections(conninfo, c, self._stopping,
                                              listen_conninfo=listen_conninfo,
-                                             cron=bool(router.schedules))
+                                             cron=bool(router.schedules), gate=connection_gate)
         self.listens = c.listen and not (c.transaction_pooler is True
                                          and self.connections.listen_target == conninfo)
         # What a handler finishing its own event (conveyor.complete) fences on.
@@ -174,7 +181,8 @@ class Worker:
                                      leases=StallLeases(conninfo, self._q, self.id,
                                                         lease_ttl=c.lease_ttl,
                                                         query_timeout=c.query_timeout,
-                                                        held=self.executor.held_during_stall),
+                                                        held=self.executor.held_during_stall,
+                                                        gate=connection_gate),
                                      renew_every=c.heartbeat_interval)
         self.scheduler: Scheduler | None = None
         if self.connections.cron is not None:
