@@ -7,6 +7,7 @@ The producer's ``send`` span and the context it stores, the worker's
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -261,6 +262,39 @@ async def test_a_worker_with_the_middleware_links_each_event(
         process, send = processes[str(event_id)], sends[str(event_id)]
         assert [span_ids(link.context) for link in process.links] == [span_ids(send.context)]
         assert current[event_id] == process.get_span_context()
+
+
+async def test_a_batch_handler_call_ends_the_span_of_each_of_its_events() -> None:
+    """A batch call enters each event's hooks in turn and leaves them in reverse: every
+    event's span is ended (only the last one was), and the context is restored."""
+    from conveyor.types import Event
+    from conveyor.worker.executor import Executor
+    from conveyor.worker.running import RunningSet
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    current: list[trace.Span] = []
+
+    async def handle(events: list[Any]) -> None:
+        current.append(trace.get_current_span())
+
+    router = Router()
+    router.add("trace.batch", handle, batch=True)
+    slots = RunningSet(10)
+    executor = Executor(router, slots, lambda outcome: None, handler_timeout=5.0, backoff=NOW,
+                        threads=1, middleware=[TracingMiddleware(provider)])
+    events = [Event(id=n, topic="trace.batch", payload_text="{}") for n in (1, 2, 3)]
+    slots.take(events)
+    executor.start(events)
+    await asyncio.gather(*slots.unfinished_tasks())
+    executor.close()
+    ended = sorted((s.attributes or {})["messaging.message.id"] for s in exporter.get_finished_spans())
+    assert ended == ["1", "2", "3"]
+    # The batch handler runs inside the last event's span.
+    assert current[0].get_span_context().span_id == max(
+        exporter.get_finished_spans(),
+        key=lambda s: (s.attributes or {})["messaging.message.id"]).context.span_id
 
 
 # ------------------------------------------------------------------ the extra
