@@ -361,6 +361,34 @@ def test_before_an_sdk_is_set_up_the_middleware_does_nothing_and_follows_it_once
     assert done.stdout.splitlines() == ["False", "True", "['process t.x']"]
 
 
+def test_once_an_sdk_is_set_up_spans_start_on_its_own_tracer() -> None:
+    """A middleware built before the SDK (the CLI builds it before importing the app)
+    holds the API's proxy tracer: once the SDK is found, spans start on the SDK's
+    tracer itself, not through the proxy's extra call per span."""
+    done = _child(
+        "import sys\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from conveyor.middleware import HandlerResult\n"
+        "from conveyor.tracing import TracingMiddleware\n"
+        "from conveyor.types import Event, EventState\n"
+        "event = Event(id=7, topic='t.x', payload_text='{}')\n"
+        "done = HandlerResult(EventState.SUCCEEDED, None, None, 0.001, None, True)\n"
+        "middleware = TracingMiddleware()\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "middleware.before(event)\n"
+        "middleware.after(event, done)\n"
+        "called = set()\n"
+        "sys.setprofile(lambda frame, kind, arg: kind == 'call'"
+        " and called.add(frame.f_code.co_qualname))\n"
+        "middleware.before(event)\n"
+        "middleware.after(event, done)\n"
+        "sys.setprofile(None)\n"
+        "print(sorted(name for name in called if name.endswith('Tracer.start_span')))\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['Tracer.start_span']"]   # no ProxyTracer's
+
+
 # ------------------------------------------------------------- head sampling
 
 UNSAMPLED = trace.SpanContext(trace_id=0x5A5A, span_id=0x77, is_remote=False,

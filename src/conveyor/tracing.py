@@ -244,6 +244,10 @@ class TracingMiddleware(Middleware):
                 return
             self._maybe_noop = False
             self._parent_decides = follows_unsampled_parents(provider)
+            # The SDK's own tracer from now on: the one made before it was set up
+            # is a proxy, one more call per span (hot path, measured: see
+            # docs/benchmarks.md).
+            self._tracer = _tracer(None)
         carried = event.traceparent
         if carried is not None and carried[-1:] in _NOT_SAMPLED and event.attempt == 1 \
                 and self._parent_decides:
