@@ -34,7 +34,7 @@ import psycopg
 from conveyor_tools.bench import scratch
 from conveyor_tools.bench.app import NOOP_TOPIC
 from conveyor_tools.bench.baseline import URL_ENV
-from conveyor_tools.bench.processes import BASELINE_SCRIPT, ProcessRegistry, child_env
+from conveyor_tools.bench.processes import APP, BASELINE_SCRIPT, ProcessRegistry, child_env
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -81,7 +81,8 @@ def profile_conveyor(args: argparse.Namespace, admin: psycopg.Connection[Any],
     if args.tool == "cprofile":
         launcher = ["-m", "cProfile", "-o", os.path.join(out, "worker.prof"), *launcher]
     worker = registry.worker(args.url, schemas.conveyor, batch_size=args.batch_size,
-                             concurrency=args.concurrency, launcher=launcher)
+                             concurrency=args.concurrency, launcher=launcher,
+                             app=args.app, flags=args.flag or [])
     scratch.reset(admin, schemas.conveyor)
     worker.start()
     worker.wait_registered(admin)
@@ -96,7 +97,8 @@ def profile_conveyor(args: argparse.Namespace, admin: psycopg.Connection[Any],
         time.sleep(1.0)
     cpu0 = cpu_seconds(worker.pid)
     db0 = {p: cpu_seconds(p) for p in backends}
-    scratch.fill_conveyor(args.url, schemas.conveyor, NOOP_TOPIC, args.events)
+    scratch.fill_conveyor(args.url, schemas.conveyor, NOOP_TOPIC, args.events,
+                          head_sampled=args.head_sampled)
     wait_drained(admin, schemas.conveyor, worker.check_alive)
     cpu1 = cpu_seconds(worker.pid)
     backends = backends_of(admin, worker.pid)  # the ack connection opens on the first ack
@@ -191,6 +193,13 @@ def main() -> int:
                         help="also profile the raw drainer at this batch (repeatable)")
     parser.add_argument("--patch", help="run the worker through patched_worker.py with these "
                         "patches, e.g. trace-wake (see patched_worker.py)")
+    parser.add_argument("--app", default=APP, help="the router the worker serves, e.g. "
+                        "conveyor_tools.bench.traced_app:router (tracing set up)")
+    parser.add_argument("--flag", action="append",
+                        help="a worker flag, e.g. --flag=--tracing (repeatable)")
+    parser.add_argument("--head-sampled", type=float,
+                        help="enqueue each event in a request span sampled at this ratio "
+                        "(as conveyor bench --observability's tracing_sampled)")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default=None, help="directory for profiles (default: temp)")
     args = parser.parse_args()

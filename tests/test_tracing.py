@@ -7,6 +7,7 @@ The producer's ``send`` span and the context it stores, the worker's
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -263,6 +264,39 @@ async def test_a_worker_with_the_middleware_links_each_event(
         assert current[event_id] == process.get_span_context()
 
 
+async def test_a_batch_handler_call_ends_the_span_of_each_of_its_events() -> None:
+    """A batch call enters each event's hooks in turn and leaves them in reverse: every
+    event's span is ended (only the last one was), and the context is restored."""
+    from conveyor.types import Event
+    from conveyor.worker.executor import Executor
+    from conveyor.worker.running import RunningSet
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    current: list[trace.Span] = []
+
+    async def handle(events: list[Any]) -> None:
+        current.append(trace.get_current_span())
+
+    router = Router()
+    router.add("trace.batch", handle, batch=True)
+    slots = RunningSet(10)
+    executor = Executor(router, slots, lambda outcome: None, handler_timeout=5.0, backoff=NOW,
+                        threads=1, middleware=[TracingMiddleware(provider)])
+    events = [Event(id=n, topic="trace.batch", payload_text="{}") for n in (1, 2, 3)]
+    slots.take(events)
+    executor.start(events)
+    await asyncio.gather(*slots.unfinished_tasks())
+    executor.close()
+    ended = sorted((s.attributes or {})["messaging.message.id"] for s in exporter.get_finished_spans())
+    assert ended == ["1", "2", "3"]
+    # The batch handler runs inside the last event's span.
+    assert current[0].get_span_context().span_id == max(
+        exporter.get_finished_spans(),
+        key=lambda s: (s.attributes or {})["messaging.message.id"]).context.span_id
+
+
 # ------------------------------------------------------------------ the extra
 
 BLOCK = "import sys\nsys.modules['opentelemetry'] = None\n"
@@ -325,6 +359,34 @@ def test_before_an_sdk_is_set_up_the_middleware_does_nothing_and_follows_it_once
         "print([s.name for s in exporter.get_finished_spans()])\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["False", "True", "['process t.x']"]
+
+
+def test_once_an_sdk_is_set_up_spans_start_on_its_own_tracer() -> None:
+    """A middleware built before the SDK (the CLI builds it before importing the app)
+    holds the API's proxy tracer: once the SDK is found, spans start on the SDK's
+    tracer itself, not through the proxy's extra call per span."""
+    done = _child(
+        "import sys\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from conveyor.middleware import HandlerResult\n"
+        "from conveyor.tracing import TracingMiddleware\n"
+        "from conveyor.types import Event, EventState\n"
+        "event = Event(id=7, topic='t.x', payload_text='{}')\n"
+        "done = HandlerResult(EventState.SUCCEEDED, None, None, 0.001, None, True)\n"
+        "middleware = TracingMiddleware()\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "middleware.before(event)\n"
+        "middleware.after(event, done)\n"
+        "called = set()\n"
+        "sys.setprofile(lambda frame, kind, arg: kind == 'call'"
+        " and called.add(frame.f_code.co_qualname))\n"
+        "middleware.before(event)\n"
+        "middleware.after(event, done)\n"
+        "sys.setprofile(None)\n"
+        "print(sorted(name for name in called if name.endswith('Tracer.start_span')))\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['Tracer.start_span']"]   # no ProxyTracer's
 
 
 # ------------------------------------------------------------- head sampling

@@ -61,6 +61,9 @@ _PROCESS_ATTRIBUTES: dict[str, str] = {"messaging.system": SYSTEM,
                                        "messaging.operation.type": "process",
                                        "messaging.operation.name": "process"}
 _ROOT = otel_context.Context()
+# One attempt's span, the token that made it current, and the attempt entered
+# before it in the same context (a batch handler's call), if any.
+_Attempt = tuple[trace.Span, Token[Any], "_Attempt | None"]
 # The tracestate domain's limit (tracestate_check, 0007); a longer one is dropped, as W3C
 # lets a vendor do.
 TRACESTATE_MAX = 512
@@ -224,9 +227,12 @@ class TracingMiddleware(Middleware):
         # its own, only its producer's context made current (see before()).
         self._parent_decides = (tracer_provider is not None
                                 and follows_unsampled_parents(tracer_provider))
-        # The attempt's span and the token that made it current. before() and
-        # after() run in the handler's own context, so each attempt sees its own.
-        self._attempt: ContextVar[tuple[trace.Span, Token[Any]] | None] = ContextVar(
+        # The attempt's span, the token that made it current, and the attempts
+        # entered before it in the same context: before() and after() run in the
+        # handler's own context, so each call sees its own; a batch handler's
+        # call enters each of its events in turn and leaves them in reverse, so
+        # after() takes the last one entered.
+        self._attempt: ContextVar[_Attempt | None] = ContextVar(
             f"conveyor_tracing_{id(self)}", default=None)
 
     def before(self, event: Event) -> None:
@@ -238,6 +244,10 @@ class TracingMiddleware(Middleware):
                 return
             self._maybe_noop = False
             self._parent_decides = follows_unsampled_parents(provider)
+            # The SDK's own tracer from now on: the one made before it was set up
+            # is a proxy, one more call per span (hot path, measured: see
+            # docs/benchmarks.md).
+            self._tracer = _tracer(None)
         carried = event.traceparent
         if carried is not None and carried[-1:] in _NOT_SAMPLED and event.attempt == 1 \
                 and self._parent_decides:
@@ -247,7 +257,7 @@ class TracingMiddleware(Middleware):
             # read from the row only if one of them asks for it.
             unsampled = _UnsampledParent(carried, event.tracestate)
             token = otel_context.attach(trace.set_span_in_context(unsampled, _ROOT))
-            self._attempt.set((unsampled, token))
+            self._attempt.set((unsampled, token, self._attempt.get()))
             return
         producer = context_of(carried, event.tracestate) if carried is not None else None
         if producer is None:
@@ -272,14 +282,14 @@ class TracingMiddleware(Middleware):
         # Current even when not sampled: the handler's own spans and outgoing
         # calls then carry the decision (ParentBased samplers drop them too).
         token = otel_context.attach(trace.set_span_in_context(span))
-        self._attempt.set((span, token))
+        self._attempt.set((span, token, self._attempt.get()))
 
     def after(self, event: Event, result: HandlerResult) -> None:
         current = self._attempt.get()
         if current is None:
             return
-        span, token = current
-        self._attempt.set(None)
+        span, token, entered_before = current
+        self._attempt.set(entered_before)
         if not span.is_recording():
             # Not sampled: nothing to record, only the context to restore.
             otel_context.detach(token)

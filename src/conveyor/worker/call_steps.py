@@ -2,9 +2,11 @@
 
 A handler call is: the ``before`` hooks, the call, the outcomes of what it
 returned (or raised: :meth:`~conveyor.worker.executor.Executor._failed`), the
-``after`` hooks. The hooks are generators that yield what is to be awaited, so
-the inline driver can refuse to wait (:func:`hooks_inline`) and the task driver
-awaits (:func:`hooks_awaited`), each over the same steps. Apart from the
+``after`` hooks. The hook steps run every hook that returns nothing and stop
+at one that returns something to await, so the inline driver can refuse to
+wait (:func:`before_inline`, :func:`after_inline`) and the task driver awaits
+(:func:`before_awaited`, :func:`after_awaited`), each over the same steps,
+and a call whose hooks await nothing pays for no coroutine. Apart from the
 :class:`~conveyor.worker.executor.Executor` because they need none of its
 state: a call's route, events and hooks are all they read.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from conveyor.middleware import HandlerResult, Middleware
@@ -38,7 +40,9 @@ log = logging.getLogger("conveyor.worker.executor")
 
 
 # A call without middleware enters no hook: shared, never appended to.
-NO_HOOKS: list[tuple[Event, Middleware]] = []
+NO_HOOKS: list[Middleware] = []
+# A one-event call's results by id: none (shared, never written to).
+NO_RESULTS: dict[int, HandlerResult] = {}
 ASYNC_HOOK_INLINE = "an async hook needs a task; handlers ran inline"
 
 
@@ -72,59 +76,108 @@ def enters_all(hooks: Sequence[Middleware]) -> bool:
 
 
 def before_hooks(hooks: Sequence[Middleware], events: list[Event],
-            entered: list[tuple[Event, Middleware]]) -> Generator[Any, Any, None]:
-    """The call core's ``before`` hooks, event by event; yields what a hook returns to await."""
-    for event in events:
-        for hook in hooks:
-            done = hook.before(event)
-            if done is not None:
-                yield done
-            entered.append((event, hook))   # its after() runs, whatever comes next
+                 entered: list[Middleware]) -> Awaitable[Any] | None:
+    """The call core's ``before`` hooks, event by event, from the first not yet in
+    ``entered``; stops at the first that returns something to await and returns it
+    (its hook is entered once that is awaited: :func:`before_awaited`).
+
+    ``entered`` grows as a prefix of every hook for every event, in order: its
+    n-th hook is ``hooks[n % len(hooks)]``, run for ``events[n // len(hooks)]``.
+    A plain function, not a generator the drivers step through: a generator and
+    the coroutine driving it were a third of what a hook cost a call (hot path,
+    measured: see docs/benchmarks.md).
+    """
+    count = len(hooks)
+    for number in range(len(entered), len(events) * count):
+        hook = hooks[number % count]
+        done = hook.before(events[number // count])
+        if done is not None:
+            return done
+        entered.append(hook)   # its after() runs, whatever comes next
+    return None
 
 
-def after_hooks(entered: list[tuple[Event, Middleware]], outcomes: list[Outcome],
-           raised: BaseException | None, started: float, *,
-           stoppable: bool) -> Generator[Any, Any, None]:
-    """The call core's ``after`` hooks, in reverse; each sees its event's outcome."""
-    one = handler_result(outcomes[0], raised, started) if len(outcomes) == 1 else None
-    by_id = {o.event_id: o for o in outcomes} if one is None else {}
-    results: dict[int, HandlerResult] = {}
-    for event, hook in reversed(entered):
-        result = one or results.get(event.id)
-        if result is None:
-            result = results[event.id] = handler_result(by_id[event.id], raised, started)
+def before_inline(hooks: Sequence[Middleware], events: list[Event],
+                  entered: list[Middleware]) -> None:
+    """The ``before`` hooks run here: nothing can be awaited inline (see Executor._async_hooks)."""
+    if before_hooks(hooks, events, entered) is not None:
+        raise TypeError(ASYNC_HOOK_INLINE)
+
+
+async def before_awaited(hooks: Sequence[Middleware], events: list[Event],
+                         entered: list[Middleware], done: Awaitable[Any]) -> None:
+    """The rest of the ``before`` hooks once one returned ``done``: awaited in the task.
+    What it raises is the attempt's error, and that hook is not entered."""
+    pending: Awaitable[Any] | None = done
+    while pending is not None:
+        await pending
+        entered.append(hooks[len(entered) % len(hooks)])
+        pending = before_hooks(hooks, events, entered)
+
+
+def hook_results(outcomes: list[Outcome], raised: BaseException | None, started: float
+                 ) -> tuple[HandlerResult | None, dict[int, HandlerResult]]:
+    """What the ``after`` hooks see: the one result of a one-event call, else each
+    event's by id."""
+    if len(outcomes) == 1:
+        return handler_result(outcomes[0], raised, started), NO_RESULTS
+    return None, {o.event_id: handler_result(o, raised, started) for o in outcomes}
+
+
+def after_hooks(hooks: Sequence[Middleware], events: list[Event], entered: list[Middleware],
+                results: tuple[HandlerResult | None, dict[int, HandlerResult]], last: int, *,
+                stoppable: bool) -> tuple[Awaitable[Any], int] | None:
+    """The call core's ``after`` hooks in reverse, from ``entered[last]`` down; each sees
+    its event's result. Stops at the first that returns something to await and
+    returns it with that hook's position (the drivers go on from the one below)."""
+    one, by_id = results
+    for number in range(last, -1, -1):
+        hook = entered[number]
+        event = events[0] if one is not None else events[number // len(hooks)]
         try:
-            done = hook.after(event, result)
+            done = hook.after(event, by_id[event.id] if one is None else one)
+        except BaseException as exc:  # noqa: BLE001 - sorted by after_raised
+            after_raised(exc, hook, event, stoppable=stoppable)
+        else:
             if done is not None:
-                yield done
-        except HOOK_ERRORS:  # logged with its traceback by hook_failed
-            hook_failed(hook, event)
-        except asyncio.CancelledError:
-            if stoppable and stopped_from_outside():
-                raise
-            hook_failed(hook, event)   # raised by the hook itself
+                return done, number
+    return None
 
 
-def hooks_inline(steps: Generator[Any, Any, None]) -> None:
-    """Run hook steps here: nothing can be awaited inline (see Executor._async_hooks)."""
-    try:
-        next(steps)
-        while True:
-            steps.throw(TypeError(ASYNC_HOOK_INLINE))
-    except StopIteration:
-        pass
+def after_raised(exc: BaseException, hook: Middleware, event: Event, *, stoppable: bool) -> None:
+    """An ``after`` hook raised ``exc``: logged and ignored, for the outcome is decided;
+    a stop from outside, and what no handler may catch either, are raised again."""
+    if isinstance(exc, asyncio.CancelledError):
+        if stoppable and stopped_from_outside():
+            raise exc
+    elif not isinstance(exc, HOOK_ERRORS):
+        raise exc
+    hook_failed(hook, event)   # logged with its traceback
 
 
-async def hooks_awaited(steps: Generator[Any, Any, None]) -> None:
-    """Run hook steps in a task, awaiting what they yield and throwing back its error."""
-    try:
-        step = next(steps)
-        while True:
-            try:
-                await step
-            except BaseException as exc:  # noqa: BLE001 - thrown in: the step decides
-                step = steps.throw(exc)
-            else:
-                step = steps.send(None)
-    except StopIteration:
-        pass
+def after_inline(hooks: Sequence[Middleware], events: list[Event], entered: list[Middleware],
+                 results: tuple[HandlerResult | None, dict[int, HandlerResult]]) -> None:
+    """The ``after`` hooks run here: one that returns something to await has failed."""
+    last = len(entered) - 1
+    while (pending := after_hooks(hooks, events, entered, results, last,
+                                  stoppable=False)) is not None:
+        last = pending[1]
+        try:
+            raise TypeError(ASYNC_HOOK_INLINE)
+        except TypeError as exc:
+            after_raised(exc, entered[last], events[last // len(hooks)], stoppable=False)
+        last -= 1
+
+
+async def after_awaited(hooks: Sequence[Middleware], events: list[Event],
+                        entered: list[Middleware],
+                        results: tuple[HandlerResult | None, dict[int, HandlerResult]],
+                        pending: tuple[Awaitable[Any], int] | None) -> None:
+    """The rest of the ``after`` hooks once one returned something to await, in the task."""
+    while pending is not None:
+        done, last = pending
+        try:
+            await done
+        except BaseException as exc:  # noqa: BLE001 - sorted by after_raised
+            after_raised(exc, entered[last], events[last // len(hooks)], stoppable=True)
+        pending = after_hooks(hooks, events, entered, results, last - 1, stoppable=True)

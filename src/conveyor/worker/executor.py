@@ -9,8 +9,8 @@
 (:meth:`Executor._unsettled`). Two drivers compose it, as httpx drives one
 auth flow sync and async: :meth:`Executor._inline` calls a ``blocking=False``
 plain handler right here, :meth:`Executor._call` runs one call, or one call
-of a batch handler, in a task. The hooks are generators that yield what is
-to be awaited, so each driver waits (or refuses to) in its own way; the call
+of a batch handler, in a task. The hook steps stop at what is to be
+awaited, so each driver waits (or refuses to) in its own way; the call
 itself is written out in each driver, since a generator or coroutine per
 call is measurable on a no-op handler.
 
@@ -40,11 +40,14 @@ from conveyor.router import Route, Router
 from conveyor.types import Event
 from conveyor.worker.call_steps import (
     NO_HOOKS,
+    after_awaited,
     after_hooks,
+    after_inline,
+    before_awaited,
     before_hooks,
+    before_inline,
     enters_all,
-    hooks_awaited,
-    hooks_inline,
+    hook_results,
     returned,
 )
 from conveyor.worker.classify import ERROR_MAX_CHARS as ERROR_MAX_CHARS
@@ -192,12 +195,13 @@ class Executor(InFlight):
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
-    def _entered(self, events: list[Event]) -> list[tuple[Event, Middleware]]:
-        """Every hook of every event when no hook has a ``before``; else an empty list
-        for :func:`before_hooks` to fill as each one's ``before`` returns."""
+    def _entered(self, events: list[Event]) -> list[Middleware]:
+        """Every hook of every event (see :func:`before_hooks`) when no hook has a
+        ``before``; else an empty list for :func:`before_hooks` to fill as each
+        one's ``before`` returns."""
         if not self._enters_all:
             return []
-        return [(event, hook) for event in events for hook in self._middleware]
+        return [*self._middleware] * len(events)
 
     def _call_inline(self, route: Route, event: Event) -> None:
         """Call a ``blocking=False`` plain handler here and hand on its outcome."""
@@ -221,14 +225,15 @@ class Executor(InFlight):
                 if self._middleware:
                     entered, started = self._entered(events), time.monotonic()
                     if not entered:
-                        hooks_inline(before_hooks(self._middleware, events, entered))
+                        before_inline(self._middleware, events, entered)
                 value = route.handler(event)
             except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
                 outcomes, raised = self._failed(route, events, exc, None, 0.0)
             else:
                 outcomes = returned(route, events, value, self._backoff)
             if entered:
-                hooks_inline(after_hooks(entered, outcomes, raised, started, stoppable=False))
+                after_inline(self._middleware, events, entered,
+                             hook_results(outcomes, raised, started))
         except BaseException as exc:  # noqa: BLE001 - raised here, it would end the fetch loop
             outcomes = self._unsettled(route, events, exc, outcomes, None)
         finally:
@@ -252,8 +257,9 @@ class Executor(InFlight):
             try:
                 if self._middleware:
                     entered, started = self._entered(events), time.monotonic()
-                    if not entered:
-                        await hooks_awaited(before_hooks(self._middleware, events, entered))
+                    if not entered and (done := before_hooks(self._middleware, events,
+                                                             entered)) is not None:
+                        await before_awaited(self._middleware, events, entered, done)
                 if route.batch:
                     handler: Any = route.handler    # a batch handler takes the list
                     # A copy: the handler may consume or reorder its list
@@ -271,7 +277,11 @@ class Executor(InFlight):
             else:
                 outcomes = returned(route, events, value, self._backoff)
             if entered:
-                await hooks_awaited(after_hooks(entered, outcomes, raised, started, stoppable=True))
+                results = hook_results(outcomes, raised, started)
+                pending = after_hooks(self._middleware, events, entered, results,
+                                      len(entered) - 1, stoppable=True)
+                if pending is not None:
+                    await after_awaited(self._middleware, events, entered, results, pending)
         except BaseException as exc:  # noqa: BLE001 - the safety net: see _unsettled
             outcomes = self._unsettled(route, events, exc, outcomes, runnings)
         if not route.batch:
