@@ -127,8 +127,11 @@ def test_progress_redraws_in_place_on_a_terminal() -> None:
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_demo_stops_its_worker(fresh_db: str, signum: int) -> None:
     env = _env(fresh_db)
+    # Started as from a script's background job, with SIGINT ignored (the shell's
+    # `trap "" INT` survives the exec): the demo must still stop on it.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conveyor.cli.main", "demo", "--events", "40"],
+        ["bash", "-c", 'trap "" INT; exec "$@"', "demo",
+         sys.executable, "-m", "conveyor.cli.main", "demo", "--events", "40"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     worker_pid = 0

