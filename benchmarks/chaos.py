@@ -327,6 +327,7 @@ class Feeder(threading.Thread):
     def __init__(self, url: str, total: int, low: int, chunk: int, payload: dict[str, Any]) -> None:
         super().__init__(daemon=True, name="chaos-feeder")
         self.url, self.total, self.low, self.chunk, self.payload = url, total, low, chunk, payload
+        self.topic = "chaos.work"    # what the chaos app records to its ledger
         self.enqueued = 0
         self.stop = threading.Event()
         self.errors = 0
