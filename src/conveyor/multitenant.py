@@ -57,7 +57,7 @@ from conveyor.tenancy.supervisor import (
     MultiTenantWorker,
     TenantChanges,
 )
-from conveyor.tenancy.turns import TenantState
+from conveyor.tenancy.tenant import TenantState
 
 __all__ = ["CONNECTIONS_PER_SERVER_DEFAULT", "DSN_SUFFIX", "RESCAN_INTERVAL_DEFAULT",
            "TENANT_CONCURRENCY_DEFAULT", "TURN_LENGTH_DEFAULT", "DirectoryTenants",

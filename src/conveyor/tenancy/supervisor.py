@@ -35,7 +35,8 @@ from conveyor.schema.migrator import AsyncMigrator
 from conveyor.tenancy.budget import MIN_CONNECTIONS, server_of
 from conveyor.tenancy.databases import TenantDatabase, TenantSource, as_source
 from conveyor.tenancy.isolation import RouterFactory, tenant_router
-from conveyor.tenancy.turns import ServerTurns, TenantState
+from conveyor.tenancy.tenant import TenantState
+from conveyor.tenancy.turns import ServerTurns
 from conveyor.worker import Worker
 from conveyor.worker.connection import ConnectionGate
 
@@ -268,7 +269,7 @@ class MultiTenantWorker:
                 if server is None:
                     await self.ensure_schema(tenant)
                 else:
-                    async with server.wake_slot():     # within the server's budget
+                    async with server.wakeups.slot():     # within the server's budget
                         await self.ensure_schema(tenant)
             return TenantState(tenant, router=tenant_router(tenant, self.app))
         except (ConveyorError, OSError) as exc:
