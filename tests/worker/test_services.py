@@ -20,7 +20,8 @@ import pytest
 from conveyor.db.named_queries import queries_for
 from conveyor.types import Event
 from conveyor.worker import pruner as pruner_module
-from conveyor.worker.connection import Backoff, ManagedConnection
+from conveyor.worker.backoff import Backoff
+from conveyor.worker.connection import ManagedConnection
 from conveyor.worker.counts import CountsFlush
 from conveyor.worker.lease import DatabaseClock, Lease
 from conveyor.worker.maintenance import PAUSE_CHECK_INTERVAL, PauseCheck

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from typing import Any, Protocol
 
 import psycopg
@@ -12,7 +11,7 @@ import psycopg
 from conveyor.config import WorkerConfig
 from conveyor.db.connect import behind_pooler_async, connect_async
 from conveyor.errors import DatabaseUnavailableError, InvalidDatabaseUrlError
-from conveyor.retry import BackoffPolicy, RetryPolicy
+from conveyor.worker.backoff import Backoff
 from conveyor.worker.deadline import cut
 
 log = logging.getLogger(__name__)
@@ -78,31 +77,6 @@ class CursorCache:
         if cur is None or cur.connection is not conn:
             cur = self._cursor = conn.cursor(binary=self._binary)
         return cur
-
-
-class Backoff:
-    """The delays of ``policy`` after 1, 2, 3 ... failures in a row; ``reset`` after a success.
-
-    The one failure backoff of a worker's connections and service loops.
-    ``Backoff.doubling(low, high)``: ``low`` seconds, doubling up to ``high``,
-    each shortened by up to 25 %.
-    """
-
-    def __init__(self, policy: RetryPolicy, rng: random.Random | None = None) -> None:
-        self.policy = policy
-        self.failures = 0
-        self._rng = rng or random.Random()
-
-    @classmethod
-    def doubling(cls, low: float, high: float, rng: random.Random | None = None) -> Backoff:
-        return cls(BackoffPolicy(base_delay=low, factor=2.0, max_delay=high, jitter=0.25), rng)
-
-    def next_delay(self) -> float:
-        self.failures += 1
-        return float(self.policy.delay(self.failures, self._rng))
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 class SessionMode:

@@ -39,12 +39,8 @@ from conveyor.cron import Schedule
 from conveyor.db.named_queries import Queries
 from conveyor.notify import wake_payload
 from conveyor.retry import BackoffPolicy
-from conveyor.worker.connection import (
-    RECOVERABLE_ERRORS,
-    Backoff,
-    ManagedConnection,
-    StopRequested,
-)
+from conveyor.worker.backoff import Backoff
+from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, StopRequested
 from conveyor.worker.deadline import with_deadline
 from conveyor.worker.service import sleep_unless
 

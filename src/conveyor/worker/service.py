@@ -15,7 +15,7 @@ the next pass is worth running. A :class:`ServiceLoop` runs a list of them on
 one dedicated connection, each when it is due, in list order; it is a
 Service itself.
 
-A loop that fails waits out one :class:`~conveyor.worker.connection.Backoff`
+A loop that fails waits out one :class:`~conveyor.worker.backoff.Backoff`
 (a :class:`~conveyor.retry.RetryPolicy` counted per failure in a row), as a
 reconnect does.
 """
