@@ -64,6 +64,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -180,6 +181,27 @@ class Worker:
     slot: int = 0         # its network namespace, with --netns
 
 
+def start_worker(url: str, worker_args: list[str], log_path: Path, *,
+                 json_logs: bool = False, env: dict[str, str] | None = None,
+                 wrap: Callable[[list[str]], list[str]] | None = None,
+                 ) -> subprocess.Popen[bytes]:
+    """A ``conveyor worker`` process of this checkout (``src`` and ``tools`` on its path,
+    no ``CONVEYOR_*`` variable of ours), its output in ``log_path``: the options
+    ``worker_args`` of ``worker``, ``env`` added to the environment, ``wrap`` making the
+    command the one to run (a network namespace's ``ip netns exec``)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    environ.update({"PYTHONUNBUFFERED": "1", **(env or {}),
+                    "PYTHONPATH": os.pathsep.join(filter(None, [
+                        str(REPO / "src"), str(REPO / "tools"), environ.get("PYTHONPATH")]))})
+    cmd = [sys.executable, "-m", "conveyor.cli.main", "--database-url", url,
+           *(["--log-format", "json"] if json_logs else []), "worker", *worker_args]
+    if wrap is not None:
+        cmd = wrap(cmd)
+    with open(log_path, "wb") as out:
+        return subprocess.Popen(cmd, cwd=REPO, env=environ, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
 @dataclass
 class Fleet:
     url: str
@@ -197,26 +219,18 @@ class Fleet:
         self.spawned += 1
         log_path = self.logdir / f"worker-{self.spawned}.log"
         url = self.worker_url or self.url
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-        env.update({LEDGER_URL_ENV: url, "PYTHONUNBUFFERED": "1",
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),
-                                                                env.get("PYTHONPATH")]))})
-        cmd = [sys.executable, "-m", "conveyor.cli.main", "--database-url", url,
-               "--log-format", "json", "worker",
-               "--app", a.app, "--concurrency", str(a.concurrency),
-               "--lease-ttl", str(a.lease_ttl), "--rescue-interval", str(a.rescue_interval),
-               "--poll-interval", str(a.poll_interval), "--shutdown-timeout", "10",
-               "--name", f"chaos-{self.spawned}"]
+        options = ["--app", a.app, "--concurrency", str(a.concurrency),
+                   "--lease-ttl", str(a.lease_ttl), "--rescue-interval", str(a.rescue_interval),
+                   "--poll-interval", str(a.poll_interval), "--shutdown-timeout", "10",
+                   "--name", f"chaos-{self.spawned}"]
         if a.horizon_alert:
-            cmd += ["--horizon-alert", a.horizon_alert]
+            options += ["--horizon-alert", a.horizon_alert]
         # A replacement takes the slot (the host) of a worker no longer alive.
         taken = {w.slot for w in self.alive()}
         slot = next((s for s in range(a.workers) if s not in taken), 0)
-        if self.network is not None:
-            cmd = self.network.wrap(slot, cmd)
-        with open(log_path, "wb") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+        network = self.network
+        proc = start_worker(url, options, log_path, json_logs=True, env={LEDGER_URL_ENV: url},
+                            wrap=None if network is None else lambda c: network.wrap(slot, c))
         worker = Worker(proc, log_path, time.time(), slot=slot)
         self.workers.append(worker)
         return worker

@@ -45,7 +45,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from chaos import PrivateServer, RateFeeder, parse_seconds, source_version
+from chaos import PrivateServer, RateFeeder, parse_seconds, source_version, start_worker
 from conveyor import NewEvent, Producer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,17 +90,10 @@ class Workers:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, label: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), str(REPO / "tools"),
-                                                          env.get("PYTHONPATH")]))
         for n in range(self.count):
-            with open(self.logdir / f"{label}-{n}.log", "wb") as out:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "conveyor.cli.main", "--database-url", self.url,
-                     "worker", "--app", APP, "--retention", self.retention,
-                     "--name", f"soak-{label}-{n}"],
-                    cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL))
+            self.procs.append(start_worker(
+                self.url, ["--app", APP, "--retention", self.retention,
+                           "--name", f"soak-{label}-{n}"], self.logdir / f"{label}-{n}.log"))
 
     def stop(self) -> list[int]:
         for p in self.procs:
