@@ -9,11 +9,13 @@ database and application_name, sampled while the worker runs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -376,9 +378,10 @@ async def test_two_servers_each_within_its_budget_and_one_stopping_stalls_only_i
 
 
 async def test_parked_tenants_listening_are_woken_by_their_notify_not_by_polling(
-        server_url: str, template_db: str) -> None:
+        server_url: str, template_db: str, caplog: pytest.LogCaptureFixture) -> None:
     # 8 connections, 3 tenants: two wake connections, three LISTENs and one turn at a
     # time. The poll interval is a minute, so only a NOTIFY can wake a parked tenant.
+    caplog.set_level(logging.INFO, logger="conveyor.worker.worker")
     names = [f"conveyor_mtl_{os.urandom(4).hex()}_{i}" for i in range(3)]
     try:
         _create_many(server_url, template_db, names)
@@ -400,6 +403,12 @@ async def test_parked_tenants_listening_are_woken_by_their_notify_not_by_polling
                 await wait_until(lambda n=3 * round_: _ran(done, n), timeout=30,
                                  what="the events of the parked tenants")
                 assert time.monotonic() - began < 20.0      # far below the 60 s poll
+            turns = sum(s.turns for s in worker.tenants.values())
+        # A worker's start and stop lines come once per tenant, not once per turn.
+        assert turns > len(urls), turns
+        lines = Counter(getattr(r, "action", None) for r in caplog.records
+                        if r.name == "conveyor.worker.worker" and r.levelno >= logging.INFO)
+        assert all(lines[a] <= len(urls) for a in ("started", "stopping", "stopped")), lines
         assert sampler.most <= 8, sampler.most
         assert len(done.runs) == len(set(done.runs)) == 6
         assert {name for name, _ in done.runs} == set(urls)

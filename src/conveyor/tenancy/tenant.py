@@ -44,6 +44,7 @@ class TenantState:
     checking: bool = field(default=False, repr=False)
     failures: int = field(default=0, repr=False)
     listener: asyncio.Task[None] | None = field(default=None, repr=False)
+    heard_at: float = field(default=0.0, repr=False)    # a wake passed to its turn's worker
 
     @property
     def running(self) -> bool:

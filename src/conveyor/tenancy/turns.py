@@ -249,7 +249,9 @@ class ServerTurns:
 
     def _start_turn(self, state: TenantState, cost: int) -> None:
         worker = self._make_worker(state, self.ledger)
-        worker.startup.vacuum_check = state.turns == 0    # one warning per tenant, not per turn
+        # One vacuum warning, and one set of start and stop lines, per tenant, not per turn.
+        worker.startup.vacuum_check = state.turns == 0
+        worker.lifecycle_level = logging.INFO if state.turns == 0 else logging.DEBUG
         state.worker, state.ending, state.requeue, state.ready = worker, False, False, False
         state.started_at = time.monotonic()
         state.turns += 1
@@ -292,6 +294,11 @@ class ServerTurns:
                 state.worker = None
             state.ending = False
             state.next_check = time.monotonic() + self.poll_interval
+            # A NOTIFY handed to this turn's worker may have come as the turn was ended,
+            # too late for a claim; the LISTEN has passed it on and will not hear it
+            # again: the tenant queues for another turn rather than wait a poll interval.
+            if state.heard_at >= state.started_at:
+                state.requeue = True
             if state.requeue and self.states.get(name) is state and not self._stopping.is_set():
                 self.rotation.add(name)
             self._changed.set()

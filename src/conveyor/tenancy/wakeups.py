@@ -245,6 +245,8 @@ class TenantWakeups:
         worker = state.worker
         if state.running and worker is not None and not state.ending:
             worker.due_times.notified(payload)     # as its own listener would
+            if not payload.startswith(SIGNAL_PREFIX):
+                state.heard_at = time.monotonic()
             return
         if payload.startswith(SIGNAL_PREFIX):
             return          # pauses, leases, controls: a turn's worker reads them at start

@@ -200,6 +200,9 @@ class Worker:
                                  connections=self.connections)
         self._flow_learned = False
         self.started = asyncio.Event()
+        # The level of its start and stop lines: a multi-tenant worker's turns
+        # log them once per tenant, not once per turn (conveyor.tenancy.turns).
+        self.lifecycle_level = logging.INFO
 
     @property
     def clock_offset(self) -> float:
@@ -239,7 +242,7 @@ class Worker:
     def request_stop(self) -> None:
         """Begin a graceful stop: claim nothing more, let running handlers finish."""
         if not self._stopping.is_set():
-            log.info("worker stopping", extra={"action": "stopping"})
+            log.log(self.lifecycle_level, "worker stopping", extra={"action": "stopping"})
         self._stopping.set()
         self.claims.woken.set()
         self.running.freed.set()
@@ -278,13 +281,13 @@ class Worker:
             listener = asyncio.create_task(self.listener.run(self._stopping),
                                            name="conveyor-listener")
         else:
-            log.info("not listening for notifications: polling every %.1fs",
-                     self.config.poll_interval, extra={"action": "poll_only"})
+            log.log(self.lifecycle_level, "not listening for notifications: polling every %.1fs",
+                    self.config.poll_interval, extra={"action": "poll_only"})
         completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
-        log.info("worker %s started: topics %s, concurrency %d%s", self.name,
-                 ", ".join(self.router.patterns), self.config.concurrency,
-                 start_details(self.router, self.pauses),
-                 extra={"action": "started", "worker": self.id})
+        log.log(self.lifecycle_level, "worker %s started: topics %s, concurrency %d%s", self.name,
+                ", ".join(self.router.patterns), self.config.concurrency,
+                start_details(self.router, self.pauses),
+                extra={"action": "started", "worker": self.id})
         self.started.set()
         self.watchdog.start()
         try:
@@ -297,7 +300,8 @@ class Worker:
                 self.due_times.cancel()
                 self.executor.close()
                 self.failure_log.flush(everything=True)
-        log.info("worker stopped", extra={"action": "stopped", "worker": self.id})
+        log.log(self.lifecycle_level, "worker stopped",
+                extra={"action": "stopped", "worker": self.id})
         if services.failed is not None:
             raise services.failed
 
