@@ -195,6 +195,7 @@ def soak(url: str, args: argparse.Namespace, rate: float, logdir: Path) -> list[
     feeder = RateFeeder(url, rate, 0.1, {}, topic=TOPIC)
     rows: list[list[Any]] = []
     with psycopg.connect(url, application_name=RUNNER_APP) as conn:
+        taken = time.monotonic()
         first = sample(conn, datetime.now(UTC))
         since, lsn0, t0 = first["at"], lsn_bytes(first["lsn"]), time.monotonic()
         feeder.start()
@@ -204,8 +205,12 @@ def soak(url: str, args: argparse.Namespace, rate: float, logdir: Path) -> list[
             while time.monotonic() < end:
                 time.sleep(max(0.0, next_at - time.monotonic()))
                 next_at += args.sample
+                # The window runs from one sample's now() to the next; its length is
+                # taken on the monotonic clock at the same moments, as the database's
+                # now() is the wall clock, which a VM may step (seen: 42 s in a minute).
+                began = time.monotonic()
                 s = sample(conn, since)
-                elapsed = (s["at"] - since).total_seconds() or 1.0
+                elapsed, taken = (began - taken) or 1.0, began
                 wait = s["wait_s"] or [None, None]
                 lsn = lsn_bytes(s["lsn"])
                 lag = (time.monotonic() - t0) - feeder.enqueued / rate
