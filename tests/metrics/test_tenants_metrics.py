@@ -83,6 +83,18 @@ async def test_every_tenant_in_one_exposition_and_health_names_the_failing_one(
                         and got.get(("conveyor_worker_claimed_events_total",
                                      frozenset({("tenant", "globex")}))) == 5)
             await wait_until(all_claimed, timeout=20, what="both tenants' claims counted")
+            # Each read's connection is closed after it: none is held outside the budget.
+            names = [psycopg.conninfo.conninfo_to_dict(u)["dbname"] for u in two_tenants.values()]
+
+            def gauge_sessions() -> int:
+                with psycopg.connect(two_tenants["acme"], autocommit=True) as c:
+                    row = c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = ANY(%s)"
+                                    " AND application_name = 'conveyor-metrics'",
+                                    (names,)).fetchone()
+                return row[0] if row else -1
+            async def none_open() -> bool:
+                return await asyncio.to_thread(gauge_sessions) == 0
+            await wait_until(none_open, timeout=10, what="no gauge connection left open")
             body = (await client.get("/metrics")).text
             got = _samples(body)
             assert body.count("# TYPE conveyor_worker_claimed_events_total counter") == 1

@@ -5,6 +5,14 @@ queue gauges (:class:`DatabaseGauges`, one per tenant database, each behind
 that database's own advisory lock) are exported under one metric name with a
 ``tenant`` label: a family named twice in one exposition would be refused by
 Prometheus, so the samples of all tenants are merged into one family.
+
+The gauges are read on a connection opened for the read and closed after it,
+taken from its server's wake connections (:meth:`TenantWakeups.slot
+<conveyor.tenancy.wakeups.TenantWakeups.slot>`): a connection held per tenant
+would stand outside the server's connection budget, 200 of them for 200
+tenants. The advisory lock is taken for each read, so one process at a time
+reads a tenant's database; a process exports the gauges of the tenants whose
+last read it made.
 """
 
 from __future__ import annotations
@@ -12,14 +20,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from conveyor.db.connect_async import connect_async
+from conveyor.errors import ConveyorError
 from conveyor.metrics.collectors import REFRESH_INTERVAL_DEFAULT, DatabaseGauges, WorkerCollector
 from conveyor.metrics.config import MetricsConfig
+from conveyor.tenancy.budget import server_of
 
 if TYPE_CHECKING:
     from conveyor.multitenant import MultiTenantWorker
@@ -85,6 +96,8 @@ class TenantGauges:
         self.interval = interval
         self.config = config or MetricsConfig()
         self.by_tenant: dict[str, DatabaseGauges] = {}
+        # Reads of tenants whose server is not served yet (before run()), a few at a time.
+        self._unserved = asyncio.Semaphore(2)
 
     async def refresh_once(self) -> None:
         wanted = {name: state.tenant for name, state in self.multi.tenants.items()}
@@ -97,12 +110,33 @@ class TenantGauges:
                     await gauges.close()
                 gauges = self.by_tenant[name] = DatabaseGauges(tenant.conninfo, self.schema,
                                                               config=self.config)
+        # All at once, each server's a few at a time (its wake connections): a server
+        # that does not answer holds up only its own tenants' reads.
+        await asyncio.gather(*(self._read(name, self.by_tenant[name]) for name in sorted(wanted)))
+
+    async def _read(self, name: str, gauges: DatabaseGauges) -> None:
+        try:
+            await self._read_once(gauges)
+        except (ConveyorError, psycopg.Error, OSError, TimeoutError) as exc:
+            gauges.holds_lock = False
+            log.warning("reading the database gauges of tenant %s failed: %s", name, exc,
+                        extra={"action": "metrics_refresh_failed", "tenant": name})
+
+    async def _read_once(self, gauges: DatabaseGauges) -> None:
+        """One read of ``gauges`` on a connection of its own, within its server's budget."""
+        server = self.multi.servers.get(server_of(gauges.conninfo))
+        slot: Any = server.wakeups.slot() if server is not None else self._unserved
+        async with slot, asyncio.timeout(gauges.statement_timeout * 2):
+            conn = await connect_async(gauges.conninfo, autocommit=True,
+                                       application_name="conveyor-metrics",
+                                       connect_timeout=max(2, round(gauges.statement_timeout)))
             try:
-                await gauges.refresh_once()
-            except (psycopg.Error, OSError) as exc:
-                log.warning("reading the database gauges of tenant %s failed: %s", name, exc,
-                            extra={"action": "metrics_refresh_failed", "tenant": name})
-                await gauges.close()
+                await conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                                   (str(int(gauges.statement_timeout * 1000)),))
+                gauges.holds_lock = False      # the lock is taken again for each read
+                await gauges.run_once(conn)
+            finally:
+                await conn.close()             # and let go of with the connection
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Refresh every ``interval`` until ``stopping`` is set; then close every connection."""
