@@ -29,6 +29,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from conveyor import Producer, Router, WorkerConfig
 from conveyor.embedded import EmbeddedPostgres
+from conveyor.metrics.tenants import TenantsCollector
 from conveyor.multitenant import (
     DirectoryTenants,
     MultiTenantConfig,
@@ -404,6 +405,12 @@ async def test_parked_tenants_listening_are_woken_by_their_notify_not_by_polling
                                  what="the events of the parked tenants")
                 assert time.monotonic() - began < 20.0      # far below the 60 s poll
             turns = sum(s.turns for s in worker.tenants.values())
+            # Each tenant's counters run on across its turns, parked or not: 2 claimed each.
+            claimed = {
+                s.labels["tenant"]: s.value
+                for family in TenantsCollector(worker, {}).collect()
+                for s in family.samples if s.name == "conveyor_worker_claimed_events_total"}
+            assert claimed == {name: 2 for name in urls}, claimed
         # A worker's start and stop lines come once per tenant, not once per turn.
         assert turns > len(urls), turns
         lines = Counter(getattr(r, "action", None) for r in caplog.records

@@ -113,6 +113,11 @@ class WorkerCollector(Collector):
         self.labels = dict(labels or {})
 
     def collect(self) -> Iterator[Metric]:
+        yield from self.counters()
+        yield from self.gauges()
+
+    def counters(self) -> Iterator[Metric]:
+        """The counters alone: what a stopped worker still has to say (a parked tenant's)."""
         w, s, lb = self.worker, self.worker.stats, self.labels
         counters = (
             ("conveyor_worker_claimed_events", "Events claimed.", s.claimed),
@@ -136,6 +141,10 @@ class WorkerCollector(Collector):
         for managed in w.connections.all():
             reconnects.add_metric([*lb.values(), managed.role], managed.reconnects)
         yield reconnects
+
+    def gauges(self) -> Iterator[Metric]:
+        """The levels of a running worker: its loop, its events in flight, its health."""
+        w, s, lb = self.worker, self.worker.stats, self.labels
         lag = loop_lag(w)
         gauges: tuple[tuple[str, str, float], ...] = (
             ("conveyor_worker_loop_stall_max_seconds", "Longest loop stall so far.",

@@ -65,6 +65,9 @@ class TenantsCollector(Collector):
             if state.worker is not None:
                 for family in WorkerCollector(state.worker).collect():
                     yield name, family
+            elif state.last_worker is not None:   # parked: its counters, which run on
+                for family in WorkerCollector(state.last_worker).counters():
+                    yield name, family
             gauges = self.gauges.get(name)
             if gauges is not None:
                 for family in gauges.collect():

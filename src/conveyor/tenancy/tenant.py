@@ -23,6 +23,8 @@ class TenantState:
     Attributes:
         tenant: the tenant and its database.
         worker: the worker of its current turn, or ``None`` while it is parked.
+        last_worker: the worker of its last turn that ended, whose counters the next
+            turn's worker carries on from (and the metrics show while it is parked).
         error: why its last turn or due check failed, or ``None``.
         turns: how many turns it has had.
         started_at: when its last turn began (``time.monotonic()``).
@@ -45,6 +47,7 @@ class TenantState:
     failures: int = field(default=0, repr=False)
     listener: asyncio.Task[None] | None = field(default=None, repr=False)
     heard_at: float = field(default=0.0, repr=False)    # a wake passed to its turn's worker
+    last_worker: Worker | None = field(default=None, repr=False)   # its last turn's, stopped
 
     @property
     def running(self) -> bool:
@@ -65,6 +68,16 @@ def idle_since(worker: Worker) -> float | None:
             or not stats.last_empty_claim_at or stats.last_empty_claim_at != stats.last_claim_at):
         return None
     return stats.last_empty_claim_at
+
+
+def carry_counters(worker: Worker, earlier: Worker) -> None:
+    """Start ``worker``'s counters where ``earlier``'s (the tenant's last turn's) ended: a
+    tenant's counters run on across its turns, as a metrics scraper expects of a counter."""
+    worker.stats.carry(earlier.stats)
+    worker.completer.stale += earlier.completer.stale
+    reconnects = {m.role: m.reconnects for m in earlier.connections.all()}
+    for managed in worker.connections.all():
+        managed.reconnects += reconnects.get(managed.role, 0)
 
 
 @dataclass(slots=True)

@@ -48,7 +48,7 @@ from conveyor.tenancy.budget import (
     turn_connections,
     wake_connections,
 )
-from conveyor.tenancy.tenant import TenantState, TurnStats, idle_since
+from conveyor.tenancy.tenant import TenantState, TurnStats, carry_counters, idle_since
 from conveyor.tenancy.wakeups import TenantWakeups
 from conveyor.worker import Worker
 from conveyor.worker.connection import ConnectionGate
@@ -252,6 +252,8 @@ class ServerTurns:
         # One vacuum warning, and one set of start and stop lines, per tenant, not per turn.
         worker.startup.vacuum_check = state.turns == 0
         worker.lifecycle_level = logging.INFO if state.turns == 0 else logging.DEBUG
+        if state.last_worker is not None:
+            carry_counters(worker, state.last_worker)
         state.worker, state.ending, state.requeue, state.ready = worker, False, False, False
         state.started_at = time.monotonic()
         state.turns += 1
@@ -292,6 +294,7 @@ class ServerTurns:
             self.stats.peak_connections = max(self.stats.peak_connections, self.ledger.peak)
             if state.worker is worker:
                 state.worker = None
+            state.last_worker = worker
             state.ending = False
             state.next_check = time.monotonic() + self.poll_interval
             # A NOTIFY handed to this turn's worker may have come as the turn was ended,

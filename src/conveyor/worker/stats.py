@@ -24,6 +24,14 @@ class WorkerStats:
     loop_stalls: int = 0          # times a handler blocked the event loop (see LoopWatchdog)
     loop_stall_max_s: float = 0.0
 
+    def carry(self, earlier: WorkerStats) -> None:
+        """Start the counts from ``earlier``'s (a tenant's previous turn: its counters run on
+        across turns); the times of the last claims stay this worker's own."""
+        for name in ("claimed", "claims", "succeeded", "retried", "failed", "cancelled",
+                     "handed_back", "lost", "rescued", "loop_stalls"):
+            setattr(self, name, getattr(self, name) + getattr(earlier, name))
+        self.loop_stall_max_s = max(self.loop_stall_max_s, earlier.loop_stall_max_s)
+
     def stalled(self, seconds: float) -> None:
         """Count a loop stall of ``seconds`` (the watchdog's report)."""
         self.loop_stalls += 1
