@@ -366,6 +366,10 @@ class FlowControl:
                 await conn.execute(q["flow_take_tokens"],
                                    {"pattern": limit.pattern, "tokens": tokens - len(claimed)})
             # A claim the budget cut short may have more waiting; a short one means
-            # the pattern has nothing more due.
-            self._schedule(limit.pattern, full=len(claimed) == budget)
+            # the pattern has nothing more due, except under fifo_by: there the
+            # keys of the events just claimed have their next events waiting for
+            # these to finish, so their finish (room_freed) claims again at once
+            # (a key's backlog would otherwise run one event per FLOW_IDLE_RECHECK).
+            fifo_waits = limit.fifo_by is not None and bool(claimed)
+            self._schedule(limit.pattern, full=len(claimed) == budget or fifo_waits)
             return claimed
