@@ -778,6 +778,33 @@ def test_migration_queries_build_and_read_the_version_table(empty_db: str) -> No
                             " AND pid = pg_backend_pid()").fetchone() == (0,)
 
 
+@exercises("migration_steps_try_lock", "migration_steps_unlock", "migration_steps_wait",
+           "migration_backend_pid", "migration_create_steps_table", "migration_step_record",
+           "migration_steps_done")
+def test_migration_step_queries_record_steps_and_hold_a_session_lock(empty_db: str) -> None:
+    q = queries_for("mq")
+    with psycopg.connect(empty_db, autocommit=True) as conn, \
+            psycopg.connect(empty_db, autocommit=True) as other:
+        assert conn.execute(q["migration_steps_try_lock"], {"schema": "mq"}).fetchone() == (True,)
+        # Held by the session, not a transaction: another session cannot take it.
+        assert other.execute(q["migration_steps_try_lock"], {"schema": "mq"}).fetchone() == (
+            False,)
+        assert conn.execute(q["migration_backend_pid"]).fetchone() == (conn.info.backend_pid,)
+        conn.execute(q["migration_steps_wait"], {"seconds": 0.01})
+        conn.execute(q["migration_create_schema"])
+        conn.execute(q["migration_create_table"])
+        conn.execute(q["migration_create_steps_table"])
+        conn.execute(q["migration_create_steps_table"])  # IF NOT EXISTS: idempotent
+        for version, step in [(1, 1), (1, 2), (2, 1)]:
+            conn.execute(q["migration_step_record"], {"version": version, "step": step})
+        conn.execute(q["migration_record"], {"version": 1, "name": "a"})
+        # Only the steps of migrations not complete: where each resumes.
+        assert conn.execute(q["migration_steps_done"]).fetchall() == [(2, 1)]
+        assert conn.execute(q["migration_steps_unlock"], {"schema": "mq"}).fetchone() == (True,)
+        assert other.execute(q["migration_steps_try_lock"], {"schema": "mq"}).fetchone() == (
+            True,)
+
+
 # ----------------------------------------------------------- claim query plan
 
 def _index_names(plan: Any) -> set[str]:

@@ -108,6 +108,43 @@ def test_migrate_brings_the_conveyor_schema_up_to_date_one_migration_each(projec
     call_command("makemigrations", "conveyor", "--check", "--dry-run", verbosity=0)
 
 
+def test_a_stepped_migration_becomes_one_operation_per_transaction_of_a_non_atomic_migration(
+        project: str, settings_override: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import connection
+
+    from conveyor import MigrationError
+    from conveyor.contrib.django.schema import conveyor_migration, conveyor_operations
+    from conveyor.schema import migrator_core
+    from conveyor.schema.migrator import Migration
+
+    stepped = Migration(2, "stepped", """-- conveyor:step
+CREATE TABLE {schema}.items (n int);
+-- conveyor:step no-transaction
+CREATE INDEX CONCURRENTLY IF NOT EXISTS items_n_idx ON {schema}.items (n);
+""")
+    first = Migration(1, "first", "CREATE TABLE {schema}.first (x int);\n")
+    monkeypatch.setattr(migrator_core, "load_migrations", lambda: (first, stepped))
+    with settings_override(CONVEYOR={"SCHEMA": "dj_steps"}):
+        with pytest.raises(MigrationError, match=r"^conveyor migration 2 runs in steps: its "
+                                                 r"Django migration needs atomic = False"):
+            conveyor_migration(2)
+        operations = [*conveyor_operations(1), *conveyor_operations(2)]
+        assert len(operations) == 1 + 4       # bootstrap, step 1, the index, its record
+        try:
+            for _ in range(2):                # twice: the guards skip what is recorded
+                with connection.schema_editor(atomic=False) as editor:
+                    for operation in operations:
+                        operation.database_forwards("conveyor", editor, None, None)
+            with psycopg.connect(project) as conn:
+                assert conn.execute("SELECT version FROM dj_steps.migrations"
+                                    " ORDER BY 1").fetchall() == [(1,), (2,)]
+                assert conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid ="
+                                    " 'dj_steps.items_n_idx'::regclass").fetchone() == (True,)
+        finally:
+            with psycopg.connect(project, autocommit=True) as conn:
+                conn.execute("DROP SCHEMA IF EXISTS dj_steps CASCADE")
+
+
 # ---------------------------------------------------------------- enqueue
 
 
