@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 from conveyor.types import Event, EventState
 from conveyor.worker.accounting import OutcomeAccounting
@@ -19,12 +20,14 @@ class _Books:
         self.tally = OutcomeTally()
         self.timers: list[float] = []
         self.room = 0
+        self.freed: list[set[str]] = []
         self.accounting = OutcomeAccounting(
             self.running, self.stats, self.tally, FailureLogLimiter(100, 60.0),
             clock_offset=lambda: 0.0, wake_at=self.timers.append, room_freed=self._freed)
 
-    def _freed(self) -> None:
+    def _freed(self, topics: Collection[str]) -> None:
         self.room += 1
+        self.freed.append(set(topics))
 
     def claim(self, *ids: int) -> None:
         self.running.take(Event(id=i, topic=f"t{i % 2}", payload_text="null", max_attempts=3)
@@ -39,6 +42,7 @@ def test_a_batch_of_written_successes_frees_its_slots_and_counts_by_topic() -> N
     books.claim(1, 2, 3)
     books.accounting.settled([Outcome(i, 1, EventState.SUCCEEDED) for i in (1, 2, 3)], {1, 2, 3})
     assert len(books.running) == 0 and books.stats.succeeded == 3 and books.room == 1
+    assert books.freed == [{"t0", "t1"}]     # the topics freed: a fifo_by key's next may run
     assert {t: row[SUCCEEDED] for t, row in books.counts().items()} == {"t0": 1, "t1": 2}
 
 
@@ -50,6 +54,7 @@ def test_a_refused_outcome_frees_its_slot_and_is_neither_counted_nor_timed() -> 
     assert len(books.running) == 0
     assert (books.stats.retried, books.stats.succeeded) == (0, 1)
     assert books.timers == []
+    assert books.freed == [{"t0", "t1"}]
 
 
 def test_a_written_retry_arms_a_timer_for_its_due_time_and_a_failure_is_counted() -> None:

@@ -23,6 +23,7 @@ from conveyor import BackoffPolicy, ConfigError, Event, NewEvent, Router, Worker
 from conveyor.db.named_queries import queries_for
 from conveyor.flow import parse_rate
 from conveyor.patterns import sql_params
+from waiting import wait_until
 from worker_support import enqueue, enqueue_many, fast_config, query, running, wait_all_in
 
 Q = queries_for("conveyor")
@@ -373,17 +374,60 @@ async def test_fifo_by_runs_one_keys_backlog_back_to_back(db: str) -> None:
     done: list[int] = []
 
     async def post(event: Event) -> None:
+        await asyncio.sleep(0.06)       # longer than a recheck of a full pattern (50 ms)
         done.append(event.payload["n"])
 
     router = Router()
     router.add("ledger.post", post, fifo_by="tenant")
     await enqueue_many(db, [NewEvent(topic="ledger.post", payload={"n": n}, tenant="t0")
-                            for n in range(30)])
+                            for n in range(20)])
     started = time.monotonic()
     async with running(Worker(db, router, fast_config(concurrency=10))):
         await wait_all_in(db, {"succeeded"}, timeout=60)
     took = time.monotonic() - started
-    assert done == list(range(30))
-    # Back to back, each a claim and an acknowledgement: well under a second for
-    # the thirty on a quiet machine; one a second took 29 s or more.
-    assert took < 10, f"30 events of one key took {took:.1f} s"
+    assert done == list(range(20))
+    # Back to back, each 60 ms and a claim: under 2 s on a quiet machine; one a
+    # second took 19 s or more.
+    assert took < 8, f"20 events of one key took {took:.1f} s"
+
+
+async def test_fifo_by_does_not_claim_over_and_over_while_a_key_runs(db: str) -> None:
+    # While a key's event runs, its next one cannot start: the worker waits for
+    # the finish (or a NOTIFY) rather than sending a flow claim every
+    # FLOW_RECHECK (50 ms) for as long as the handler takes.
+    release = asyncio.Event()
+    started: list[int] = []
+
+    async def post(event: Event) -> None:
+        started.append(event.payload["n"])
+        if event.payload["n"] == 0:
+            await release.wait()
+
+    router = Router()
+    router.add("ledger.post", post, fifo_by="tenant")
+    await enqueue_many(db, [NewEvent(topic="ledger.post", payload={"n": n}, tenant="t0")
+                            for n in range(3)])
+    worker = Worker(db, router, fast_config(concurrency=10))
+    claims = 0
+    claim_one = worker.flow._claim_one
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal claims
+        claims += 1
+        return await claim_one(*args, **kwargs)
+
+    worker.flow._claim_one = counted  # type: ignore[method-assign]
+    async with running(worker):
+        await wait_until(lambda: _true(started == [0]), timeout=10, what="the first event")
+        before = claims
+        await asyncio.sleep(1.5)       # the window counted: the handler holds its key
+        during = claims - before
+        release.set()
+        await wait_all_in(db, {"succeeded"}, timeout=10)
+    assert started == [0, 1, 2]
+    # One recheck a FLOW_IDLE_RECHECK (1 s) at most; every 50 ms would be 30.
+    assert during <= 3, f"{during} flow claims in 1.5 s while the key's event ran"
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from conveyor.types import Event, EventState
 from conveyor.worker.classify import Outcome
@@ -66,12 +66,13 @@ class OutcomeAccounting:
         clock_offset: the database clock minus this machine's (the charts'
             minutes are the database's).
         wake_at: arms a claim for when a retry is due (time.time()).
-        room_freed: a slot came free (a flow limit may have room).
+        room_freed: slots came free, of these topics (a flow limit may have room).
     """
 
     def __init__(self, running: RunningSet, stats: WorkerStats, tally: OutcomeTally,
                  failure_log: FailureLogLimiter, *, clock_offset: Callable[[], float],
-                 wake_at: Callable[[float], None], room_freed: Callable[[], None]) -> None:
+                 wake_at: Callable[[float], None],
+                 room_freed: Callable[[Collection[str]], None]) -> None:
         self.running = running
         self.stats = stats
         self.tally = tally
@@ -100,11 +101,14 @@ class OutcomeAccounting:
                 tally.add(minute, topic, SUCCEEDED, n)
             s.succeeded += len(batch)
             self.running.freed.set()
-            self._room_freed()     # a limit may have room: the flow loop looks again
+            self._room_freed(topics)     # a limit may have room: the flow loop looks again
             return
         now = time.time()
+        freed: set[str] = set()
         for outcome in batch:
             entry = release((outcome.event_id, outcome.attempt))
+            if entry is not None:
+                freed.add(entry.event.topic)
             if outcome.event_id not in done:
                 continue
             kind = _TALLIED.get(outcome.state)
@@ -126,4 +130,4 @@ class OutcomeAccounting:
             elif outcome.state is EventState.CANCELLED:
                 s.cancelled += 1
         self.running.freed.set()
-        self._room_freed()
+        self._room_freed(freed)

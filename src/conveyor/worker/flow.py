@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import psycopg
@@ -141,6 +141,7 @@ class FlowControl:
         # The fifo_by patterns of the fleet: the plain claim leaves their events
         # where they are, and the sorts take turns.
         self._fifo: list[str] = []
+        self._fifo_handled: list[TopicPattern] = []     # of self.handled
         self.sorted = 0             # events moved to the limited lane, for stats
 
     @property
@@ -158,9 +159,15 @@ class FlowControl:
             self._sort_at = min(self._sort_at, self._sorted_at + FLOW_RECHECK)
             self._room.set()
 
-    def room_freed(self) -> None:
-        """One of this worker's events finished: a full pattern may have room again."""
-        if self._full:
+    def room_freed(self, topics: Collection[str] = ()) -> None:
+        """Some of this worker's events finished (of ``topics``): a full pattern
+        may have room again, and a fifo_by pattern the next event of a key."""
+        # A fifo_by key's next event waits for the running one, whichever way
+        # the last claim of the pattern went: a finish of the pattern's own
+        # events claims again (left to FLOW_IDLE_RECHECK, a key's backlog ran
+        # one event a second).
+        freed = [p for p in self._fifo_handled if any(p.matches(t) for t in topics)]
+        if self._full or freed:
             # At once, unless this worker claimed the pattern within FLOW_GATHER:
             # then the finishes until then go into one claim. A claim per
             # finished event would cost the database as much as the events of
@@ -168,7 +175,7 @@ class FlowControl:
             # every finish would leave short events' slots empty most of the
             # time (10 ms events ran 2.4 of 5 on average with a 20 ms wait).
             now = time.monotonic()
-            for pattern in self._full:
+            for pattern in {*self._full, *(p.text for p in freed)}:
                 soon = max(now, self._claimed_at.get(pattern, 0.0) + FLOW_GATHER)
                 self._next_try[pattern] = min(self._next_try.get(pattern, soon), soon)
             self._room.set()
@@ -246,6 +253,7 @@ class FlowControl:
         routes = self._router.routes
         self.handled = [x for x in limits
                         if any(TopicPattern(r.pattern).overlaps(TopicPattern(x.pattern)) for r in routes)]
+        self._fifo_handled = [TopicPattern(x.pattern) for x in self.handled if x.fifo_by is not None]
         self._read_at = time.monotonic()
         if changed:
             self.poke()     # the flow claims may have patterns to claim, or none any more
@@ -366,10 +374,7 @@ class FlowControl:
                 await conn.execute(q["flow_take_tokens"],
                                    {"pattern": limit.pattern, "tokens": tokens - len(claimed)})
             # A claim the budget cut short may have more waiting; a short one means
-            # the pattern has nothing more due, except under fifo_by: there the
-            # keys of the events just claimed have their next events waiting for
-            # these to finish, so their finish (room_freed) claims again at once
-            # (a key's backlog would otherwise run one event per FLOW_IDLE_RECHECK).
-            fifo_waits = limit.fifo_by is not None and bool(claimed)
-            self._schedule(limit.pattern, full=len(claimed) == budget or fifo_waits)
+            # the pattern has nothing more due now (under fifo_by, a key's next
+            # event may wait for a running one: room_freed claims at its finish).
+            self._schedule(limit.pattern, full=len(claimed) == budget)
             return claimed
