@@ -48,8 +48,13 @@ class Step:
     transaction: bool = True
 
     def render(self, schema: str) -> str:
-        ident = sql.Identifier(check_schema_name(schema))
-        return sql.SQL(self.body).format(schema=ident).as_string()
+        return _render(self.body, schema)
+
+
+def _render(body: str, schema: str) -> str:
+    """``body`` with its ``{schema}`` placeholders naming ``schema``."""
+    ident = sql.Identifier(check_schema_name(schema))
+    return sql.SQL(body).format(schema=ident).as_string()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +74,17 @@ class Migration:
         object.__setattr__(self, "steps", steps or (Step(self.body),))
 
     def render(self, schema: str) -> str:
-        ident = sql.Identifier(check_schema_name(schema))
-        return sql.SQL(self.body).format(schema=ident).as_string()
+        return _render(self.body, schema)
+
+
+def _code_lines(text: str) -> list[str]:
+    """The lines of ``text`` that are neither blank nor comments alone."""
+    return [line.rstrip() for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("--")]
 
 
 def _holds_sql(text: str) -> bool:
-    return any(line.strip() and not line.lstrip().startswith("--")
-               for line in text.splitlines())
+    return bool(_code_lines(text))
 
 
 def _split_steps(version: int, body: str) -> tuple[Step, ...] | None:
@@ -107,8 +116,7 @@ def _split_steps(version: int, body: str) -> tuple[Step, ...] | None:
 
 
 def _ends_statement(text: str) -> bool:
-    code = [line.rstrip() for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith("--")]
+    code = _code_lines(text)
     return bool(code) and code[-1].endswith(";")
 
 
@@ -163,8 +171,6 @@ def check_current(schema: str, applied: list[int], partial: Mapping[int, int] | 
     """
     known = known_migrations(migrations)
     partial = partial or {}
-    if not applied and not partial:
-        raise MigrationError(f"schema {schema!r} is not migrated; run 'conveyor migrate' first")
     too_new = _too_new(schema, applied, known)
     if too_new is not None:
         raise too_new

@@ -154,23 +154,27 @@ class _Parts:
         return sql.SQL("NOT EXISTS (SELECT 1 FROM {}.migrations WHERE version = {})").format(
             self.ident, sql.Literal(m.version)).as_string()
 
+    def _record(self, m: Migration) -> str:
+        return self._literal("INSERT INTO {}.migrations (version, name) VALUES ({}, {});",
+                             m.version, m.name)
+
+    @staticmethod
+    def _execute(m: Migration, body: str) -> str:
+        """``body`` run by EXECUTE in a DO block, dollar-quoted with a tag of the migration's."""
+        tag = f"$conveyor_{m.version:04d}$"
+        if tag in body:
+            raise MigrationError(f"migration {m.version} contains its own quoting tag {tag}")
+        return f"EXECUTE {tag}\n{body}\n{tag};"
+
     def _plain_block(self, m: Migration) -> str:
         # Runs only if its version is not recorded yet, so the script can be
         # applied again (or to a partly migrated database) safely.
-        tag = f"$conveyor_{m.version:04d}$"
-        body = m.render(self.schema).rstrip()
-        if tag in body:
-            raise MigrationError(f"migration {m.version} contains its own quoting tag {tag}")
-        record = self._literal("INSERT INTO {}.migrations (version, name) VALUES ({}, {});",
-                               m.version, m.name)
+        body = self._execute(m, m.render(self.schema).rstrip())
         return (f"DO $conveyor_migrate$ BEGIN\nIF {self._not_recorded(m)} THEN\n"
-                f"EXECUTE {tag}\n{body}\n{tag};\n{record}\nEND IF;\nEND $conveyor_migrate$;")
+                f"{body}\n{self._record(m)}\nEND IF;\nEND $conveyor_migrate$;")
 
     def _step_block(self, m: Migration, number: int, body: str | None) -> str:
         """Step ``number`` (its ``body``, None for a no-transaction one already run) and its record."""
-        tag = f"$conveyor_{m.version:04d}$"
-        if body is not None and tag in body:
-            raise MigrationError(f"migration {m.version} contains its own quoting tag {tag}")
 
         def step_done(step: int) -> str:
             return sql.SQL("EXISTS (SELECT 1 FROM {}.migration_steps WHERE version = {} AND "
@@ -184,10 +188,9 @@ class _Parts:
                       f"RAISE EXCEPTION 'conveyor migration {m.version}: step {number - 1} is "
                       "not applied; apply the parts in order';", "END IF;"]
         if body is not None:
-            lines.append(f"EXECUTE {tag}\n{body}\n{tag};")
+            lines.append(self._execute(m, body))
         lines.append(self._literal("INSERT INTO {}.migration_steps (version, step) "
                                    "VALUES ({}, {});", m.version, number))
         if number == len(m.steps):
-            lines.append(self._literal("INSERT INTO {}.migrations (version, name) VALUES "
-                                       "({}, {});", m.version, m.name))
+            lines.append(self._record(m))
         return "DO $conveyor_migrate$ BEGIN\n" + "\n".join(lines) + "\nEND IF;\nEND $conveyor_migrate$;"
