@@ -73,10 +73,14 @@ def test_r7_short_backend_kill_storm(chaos: Chaos) -> None:
 @pytest.mark.paired
 def test_a_fleet_with_latency_rides_out_a_partition(chaos: Chaos) -> None:
     # Each worker on a "host" of its own (a network namespace), 2 ms of round trip
-    # to the server, and one of them cut off for 5 s mid-drain (its link down,
-    # both ends running): conveyor_tools/chaos/netsim.py, docs/scaling.md.
-    report = chaos("--netns", "--latency", "2ms", "--workers", "2", "--events", "3000",
-                   "--upfront", "--duration", "4", "--faults", "partition:3s",
+    # to the server, and one of them cut off for 5 s mid-flow (its link down,
+    # both ends running): conveyor_tools/chaos/netsim.py, docs/scaling.md. The
+    # feeder keeps 200 events pending until 4 s after the link comes back, so both
+    # workers' slots stay full and there is work left for the healed one however
+    # fast the other drains (an upfront 3,000 were sometimes gone before the heal
+    # on a quiet machine).
+    report = chaos("--netns", "--latency", "2ms", "--workers", "2", "--backlog", "200",
+                   "--after", "8", "--duration", "4", "--faults", "partition:3s",
                    "--partition-down", "5", "--lease-ttl", f"{LEASE_TTL:g}",
                    "--rescue-interval", f"{RESCUE:g}", "--handler-ms", "0-20",
                    "--drain-timeout", "60")
