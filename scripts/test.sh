@@ -40,46 +40,52 @@ need_package pgbouncer /usr/sbin/pgbouncer "the R19 tests"
 # Playwright: the browsers Playwright downloads itself cannot be fetched everywhere.
 need_package chromium /usr/bin/chromium "the browser tests" --no-install-recommends
 # Three tiers, with the same arguments (paths, -k, -x...):
-# 1. the tests marked neither `serial` nor `paired`, in parallel:
-#    CONVEYOR_TEST_WORKERS processes (pytest-xdist; `auto`, one per core, by
+# 1. the tests marked neither `serial` nor `light`, in parallel:
+#    CONVEYOR_TEST_WORKERS processes (pytest-xdist; two per core, at most 8, by
 #    default), a test file's tests in one process (--dist loadfile: module
-#    fixtures such as Django's set-up are per process);
-# 2. the `paired` ones, two at a time: light tests that would not share the
-#    machine with the parallel tier (they restart private servers or time
-#    themselves) but do with one other of their kind; test by test, not file by
-#    file, and a process that runs out takes the other's queued tests
-#    (--dist worksteal): with --dist load a long test could wait queued behind
-#    another while the other process sat idle;
+#    fixtures such as Django's set-up are per process). Two per core because
+#    most tests wait on workers, servers and subprocesses: on 2 cores, one
+#    process per core left the machine about half idle and took 416 s; two per
+#    core, 263 s (2026-12-04, a quiet machine);
+# 2. the `light` ones, CONVEYOR_TEST_LIGHT_WORKERS (3) at a time: tests that
+#    would not share the machine with the parallel tier (they restart private
+#    servers or time themselves loosely) but do with two others of their kind,
+#    mostly waiting; test by test, not file by file, and a process that runs
+#    out takes another's queued tests (--dist worksteal): with --dist load a
+#    long test could wait queued behind another while a process sat idle;
 # 3. the `serial` ones (they load the CPU, time themselves tightly or drive a
 #    browser), one at a time.
-# CONVEYOR_TEST_TIER=parallel, paired or serial runs one tier alone. A tier none
+# CONVEYOR_TEST_TIER=parallel, light or serial runs one tier alone. A tier none
 # of the selected tests belongs to is no failure; all of them empty is (pytest's
 # status 5).
 tier="${CONVEYOR_TEST_TIER:-all}"
 case "$tier" in
-    all|parallel|paired|serial) ;;
-    *) echo "conveyor: expected CONVEYOR_TEST_TIER to be all, parallel, paired or serial," \
+    all|parallel|light|serial) ;;
+    *) echo "conveyor: expected CONVEYOR_TEST_TIER to be all, parallel, light or serial," \
             "got $tier" >&2
        exit 2 ;;
 esac
-parallel=5 paired=5 serial=5
+cores="$(nproc 2>/dev/null || echo 2)"
+workers="${CONVEYOR_TEST_WORKERS:-$(( cores * 2 < 8 ? cores * 2 : 8 ))}"
+parallel=5 light=5 serial=5
 if [ "$tier" = all ] || [ "$tier" = parallel ]; then
     parallel=0
-    python -m pytest -n "${CONVEYOR_TEST_WORKERS:-auto}" --dist loadfile \
-        -m "not serial and not paired" "$@" || parallel=$?
+    python -m pytest -n "$workers" --dist loadfile \
+        -m "not serial and not light" "$@" || parallel=$?
 fi
-if [ "$tier" = all ] || [ "$tier" = paired ]; then
-    paired=0
-    python -m pytest -n 2 --dist worksteal -m paired "$@" || paired=$?
+if [ "$tier" = all ] || [ "$tier" = light ]; then
+    light=0
+    python -m pytest -n "${CONVEYOR_TEST_LIGHT_WORKERS:-3}" --dist worksteal -m light "$@" \
+        || light=$?
 fi
 if [ "$tier" = all ] || [ "$tier" = serial ]; then
     serial=0
     python -m pytest -m serial "$@" || serial=$?
 fi
-if [ "$parallel" = 5 ] && [ "$paired" = 5 ] && [ "$serial" = 5 ]; then
+if [ "$parallel" = 5 ] && [ "$light" = 5 ] && [ "$serial" = 5 ]; then
     exit 5
 fi
-for status in "$parallel" "$paired" "$serial"; do
+for status in "$parallel" "$light" "$serial"; do
     if [ "$status" != 0 ] && [ "$status" != 5 ]; then
         exit "$status"
     fi

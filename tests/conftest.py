@@ -18,7 +18,7 @@ clones, each named with the worker's id and a random suffix, so no two
 workers ever create, clone or drop the same database. Tests that must have the
 machine to themselves carry the ``serial`` marker, put on by hand or, for the
 fixtures in ``SERIAL_FIXTURES``, by ``pytest_collection_modifyitems`` below;
-those that may share it with one other light test of their kind, ``paired``.
+those that may share it with two other light tests of their kind, ``light``.
 """
 
 from __future__ import annotations
@@ -112,5 +112,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if any(name in SERIAL_FIXTURES for name in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.serial)
         # scripts/test.sh runs each tier with -m: a test in two tiers would run twice.
-        if item.get_closest_marker("serial") and item.get_closest_marker("paired"):
-            raise pytest.UsageError(f"{item.nodeid} is marked both serial and paired")
+        if item.get_closest_marker("serial") and item.get_closest_marker("light"):
+            raise pytest.UsageError(f"{item.nodeid} is marked both serial and light")

@@ -136,7 +136,7 @@ def databases_on(server_url: str) -> Iterator[MakeDb]:
     ``template`` (a database name) or empty when it is None, yields its URL and
     drops it WITH (FORCE) on exit, also when the body raises.
 
-    Under xdist (the parallel and paired tiers) the drop is handed to a
+    Under xdist (the parallel and light tiers) the drop is handed to a
     background thread and the fixture's end waits for all of them: in the
     parallel tier (2026-12-03) creating and dropping took 368 s of its 2,021 s
     of test time, the drops 124 s. Run alone (the serial tier, plain pytest)

@@ -28,9 +28,9 @@ from .test_server_restart import PrivateServer, private_server
 
 __all__ = ["private_server"]     # the fixture, shared with the restart test
 
-# paired: /healthz must turn 503 within BOUND + 1.5 s of its private server dying;
-# one light process (a test of its tier) beside it leaves it a core.
-pytestmark = [pytest.mark.slow, pytest.mark.paired]
+# light: /healthz must turn 503 within BOUND + 1.5 s of its private server dying;
+# the two other light tests beside it leave it most of a core.
+pytestmark = [pytest.mark.slow, pytest.mark.light]
 
 POLL = 0.5
 QUERY_TIMEOUT = 2.0

@@ -30,9 +30,9 @@ from .conftest import create_ledger
 from .helpers import WorkerProcess, ledger_counts, listening, query, run_cli, state_counts
 from .test_connection_loss import WAKE_LIMIT, assert_listen_wakes_worker
 
-# paired: stops its private server for 3 s and bounds the worker's wake-up after
-# it (10 s); one light process (a test of its tier) beside it leaves it a core.
-pytestmark = [pytest.mark.slow, pytest.mark.paired]
+# light: stops its private server for 3 s and bounds the worker's wake-up after
+# it (10 s); the two other light tests beside it leave it most of a core.
+pytestmark = [pytest.mark.slow, pytest.mark.light]
 
 EVENTS = 400
 DOWNTIME = 3.0

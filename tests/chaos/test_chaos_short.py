@@ -17,7 +17,7 @@ from .conftest import assert_exactly_once_where_it_counts
 # Each run has a private embedded PostgreSQL of its own. The draining ones are
 # serial (worker processes draining up to 50,000 events load both cores); the
 # restart and the horizon pins (two workers, a trickle of events, bounds of
-# seconds) are paired.
+# seconds) are light.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 Chaos = Callable[..., dict[str, Any]]
@@ -70,7 +70,7 @@ def test_r7_short_backend_kill_storm(chaos: Chaos) -> None:
     assert report["throughput"]["after_faults_first_60s"] > 0
 
 
-@pytest.mark.paired
+@pytest.mark.light
 def test_a_fleet_with_latency_rides_out_a_partition(chaos: Chaos) -> None:
     # Each worker on a "host" of its own (a network namespace), 2 ms of round trip
     # to the server, and one of them cut off for 5 s mid-flow (its link down,
@@ -97,7 +97,7 @@ def test_a_fleet_with_latency_rides_out_a_partition(chaos: Chaos) -> None:
     assert part["ran_after_heal"] > 0, part
 
 
-@pytest.mark.paired
+@pytest.mark.light
 def test_r6_short_server_restart_mid_drain(chaos: Chaos) -> None:
     report = chaos("--workers", "2", "--events", "3000", "--upfront", "--duration", "3",
                    "--faults", "restart:1s", "--restart-down", "3", "--after", "12",
@@ -159,7 +159,7 @@ def assert_pin_reported(report: dict[str, Any], holder: str) -> None:
     assert pin["backlog"]["cleared_after_release_s"] is not None
 
 
-@pytest.mark.paired
+@pytest.mark.light
 def test_r13a_short_idle_in_transaction_pin_raises_the_worker_alert(chaos: Chaos) -> None:
     report = chaos("--workers", "2", "--rate", str(R13_RATE), "--baseline", str(R13_BASELINE),
                    "--duration", str(R13_PIN), "--faults", "idle_tx", "--after", str(R13_AFTER),
@@ -170,7 +170,7 @@ def test_r13a_short_idle_in_transaction_pin_raises_the_worker_alert(chaos: Chaos
     assert report["feed"]["enqueued"] >= R13_RATE * (R13_BASELINE + R13_PIN + R13_AFTER) * 0.95
 
 
-@pytest.mark.paired
+@pytest.mark.light
 def test_r13b_short_repeatable_read_readers_raise_the_worker_alert(chaos: Chaos) -> None:
     report = chaos("--workers", "2", "--rate", str(R13_RATE), "--baseline", str(R13_BASELINE),
                    "--duration", str(R13_PIN), "--faults", "rr_readers", "--rr-readers", "4",

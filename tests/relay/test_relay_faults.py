@@ -35,12 +35,12 @@ from conveyor import NewEvent, Producer
 REPO = Path(__file__).resolve().parents[2]
 STREAM = "FAULTS"
 
-# paired: kills, restarts and fills private brokers (own ports and directories) and
+# light: kills, restarts and fills private brokers (own ports and directories) and
 # relay processes, mostly waiting on them: a storm is counted in kills, not seconds,
 # and what is checked (nothing lost, doubled or reordered) holds on a loaded machine;
 # the only bounds are the drain's 120-180 s. They ran 257 s of the serial tier's 662 s
 # (2026-12-03), at under half a core.
-pytestmark = [pytest.mark.slow, pytest.mark.paired]
+pytestmark = [pytest.mark.slow, pytest.mark.light]
 
 APP = '''
 from conveyor.relay import NatsPublisher, Relay

@@ -27,8 +27,7 @@ from worker_support import router_for
 
 from .helpers import fast_config
 
-# serial: fills a million rows, and the claim must take < 100 ms by the wall clock.
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.slow]
 
 FINISHED = 1_000_000
 PENDING = 40_000
@@ -144,6 +143,8 @@ def _status_table_reads(conn: psycopg.Connection[Any], admin: Admin) -> dict[str
             for i, name in enumerate(("seq_scan", "seq_tup_read", "idx_tup_fetch"))}
 
 
+# serial: fills a million rows, and the claim must take < 100 ms by the wall clock.
+@pytest.mark.serial
 def test_claim_on_a_million_finished_rows(fresh_db: str) -> None:
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         started = time.monotonic()
@@ -236,6 +237,9 @@ async def _rr_reader(url: str, offset: float, stop: asyncio.Event) -> None:
             await conn.rollback()
 
 
+# light: 300 events/s for 30 s leave the machine nearly idle (96 % measured on
+# 2 cores, 2026-12-04); the bound on the claims is loose.
+@pytest.mark.light
 @pytest.mark.parametrize("pin", ["idle_in_transaction_xid", "rr_readers"])
 async def test_claim_latency_with_the_vacuum_horizon_pinned(fresh_db: str, pin: str) -> None:
     latencies: list[float] = []

@@ -22,9 +22,9 @@ from worker_support import router_for
 
 from .helpers import BlackHoleProxy, fast_config, query, running, state_counts, via
 
-# paired: each hole must be detected within its timeout + 1 to 1.5 s; one light
-# process (a test of its tier) beside it leaves it a core.
-pytestmark = pytest.mark.paired
+# light: each hole must be detected within its timeout + 1 to 1.5 s; the two
+# other light tests beside it (mostly waiting) leave it most of a core.
+pytestmark = pytest.mark.light
 
 LISTEN_PID = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
               "AND application_name = 'conveyor-listen' AND query ILIKE 'LISTEN%%'")

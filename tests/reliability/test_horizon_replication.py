@@ -39,9 +39,9 @@ from worker_support import router_for
 from .helpers import fast_config, query, running
 from .replication import Cluster, PrivateServer, cluster
 
-# paired: a private primary and standbys, started and stopped; the horizon it
+# light: a private primary and standbys, started and stopped; the horizon it
 # watches is that primary's, which no other test touches.
-pytestmark = [pytest.mark.slow, pytest.mark.paired]
+pytestmark = [pytest.mark.slow, pytest.mark.light]
 
 THRESHOLD = 2.0            # horizon_alert_after; checked every quarter of it
 # A standby reports its xmin every wal_receiver_status_interval (1 s at least):

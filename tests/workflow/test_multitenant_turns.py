@@ -327,9 +327,9 @@ def _tenants_on(server_url: str, prefix: str, n: int) -> tuple[dict[str, str], l
              for i, name in enumerate(names)}, [template, *names])
 
 
-# paired: stops and starts its private server, and bounds the other server's
+# light: stops and starts its private server, and bounds the other server's
 # tenants' waits loosely meanwhile.
-@pytest.mark.paired
+@pytest.mark.light
 @pytest.mark.slow
 async def test_two_servers_each_within_its_budget_and_one_stopping_stalls_only_its_own(
         server_url: str, private_server: PrivateServer) -> None:
