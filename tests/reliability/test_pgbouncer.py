@@ -54,8 +54,10 @@ from conveyor_tools.chaos import LEDGER_URL_ENV, CheckReport, check, create_ledg
 
 from .pgbouncer import PgBouncer
 
-# serial: SIGKILLs a worker every 2 s behind a private PgBouncer.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.serial]
+# light: each test has a private PgBouncer (a port of its own) and a database of
+# its own, and bounds its timings loosely (a pickup within 3 s, a drain within
+# 40 s); the SIGKILL storm alone is serial.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "conveyor_tools.chaos:chaos_router"
@@ -331,6 +333,7 @@ EVENTS_R1 = 3000
 DEAF_EVENTS = 300
 
 
+@pytest.mark.light
 def test_r19_r1_short_three_poll_only_workers_through_the_pooler_run_each_event_once(
         bouncer: PgBouncer, ledger_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     pooled = bouncer.url(ledger_db)
@@ -381,6 +384,8 @@ WHERE x->>'error' LIKE 'lease expired%'
 """
 
 
+# serial: SIGKILLs a worker every 2 s; orphans must run again within the lease bound.
+@pytest.mark.serial
 def test_r19_r3_short_sigkill_a_worker_every_two_seconds_through_the_pooler(
         bouncer: PgBouncer, ledger_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     pooled = bouncer.url(ledger_db)
@@ -439,6 +444,7 @@ def test_r19_r3_short_sigkill_a_worker_every_two_seconds_through_the_pooler(
         "orphan_rerun_p95_s": round(result.rerun_p95 or 0, 2), **monitor.figures()})
 
 
+@pytest.mark.light
 def test_listen_through_the_pooler_is_reported_deaf(
         bouncer: PgBouncer, ledger_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     worker = spawn(bouncer.url(ledger_db), ledger_db, *worker_args("r19-deaf"))
@@ -454,6 +460,7 @@ def test_listen_through_the_pooler_is_reported_deaf(
     report("deaf listener", {"warned_after_start_s": round(warned_after, 1)})
 
 
+@pytest.mark.light
 def test_a_worker_not_told_of_the_pooler_still_drains_each_event_once_by_polling(
         server_url: str, ledger_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     # One server connection for every client: any two clients preparing a statement of
@@ -480,6 +487,7 @@ def test_a_worker_not_told_of_the_pooler_still_drains_each_event_once_by_polling
         assert state_counts(ledger_db) == {"succeeded": DEAF_EVENTS}
 
 
+@pytest.mark.light
 def test_a_direct_listen_url_hears_notifications_and_wakes_at_once(
         bouncer: PgBouncer, ledger_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     pooled = bouncer.url(ledger_db)
@@ -503,6 +511,7 @@ def test_a_direct_listen_url_hears_notifications_and_wakes_at_once(
     report("direct listen", {"pickup_s": [round(p, 3) for p in pickups]})
 
 
+@pytest.mark.light
 def test_in_session_mode_a_plain_worker_listens_through_the_pooler_and_runs_each_event_once(
         server_url: str, ledger_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     # Session pooling keeps a client on one server connection: LISTEN works through it.
@@ -527,6 +536,7 @@ def test_in_session_mode_a_plain_worker_listens_through_the_pooler_and_runs_each
     report("session mode", {"pickup_s": [round(p, 3) for p in pickups]})
 
 
+@pytest.mark.light
 def test_in_session_mode_detection_is_conservative_and_no_transaction_pooler_keeps_state(
         server_url: str, ledger_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     # The backend pid check cannot tell session from transaction pooling, so a
@@ -547,6 +557,7 @@ def test_in_session_mode_detection_is_conservative_and_no_transaction_pooler_kee
             assert_clean_logs(worker)
 
 
+@pytest.mark.light
 def test_migrations_producers_and_admin_work_through_the_pooler(
         bouncer: PgBouncer, empty_db: str) -> None:
     pooled = bouncer.url(empty_db)
@@ -604,6 +615,7 @@ def test_migrations_producers_and_admin_work_through_the_pooler(
     assert config["pool_mode"] == "transaction"
 
 
+@pytest.mark.light
 def test_a_committing_producer_enqueues_through_the_pooler(bouncer: PgBouncer, fresh_db: str) -> None:
     pooled = bouncer.url(fresh_db)
     stop = threading.Event()

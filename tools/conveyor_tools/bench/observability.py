@@ -27,7 +27,8 @@ the executor's hook path, but sets a worker's CPU against a span timed in
 another process at another moment: on a loaded machine it has come out
 negative.
 
-Targets: metrics >= 0.95 of the plain drain, the 1 % sampled tracing >= 0.95;
+Targets: metrics >= 0.95 of the plain drain, the 1 % sampled tracing >= 0.95
+of the plain drain of the same rows;
 the middleware beyond the SDK's span <= 5 us per event.
 """
 
@@ -52,7 +53,10 @@ SAMPLED_APP = "conveyor_tools.bench.traced_app_sampled:router"
 TARGETS: dict[str, tuple[float | None, float | None]] = {
     "drain_metrics_ratio": (0.95, None),
     "drain_tracing_ratio": (0.85, None),
-    "drain_tracing_sampled_ratio": (0.95, None),
+    # Against a plain worker draining the same head-sampled rows: against plain
+    # rows it also counted how differently rows enqueued one by one drain (on a
+    # quiet machine, 2026-12-04, a plain worker drained those 1.57x as fast).
+    "drain_tracing_sampled_same_rows_ratio": (0.95, None),
     "tracing_middleware_beyond_sdk_us": (None, 5.0),
 }
 KINDS = ("plain", "plain_head_sampled", "metrics", "tracing", "tracing_sampled")
