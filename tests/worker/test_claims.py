@@ -118,7 +118,9 @@ async def test_a_claim_answered_after_its_lease_hands_its_events_back_unrun(db: 
         async with await psycopg.AsyncConnection.connect(db) as blocker:
             await blocker.execute("LOCK TABLE conveyor.events IN ACCESS EXCLUSIVE MODE")
             claim = asyncio.create_task(worker.claims.claim(5))
-            waiting = "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            # This database's sessions only: other tests run beside this one.
+            waiting = ("SELECT count(*) AS n FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND wait_event_type = 'Lock'")
             await wait_until(lambda: _count_is_one(db, waiting), timeout=10,
                              what="the claim to wait on the lock")
             held_since = time.monotonic()
