@@ -107,6 +107,24 @@ async def running(worker: Worker, *, stop_timeout: float = 10.0,
         await worker.close()
 
 
+class CallCounter:
+    """Counts the calls of an object's async method, wrapping it in place.
+
+    ``CallCounter(worker.claims, "claim").count`` is how many claims the worker
+    has made since: tests bound how often a wake-up or a flood makes it claim.
+    """
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self.count = 0
+        original = getattr(owner, name)
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return await original(*args, **kwargs)
+
+        setattr(owner, name, counted)
+
+
 def router_for(pattern: str, handler: Any, **options: Any) -> Router:
     router = Router()
     router.add(pattern, handler, **options)

@@ -24,7 +24,7 @@ from conveyor.db.named_queries import queries_for
 from conveyor.flow import parse_rate
 from conveyor.patterns import sql_params
 from waiting import wait_until
-from worker_support import enqueue, enqueue_many, fast_config, query, running, wait_all_in
+from worker_support import CallCounter, enqueue, enqueue_many, fast_config, query, running, wait_all_in
 
 Q = queries_for("conveyor")
 
@@ -408,20 +408,12 @@ async def test_fifo_by_does_not_claim_over_and_over_while_a_key_runs(db: str) ->
     await enqueue_many(db, [NewEvent(topic="ledger.post", payload={"n": n}, tenant="t0")
                             for n in range(3)])
     worker = Worker(db, router, fast_config(concurrency=10))
-    claims = 0
-    claim_one = worker.flow._claim_one
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal claims
-        claims += 1
-        return await claim_one(*args, **kwargs)
-
-    worker.flow._claim_one = counted  # type: ignore[method-assign]
+    claims = CallCounter(worker.flow, "_claim_one")
     async with running(worker):
         await wait_until(lambda: _true(started == [0]), timeout=10, what="the first event")
-        before = claims
+        before = claims.count
         await asyncio.sleep(1.5)       # the window counted: the handler holds its key
-        during = claims - before
+        during = claims.count - before
         release.set()
         await wait_all_in(db, {"succeeded"}, timeout=10)
     assert started == [0, 1, 2]

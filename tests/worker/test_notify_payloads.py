@@ -8,14 +8,13 @@ due-time heap, and the worker claimed ~860 times a second until restarted.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import psycopg
 import pytest
 
 from conveyor import Event, Worker
 from waiting import wait_until
-from worker_support import enqueue, fast_config, router_for, running
+from worker_support import CallCounter, enqueue, fast_config, router_for, running
 
 HOSTILE = ["*|nan", "*|NaN", "*|inf", "*|-inf", "*|1e300", "*|-5", "*|0", "*|abc",
            "*|" + "9" * 400, "*|1e-300", "*|", "|", "*|1|2", "x" * 7000, "*|\u0661\u0662"]
@@ -36,22 +35,15 @@ async def test_a_hostile_notification_never_makes_an_idle_worker_spin(
 
     # A 30 s poll: the real event below must be woken by its NOTIFY.
     worker = Worker(db, router_for("*", handler), fast_config(poll_interval=30.0))
-    claims = 0
-    claim = worker.claims.claim
-
-    async def counting_claim(*args: Any, **kwargs: Any) -> Any:
-        nonlocal claims
-        claims += 1
-        return await claim(*args, **kwargs)
-
-    worker.claims.claim = counting_claim  # type: ignore[method-assign]
+    claims = CallCounter(worker.claims, "claim")
     async with running(worker):
         await asyncio.sleep(0.2)
-        before = claims
+        before = claims.count
         await _notify(db, payload)
         await asyncio.sleep(1.0)
         # At most the one claim a wake-up may cost; the spin made hundreds.
-        assert claims - before <= 2, f"{claims - before} claims in 1 s after NOTIFY {payload[:40]!r}"
+        made = claims.count - before
+        assert made <= 2, f"{made} claims in 1 s after NOTIFY {payload[:40]!r}"
         assert all(due == due and due != float("inf") for due in worker.due_times.heap)
         # And the worker still answers a real event at once.
         event_id = await enqueue(db, "real.event")

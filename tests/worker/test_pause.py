@@ -21,7 +21,7 @@ from conveyor import AsyncAdmin, Event, Router, Worker
 from conveyor.worker.maintenance import PAUSE_CHECK_INTERVAL
 from conveyor.worker.wakeups import PAUSE_WAKE_INTERVAL, DueTimes, PauseState
 from waiting import wait_until
-from worker_support import enqueue, fast_config, query, running
+from worker_support import CallCounter, enqueue, fast_config, query, running
 
 SLOW_POLL = 30.0
 HONOURED_WITHIN = 1.0
@@ -205,15 +205,7 @@ async def test_a_flood_of_pause_notifications_is_coalesced(db: str) -> None:
     router = Router()
     router.add("a.*", _recording_router({}).routes[0].handler)
     worker = Worker(db, router, fast_config(poll_interval=SLOW_POLL))
-    claims = 0
-    claim = worker.claims.claim
-
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal claims
-        claims += 1
-        return await claim(*args, **kwargs)
-
-    worker.claims.claim = counting  # type: ignore[method-assign]
+    claims = CallCounter(worker.claims, "claim")
     flood = 10_000
     async with running(worker):
         # Counted from a settled worker: its first pause check read the table,
@@ -223,7 +215,7 @@ async def test_a_flood_of_pause_notifications_is_coalesced(db: str) -> None:
             return pauses.in_force is not None and not pauses.any \
                 and not worker.claims.woken.is_set()
         await wait_until(settled, timeout=30, what="the first pause check")
-        heard_before, claims_before = worker.listener.notifications, claims
+        heard_before, claims_before = worker.listener.notifications, claims.count
         started = time.monotonic()
 
         def send() -> None:
@@ -242,7 +234,7 @@ async def test_a_flood_of_pause_notifications_is_coalesced(db: str) -> None:
             return worker.listener.notifications - heard_before >= flood
         await wait_until(all_heard, timeout=30, what="the flood heard")
         elapsed = time.monotonic() - started
-        made = claims - claims_before
+        made = claims.count - claims_before
     # At most one wake per PAUSE_WAKE_INTERVAL, and one more at the end; and the
     # pause check (every PAUSE_CHECK_INTERVAL) that finds no pause between two
     # notifications turns the plain claim back on with a wake of its own.

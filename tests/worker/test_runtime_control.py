@@ -18,7 +18,7 @@ from conveyor import AsyncAdmin, Event, NewEvent, Router, Worker
 from conveyor.notify import CONTROL_NOTIFICATION
 from conveyor.worker.flow import CONTROL_REREAD_MIN, FLOW_REFRESH
 from waiting import wait_until
-from worker_support import enqueue_many, fast_config, query, running
+from worker_support import CallCounter, enqueue_many, fast_config, query, running
 
 
 class Gate:
@@ -185,21 +185,13 @@ async def test_a_flood_of_control_notifications_is_coalesced(db: str) -> None:
     router = Router()
     router.add("a.*", lambda event: None)
     worker = Worker(db, router, fast_config(poll_interval=30.0))
-    claims = 0
-    claim = worker.claims.claim
-
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal claims
-        claims += 1
-        return await claim(*args, **kwargs)
-
-    worker.claims.claim = counting  # type: ignore[method-assign]
+    claims = CallCounter(worker.claims, "claim")
     flood = 5_000
     async with running(worker):
         async def settled() -> bool:
             return worker.pauses.in_force is not None and not worker.claims.woken.is_set()
         await wait_until(settled, timeout=30, what="the worker settled")
-        heard_before, claims_before = worker.listener.notifications, claims
+        heard_before, claims_before = worker.listener.notifications, claims.count
         started = time.monotonic()
 
         def send() -> None:
@@ -215,7 +207,7 @@ async def test_a_flood_of_control_notifications_is_coalesced(db: str) -> None:
             return worker.listener.notifications - heard_before >= flood
         await wait_until(all_heard, timeout=30, what="the flood heard")
         elapsed = time.monotonic() - started
-        made = claims - claims_before
+        made = claims.count - claims_before
     # At most one wake per CONTROL_REREAD_MIN after a read, and a few more around
     # the pause checks' own wakes.
     assert made <= elapsed / CONTROL_REREAD_MIN + elapsed / 0.5 + 3, (made, elapsed)

@@ -159,7 +159,7 @@ class FlowControl:
             self._sort_at = min(self._sort_at, self._sorted_at + FLOW_RECHECK)
             self._room.set()
 
-    def room_freed(self, topics: Collection[str] = ()) -> None:
+    def room_freed(self, topics: Collection[str]) -> None:
         """Some of this worker's events finished (of ``topics``): a full pattern
         may have room again, and a fifo_by pattern the next event of a key."""
         # A fifo_by key's next event waits for the running one, whichever way
