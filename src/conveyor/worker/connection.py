@@ -305,6 +305,13 @@ class ManagedConnection:
 
 
 GENERIC = {"plan_cache_mode": "force_generic_plan"}
+# No sort where an index gives the order: planned on statistics from before a
+# burst (a queue usually drained, its history all finished rows), a claim of
+# 100 estimates a handful of pending rows and reads and sorts the whole backlog
+# instead of walking the claim index in order, on every claim until the table
+# is analyzed again (tests/worker/test_claim_plan.py). A sort no index can
+# replace still runs: the setting only prices it out of the choice.
+NO_SORT = {"enable_sort": "off"}
 # A worker never leaves a transaction open; a session that does is cut off.
 IDLE_IN_TX_TIMEOUT = "60s"
 LOCK_TIMEOUT_MS = 1000
@@ -339,13 +346,7 @@ class WorkerConnections:
         # crash only makes its event run again, which at-least-once allows (the
         # event is still pending, or its lease expires and it is rescued). It
         # takes the WAL flush out of every claim's and every ack's round trip.
-        # No sort in a claim: planned on statistics from before a burst (a
-        # queue usually drained, its history all finished rows), a claim of
-        # 100 estimates a handful of pending rows and reads and sorts the whole
-        # backlog instead of walking the claim index in order, on every claim
-        # until the table is analyzed again (tests/worker/test_claim_plan.py).
-        self.fetch = managed("fetch", settings={"synchronous_commit": "off",
-                                                "enable_sort": "off"})
+        self.fetch = managed("fetch", settings={"synchronous_commit": "off", **NO_SORT})
         # A row another transaction holds must not stall acknowledgements or
         # heartbeats: they give up waiting and step around the lock.
         # Acknowledgements are prepared at once and always run their generic plan
@@ -370,8 +371,10 @@ class WorkerConnections:
         """The flow claims' connection (worker/flow.py), made when first asked for: a
         worker never opens it while no flow limit exists."""
         if self.flow is None:
-            # Claims commit asynchronously, as the fetch connection's.
-            self.flow = self._managed("flow", settings={"synchronous_commit": "off"},
+            # Claims commit asynchronously, and never sort a backlog, as the
+            # fetch connection's; a fair or fifo claim still orders the handful
+            # of heads it picks (no index can), at the same cost as before.
+            self.flow = self._managed("flow", settings={"synchronous_commit": "off", **NO_SORT},
                                       gate=self._gate)
         return self.flow
 

@@ -144,6 +144,15 @@ EXISTS (
       AND -- include: _topic_in(topic)
       AND (%(all_tenants)s OR tenant = ANY(%(tenants)s::text[]))
 
+-- name: _still_open
+-- The recheck of a pending row of the open lane found again by its place in
+-- the table (a TID scan; lanes.sql's lane_set_aside says why), after its lock
+-- followed it to its newest version. One IS TRUE test, so that no partial
+-- index of the open lane matches it: planned on statistics from before a
+-- burst, the statement otherwise walked the whole open lane of
+-- events_claim_idx to find 100 places (tests/worker/test_claim_plan.py).
+      AND (state = 'pending' AND NOT limited) IS TRUE
+
 -- name: _claim_candidates
 -- The open lane's due events the worker may claim: the candidates of
 -- event_claim and event_claim_flow, with or without the pause test.

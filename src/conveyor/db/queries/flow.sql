@@ -282,8 +282,7 @@ WITH front AS (
               SELECT front.ctid FROM front
               WHERE -- include: _topic_in(front.topic, limit_)
           ))
-      AND state = 'pending'
-      AND NOT limited
+      -- include: _still_open
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.events AS e

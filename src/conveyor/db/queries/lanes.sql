@@ -59,8 +59,7 @@ WITH front AS (
               FROM front
               JOIN unclaimed ON unclaimed.topic = front.topic
                             AND unclaimed.tenant IS NOT DISTINCT FROM front.tenant))
-      AND state = 'pending'
-      AND NOT limited
+      -- include: _still_open
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.events AS e
