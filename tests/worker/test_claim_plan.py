@@ -86,3 +86,28 @@ async def test_the_flow_claim_and_sort_after_a_burst_read_one_batch(db: str) -> 
         assert fetched <= MOST_FETCHED, f"the flow sort fetched {fetched} rows for 100 events"
     finally:
         await connections.close()
+
+
+async def test_a_fifo_claim_that_must_sort_compiles_nothing(db: str) -> None:
+    # A fifo_by claim picks each key's head (DISTINCT ON): a sort no index
+    # replaces. With sorts priced out, its cost passed jit_above_cost before
+    # PostgreSQL 18, and every such claim was compiled first (70 ms quiet,
+    # 11 s for 20 events of one key under a loaded CI).
+    with psycopg.connect(db, autocommit=True) as admin:
+        admin.execute("INSERT INTO conveyor.events (topic, payload, limited, tenant) "
+                      "SELECT 'plan.job', '{}', true, 't' || mod(n, 3) "
+                      "FROM generate_series(1, 200) AS n")
+    connections = WorkerConnections(db, fast_config(), asyncio.Event())
+    try:
+        conn = await connections.flow_connection().get()
+        params = {**_claim_params(10), **sql_params(["plan.*"], prefix="limit_"),
+                  "fifo_tenant": True, "fifo_path": []}
+        async with conn.transaction(force_rollback=True):
+            cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["flow_claim_fifo"],
+                                     params)
+            row = await cur.fetchone()
+        assert row is not None
+        plan = row[0][0]
+        assert "JIT" not in plan, f"the fifo claim was compiled: {plan['JIT']}"
+    finally:
+        await connections.close()
