@@ -50,6 +50,10 @@ class Database:
         ms = max(1, round(self._config.statement_timeout * 1000))
         await conn.execute(f"SET statement_timeout = {ms}")
         await conn.execute("SET application_name = 'conveyor-dashboard'")
+        # Compiling a page's statement costs more than it saves: past
+        # jit_above_cost (a few million events) the overview and the listings
+        # were compiled on every request (tests/dashboard/test_sessions.py).
+        await conn.execute("SET jit = off")
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
