@@ -226,8 +226,10 @@ class DatabaseGauges(Collector):
             self.holds_lock = False
             self._conn = await psycopg.AsyncConnection.connect(
                 self.conninfo, autocommit=True, application_name="conveyor-metrics")
+            # jit off: a count over a big backlog passes jit_above_cost, and
+            # compiling it at every refresh costs more than it saves.
             await self._conn.execute(
-                "SELECT set_config('statement_timeout', %s, false)",
+                "SELECT set_config('statement_timeout', %s, false), set_config('jit', 'off', false)",
                 (str(int(self.statement_timeout * 1000)),))
         return await self.run_once(self._conn)
 

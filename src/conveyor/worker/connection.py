@@ -310,11 +310,15 @@ GENERIC = {"plan_cache_mode": "force_generic_plan"}
 # 100 estimates a handful of pending rows and reads and sorts the whole backlog
 # instead of walking the claim index in order, on every claim until the table
 # is analyzed again (tests/worker/test_claim_plan.py). A sort no index can
-# replace still runs: the setting only prices it out of the choice, and before
-# PostgreSQL 18 by adding 10^10 to the plan's cost, past which the server
-# compiled the statement with JIT: 70 ms a fifo_by claim on a quiet machine,
-# seconds under load. No worker statement is long enough for JIT to pay.
-NO_SORT = {"enable_sort": "off", "jit": "off"}
+# replace still runs: the setting only prices it out of the choice (before
+# PostgreSQL 18 by adding 10^10 to the plan's cost: see NO_JIT).
+NO_SORT = {"enable_sort": "off"}
+# No statement of a worker runs long enough for compiling it to pay, and one
+# whose estimate passes jit_above_cost (a prune batch or a status count on a
+# big table; before PostgreSQL 18 any plan with a sort priced out) was
+# compiled each time it ran: 250-460 ms a fifo_by claim on a quiet machine
+# (tests/worker/test_sessions.py).
+NO_JIT = {"jit": "off"}
 # A worker never leaves a transaction open; a session that does is cut off.
 IDLE_IN_TX_TIMEOUT = "60s"
 LOCK_TIMEOUT_MS = 1000
@@ -340,7 +344,7 @@ class WorkerConnections:
                     target: str = conninfo, **kwargs: Any) -> ManagedConnection:
             settings = {"statement_timeout": str(int(c.query_timeout * 1000)),
                         "idle_in_transaction_session_timeout": IDLE_IN_TX_TIMEOUT,
-                        **(settings or {})}
+                        **NO_JIT, **(settings or {})}
             return ManagedConnection(target, role, reconnect_min=c.reconnect_min,
                                      reconnect_max=c.reconnect_max, stopping=stopping,
                                      settings=settings,
