@@ -56,7 +56,7 @@ class Completer:
         self._held: set[int] = set()
         self._signal = asyncio.Event()
         # Set when the buffer holds flush_size outcomes: a flush waiting out
-        # the interval for more goes at once (measured: docs/benchmarks.md).
+        # the interval for more goes at once (tests/worker/test_completer.py).
         self._full = asyncio.Event()
         self.acked = 0
         self.stale = 0

@@ -379,8 +379,8 @@ class WorkerConnections:
         worker never opens it while no flow limit exists."""
         if self.flow is None:
             # Claims commit asynchronously, and never sort a backlog, as the
-            # fetch connection's; a fair or fifo claim still orders the handful
-            # of heads it picks (no index can), at the same cost as before.
+            # fetch connection's; what no index can order (a fifo claim's
+            # unfinished events by key, a fair claim's turns) is sorted as before.
             self.flow = self._managed("flow", settings={"synchronous_commit": "off", **NO_SORT},
                                       gate=self._gate)
         return self.flow
