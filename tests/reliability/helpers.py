@@ -100,6 +100,10 @@ class _Pipe:
                     break
                 if sniffer is not None:
                     sniffer.feed(data)
+                if sniffer is None and proxy.queries_holed and self.sniffer.pid is not None:
+                    # The client's first statement after its handshake, and all after.
+                    proxy.dropped_bytes += len(data)
+                    continue
                 if self.holed or proxy.all_holed:
                     if proxy.mode == "drop":
                         proxy.dropped_bytes += len(data)
@@ -147,7 +151,10 @@ class BlackHoleProxy:
     discarded, nothing is closed, so the peer's kernel keeps ACKing and
     keepalives succeed: only an application-level timeout can notice.
     ``all_holed`` does it to every connection, new ones included (they hang in
-    their handshake). ``heal()`` forwards again (dropped bytes stay lost). In
+    their handshake). ``queries_holed`` lets every new connection through its
+    handshake and then drops what its client sends: a server that stops
+    answering right after a connect. ``heal()`` forwards again (dropped bytes
+    stay lost). In
     ``stall`` mode nothing is dropped: the bytes wait and go through on heal (a
     frozen network path or a paused middlebox rather than a dead one).
     """
@@ -159,6 +166,7 @@ class BlackHoleProxy:
         self.healed = asyncio.Event()
         self.pipes: list[_Pipe] = []
         self.all_holed = False
+        self.queries_holed = False
         self.dropped_bytes = 0
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -201,6 +209,7 @@ class BlackHoleProxy:
 
     def heal(self) -> None:
         self.all_holed = False
+        self.queries_holed = False
         for pipe in self.pipes:
             pipe.holed = False
         self.healed.set()

@@ -8,8 +8,10 @@ import socket
 from typing import Any
 
 import psycopg
+import pytest
 
 from conveyor.worker.connection import ManagedConnection
+from reliability.helpers import BlackHoleProxy, via
 from waiting import wait_until
 from worker_support import WORKER_BACKENDS, query
 
@@ -105,3 +107,36 @@ async def test_a_gated_connection_waits_for_room_and_gives_it_back_when_closed(d
     finally:
         await managed.close()
     assert ledger.in_use == 0
+
+
+async def test_a_server_that_stops_answering_after_the_connect_is_given_up_on(
+        db: str, caplog: pytest.LogCaptureFixture) -> None:
+    # The connect succeeds, then the statement that sets the session up is
+    # swallowed (nothing closed). Without a deadline on it, the connection and
+    # every caller waiting for it hung for ever: a multi-tenant worker's tenant
+    # whose database came back never ran again (its acknowledgements waited
+    # here, its claims for their slots).
+    target = psycopg.conninfo.conninfo_to_dict(db)
+    proxy = BlackHoleProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    await proxy.start()
+    proxy.queries_holed = True
+    managed = ManagedConnection(via(db, proxy), "ack", reconnect_min=0.05, reconnect_max=0.2,
+                                stopping=asyncio.Event(), settings={"jit": "off"},
+                                query_timeout=0.5)
+    getting = asyncio.create_task(managed.get())
+    try:
+        await wait_until(lambda: _true("database unreachable for ack connection" in caplog.text),
+                         timeout=10, what="the swallowed set-up given up on")
+        assert not getting.done()      # still trying, as for any unreachable server
+        proxy.heal()
+        conn = await asyncio.wait_for(getting, 10)
+        cur = await conn.execute("SELECT current_setting('jit')")
+        assert await cur.fetchone() == ("off",)
+    finally:
+        getting.cancel()
+        await managed.close()
+        await proxy.stop()
+
+
+async def _true(value: bool) -> bool:
+    return value

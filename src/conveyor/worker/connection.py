@@ -12,7 +12,7 @@ from conveyor.config import WorkerConfig
 from conveyor.db.connect import behind_pooler_async, connect_async
 from conveyor.errors import DatabaseUnavailableError, InvalidDatabaseUrlError
 from conveyor.worker.backoff import Backoff
-from conveyor.worker.deadline import cut
+from conveyor.worker.deadline import cut, with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class ManagedConnection:
     def __init__(self, conninfo: str, role: str, *, reconnect_min: float, reconnect_max: float,
                  stopping: asyncio.Event, settings: dict[str, str] | None = None,
                  mode: SessionMode | None = None, gate: ConnectionGate | None = None,
-                 **connect_kwargs: Any) -> None:
+                 query_timeout: float = 30.0, **connect_kwargs: Any) -> None:
         self.conninfo = conninfo
         self.role = role
         self._gate = gate
@@ -147,11 +147,26 @@ class ManagedConnection:
         # Session settings applied after every (re)connect; set this way rather
         # than through "options" so a user's own options in the URL still apply.
         self._settings = dict(settings or {})
+        # The bound of the statements that set a new connection up: the server
+        # may stop answering between the connect and them.
+        self._query_timeout = query_timeout
         self._mode = mode or SessionMode(pooled=False)
         self.reconnects = 0
         self._ever_connected = False
         self._saw_down = False
         self._recovering_until = 0.0
+
+    async def _set_up(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """A new connection's session: a pooler found or not, then the settings."""
+        await self._mode.settle(conn, self.role)
+        if self._mode.pooled:
+            conn.prepare_threshold = None
+        elif self._settings:
+            # One round trip for all of them: a fleet reconnecting after a
+            # restart, or a worker replacing a killed one, starts sooner.
+            await conn.execute(
+                "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(self._settings)),
+                [part for item in self._settings.items() for part in item])
 
     @property
     def connected(self) -> bool:
@@ -183,16 +198,12 @@ class ManagedConnection:
                         self._let_go()
                         raise
                     try:
-                        await self._mode.settle(conn, self.role)
-                        if self._mode.pooled:
-                            conn.prepare_threshold = None
-                        elif self._settings:
-                            # One round trip for all of them: a fleet reconnecting after a
-                            # restart, or a worker replacing a killed one, starts sooner.
-                            await conn.execute(
-                                "SELECT " + ", ".join(["set_config(%s, %s, false)"]
-                                                      * len(self._settings)),
-                                [part for item in self._settings.items() for part in item])
+                        # Under a deadline like every other statement: a server that
+                        # stopped answering right after the connect (packets swallowed,
+                        # nothing closed) held the connection, and every caller waiting
+                        # for it, for ever (a multi-tenant worker's tenant never came
+                        # back: tests/workflow/test_multitenant.py).
+                        await with_deadline(conn, self._set_up(conn), self._query_timeout)
                     except BaseException:
                         await conn.close()
                         self._let_go()
@@ -347,7 +358,7 @@ class WorkerConnections:
                         **NO_JIT, **(settings or {})}
             return ManagedConnection(target, role, reconnect_min=c.reconnect_min,
                                      reconnect_max=c.reconnect_max, stopping=stopping,
-                                     settings=settings,
+                                     settings=settings, query_timeout=c.query_timeout,
                                      mode=modes.setdefault(target, SessionMode()), **kwargs)
         # Claims and acknowledgements commit asynchronously: one lost in a server
         # crash only makes its event run again, which at-least-once allows (the
