@@ -11,6 +11,7 @@ import urllib.request
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -22,6 +23,7 @@ from conveyor.metrics import (
     WorkerCollector,
     metrics_app,
 )
+from reliability.helpers import BlackHoleProxy, via
 from waiting import wait_until
 from worker_support import enqueue, fast_config, running
 
@@ -171,6 +173,45 @@ async def test_database_gauges_are_read_by_one_process_at_a_time(db: str) -> Non
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_refresher_whose_server_stops_answering_reads_again_once_it_answers(
+        db: str) -> None:
+    # The refresher's connect and reads had no client-side bound: a server that
+    # stopped answering (a half-open connection, which its statement_timeout
+    # cannot end) held the pass for good, and the gauges were never read again
+    # after the server came back.
+    await enqueue(db, "mail.ok")
+    target = psycopg.conninfo.conninfo_to_dict(db)
+    proxy = BlackHoleProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    await proxy.start()
+    gauges = DatabaseGauges(via(db, proxy), interval=0.1, statement_timeout=0.5)
+    stopping = asyncio.Event()
+    refreshing = asyncio.create_task(gauges.run(stopping))
+    try:
+        await wait_until(lambda: _now(gauges.holds_lock), timeout=10, what="a first read")
+        proxy.all_holed = True
+        for pipe in proxy.pipes:
+            pipe.holed = True
+        await enqueue(db, "mail.ok")
+        await wait_until(lambda: _now(not gauges.holds_lock), timeout=10,
+                         what="the unanswered pass given up on")
+        proxy.heal()
+        registry = CollectorRegistry()
+        registry.register(gauges)
+
+        async def read_again() -> bool:
+            return (gauges.holds_lock
+                    and sample(registry, "conveyor_events", topic="mail.ok", state="pending") == 2)
+        await wait_until(read_again, timeout=15, what="the gauges read again after the heal")
+    finally:
+        stopping.set()
+        await asyncio.wait_for(refreshing, 10)
+        await proxy.stop()
+
+
+async def _now(value: bool) -> bool:
+    return value
 
 
 def test_conveyor_worker_serves_metrics_on_its_port(db: str, tmp_path: Any) -> None:

@@ -19,11 +19,14 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from conveyor.db.connect_async import connect_async
 from conveyor.db.named_queries import parse_named_queries, queries_for
+from conveyor.errors import DatabaseUnavailableError
 from conveyor.metrics.config import OTHER, MetricsConfig
 from conveyor.metrics.controls import Controls, control_families, read_controls
 from conveyor.metrics.health import health, loop_lag
 from conveyor.version import __version__
+from conveyor.worker.deadline import with_deadline
 
 if TYPE_CHECKING:
     from conveyor.relay.ordered import OrderedStream
@@ -192,7 +195,9 @@ class DatabaseGauges(Collector):
     one that holds it reads the exact counts through the partial indexes
     (Admin.status's ``status_open_counts`` and ``status_oldest_due_age``)
     under ``statement_timeout``. The others export none of these series. A
-    scrape serves the last read, never a query.
+    scrape serves the last read, never a query. A pass that gets no answer
+    within twice ``statement_timeout`` (a server that stopped answering, which
+    its own timeout cannot end) drops its connection; the next pass opens another.
 
     ``interval``: seconds between reads. Defaults to 15.
     ``statement_timeout``: limit on each read, in seconds. Defaults to 5.
@@ -222,16 +227,18 @@ class DatabaseGauges(Collector):
 
     async def refresh_once(self) -> bool:
         """Read the gauges if this process holds (or now takes) the lock; True when read."""
+        bound = 2 * self.statement_timeout
         if self._conn is None or self._conn.closed:
             self.holds_lock = False
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.conninfo, autocommit=True, application_name="conveyor-metrics")
+            self._conn = await connect_async(
+                self.conninfo, autocommit=True, application_name="conveyor-metrics",
+                connect_timeout=max(2, round(bound)))
             # jit off: a count over a big backlog passes jit_above_cost, and
             # compiling it at every refresh costs more than it saves.
-            await self._conn.execute(
+            await with_deadline(self._conn, self._conn.execute(
                 "SELECT set_config('statement_timeout', %s, false), set_config('jit', 'off', false)",
-                (str(int(self.statement_timeout * 1000)),))
-        return await self.run_once(self._conn)
+                (str(int(self.statement_timeout * 1000)),)), bound)
+        return await with_deadline(self._conn, self.run_once(self._conn), bound)
 
     async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """Read the gauges on ``conn`` if its session holds (or now takes) the lock;
@@ -260,7 +267,7 @@ class DatabaseGauges(Collector):
             while not stopping.is_set():
                 try:
                     await self.refresh_once()
-                except psycopg.Error as exc:
+                except (psycopg.Error, DatabaseUnavailableError, TimeoutError) as exc:
                     log.warning("reading the database gauges failed: %s", exc,
                                 extra={"action": "metrics_refresh_failed"})
                     await self.close()
