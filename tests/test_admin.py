@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from claim_support import claim_params
 from conveyor import (
     Admin,
     AsyncAdmin,
@@ -39,10 +40,8 @@ def db(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 
 def _claim(conn: psycopg.Connection[Any], owner: str, topics: list[str] | None = None,
            ) -> list[tuple[Any, ...]]:
-    return conn.execute(Q["event_claim"], {
-        "all_topics": topics is None, "topics": topics or [], "prefixes": [],
-        "all_tenants": True, "tenants": [],
-        "limit": 1000, "owner": owner, "lease_ttl": 30}).fetchall()
+    return conn.execute(Q["event_claim"], claim_params(topics or ["*"], limit=1000,
+                                                       owner=owner)).fetchall()
 
 
 def _settle(conn: psycopg.Connection[Any], owner: str, event_id: int, attempt: int,
@@ -462,9 +461,7 @@ async def adb(aconn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[An
 
 async def _aclaim_fail(aconn: psycopg.AsyncConnection[Any], event_id: int) -> None:
     owner = str(uuid.uuid4())
-    await aconn.execute(Q["event_claim"], {"all_topics": True, "topics": [], "prefixes": [],
-                                           "all_tenants": True, "tenants": [],
-                                           "limit": 10, "owner": owner, "lease_ttl": 30})
+    await aconn.execute(Q["event_claim"], claim_params(limit=10, owner=owner))
     await aconn.execute(Q["event_settle_many"], {
         "owner": owner, "ids": [event_id], "attempts": [1], "states": ["failed"],
         "delays": [None], "refunds": [0], "errors": ["boom"], "tracebacks": [None],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import psycopg
 
+from claim_support import claim_params
 from conveyor import Admin, Producer
 from conveyor.db.named_queries import queries_for
 
@@ -27,9 +28,7 @@ def test_a_new_event_stores_neither_and_reads_as_before(fresh_db: str) -> None:
         assert summary.updated_at == summary.created_at
         # The first failed attempt writes the history from an empty one.
         owner = "00000000-0000-0000-0000-000000000001"
-        claimed = conn.execute(Q["event_claim"], {
-            "all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
-            "tenants": [], "limit": 1, "owner": owner, "lease_ttl": 30}).fetchall()
+        claimed = conn.execute(Q["event_claim"], claim_params(limit=1, owner=owner)).fetchall()
         assert [r[0] for r in claimed] == [event_id]
         conn.execute(Q["event_settle_many"], {
             "owner": owner, "ids": [event_id], "attempts": [1], "states": ["pending"],

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from claim_support import claim_params
 from conveyor import NewEvent, Producer
 from conveyor.db.named_queries import parse_named_queries, queries_for, raw_queries
 from schema_reset import empty_schema
@@ -70,10 +71,8 @@ def _insert(conn: Conn, topic: str = "t", *, tenant: str | None = None, key: str
 
 def _claim(conn: Conn, owner: str, limit: int = 100, lease_ttl: float = 30,
            **filter_: Any) -> list[tuple[Any, ...]]:
-    params = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
-              "tenants": [], **filter_}
-    return conn.execute(Q["event_claim"], {**params, "limit": limit, "owner": owner,
-                                           "lease_ttl": lease_ttl}).fetchall()
+    return conn.execute(Q["event_claim"], claim_params(limit=limit, owner=owner,
+                                                       lease_ttl=lease_ttl, **filter_)).fetchall()
 
 
 def _settle(conn: Conn, owner: str, ids: list[int], attempts: list[int], states: list[str], *,
@@ -957,10 +956,8 @@ def test_hot_query_plan_reads_no_whole_table_among_a_million_finished_rows(
 # ------------------------------------------------------------ pauses (0005)
 
 def _claim_unpaused(conn: Conn, owner: str, **filter_: Any) -> list[tuple[Any, ...]]:
-    params = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
-              "tenants": [], **filter_}
-    return conn.execute(Q["event_claim_unpaused"], {**params, "limit": 100, "owner": owner,
-                                                    "lease_ttl": 30}).fetchall()
+    return conn.execute(Q["event_claim_unpaused"],
+                        claim_params(owner=owner, **filter_)).fetchall()
 
 
 def _pause(conn: Conn, pattern: str, tenant: str | None = None) -> tuple[Any, ...]:
@@ -1259,9 +1256,8 @@ def test_slots_prune_deletes_old_slots_a_batch_at_a_time(db: Conn) -> None:
 
 def _flow_params(owner: str, limit_pattern: str, limit: int) -> dict[str, Any]:
     from conveyor.patterns import sql_params
-    return {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
-            "tenants": [], "owner": owner, "lease_ttl": 30, "limit": limit,
-            "pattern": limit_pattern, **sql_params([limit_pattern], prefix="limit_")}
+    return claim_params(owner=owner, limit=limit, pattern=limit_pattern,
+                        **sql_params([limit_pattern], prefix="limit_"))
 
 
 @exercises("flow_declare", "flow_list", "flow_remove", "flow_lock", "flow_running",

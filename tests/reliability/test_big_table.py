@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from claim_support import claim_params
 from conveyor import AsyncCommittingProducer, Event, EventFilter, NewEvent, Worker
 from conveyor.admin import EXACT_FINISHED_LIMIT, Admin
 from conveyor.db.named_queries import queries_for
@@ -52,11 +53,7 @@ FROM generate_series(1, {FUTURE}) AS g;
 
 
 def _claim_params(limit: int, **filt: Any) -> dict[str, Any]:
-    params: dict[str, Any] = {"all_topics": True, "topics": [], "prefixes": [],
-                              "all_tenants": True, "tenants": [], "limit": limit,
-                              "owner": "00000000-0000-0000-0000-000000000001", "lease_ttl": 30.0}
-    params.update(filt)
-    return params
+    return claim_params(limit=limit, owner="00000000-0000-0000-0000-000000000001", **filt)
 
 
 def _measure_claim(conn: psycopg.Connection[Any], params: dict[str, Any],

@@ -12,12 +12,12 @@ transaction's own counts say how many rows it fetched.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import psycopg
 import pytest
 
+from claim_support import claim_params
 from conveyor.db.named_queries import queries_for
 from conveyor.patterns import sql_params
 from conveyor.worker.connection import ManagedConnection, WorkerConnections
@@ -54,18 +54,13 @@ async def _fetched(managed: ManagedConnection, query: str, params: dict[str, Any
     return int(row[0])
 
 
-def _claim_params(limit: int) -> dict[str, Any]:
-    return {**sql_params(["*"]), "all_tenants": True, "tenants": [], "limit": limit,
-            "owner": str(uuid.uuid4()), "lease_ttl": 30}
-
-
 @pytest.mark.parametrize("history", [0, BACKLOG], ids=["empty", "all_finished"])
 async def test_a_claim_after_a_burst_on_stale_statistics_reads_one_batch(
         db: str, history: int) -> None:
     _burst(db, history)
     connections = WorkerConnections(db, fast_config(), asyncio.Event())
     try:
-        fetched = await _fetched(connections.fetch, Q["event_claim"], _claim_params(100))
+        fetched = await _fetched(connections.fetch, Q["event_claim"], claim_params(limit=100))
         assert fetched <= MOST_FETCHED, f"the claim fetched {fetched} rows for 100 events"
     finally:
         await connections.close()
@@ -77,7 +72,7 @@ async def test_the_flow_claim_and_sort_after_a_burst_read_one_batch(db: str) -> 
         _burst(db, 0, limited=True)
         flow = connections.flow_connection()
         fetched = await _fetched(flow, Q["flow_claim"], {
-            **_claim_params(100), **sql_params(["plan.*"], prefix="limit_")})
+            **claim_params(limit=100), **sql_params(["plan.*"], prefix="limit_")})
         assert fetched <= MOST_FETCHED, f"the flow claim fetched {fetched} rows for 100 events"
         # The sort reads the open lane's front: a second burst, not yet sorted.
         _burst(db, 0)
@@ -100,7 +95,7 @@ async def test_a_fifo_claim_that_must_sort_compiles_nothing(db: str) -> None:
     connections = WorkerConnections(db, fast_config(), asyncio.Event())
     try:
         conn = await connections.flow_connection().get()
-        params = {**_claim_params(10), **sql_params(["plan.*"], prefix="limit_"),
+        params = {**claim_params(limit=10), **sql_params(["plan.*"], prefix="limit_"),
                   "fifo_tenant": True, "fifo_path": []}
         async with conn.transaction(force_rollback=True):
             cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["flow_claim_fifo"],

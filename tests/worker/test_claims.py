@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import psycopg
 
+from claim_support import claim_params
 from conveyor import Event, Router, Worker
 from conveyor.db.named_queries import queries_for
 from conveyor.patterns import sql_params
@@ -36,9 +36,8 @@ async def _learn_flow(worker: Worker) -> None:
 
 
 async def test_the_flow_claim_names_its_moved_count_after_the_event_columns(db: str) -> None:
-    params = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
-              "tenants": [], "owner": str(uuid.uuid4()), "lease_ttl": 30, "limit": 5,
-              **sql_params(["limited.*"], prefix="except_"), **sql_params([], prefix="fifo_")}
+    params = claim_params(limit=5, **sql_params(["limited.*"], prefix="except_"),
+                          **sql_params([], prefix="fifo_"))
     async with await psycopg.AsyncConnection.connect(db) as conn:
         cur = await conn.execute(Q["event_claim_flow"], params)
         assert cur.description is not None

@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 
+from claim_support import claim_params
 from conveyor.db.named_queries import queries_for
 from conveyor.types import EventState
 from conveyor.worker.classify import Outcome
@@ -20,9 +21,7 @@ async def _claimed(db: str, owner: str, count: int) -> list[int]:
     """``count`` events claimed by ``owner`` with the worker's own claim statement."""
     for n in range(count):
         await enqueue(db, "completer.job", {"n": n})
-    rows = await query(db, Q["event_claim"], {
-        "all_topics": True, "topics": [], "prefixes": [], "all_tenants": True, "tenants": [],
-        "limit": count, "owner": owner, "lease_ttl": 60})
+    rows = await query(db, Q["event_claim"], claim_params(limit=count, owner=owner, lease_ttl=60))
     return sorted(r["id"] for r in rows)
 
 

@@ -13,12 +13,12 @@ import itertools
 import random
 import threading
 import time
-import uuid
 from typing import Any
 
 import psycopg
 import pytest
 
+from claim_support import claim_params
 from conveyor import BackoffPolicy, ConfigError, Event, NewEvent, Router, Worker
 from conveyor.db.named_queries import queries_for
 from conveyor.flow import parse_rate
@@ -254,9 +254,8 @@ async def test_a_limited_backlog_leaves_the_plain_claims_lane(db: str) -> None:
     # The plain claim's walk, with five new unlimited events behind the
     # limited backlog: the five, none of the 2,998 limited ones.
     await enqueue_many(db, [NewEvent(topic="fast.job", payload=n) for n in range(5)])
-    params = {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
-              "tenants": [], "owner": str(uuid.uuid4()), "lease_ttl": 30, "limit": 20,
-              **sql_params(["slow.job"], prefix="except_"), **sql_params([], prefix="fifo_")}
+    params = claim_params(limit=20, **sql_params(["slow.job"], prefix="except_"),
+                          **sql_params([], prefix="fifo_"))
     async with await psycopg.AsyncConnection.connect(db) as conn:
         # The claim's plan on a busy table (tests/test_queries.py): an index scan
         # in claim order. On this small one the planner could pick a bitmap

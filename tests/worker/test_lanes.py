@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import psycopg
 
+from claim_support import claim_params
 from conveyor import AsyncAdmin, Event, NewEvent, Router, Worker
 from conveyor.db.named_queries import queries_for
 from waiting import wait_until
@@ -45,8 +45,7 @@ def _index_rows(node: dict[str, Any]) -> int:
 
 async def _claim_rows_read(url: str, topic: str) -> int:
     """Index entries the plain claim of ``topic`` reads, by EXPLAIN ANALYZE (rolled back)."""
-    params = {"all_topics": False, "topics": [topic], "prefixes": [], "all_tenants": True,
-              "tenants": [], "owner": str(uuid.uuid4()), "lease_ttl": 30, "limit": 10}
+    params = claim_params([topic], limit=10)
     async with await psycopg.AsyncConnection.connect(url) as conn:
         # The claim's plan on a busy table: an index scan in claim order (a
         # bitmap scan on this small one would return the moved rows' dead
