@@ -9,6 +9,7 @@ show of it, and its errors) is the I/O-free :mod:`conveyor.db.conninfo`.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 import psycopg
@@ -37,6 +38,14 @@ def connect(conninfo: str, **extra: Any) -> psycopg.Connection[Any]:
     except psycopg.ProgrammingError:
         # Not "from exc": the driver's message, in the traceback, quotes the password.
         raise invalid_url(conninfo) from None
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            # Cancelled (or interrupted) midway, psycopg leaves the connection it
+            # was making to its generator, which the traceback's frames hold: kept
+            # with the error (a stopped worker's, a test's), it stayed open. Freed
+            # with those frames, it closes at once.
+            traceback.clear_frames(exc.__traceback__)
+        raise
 
 
 def behind_pooler(conn: psycopg.Connection[Any]) -> bool:

@@ -8,6 +8,7 @@ show of it, and its errors) is the I/O-free :mod:`conveyor.db.conninfo`.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 import psycopg
@@ -36,6 +37,14 @@ async def connect_async(conninfo: str, **extra: Any) -> psycopg.AsyncConnection[
     except psycopg.ProgrammingError:
         # Not "from exc": the driver's message, in the traceback, quotes the password.
         raise invalid_url(conninfo) from None
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            # Cancelled (or interrupted) midway, psycopg leaves the connection it
+            # was making to its generator, which the traceback's frames hold: kept
+            # with the error (a stopped worker's, a test's), it stayed open. Freed
+            # with those frames, it closes at once.
+            traceback.clear_frames(exc.__traceback__)
+        raise
 
 
 async def behind_pooler_async(conn: psycopg.AsyncConnection[Any]) -> bool:
