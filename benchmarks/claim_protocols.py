@@ -18,13 +18,20 @@ the choice starts from figures:
 * ``take``: one ``DELETE ... RETURNING`` of the claimed rows: at most once,
   the floor of any protocol (a crash loses the batch).
 
+With ``--table conveyor`` the same shapes run on Conveyor's own table (a
+freshly migrated schema, every index and CHECK): ``lease`` is the worker's
+own ``event_claim`` and ``event_succeed_many`` (or the delete of retention
+0), ``held`` the same candidates locked ``FOR NO KEY UPDATE`` and the outcome
+written with the attempt it counts, in one transaction.
+
     .venv/bin/python benchmarks/claim_protocols.py --url postgresql://... \\
-        [--events 50000] [--batch 100] [--rounds 3]
+        [--table raw|conveyor] [--events 50000] [--batch 100] [--rounds 3]
 
 Each round fills the table (COPY), vacuums and analyzes it, then drains it
 once per shape, in turns, from one connection with ``synchronous_commit =
 off`` (as the worker's claim and acknowledgement connections) and ``jit =
-off``. Reported per shape: the median events per second, WAL bytes per event
+off`` (on Conveyor's table ``enable_sort = off`` too, as the worker's claim
+session). Reported per shape: the median events per second, WAL bytes per event
 and the backend's CPU per event (read from ``/proc``; the server must run on
 this machine). The scratch schema is dropped at the end.
 """
@@ -42,6 +49,11 @@ from typing import Any
 
 import psycopg
 
+from conveyor.config import WorkerConfig
+from conveyor.db.named_queries import queries_for
+from conveyor.schema.migrator import Migrator
+from conveyor.worker import Worker
+from conveyor_tools.bench.app import router
 from conveyor_tools.bench.baseline import claim_sql, copy_rows, create_table, finish_sql, render
 
 SCHEMA = "conveyor_claim_protocols"
@@ -71,6 +83,36 @@ WHERE id IN (SELECT id FROM {schema}.events
              LIMIT %s
              FOR UPDATE SKIP LOCKED)
 RETURNING id, topic, payload::text, attempts
+"""
+
+# Conveyor's table: the claim's candidates, locked instead of leased, and the
+# outcome written with the attempt it counts (today's claim counts it).
+_CV_PICK = """
+SELECT id, tenant, topic, payload::text, attempts + 1, max_attempts, priority,
+       idempotency_key, created_at, traceparent, tracestate
+FROM {schema}.events
+WHERE state = 'pending' AND NOT limited AND run_at <= now()
+ORDER BY priority DESC, run_at, id
+LIMIT %s
+FOR NO KEY UPDATE SKIP LOCKED
+"""
+
+_CV_HELD_MARK = """
+UPDATE {schema}.events AS e
+SET state = 'succeeded', attempts = d.attempt, attempted_at = now(), finished_at = now(),
+    updated_at = now()
+FROM unnest(%s::bigint[], %s::int[]) AS d(id, attempt)
+WHERE e.id = d.id
+"""
+
+_CV_HELD_DELETE = "DELETE FROM {schema}.events WHERE id = ANY(%s)"
+
+# sql_costs.py's acknowledgement by DELETE (retention 0), fenced like the worker's.
+_CV_LEASE_DELETE = """
+DELETE FROM {schema}.events AS e
+USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt)
+WHERE e.id = d.id AND e.lease_owner = %(owner)s AND e.attempts = d.attempt
+RETURNING e.id
 """
 
 Drain = Callable[[psycopg.Connection[Any], int], int]
@@ -110,9 +152,48 @@ def take(conn: psycopg.Connection[Any], batch: int) -> int:
     return handled
 
 
-SHAPES: dict[str, Drain] = {
-    "lease mark": lease("mark"), "held mark": held("mark"),
-    "lease delete": lease("delete"), "held delete": held("delete"), "take": take,
+def conveyor_lease(finish: str) -> Drain:
+    def drain(conn: psycopg.Connection[Any], batch: int) -> int:
+        q = queries_for(SCHEMA)
+        owner = "00000000-0000-0000-0000-0000000000aa"
+        # The worker's own claim filter, so the parameters follow the worker's code.
+        claim_filter = Worker("", router, WorkerConfig(schema=SCHEMA))._filter
+        params = {**claim_filter, "limit": batch, "owner": owner, "lease_ttl": 30.0}
+        ack = q["event_succeed_many"] if finish == "mark" else render(_CV_LEASE_DELETE, SCHEMA)
+        handled = 0
+        while rows := conn.execute(q["event_claim"], params).fetchall():
+            done = conn.execute(ack, {"owner": owner, "ids": [r[0] for r in rows],
+                                      "attempts": [r[4] for r in rows]}).fetchall()
+            assert len(done) == len(rows)
+            handled += len(rows)
+        return handled
+    return drain
+
+
+def conveyor_held(finish: str) -> Drain:
+    def drain(conn: psycopg.Connection[Any], batch: int) -> int:
+        pick = render(_CV_PICK, SCHEMA)
+        handled = 0
+        while True:
+            with conn.transaction():
+                rows = conn.execute(pick, (batch,)).fetchall()
+                if not rows:
+                    return handled
+                ids = [r[0] for r in rows]
+                if finish == "mark":
+                    conn.execute(render(_CV_HELD_MARK, SCHEMA), (ids, [r[4] for r in rows]))
+                else:
+                    conn.execute(render(_CV_HELD_DELETE, SCHEMA), (ids,))
+            handled += len(rows)
+    return drain
+
+
+SHAPES: dict[str, dict[str, Drain]] = {
+    "raw": {"lease mark": lease("mark"), "held mark": held("mark"),
+            "lease delete": lease("delete"), "held delete": held("delete"), "take": take},
+    "conveyor": {"lease mark": conveyor_lease("mark"), "held mark": conveyor_held("mark"),
+                 "lease delete": conveyor_lease("delete"),
+                 "held delete": conveyor_held("delete")},
 }
 
 
@@ -135,19 +216,26 @@ def _fill(admin: psycopg.Connection[Any], events: int) -> None:
     admin.execute(render("VACUUM ANALYZE {schema}.events", SCHEMA))
 
 
-def run(url: str, events: int, batch: int, rounds: int) -> dict[str, dict[str, float]]:
-    figures: dict[str, dict[str, list[float]]] = {name: {} for name in SHAPES}
+def run(url: str, events: int, batch: int, rounds: int,
+        table: str = "raw") -> dict[str, dict[str, float]]:
+    shapes = SHAPES[table]
+    figures: dict[str, dict[str, list[float]]] = {name: {} for name in shapes}
     with psycopg.connect(url, autocommit=True) as admin, \
             psycopg.connect(url, autocommit=True) as conn:
         admin.execute(render("DROP SCHEMA IF EXISTS {schema} CASCADE", SCHEMA))
-        admin.execute(render("CREATE SCHEMA {schema}", SCHEMA))
         try:
-            create_table(admin, SCHEMA)
+            if table == "raw":
+                admin.execute(render("CREATE SCHEMA {schema}", SCHEMA))
+                create_table(admin, SCHEMA)
+            else:
+                Migrator(SCHEMA).apply(admin)
             conn.execute("SET synchronous_commit = off")
             conn.execute("SET jit = off")
+            if table == "conveyor":
+                conn.execute("SET enable_sort = off")     # as the worker's claim session
             pid = conn.info.backend_pid
             for _ in range(rounds):
-                for name, drain in SHAPES.items():
+                for name, drain in shapes.items():
                     _fill(admin, events)
                     wal, cpu, started = _lsn(admin), _backend_cpu(pid), time.perf_counter()
                     handled = drain(conn, batch)
@@ -171,12 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--table", choices=sorted(SHAPES), default="raw")
     args = parser.parse_args(argv)
     if not args.url:
         parser.error("give --url or set CONVEYOR_DATABASE_URL")
-    result = run(args.url, args.events, args.batch, args.rounds)
-    json.dump({"events": args.events, "batch": args.batch, "rounds": args.rounds,
-               "shapes": result}, sys.stdout, indent=1)
+    result = run(args.url, args.events, args.batch, args.rounds, args.table)
+    json.dump({"table": args.table, "events": args.events, "batch": args.batch,
+               "rounds": args.rounds, "shapes": result}, sys.stdout, indent=1)
     print()
     return 0
 
