@@ -97,7 +97,10 @@ WHERE tenant IS NOT DISTINCT FROM %(tenant)s AND idempotency_key = %(idempotency
 -- event_claim_unpaused, flow.sql's): the rows `next` picked become running,
 -- the attempt counted at claim time, leased to the worker. Each stays in its
 -- lane (0013): a limited event that returns to pending (a retry, a rescued
--- lease) is back in the flow claims' lane at once. The RETURNING
+-- lease) is back in the flow claims' lane at once. The rows are found
+-- again by id, as an array: joined to `next`, a batch of 1000 on fresh
+-- statistics was planned as a hash join over the whole table, every row of it
+-- read for every claim (tests/worker/test_claim_plan.py). The RETURNING
 -- columns are unpacked in the order of conveyor.types.CLAIM_COLUMNS.
 UPDATE {schema}.events AS e
 SET state = 'running',
@@ -106,8 +109,7 @@ SET state = 'running',
     lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
     attempted_at = now(),
     updated_at = now()
-FROM next
-WHERE e.id = next.id
+WHERE e.id = ANY (ARRAY(SELECT id FROM next))
 RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
           e.idempotency_key, e.created_at, e.traceparent, e.tracestate
 
