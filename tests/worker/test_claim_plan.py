@@ -120,25 +120,45 @@ async def _read_whole(managed: ManagedConnection, query: str, params: dict[str, 
     return int(row[0])
 
 
-@pytest.mark.parametrize("limited", [False, True], ids=["plain", "flow"])
-async def test_a_claim_of_a_thousand_finds_its_rows_by_id_not_by_reading_the_table(
-        db: str, limited: bool) -> None:
-    # The claim's UPDATE joined the rows it had locked to the table: for a
-    # batch of 1000 (the best settings of `conveyor bench`) on fresh statistics
-    # the planner hashed the whole table, 20,000 rows read for every claim.
+LIMITED = sql_params(["plan.*"], prefix="limit_")
+# Each statement that updates a batch it locked first, with the parameters of
+# a batch (or a window) of 1000, and whether the burst is in the limited lane.
+BATCH_WRITES = {
+    "claim": ("fetch", "event_claim", {}, False),
+    "flow claim": ("flow", "flow_claim", LIMITED, True),
+    "claim moving to the flow lane": ("fetch", "event_claim_flow",
+                                      {**sql_params(["plan.*"], prefix="except_"),
+                                       **sql_params([], prefix="fifo_")}, False),
+    "flow sort": ("flow", "flow_sort", {**LIMITED, "window": 1000}, False),
+    "flow unsort": ("flow", "flow_unsort",
+                    {**sql_params(["other.*"], prefix="limit_"), "batch": 1000}, True),
+    "rescue": ("maintenance", "event_rescue_expired", {}, False),
+}
+
+
+@pytest.mark.parametrize("name", list(BATCH_WRITES))
+async def test_a_batch_of_a_thousand_is_found_again_by_id_not_by_reading_the_table(
+        db: str, name: str) -> None:
+    # A claim's UPDATE joined the rows it had locked to the table: for a batch
+    # of 1000 (the best settings of `conveyor bench`) on fresh statistics the
+    # planner hashed the whole table, 20,000 rows read for every claim; so did
+    # the moves to the flow lane, the flow unsort and the rescue.
+    role, query, extra, limited = BATCH_WRITES[name]
     with psycopg.connect(db, autocommit=True) as admin:
         admin.execute("INSERT INTO conveyor.events (topic, payload, limited) "
                       "SELECT 'plan.job', '{}', %s FROM generate_series(1, %s)",
                       (limited, BACKLOG))
+        if name == "rescue":
+            admin.execute("UPDATE conveyor.events SET state = 'running', "
+                          "lease_owner = gen_random_uuid(), lease_expires_at = now() - "
+                          "interval '1 minute', attempts = 1")
         admin.execute("ANALYZE conveyor.events")
     connections = WorkerConnections(db, fast_config(), asyncio.Event())
     try:
-        if limited:
-            read = await _read_whole(connections.flow_connection(), Q["flow_claim"], {
-                **claim_params(limit=1000), **sql_params(["plan.*"], prefix="limit_")})
-        else:
-            read = await _read_whole(connections.fetch, Q["event_claim"],
-                                     claim_params(limit=1000))
-        assert read == 0, f"the claim of 1000 read {read} rows of the table end to end"
+        managed = (connections.flow_connection() if role == "flow"
+                   else getattr(connections, role))
+        read = await _read_whole(managed, Q[query], {**claim_params(limit=1000), **extra})
+        # The unsort finds its batch by reading the table until it has it: 1000 rows.
+        assert read <= 1000, f"the {name} of 1000 read {read} rows of the table end to end"
     finally:
         await connections.close()

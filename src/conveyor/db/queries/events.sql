@@ -348,8 +348,7 @@ SET state = CASE WHEN e.attempts >= e.max_attempts THEN 'failed' ELSE 'pending' 
     lease_expires_at = NULL,
     finished_at = CASE WHEN e.attempts >= e.max_attempts THEN now() END,
     updated_at = now()
-FROM expired
-WHERE e.id = expired.id
+WHERE e.id = ANY (ARRAY(SELECT id FROM expired))
 RETURNING e.id, e.state, e.topic
 
 -- name: event_notify

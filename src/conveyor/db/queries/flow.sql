@@ -206,8 +206,7 @@ WITH unfinished AS (
 ), moved AS (
     UPDATE {schema}.events AS e
     SET limited = true
-    FROM seen
-    WHERE e.id = seen.id AND seen.held
+    WHERE e.id = ANY (ARRAY(SELECT id FROM seen WHERE held))
     RETURNING e.id
 ), next AS (
     SELECT id FROM seen WHERE NOT held
@@ -287,8 +286,7 @@ WITH front AS (
 )
 UPDATE {schema}.events AS e
 SET limited = true
-FROM picked
-WHERE e.id = picked.id
+WHERE e.id = ANY (ARRAY(SELECT id FROM picked))
 
 -- name: flow_unsort
 -- Moves back to the open lane up to `batch` events of the limited lane that
@@ -306,5 +304,4 @@ WITH stale AS (
 )
 UPDATE {schema}.events AS e
 SET limited = false
-FROM stale
-WHERE e.id = stale.id
+WHERE e.id = ANY (ARRAY(SELECT id FROM stale))

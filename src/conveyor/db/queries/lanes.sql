@@ -64,8 +64,7 @@ WITH front AS (
 )
 UPDATE {schema}.events AS e
 SET limited = NULL
-FROM picked
-WHERE e.id = picked.id
+WHERE e.id = ANY (ARRAY(SELECT id FROM picked))
 
 -- name: lane_bring_back
 -- Moves back to the open lane up to `batch` events of the aside lane that
@@ -86,5 +85,4 @@ WITH aside AS (
 )
 UPDATE {schema}.events AS e
 SET limited = false
-FROM aside
-WHERE e.id = aside.id
+WHERE e.id = ANY (ARRAY(SELECT id FROM aside))
