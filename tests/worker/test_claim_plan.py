@@ -132,6 +132,7 @@ BATCH_WRITES = {
     "flow sort": ("flow", "flow_sort", {**LIMITED, "window": 1000}, False),
     "flow unsort": ("flow", "flow_unsort",
                     {**sql_params(["other.*"], prefix="limit_"), "batch": 1000}, True),
+    "lane bring back": ("fetch", "lane_bring_back", {"batch": 1000}, None),
     "rescue": ("maintenance", "event_rescue_expired", {}, False),
 }
 
@@ -142,7 +143,8 @@ async def test_a_batch_of_a_thousand_is_found_again_by_id_not_by_reading_the_tab
     # A claim's UPDATE joined the rows it had locked to the table: for a batch
     # of 1000 (the best settings of `conveyor bench`) on fresh statistics the
     # planner hashed the whole table, 20,000 rows read for every claim; so did
-    # the moves to the flow lane, the flow unsort and the rescue.
+    # the moves to the flow lane, the flow unsort and the rescue; the lanes'
+    # bring back read and sorted the whole aside lane for each batch.
     role, query, extra, limited = BATCH_WRITES[name]
     with psycopg.connect(db, autocommit=True) as admin:
         admin.execute("INSERT INTO conveyor.events (topic, payload, limited) "
