@@ -129,19 +129,30 @@ def lease(finish: str) -> Drain:
     return drain
 
 
-def held(finish: str) -> Drain:
+def held(pick: str, finish: Callable[[psycopg.Connection[Any], list[Any]], object]) -> Drain:
+    """Lock a batch with ``pick``, ``finish`` it, commit; until ``pick`` finds nothing."""
     def drain(conn: psycopg.Connection[Any], batch: int) -> int:
-        pick = render(_PICK, SCHEMA)
-        done = render(_HELD_MARK if finish == "mark" else _HELD_DELETE, SCHEMA)
+        statement = render(pick, SCHEMA)
         handled = 0
         while True:
             with conn.transaction():
-                rows = conn.execute(pick, (batch,)).fetchall()
+                rows = conn.execute(statement, (batch,)).fetchall()
                 if not rows:
                     return handled
-                conn.execute(done, ([r[0] for r in rows],))
+                finish(conn, rows)
             handled += len(rows)
     return drain
+
+
+def by_ids(template: str) -> Callable[[psycopg.Connection[Any], list[Any]], object]:
+    """A finish that passes the batch's ids."""
+    return lambda conn, rows: conn.execute(render(template, SCHEMA), ([r[0] for r in rows],))
+
+
+def by_ids_and_attempts(template: str) -> Callable[[psycopg.Connection[Any], list[Any]], object]:
+    """A finish that passes the batch's ids and the attempts it counts."""
+    return lambda conn, rows: conn.execute(render(template, SCHEMA),
+                                           ([r[0] for r in rows], [r[4] for r in rows]))
 
 
 def take(conn: psycopg.Connection[Any], batch: int) -> int:
@@ -170,30 +181,14 @@ def conveyor_lease(finish: str) -> Drain:
     return drain
 
 
-def conveyor_held(finish: str) -> Drain:
-    def drain(conn: psycopg.Connection[Any], batch: int) -> int:
-        pick = render(_CV_PICK, SCHEMA)
-        handled = 0
-        while True:
-            with conn.transaction():
-                rows = conn.execute(pick, (batch,)).fetchall()
-                if not rows:
-                    return handled
-                ids = [r[0] for r in rows]
-                if finish == "mark":
-                    conn.execute(render(_CV_HELD_MARK, SCHEMA), (ids, [r[4] for r in rows]))
-                else:
-                    conn.execute(render(_CV_HELD_DELETE, SCHEMA), (ids,))
-            handled += len(rows)
-    return drain
-
-
 SHAPES: dict[str, dict[str, Drain]] = {
-    "raw": {"lease mark": lease("mark"), "held mark": held("mark"),
-            "lease delete": lease("delete"), "held delete": held("delete"), "take": take},
-    "conveyor": {"lease mark": conveyor_lease("mark"), "held mark": conveyor_held("mark"),
+    "raw": {"lease mark": lease("mark"), "held mark": held(_PICK, by_ids(_HELD_MARK)),
+            "lease delete": lease("delete"), "held delete": held(_PICK, by_ids(_HELD_DELETE)),
+            "take": take},
+    "conveyor": {"lease mark": conveyor_lease("mark"),
+                 "held mark": held(_CV_PICK, by_ids_and_attempts(_CV_HELD_MARK)),
                  "lease delete": conveyor_lease("delete"),
-                 "held delete": conveyor_held("delete")},
+                 "held delete": held(_CV_PICK, by_ids(_CV_HELD_DELETE))},
 }
 
 

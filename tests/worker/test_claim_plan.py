@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from claim_support import claim_params
 from conveyor.db.named_queries import queries_for
@@ -42,13 +43,17 @@ def _burst(db: str, history: int, *, limited: bool = False) -> None:
                       (limited, BACKLOG))
 
 
-async def _fetched(managed: ManagedConnection, query: str, params: dict[str, Any]) -> int:
-    """Rows fetched through an index by ``query`` on ``managed``'s session, rolled back."""
+async def _fetched(managed: ManagedConnection, query: str, params: dict[str, Any], *,
+                   counter: str = "idx_tup_fetch") -> int:
+    """Rows of the events table ``query`` read on ``managed``'s session, rolled back: those
+    fetched through an index (``idx_tup_fetch``), or those a scan of the whole table read
+    (``seq_tup_read``)."""
     conn = await managed.get()
     async with conn.transaction(force_rollback=True):
         await conn.execute(query, params)
-        cur = await conn.execute("SELECT idx_tup_fetch FROM pg_stat_xact_user_tables "
-                                 "WHERE relid = 'conveyor.events'::regclass")
+        cur = await conn.execute(sql.SQL("SELECT {} FROM pg_stat_xact_user_tables "
+                                         "WHERE relid = 'conveyor.events'::regclass"
+                                         ).format(sql.Identifier(counter)))
         row = await cur.fetchone()
     assert row is not None
     return int(row[0])
@@ -108,18 +113,6 @@ async def test_a_fifo_claim_that_must_sort_compiles_nothing(db: str) -> None:
         await connections.close()
 
 
-async def _read_whole(managed: ManagedConnection, query: str, params: dict[str, Any]) -> int:
-    """Rows ``query`` read by scanning the events table from end to end, rolled back."""
-    conn = await managed.get()
-    async with conn.transaction(force_rollback=True):
-        await conn.execute(query, params)
-        cur = await conn.execute("SELECT seq_tup_read FROM pg_stat_xact_user_tables "
-                                 "WHERE relid = 'conveyor.events'::regclass")
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 LIMITED = sql_params(["plan.*"], prefix="limit_")
 # Each statement that updates a batch it locked first, with the parameters of
 # a batch (or a window) of 1000, and whether the burst is in the limited lane.
@@ -159,7 +152,8 @@ async def test_a_batch_of_a_thousand_is_found_again_by_id_not_by_reading_the_tab
     try:
         managed = (connections.flow_connection() if role == "flow"
                    else getattr(connections, role))
-        read = await _read_whole(managed, Q[query], {**claim_params(limit=1000), **extra})
+        read = await _fetched(managed, Q[query], {**claim_params(limit=1000), **extra},
+                              counter="seq_tup_read")
         # The unsort finds its batch by reading the table until it has it: 1000 rows.
         assert read <= 1000, f"the {name} of 1000 read {read} rows of the table end to end"
     finally:
