@@ -92,16 +92,21 @@ SELECT array_agg(nextval(%(sequence)s::regclass)) FROM generate_series(1, %(coun
 SELECT id FROM {schema}.events
 WHERE tenant IS NOT DISTINCT FROM %(tenant)s AND idempotency_key = %(idempotency_key)s
 
+-- name: _found_by_id(rows)
+-- The rows of `e` (the events table being written) that a CTE locked first,
+-- found again by id as an array: joined to the CTE, a batch of 1000 on fresh
+-- statistics was planned as a hash join over the whole table, every row of it
+-- read for every claim (tests/worker/test_claim_plan.py). `rows` names the
+-- CTE, with a condition if need be (`seen WHERE held`).
+e.id = ANY (ARRAY(SELECT id FROM {rows}))
+
 -- name: _claim_update
 -- The claim's write, shared by every claim variant (event_claim,
 -- event_claim_unpaused, flow.sql's): the rows `next` picked become running,
 -- the attempt counted at claim time, leased to the worker. Each stays in its
 -- lane (0013): a limited event that returns to pending (a retry, a rescued
--- lease) is back in the flow claims' lane at once. The rows are found
--- again by id, as an array: joined to `next`, a batch of 1000 on fresh
--- statistics was planned as a hash join over the whole table, every row of it
--- read for every claim (tests/worker/test_claim_plan.py). The RETURNING
--- columns are unpacked in the order of conveyor.types.CLAIM_COLUMNS.
+-- lease) is back in the flow claims' lane at once (_found_by_id). The
+-- RETURNING columns are unpacked in the order of conveyor.types.CLAIM_COLUMNS.
 UPDATE {schema}.events AS e
 SET state = 'running',
     attempts = e.attempts + 1,
@@ -109,7 +114,7 @@ SET state = 'running',
     lease_expires_at = now() + %(lease_ttl)s * interval '1 second',
     attempted_at = now(),
     updated_at = now()
-WHERE e.id = ANY (ARRAY(SELECT id FROM next))
+WHERE -- include: _found_by_id(next)
 RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
           e.idempotency_key, e.created_at, e.traceparent, e.tracestate
 
@@ -348,7 +353,7 @@ SET state = CASE WHEN e.attempts >= e.max_attempts THEN 'failed' ELSE 'pending' 
     lease_expires_at = NULL,
     finished_at = CASE WHEN e.attempts >= e.max_attempts THEN now() END,
     updated_at = now()
-WHERE e.id = ANY (ARRAY(SELECT id FROM expired))
+WHERE -- include: _found_by_id(expired)
 RETURNING e.id, e.state, e.topic
 
 -- name: event_notify

@@ -206,7 +206,7 @@ WITH unfinished AS (
 ), moved AS (
     UPDATE {schema}.events AS e
     SET limited = true
-    WHERE e.id = ANY (ARRAY(SELECT id FROM seen WHERE held))
+    WHERE -- include: _found_by_id(seen WHERE held)
     RETURNING e.id
 ), next AS (
     SELECT id FROM seen WHERE NOT held
@@ -286,7 +286,7 @@ WITH front AS (
 )
 UPDATE {schema}.events AS e
 SET limited = true
-WHERE e.id = ANY (ARRAY(SELECT id FROM picked))
+WHERE -- include: _found_by_id(picked)
 
 -- name: flow_unsort
 -- Moves back to the open lane up to `batch` events of the limited lane that
@@ -304,4 +304,4 @@ WITH stale AS (
 )
 UPDATE {schema}.events AS e
 SET limited = false
-WHERE e.id = ANY (ARRAY(SELECT id FROM stale))
+WHERE -- include: _found_by_id(stale)

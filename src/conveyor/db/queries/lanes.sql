@@ -64,7 +64,7 @@ WITH front AS (
 )
 UPDATE {schema}.events AS e
 SET limited = NULL
-WHERE e.id = ANY (ARRAY(SELECT id FROM picked))
+WHERE -- include: _found_by_id(picked)
 
 -- name: lane_bring_back
 -- Moves back to the open lane up to `batch` events of the aside lane that
@@ -88,4 +88,4 @@ WITH aside AS (
 )
 UPDATE {schema}.events AS e
 SET limited = false
-WHERE e.id = ANY (ARRAY(SELECT id FROM aside))
+WHERE -- include: _found_by_id(aside)
