@@ -1911,3 +1911,132 @@ def test_tenant_due_sees_claimable_events_and_expired_leases_only(db: Conn) -> N
     assert _tenant_due(db, cron=True)                           # a schedule to fire
     db.execute("UPDATE conveyor.cron_schedules SET enabled = false")
     assert not _tenant_due(db, cron=True)
+
+
+# ------------------------------------------------------------ claim windows
+
+def _claim_held(conn: Conn, limit: int = 100, query: str = "event_claim_held"
+                ) -> list[tuple[Any, ...]]:
+    return conn.execute(Q[query], claim_params(limit=limit, owner=_owner())).fetchall()
+
+
+def _held_outcome(conn: Conn, query: str, ids: list[int], attempts: list[int]) -> list[int]:
+    return [r[0] for r in conn.execute(Q[query], {"owner": _owner(), "ids": ids,
+                                                  "attempts": attempts})]
+
+
+@exercises("event_claim_held")
+def test_held_claim_locks_its_batch_without_writing_it(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as setup:
+        first, second = _insert(setup, priority=1), _insert(setup)
+    with psycopg.connect(fresh_db) as window, psycopg.connect(fresh_db) as other:
+        rows = _claim_held(window, limit=1)
+        # The attempt it starts, in the claim's columns; the row is still pending.
+        assert [(r[0], r[4]) for r in rows] == [(first, 1)]
+        assert _row(other, first, "state, attempts, lease_owner") == ("pending", 0, None)
+        # Another worker's claims, held or leased, skip the locked row.
+        assert [r[0] for r in _claim_held(other)] == [second]
+        other.rollback()
+        assert [r[0] for r in _claim(other, _owner())] == [second]
+
+
+@exercises("event_claim_held_unpaused")
+def test_held_claim_while_paused_skips_the_paused_topics(db: Conn) -> None:
+    _insert(db, "held.paused")
+    kept = _insert(db, "held.open")
+    db.execute("INSERT INTO conveyor.pauses (pattern) VALUES ('held.paused')")
+    assert [r[0] for r in _claim_held(db, query="event_claim_held_unpaused")] == [kept]
+
+
+@exercises("event_succeed_held", "event_delete_succeeded_held")
+def test_held_successes_count_the_attempt_they_write(db: Conn) -> None:
+    kept, deleted = _insert(db), _insert(db)
+    assert kept is not None and deleted is not None
+    _claim_held(db)
+    # Fenced on the attempt the claim read: a wrong one writes nothing.
+    assert _held_outcome(db, "event_succeed_held", [kept], [2]) == []
+    assert _held_outcome(db, "event_succeed_held", [kept], [1]) == [kept]
+    assert _row(db, kept, "state, attempts, attempted_at IS NOT NULL, finished_at IS NOT NULL,"
+                          " lease_owner") == ("succeeded", 1, True, True, None)
+    assert _held_outcome(db, "event_delete_succeeded_held", [deleted], [1]) == [deleted]
+    assert db.execute("SELECT count(*) FROM conveyor.events WHERE id = %s",
+                      (deleted,)).fetchone() == (0,)
+
+
+@exercises("event_settle_held")
+def test_held_retry_and_snooze_write_the_attempt_they_spent(db: Conn) -> None:
+    retried, snoozed = _insert(db), _insert(db)
+    assert retried is not None and snoozed is not None
+    _claim_held(db)
+    done = [r[0] for r in db.execute(Q["event_settle_held"], {
+        "owner": _owner(), "ids": [retried, snoozed], "attempts": [1, 1],
+        "states": ["pending", "pending"], "delays": [30.0, 10.0], "refunds": [0, 1],
+        "errors": ["boom", None], "tracebacks": [None, None], "results": [None, None]})]
+    assert sorted(done) == sorted([retried, snoozed])
+    state, attempts, errors, started = _row(db, retried, "state, attempts, errors,"
+                                                         " attempted_at IS NOT NULL")
+    assert (state, attempts, started) == ("pending", 1, True)
+    assert [(e["attempt"], e["error"]) for e in errors] == [(1, "boom")]
+    assert _row(db, snoozed, "state, attempts, attempted_at") == ("pending", 0, None)
+
+
+@exercises("event_lease_held")
+def test_lease_held_makes_the_unfinished_events_leased(db: Conn) -> None:
+    event_id = _insert(db)
+    owner = _owner()
+    _claim_held(db)
+    rows = db.execute(Q["event_lease_held"], {"ids": [event_id], "owner": owner,
+                                              "lease_ttl": 30}).fetchall()
+    assert [(r[0], r[4]) for r in rows] == [(event_id, 1)]
+    assert _row(db, event_id, "state, attempts, lease_owner::text, lease_expires_at > now()") == (
+        "running", 1, owner, True)
+
+
+def _window_open(conn: Conn, worker: str, number: int, ids: list[int]) -> dict[int, int]:
+    return dict(conn.execute(Q["claim_window_open"], {  # type: ignore[arg-type]
+        "worker": worker, "window_no": number, "ids": ids}).fetchall())
+
+
+@exercises("claim_window_open", "claim_window_close")
+def test_a_window_record_left_behind_counts_for_the_next_claim(db: Conn) -> None:
+    dead, alive = _owner(), _owner()
+    assert _window_open(db, dead, 1, [10, 11]) == {}
+    assert _window_open(db, dead, 2, [11]) == {11: 1}
+    # Two records hold 11: two attempts that ran and were never counted.
+    assert _window_open(db, alive, 1, [11, 12]) == {11: 2}
+    db.execute(Q["claim_window_close"], {"worker": alive, "window_no": 1})
+    assert _window_open(db, alive, 2, [12]) == {}
+
+
+@exercises("event_claim_crashed")
+def test_crashed_attempts_are_counted_and_the_last_one_parks_the_event(db: Conn) -> None:
+    runs, parked, fresh = (_insert(db, max_attempts=3), _insert(db, max_attempts=1),
+                           _insert(db, max_attempts=3))
+    dead, owner = _owner(), _owner()
+    _window_open(db, dead, 1, [runs, parked])
+    assert _window_open(db, owner, 1, [runs, parked, fresh]) == {runs: 1, parked: 1}
+    _claim_held(db)
+    rows = db.execute(Q["event_claim_crashed"], {
+        "ids": [runs, parked, fresh], "crashes": [1, 1, 0], "owner": owner, "window_no": 1,
+        "lease_ttl": 30}).fetchall()
+    assert sorted((r[0], r[4], r[-1]) for r in rows) == sorted(
+        [(runs, 2, "running"), (parked, 1, "failed"), (fresh, 1, "running")])
+    assert _row(db, runs, "lease_owner::text, last_error") == (
+        owner, "the worker running attempt 1 died before its claim window committed")
+    assert _row(db, parked, "lease_owner, finished_at IS NOT NULL, errors->0->>'attempt'") == (
+        None, True, "1")
+    assert _row(db, fresh, "last_error, errors") == (None, None)
+    # The dead window's record forgets them; the claiming window's own is kept.
+    assert db.execute("SELECT worker::text, ids FROM conveyor.claim_windows"
+                      " ORDER BY worker = %s", (owner,)).fetchall() == [
+        (dead, []), (owner, [runs, parked, fresh])]
+
+
+@exercises("claim_window_prune")
+def test_prune_drops_emptied_and_old_window_records(db: Conn) -> None:
+    emptied, old, young = _owner(), _owner(), _owner()
+    db.execute("INSERT INTO conveyor.claim_windows (worker, window_no, ids, opened_at) VALUES"
+               " (%s, 1, '{}', now()), (%s, 1, '{5}', now() - interval '2 days'),"
+               " (%s, 1, '{6}', now())", (emptied, old, young))
+    db.execute(Q["claim_window_prune"], {"older_than": 86400})
+    assert db.execute("SELECT worker::text FROM conveyor.claim_windows").fetchall() == [(young,)]

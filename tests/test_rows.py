@@ -24,11 +24,15 @@ PARAMS: dict[str, dict[str, Any]] = {
     "event_claim": {"all_topics": True, "topics": [], "prefixes": [], "all_tenants": True,
                     "tenants": [], "limit": 0, "owner": str(uuid.uuid4()), "lease_ttl": 1.0},
     "event_get": {"id": 0},
+    "event_claim_crashed": {"ids": [], "crashes": [], "owner": str(uuid.uuid4()), "window_no": 0,
+                            "lease_ttl": 1.0},
     "event_find": {"topic": None, "by_tenant": False, "tenant": None, "state": None},
     "worker_list_alive": {"within": 30.0},
     "event_result": {"id": 0},
     "cron_list": {},
 }
+
+PARAMS["event_claim_held"] = PARAMS["event_claim"]
 
 
 def test_every_decoded_query_has_parameters_here() -> None:

@@ -145,6 +145,8 @@ def worker_from_row(row: Sequence[Any]) -> WorkerInfo:
 # Each decoded query and the columns its decoder reads, in order.
 DECODED: dict[str, tuple[str, ...]] = {
     "event_claim": CLAIM_COLUMNS,
+    "event_claim_held": CLAIM_COLUMNS,
+    "event_claim_crashed": (*CLAIM_COLUMNS, "state"),
     "event_get": EVENT_GET_COLUMNS,
     "event_find": EVENT_FIND_COLUMNS,
     "event_result": RESULT_COLUMNS,

@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0023 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0024 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -267,6 +267,17 @@ CREATE TABLE conveyor.control_audit (
     CONSTRAINT control_audit_reason_check CHECK (length(reason) <= 500)
 );
 CREATE INDEX control_audit_target_idx ON conveyor.control_audit (target, id);
+
+-- Open claim windows, a row per batch held in a worker's transaction (0024):
+-- a row left behind is a window that never committed, whose attempt the next
+-- claim of its events counts. Unlogged: no WAL for a row per batch.
+CREATE UNLOGGED TABLE conveyor.claim_windows (
+    worker    uuid        NOT NULL,
+    window_no bigint      NOT NULL,
+    ids       bigint[]    NOT NULL,
+    opened_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT claim_windows_pkey PRIMARY KEY (worker, window_no)
+);
 
 -- Wake-ups: no trigger (0007). The producer's INSERT statements call
 -- pg_notify('conveyor.events', <topic>[|<due epoch>]) themselves, delivered

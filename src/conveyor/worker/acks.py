@@ -7,7 +7,10 @@ success with ``event_succeed_many`` (or, under retention 0,
 attempt that lost its lease changes nothing. The
 :class:`~conveyor.worker.completer.Completer` runs them for the worker, and
 ``conveyor.testing.work_event`` for one event in the caller's transaction, so
-a test acknowledges exactly as a worker does.
+a test acknowledges exactly as a worker does. A claim window
+(:mod:`conveyor.worker.window`) writes its outcomes with the ``held``
+statements: the same writes, fenced by the window's row locks instead of a
+lease, each counting the attempt it writes.
 """
 
 from __future__ import annotations
@@ -41,9 +44,17 @@ class Ack:
         return [s for s in (self.succeed, self.settle) if s is not None]
 
 
+_LEASED = {"succeed": "event_succeed_many", "delete": "event_delete_succeeded_many",
+           "settle": "event_settle_many"}
+_HELD = {"succeed": "event_succeed_held", "delete": "event_delete_succeeded_held",
+         "settle": "event_settle_held"}
+
+
 def ack(queries: Queries, owner: str, batch: Sequence[Outcome], *,
-        delete_succeeded: bool = False) -> Ack:
-    """The statements that write ``batch`` for the lease owner ``owner``."""
+        delete_succeeded: bool = False, held: bool = False) -> Ack:
+    """The statements that write ``batch`` for the lease owner ``owner``; ``held``:
+    attempts a claim window holds (windows.sql), written in its transaction."""
+    names = _HELD if held else _LEASED
     # A success with a result to keep is written with the other outcomes:
     # never deleted at once under retention 0, and its result stored.
     others = [o for o in batch if o.state is not EventState.SUCCEEDED or o.result is not None]
@@ -51,8 +62,7 @@ def ack(queries: Queries, owner: str, batch: Sequence[Outcome], *,
         if others else batch
     succeed = settle = None
     if succeeded:
-        succeed = (queries["event_delete_succeeded_many" if delete_succeeded
-                           else "event_succeed_many"], {
+        succeed = (queries[names["delete" if delete_succeeded else "succeed"]], {
             "owner": owner,
             # Integer arrays as array literals: psycopg's per-element list
             # adaptation cost more than the statement itself on large batches.
@@ -60,7 +70,7 @@ def ack(queries: Queries, owner: str, batch: Sequence[Outcome], *,
             "attempts": int_array(o.attempt for o in succeeded),
         })
     if others:
-        settle = (queries["event_settle_many"], {
+        settle = (queries[names["settle"]], {
             "owner": owner,
             "ids": [o.event_id for o in others],
             "attempts": [o.attempt for o in others],

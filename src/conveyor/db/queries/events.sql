@@ -115,8 +115,16 @@ SET state = 'running',
     attempted_at = now(),
     updated_at = now()
 WHERE -- include: _found_by_id(next)
-RETURNING e.id, e.tenant, e.topic, e.payload::text, e.attempts, e.max_attempts, e.priority,
-          e.idempotency_key, e.created_at, e.traceparent, e.tracestate
+RETURNING -- include: _claim_columns(attempts)
+
+-- name: _claim_columns(attempts)
+-- A claimed event's columns for the worker, in the order of
+-- conveyor.types.CLAIM_COLUMNS (tests/test_rows.py holds them to it);
+-- `attempts` is the attempt the claim starts.
+-- Unqualified: the claim's UPDATE reads no other table, the held claim's
+-- SELECT one.
+id, tenant, topic, payload::text, {attempts}, max_attempts, priority, idempotency_key,
+created_at, traceparent, tracestate
 
 -- name: _topic_in(topic, prefix=)
 -- Whether `topic` matches the patterns patterns.sql_params(patterns,
@@ -169,13 +177,13 @@ EXISTS (
       AND run_at <= now()
       -- include: _claim_filter
 
--- name: _claim_order
+-- name: _claim_order(lock=UPDATE)
 -- The claim order, events_claim_idx's (its lane and state lead it). SKIP
 -- LOCKED lets concurrent workers take disjoint rows without waiting on each
 -- other.
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR {lock} SKIP LOCKED
 
 -- name: event_claim
 -- Claims up to `limit` due events of the worker's topics. The attempt is
@@ -212,16 +220,27 @@ WITH next AS (
 -- owner test implies state = 'running' (events_lease_check), and leaving the
 -- state out keeps a generic plan from walking events_lease_idx once per row.
 UPDATE {schema}.events AS e
-SET state = 'succeeded',
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    finished_at = now(),
-    updated_at = now()
+SET -- include: _succeeded
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt)
 WHERE e.id = d.id
+  -- include: _leased
+RETURNING e.id
+
+-- name: _leased
+-- The fence of a leased attempt's outcome `d`: the row is still this worker's
+-- lease on the same attempt.
   AND e.lease_owner = %(owner)s
   AND e.attempts = d.attempt
-RETURNING e.id
+
+-- name: _succeeded(clock=now)
+-- What a success writes, leased or held (windows.sql). A claim window
+-- passes statement_timestamp as the clock: in its transaction now() is the
+-- window's start.
+    state = 'succeeded',
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = {clock}(),
+    updated_at = {clock}()
 
 -- name: event_complete
 -- A handler finishing its own event in its own transaction (conveyor.complete):
@@ -248,18 +267,17 @@ RETURNING e.id, pg_notify(%(results_channel)s, e.id::text)
 DELETE FROM {schema}.events AS e
 USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt)
 WHERE e.id = d.id
-  AND e.lease_owner = %(owner)s
-  AND e.attempts = d.attempt
+  -- include: _leased
 RETURNING e.id
 
--- name: _errors_appended(attempt, error, traceback, worker)
+-- name: _errors_appended(attempt, error, traceback, worker, clock=now)
 -- The events row `e`'s error history with one more entry (NULL, a new
 -- event's, is an empty one: 0020). It keeps the last
 -- 10 attempts (with the caps on each entry in executor.py, at most about
 -- 60 KB), however many attempts an event has; rows.py decodes the entries.
 (CASE WHEN jsonb_array_length(e.errors) >= 10 THEN e.errors - 0
       ELSE COALESCE(e.errors, '[]') END)
-|| jsonb_build_array(jsonb_build_object('attempt', {attempt}, 'at', now(), 'error', {error},
+|| jsonb_build_array(jsonb_build_object('attempt', {attempt}, 'at', {clock}(), 'error', {error},
                                         'traceback', {traceback}, 'worker', {worker}))
 
 -- name: event_settle_many
@@ -267,27 +285,36 @@ RETURNING e.id
 -- attempt back (snooze, hand-back on shutdown); `error` appends to the history;
 -- `result` is a store_result route's return value (0010).
 UPDATE {schema}.events AS e
-SET state = d.state,
+SET -- include: _settled
+-- include: _settle_rows
+WHERE e.id = d.id
+  -- include: _leased
+RETURNING e.id
+
+-- name: _settled(clock=now)
+-- What any other outcome `d` writes, leased or held (windows.sql), with the
+-- clock of _succeeded. The attempt is `d`'s, less a refund.
+    state = d.state,
     result = COALESCE(d.result::jsonb, e.result),
-    attempts = e.attempts - d.refund,
+    attempts = d.attempt - d.refund,
     run_at = CASE WHEN d.delay IS NULL THEN e.run_at
-                  ELSE now() + d.delay * interval '1 second' END,
+                  ELSE {clock}() + d.delay * interval '1 second' END,
     last_error = COALESCE(d.error, e.last_error),
     errors = CASE WHEN d.error IS NULL THEN e.errors
-                  ELSE -- include: _errors_appended(d.attempt, d.error, d.traceback, %(owner)s::text)
+                  ELSE -- include: _errors_appended(d.attempt, d.error, d.traceback, %(owner)s::text, {clock})
              END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    finished_at = CASE WHEN d.state IN ('succeeded', 'failed', 'cancelled') THEN now() END,
-    updated_at = now()
+    finished_at = CASE WHEN d.state IN ('succeeded', 'failed', 'cancelled')
+                       THEN {clock}() END,
+    updated_at = {clock}()
+
+-- name: _settle_rows
+-- The outcomes event_settle_many and event_settle_held write, as rows `d`.
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[],
             %(delays)s::float8[], %(refunds)s::int[], %(errors)s::text[],
             %(tracebacks)s::text[], %(results)s::text[])
      AS d(id, attempt, state, delay, refund, error, traceback, result)
-WHERE e.id = d.id
-  AND e.lease_owner = %(owner)s
-  AND e.attempts = d.attempt
-RETURNING e.id
 
 -- name: event_extend_leases
 -- Heartbeat: renew the leases of the events this worker is still running.
