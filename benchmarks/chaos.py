@@ -225,6 +225,8 @@ class Fleet:
                    "--name", f"chaos-{self.spawned}"]
         if a.horizon_alert:
             options += ["--horizon-alert", a.horizon_alert]
+        if a.claim_window:
+            options += ["--claim-window", str(a.claim_window)]
         # A replacement takes the slot (the host) of a worker no longer alive.
         taken = {w.slot for w in self.alive()}
         slot = next((s for s in range(a.workers) if s not in taken), 0)
@@ -1168,6 +1170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-interval", type=parse_seconds, default=5.0)
     p.add_argument("--probe-interval", type=parse_seconds, default=1.0,
                    help="a high-priority probe event this often; 0: none")
+    p.add_argument("--claim-window", type=parse_seconds, default=0.0,
+                   help="passed to the workers: hold claims in windows this long (default 0)")
     p.add_argument("--horizon-alert", metavar="DURATION|off",
                    help="passed to the workers (default: the worker's own, 120s)")
     p.add_argument("--rr-readers", type=int, default=4, help="readers of the rr_readers fault")

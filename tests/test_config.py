@@ -33,6 +33,7 @@ WORKER_EXPECTED = {
     "reconnect_min": (0.01, 3_600.0, "0.01s", "1h"),
     "reconnect_max": (0.01, 86_400.0, "0.01s", "1d"),
     "ack_interval": (0.0001, 1.0, "0.0001s", "1s"),
+    "claim_window": (0.0, 10.0, "0s", "10s"),
     "listener_ping_interval": (0.1, 86_400.0, "0.1s", "1d"),
     "retention": (0.0, 3650 * 86_400.0, "0s", "3650d"),
     "query_timeout": (0.1, 86_400.0, "0.1s", "1d"),

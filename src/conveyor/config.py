@@ -63,6 +63,9 @@ WORKER_RANGES: dict[str, tuple[float, float]] = {
     # Finished events wait this long unacknowledged, their leases running, and a
     # stop waits it out: it is a batching window, not a schedule.
     "ack_interval": (0.0001, 1.0),
+    # A window holds its rows' locks and a snapshot in an open transaction: a
+    # long one holds back vacuum and keeps an operator's cancel waiting.
+    "claim_window": (0.0, 10.0),
     "listener_ping_interval": (0.1, _DAY),
     "retention": (0.0, 3650 * _DAY),
     "query_timeout": (0.1, _DAY),
@@ -179,6 +182,17 @@ class WorkerConfig:
         reconnect_max: largest delay between reconnection attempts. Defaults to 30.0.
         ack_interval: seconds finished events may wait to be acknowledged together.
             Defaults to 0.005.
+        claim_window: seconds a claimed batch may stay in the claim's transaction,
+            its rows locked rather than leased, so that the outcomes of its fast
+            events are written in that transaction: each is written once instead
+            of twice (claim and acknowledgement). When every event of the batch
+            has its outcome, or when the window ends, the transaction writes the
+            outcomes and leases the events still running, which then run on as
+            leased events. While a window is open its events read ``pending``
+            and another worker's claims skip them; a handler that calls
+            :func:`conveyor.complete` waits for the window to end. ``0`` claims
+            with leases only. Claims under flow limits are leased either way
+            (docs/held-claims.md). Defaults to 0.
         listener_ping_interval: seconds of silence after which the LISTEN connection is
             checked, so a half-open connection is replaced
             (within interval + 4 s ping timeout + reconnect: about 15 s by default). Defaults to 10.0.
@@ -234,6 +248,7 @@ class WorkerConfig:
     reconnect_min: float = RECONNECT_MIN_DEFAULT
     reconnect_max: float = RECONNECT_MAX_DEFAULT
     ack_interval: float = ACK_INTERVAL_DEFAULT
+    claim_window: float = 0.0
     listener_ping_interval: float = LISTENER_PING_INTERVAL_DEFAULT
     retention: float | None = RETENTION_DEFAULT
     backoff: RetryPolicy = field(default_factory=BackoffPolicy)

@@ -67,6 +67,10 @@ def add_worker_options(p: argparse.ArgumentParser, env: Env, *, embedded: bool =
                 "--batch-size toward the free slots up to this (default: half of "
                 "--concurrency, so the next claim runs while a batch does; equal to "
                 "--batch-size keeps claims fixed)")
+    option(p, "--claim-window", env="CLAIM_WINDOW", type=duration, unit="s", default=0.0,
+           help="hold a claimed batch in the claim's transaction this long, writing the "
+                "outcomes of its fast events with it (each written once, not twice) and "
+                "leasing the rest at its end; 0 leases every claim")
     option(p, "--poll-interval", env="POLL_INTERVAL", type=duration, unit="s",
            default=POLL_INTERVAL_DEFAULT, help="fallback poll when no NOTIFY arrives")
     option(p, "--lease-ttl", env="LEASE_TTL", type=duration, unit="s", default=LEASE_TTL_DEFAULT,
@@ -159,7 +163,7 @@ def build_worker(ctx: Context, args: argparse.Namespace, router: Router,
         config = WorkerConfig(
             schema=ctx.schema, name=args.name, concurrency=args.concurrency,
             batch_size=args.batch_size, max_batch_size=args.max_batch_size,
-            poll_interval=args.poll_interval,
+            poll_interval=args.poll_interval, claim_window=args.claim_window,
             lease_ttl=args.lease_ttl, shutdown_timeout=args.shutdown_timeout,
             handler_timeout=args.handler_timeout, rescue_interval=args.rescue_interval,
             heartbeat_interval=min(HEARTBEAT_INTERVAL_DEFAULT, args.lease_ttl / 3),

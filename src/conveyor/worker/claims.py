@@ -15,6 +15,9 @@ exist (``event_claim_flow``, which leaves their events to the flow loop), each
 in a pause-aware variant used only while :class:`~conveyor.worker.wakeups.PauseState`
 says a pause may be in force. ``event_claim_flow`` also says, in its ``moved``
 column, how many limited events it moved to their lane instead of claiming.
+With claim windows (``WorkerConfig.claim_window``) and no flow limit, the
+plain claim is ``event_claim_held`` instead, and each batch is run through a
+window (:mod:`conveyor.worker.window`) before the next claim.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from conveyor.worker.flow import FlowControl
 from conveyor.worker.running import RunningSet
 from conveyor.worker.stats import WorkerStats
 from conveyor.worker.wakeups import PauseState
+from conveyor.worker.window import ClaimWindows
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +71,8 @@ class Claims:
     def __init__(self, connections: WorkerConnections, queries: Queries, config: WorkerConfig,
                  worker_id: str, flow: FlowControl, claim_filter: dict[str, Any], *,
                  running: RunningSet, executor: Executor, completer: Completer,
-                 stats: WorkerStats, stopping: StopFlag) -> None:
+                 stats: WorkerStats, stopping: StopFlag,
+                 windows: ClaimWindows | None = None) -> None:
         self.connections = connections
         self._q = queries
         self.config = config
@@ -79,6 +84,7 @@ class Claims:
         self.stats = stats
         self._stopping = stopping
         self.flow = flow
+        self.windows = windows
         self.pauses = PauseState(self.wake)
         self.woken = asyncio.Event()
         self._deferred: list[list[Event]] = []   # claimed batches whose handlers start next round
@@ -152,7 +158,8 @@ class Claims:
             return self._q["event_claim_flow_unpaused" if self.pauses.any
                            else "event_claim_flow"], True
         # The plain claim unless a pause may be in force (wakeups.PauseState).
-        return self._q["event_claim_unpaused" if self.pauses.any else "event_claim"], False
+        claim = "event_claim_held" if self.windows is not None else "event_claim"
+        return self._q[f"{claim}_unpaused" if self.pauses.any else claim], False
 
     async def claim(self, want: int, *, defer: bool = False) -> list[Event] | None:
         """Claim up to ``want`` events and start them; ``None`` after a database error."""
@@ -168,10 +175,14 @@ class Claims:
             params = {**self._filter, "limit": want, "owner": self.id,
                       "lease_ttl": self.config.lease_ttl}
             query, counts_moves = self._statement(params)
+            windows = None if counts_moves else self.windows
             sent = time.monotonic()
-            await with_deadline_in_task(conn, cur.execute(query, params),
-                                        self.config.query_timeout, stopping=self._stopping)
-            rows = await cur.fetchall()
+            if windows is not None:
+                rows = await windows.begin(conn, cur, query, params, self._stopping)
+            else:
+                await with_deadline_in_task(conn, cur.execute(query, params),
+                                            self.config.query_timeout, stopping=self._stopping)
+                rows = await cur.fetchall()
             self.moved = 0
             if counts_moves and rows:
                 self.moved = rows[0][_EVENT_COLUMNS]
@@ -192,7 +203,7 @@ class Claims:
             return None
         from_row = Event._from_claim_row
         events = [from_row(r) for r in rows]
-        if events and self.handed_back_late(events, sent):
+        if events and windows is None and self.handed_back_late(events, sent):
             return []
         stats = self.stats
         stats.claimed += len(events)
@@ -206,6 +217,10 @@ class Claims:
         # after the fetch loop has sent its next claim, so the database works
         # on that claim while this batch's handlers start.
         self.running.take(events)
+        if windows is not None and events:
+            # Held: the window runs its handlers, and the fetch connection's
+            # transaction is the window's until it closes.
+            return await windows.hold(conn, events)
         # Only a full batch is followed at once by another claim; a short one
         # (the idle worker woken for one event) starts its handlers now.
         if defer and len(events) == want:

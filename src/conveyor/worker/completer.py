@@ -21,6 +21,7 @@ from conveyor.worker.acks import ack, finished_notice
 from conveyor.worker.classify import Outcome
 from conveyor.worker.connection import RECOVERABLE_ERRORS, CursorCache, ManagedConnection
 from conveyor.worker.deadline import with_deadline_in_task
+from conveyor.worker.window import ClaimWindows
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ class Completer:
         self._full = asyncio.Event()
         self.acked = 0
         self.stale = 0
+        # The worker's claim windows (worker/window.py), if it holds claims: the
+        # outcome of an event of the open window is written by the window.
+        self.windows: ClaimWindows | None = None
 
     @property
     def backlog(self) -> int:
@@ -71,6 +75,9 @@ class Completer:
                 | {(o.event_id, o.attempt) for o in self._flushing})
 
     def add(self, outcome: Outcome) -> None:
+        windows = self.windows
+        if windows is not None and windows.take(outcome):
+            return
         buffer = self._buffer
         buffer.append(outcome)
         n = len(buffer)

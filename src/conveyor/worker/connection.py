@@ -384,6 +384,10 @@ class WorkerConnections:
         self._managed = managed
         self._gate = gate
         self.flow: ManagedConnection | None = None
+        # Only with claim windows: each window's record is committed here while
+        # the fetch connection holds the window's transaction (worker/window.py).
+        self.window = managed("window", settings={"synchronous_commit": "off"}) \
+            if c.claim_window else None
 
     def flow_connection(self) -> ManagedConnection:
         """The flow claims' connection (worker/flow.py), made when first asked for: a
@@ -398,7 +402,7 @@ class WorkerConnections:
 
     def all(self) -> tuple[ManagedConnection, ...]:
         base = (self.fetch, self.ack, self.maintenance, self.listen)
-        extra = tuple(c for c in (self.cron, self.flow) if c is not None)
+        extra = tuple(c for c in (self.cron, self.flow, self.window) if c is not None)
         return (*base, *extra)
 
     async def close(self) -> None:

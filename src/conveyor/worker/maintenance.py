@@ -130,7 +130,8 @@ class Maintenance:
         self.clock = DatabaseClock(queries, config.heartbeat_interval)
         self.counts = CountsFlush(queries, tally, config.heartbeat_interval)
         self.pause_check = PauseCheck(queries, pauses, lanes) if pauses is not None else None
-        self.rescuer = Rescuer(queries, config.rescue_interval, stats)
+        self.rescuer = Rescuer(queries, config.rescue_interval, stats,
+                               windows=config.claim_window > 0)
         self.horizon_alert = HorizonAlert(queries, config.horizon_alert_after)
         self.pruner = Pruner(queries, config)
         self.dependencies = Dependencies(queries)

@@ -22,17 +22,25 @@ from conveyor.worker.stats import WorkerStats
 log = logging.getLogger(__name__)
 
 RESCUE_BATCH = 1000
+# A claim window's record older than this names events long since claimed
+# again (or finished, or cancelled): no window lasts more than seconds.
+WINDOW_RECORD_TTL = 86_400.0
 
 
 class Rescuer:
-    """Rescues expired leases about every ``interval`` seconds (up to 20 % sooner)."""
+    """Rescues expired leases about every ``interval`` seconds (up to 20 % sooner).
+
+    ``windows``: this worker holds claim windows (worker/window.py), and its
+    passes also drop the windows' records no claim will meet again.
+    """
 
     name = "rescuer"
     timeout: float | None = None
 
     def __init__(self, queries: Queries, interval: float, stats: WorkerStats,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, *, windows: bool = False) -> None:
         self._q = queries
+        self._windows = windows
         self._interval = interval
         self._stats = stats
         self._rng = rng or random.Random()
@@ -45,6 +53,8 @@ class Rescuer:
         now = time.monotonic()
         requeued, parked = await self.rescue(conn)
         self._stats.rescued += requeued + parked
+        if self._windows:
+            await conn.execute(self._q["claim_window_prune"], {"older_than": WINDOW_RECORD_TTL})
         self._next = now + self._interval * (1 - 0.2 * self._rng.random())
 
     async def rescue(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:

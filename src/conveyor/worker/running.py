@@ -56,6 +56,9 @@ class RunningSet:
         # claim, worker/flow.py): the fetch loop must not count them free.
         self.reserved = 0
         self.freed = asyncio.Event()  # set whenever a slot may have come free
+        # Events of an open claim window (worker/window.py): pending and locked
+        # in its transaction, no lease yet, so the heartbeat leaves them out.
+        self.windowed: set[Key] = set()
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -83,6 +86,10 @@ class RunningSet:
             event._holder = holder  # type: ignore[assignment]   # None outside a worker
 
     def keys(self) -> list[Key]:
+        """The leased events: every one but those of an open claim window."""
+        windowed = self.windowed
+        if windowed:
+            return [key for key in self.entries if key not in windowed]
         return list(self.entries)
 
     def tasks(self) -> list[asyncio.Task[None] | asyncio.Future[None]]:
@@ -95,12 +102,14 @@ class RunningSet:
         """Free the slot of an acknowledged outcome; returns what ran there."""
         return self.entries.pop(key, None)
 
-    def lose(self, lost: Iterable[Key], keep: set[Key], *, cancelled: bool = False) -> int:
+    def lose(self, lost: Iterable[Key], keep: set[Key], *, cancelled: bool = False,
+             quiet: bool = False) -> int:
         """Stop work on events whose lease this worker no longer holds; returns how many.
 
         ``keep`` are outcomes already decided: their acknowledgement will tell.
         ``cancelled``: an operator cancelled them while they ran (the lease went
-        with the cancel), rather than the lease expiring.
+        with the cancel), rather than the lease expiring. ``quiet``: the caller
+        logs it once (a claim window rolled back).
         """
         count = 0
         for key in lost:
@@ -108,7 +117,9 @@ class RunningSet:
             if running is None or key in keep:
                 continue
             count += 1
-            if cancelled:
+            if quiet:
+                pass
+            elif cancelled:
                 log.info("event %s was cancelled while it ran; stopping its handler", key[0],
                          extra={"action": "running_cancelled", "event_id": key[0],
                                 "attempt": key[1]})

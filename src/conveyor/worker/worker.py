@@ -68,6 +68,7 @@ from conveyor.worker.startup import StartUp, start_details
 from conveyor.worker.stats import OutcomeTally, WorkerStats
 from conveyor.worker.wakeups import DueTimes
 from conveyor.worker.watchdog import LoopWatchdog, StallLeases
+from conveyor.worker.window import ClaimWindows
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +153,17 @@ class Worker:
         self.executor = Executor(router, self.running, self.completer.add,
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,
                                  threads=2 * c.concurrency, middleware=middleware)
+        windows = None
+        if self.connections.window is not None:
+            windows = self.completer.windows = ClaimWindows(
+                self.connections.fetch, self.connections.window, self._q, self.id, self.running,
+                start=self.executor.start, on_written=self.accounting.settled,
+                duration=c.claim_window, lease_ttl=c.lease_ttl, query_timeout=c.query_timeout,
+                delete_succeeded=c.retention == 0)
         self.claims = Claims(self.connections, self._q, c, self.id, self.flow, self._filter,
                              running=self.running, executor=self.executor,
-                             completer=self.completer, stats=self.stats, stopping=self._stopping)
+                             completer=self.completer, stats=self.stats, stopping=self._stopping,
+                             windows=windows)
         self.flow_claims = FlowClaims(self.claims, c)
         self.pauses = self.claims.pauses
         self.lanes = Lanes(self._q, self._filter, heartbeat_interval=c.heartbeat_interval,

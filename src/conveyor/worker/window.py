@@ -1,0 +1,270 @@
+"""Claim windows: a batch held in the claim's transaction, written once.
+
+A leased claim writes every event twice: the claim makes it ``running`` under
+a lease, the acknowledgement writes its outcome. With
+``WorkerConfig.claim_window`` the fetch loop claims by locking instead
+(``event_claim_held``, ``FOR NO KEY UPDATE SKIP LOCKED``, no write), starts
+the handlers at once, and keeps the transaction open until every event of the
+batch has its outcome or the window ends. Then, in that transaction, it writes
+the outcomes (the acknowledgement's statements, fenced by the locks:
+:func:`~conveyor.worker.acks.ack` with ``held``), leases the events still
+running (``event_lease_held``: from there on they are leased events, their
+outcomes written by the completer) and commits. A fast event costs one row
+version and half the WAL (docs/held-claims.md has the figures).
+
+What a window changes and what it keeps:
+
+- A worker that dies inside a window loses nothing: its transaction rolls
+  back as its connection drops, and the events are pending again at once.
+- The attempt that died is not written by the rollback, so before the
+  handlers start the window's batch is recorded on a connection of its own
+  (``claim_window_open``, an unlogged table); the window's commit deletes the
+  record. A record left behind names attempts that ran: the next window that
+  claims one of its events leases its whole batch at once, those attempts
+  counted (``event_claim_crashed``), so a poison event that kills its worker
+  still runs out of attempts and is parked.
+- While a window is open its events read ``pending``: other workers skip
+  them, an operator's cancel waits for the window's end, and the heartbeat
+  leaves them out (:attr:`RunningSet.windowed`).
+- A window whose transaction fails (a lost connection) wrote nothing: its
+  handlers are stopped as on a lost lease, and their events run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from conveyor.db.named_queries import Queries
+from conveyor.types import Event
+from conveyor.worker.acks import ack, finished_notice
+from conveyor.worker.classify import Outcome
+from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection
+from conveyor.worker.deadline import StopFlag, with_deadline_in_task
+from conveyor.worker.running import Key, RunningSet
+
+log = logging.getLogger(__name__)
+
+
+class ClaimWindow:
+    """One held batch: its events, and the outcomes they reach while it is open."""
+
+    def __init__(self, number: int, events: list[Event]) -> None:
+        self.number = number
+        self.events = events
+        self.keys: set[Key] = {(e.id, e.attempt) for e in events}
+        self._waiting = set(self.keys)
+        self.outcomes: list[Outcome] = []
+        self.closing = False
+        self.all_in = asyncio.Event()
+        self.opened = time.monotonic()
+
+    def take(self, outcome: Outcome) -> bool:
+        """Keep ``outcome`` if it is the first of an event of this open window."""
+        key = (outcome.event_id, outcome.attempt)
+        if self.closing or key not in self._waiting:
+            return False
+        self._waiting.discard(key)
+        self.outcomes.append(outcome)
+        if not self._waiting:
+            self.all_in.set()
+        return True
+
+    def unfinished(self) -> list[Event]:
+        """The events without an outcome: to be leased as the window closes."""
+        return [e for e in self.events if (e.id, e.attempt) in self._waiting]
+
+
+class ClaimWindows:
+    """Opens, runs and closes the fetch loop's claim windows, one at a time.
+
+    Args:
+        fetch: the fetch connection, which holds each window's transaction.
+        record: the connection the windows' records are committed on.
+        running: the worker's slots; a window's events are in
+            :attr:`RunningSet.windowed` while it is open.
+        start: starts the handlers of claimed events (the executor's).
+        on_written: takes each written batch of outcomes and the ids written
+            (the worker's accounting, as for the completer's batches).
+        duration: the window's length (``WorkerConfig.claim_window``).
+    """
+
+    def __init__(self, fetch: ManagedConnection, record: ManagedConnection, queries: Queries,
+                 owner: str, running: RunningSet, *, start: Callable[[list[Event]], None],
+                 on_written: Callable[[list[Outcome], set[int]], None], duration: float,
+                 lease_ttl: float, query_timeout: float, delete_succeeded: bool) -> None:
+        self._fetch = fetch
+        self._record = record
+        self._q = queries
+        self._owner = owner
+        self._running = running
+        self._start = start
+        self._on_written = on_written
+        self._duration = duration
+        self._lease_ttl = lease_ttl
+        self._timeout = query_timeout
+        self._delete_succeeded = delete_succeeded
+        self._count = 0
+        # The window open now, whose outcomes the completer hands here (take).
+        self.open: ClaimWindow | None = None
+
+    def take(self, outcome: Outcome) -> bool:
+        """Whether the open window keeps ``outcome`` (the completer's first look)."""
+        window = self.open
+        return window is not None and window.take(outcome)
+
+    async def begin(self, conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any],
+                    query: str, params: dict[str, Any], stopping: StopFlag) -> list[Any]:
+        """Open the transaction and lock a batch with ``query``; returns its rows
+        (none: the transaction is over). A stop cuts a claim that waits."""
+        try:
+            await with_deadline_in_task(conn, cur.execute("BEGIN"), self._timeout)
+            await with_deadline_in_task(conn, cur.execute(query, params), self._timeout,
+                                        stopping=stopping)
+            rows = await cur.fetchall()
+            if not rows:
+                await with_deadline_in_task(conn, cur.execute("ROLLBACK"), self._timeout)
+            return rows
+        except psycopg.Error:
+            # An error that left the connection usable left the transaction
+            # aborted: end it, or every later claim fails on it.
+            if not conn.broken:
+                with contextlib.suppress(psycopg.Error, TimeoutError):
+                    await with_deadline_in_task(conn, conn.execute("ROLLBACK"), self._timeout)
+            raise
+
+    async def hold(self, conn: psycopg.AsyncConnection[Any], events: list[Event]) -> list[Event]:
+        """Record the batch ``begin`` locked, start its handlers and close the window
+        when its outcomes are in or its time is up; returns the events that ran.
+
+        The caller has taken their slots. A batch that meets the record of a
+        window that never committed is leased at once instead (see the module).
+        """
+        self._count += 1
+        number = self._count
+        crashes = await self._recorded(number, events)
+        if crashes is None:
+            await self._roll_back(conn, events, None)
+            return []
+        if crashes:
+            return await self._lease_at_once(conn, number, events, crashes)
+        window = self.open = ClaimWindow(number, events)
+        self._running.windowed.update(window.keys)
+        self._start(events)
+        if not window.all_in.is_set():
+            try:
+                async with asyncio.timeout(self._duration):
+                    await window.all_in.wait()
+            except TimeoutError:
+                pass
+        await self._close(conn, window)
+        return events
+
+    async def _recorded(self, number: int, events: list[Event]) -> dict[int, int] | None:
+        """Commit the window's record; returns the attempts earlier windows lost, by
+        event id (None: the record could not be written, and the window is not held)."""
+        try:
+            conn = await self._record.get()
+            cur = await with_deadline_in_task(conn, conn.execute(self._q["claim_window_open"], {
+                "worker": self._owner, "window_no": number,
+                "ids": [e.id for e in events]}), self._timeout)
+            return {row[0]: row[1] for row in await cur.fetchall()}
+        except RECOVERABLE_ERRORS as exc:
+            await self._record.discard(exc)
+        except psycopg.Error as exc:
+            log.error("recording a claim window failed: %s", exc,
+                      extra={"action": "window_record_failed"})
+        return None
+
+    async def _lease_at_once(self, conn: psycopg.AsyncConnection[Any], number: int,
+                             events: list[Event], crashes: dict[int, int]) -> list[Event]:
+        """Lease the whole batch now, the lost attempts counted; start the events left to run."""
+        log.warning("%d events of this claim ran in claim windows that never committed; "
+                    "their attempts are counted and the batch is leased",
+                    len(crashes), extra={"action": "window_crashes_counted",
+                                         "events": len(crashes)})
+        ids = [e.id for e in events]
+        try:
+            cur = await with_deadline_in_task(conn, conn.execute(self._q["event_claim_crashed"], {
+                "ids": ids, "crashes": [crashes.get(i, 0) for i in ids], "owner": self._owner,
+                "window_no": number, "lease_ttl": self._lease_ttl}), self._timeout)
+            rows = await cur.fetchall()
+            await self._commit(conn, number)
+        except (psycopg.Error, TimeoutError) as exc:
+            await self._roll_back(conn, events, exc)
+            return []
+        # Their slots were taken for the attempts the held claim read; those
+        # left to run start the attempts counted here (the parked free theirs).
+        for event in events:
+            self._running.release((event.id, event.attempt))
+        from_row = Event._from_claim_row
+        left = [from_row(row[:-1]) for row in rows if row[-1] == "running"]
+        self._running.take(left)
+        self._running.freed.set()
+        self._start(left)
+        return left
+
+    async def _close(self, conn: psycopg.AsyncConnection[Any], window: ClaimWindow) -> None:
+        """Write the window's outcomes, lease its unfinished events, commit."""
+        window.closing = True
+        self.open = None
+        outcomes = window.outcomes
+        unfinished = [e.id for e in window.unfinished()
+                      if (e.id, e.attempt) in self._running]
+        plan = ack(self._q, self._owner, outcomes, delete_succeeded=self._delete_succeeded,
+                   held=True)
+        done: set[int] = set()
+        try:
+            for query, params in plan.statements:
+                cur = await with_deadline_in_task(conn, conn.execute(query, params),
+                                                  self._timeout)
+                done.update(r[0] for r in await cur.fetchall())
+            if unfinished:
+                # The lease runs from the transaction's start, the window's.
+                lease_ttl = self._lease_ttl + time.monotonic() - window.opened
+                await with_deadline_in_task(conn, conn.execute(self._q["event_lease_held"], {
+                    "ids": unfinished, "owner": self._owner, "lease_ttl": lease_ttl}),
+                    self._timeout)
+            await self._commit(conn, window.number)
+        except (psycopg.Error, TimeoutError) as exc:
+            self._running.windowed.difference_update(window.keys)
+            await self._roll_back(conn, window.events, exc)
+            return
+        self._running.windowed.difference_update(window.keys)
+        if outcomes:
+            notice = finished_notice(self._q, plan.settled, done)
+            if notice is not None:
+                try:
+                    await with_deadline_in_task(conn, conn.execute(*notice), self._timeout)
+                except (psycopg.Error, TimeoutError) as exc:
+                    await self._fetch.discard(exc)
+            self._on_written(outcomes, done)
+
+    async def _commit(self, conn: psycopg.AsyncConnection[Any], number: int) -> None:
+        await with_deadline_in_task(conn, conn.execute(self._q["claim_window_close"], {
+            "worker": self._owner, "window_no": number}), self._timeout)
+        await with_deadline_in_task(conn, conn.execute("COMMIT"), self._timeout)
+
+    async def _roll_back(self, conn: psycopg.AsyncConnection[Any], events: list[Event],
+                         exc: BaseException | None) -> None:
+        """The window wrote nothing: its events are pending again, for any worker; a
+        handler still running is stopped as on a lost lease, its outcome not written."""
+        if exc is not None:
+            log.warning("a claim window of %d events could not commit (%s); they run again",
+                        len(events), exc, extra={"action": "window_rolled_back",
+                                                 "events": len(events)})
+        self._running.lose([(e.id, e.attempt) for e in events], set(), quiet=True)
+        self._running.freed.set()
+        if exc is None or (isinstance(exc, psycopg.Error) and not conn.broken):
+            try:
+                await with_deadline_in_task(conn, conn.execute("ROLLBACK"), self._timeout)
+                return
+            except (psycopg.Error, TimeoutError) as error:
+                exc = error
+        await self._fetch.discard(exc)

@@ -1,0 +1,123 @@
+"""Claim windows (WorkerConfig.claim_window, worker/window.py): a batch held in the
+claim's transaction, its fast events written once, its slow ones leased at its end."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+from conveyor import Event, Router, Worker
+from waiting import wait_until
+from worker_support import enqueue, event_row, fast_config, query, running, wait_all_in
+
+
+async def _updates(url: str) -> int:
+    rows = await query(url, "SELECT n_tup_upd FROM pg_stat_user_tables"
+                            " WHERE schemaname = 'conveyor' AND relname = 'events'")
+    return int(rows[0]["n_tup_upd"])
+
+
+async def test_fast_events_are_written_once_by_their_window(db: str) -> None:
+    seen: list[int] = []
+
+    async def handle(event: Event) -> None:
+        seen.append(event.attempt)
+
+    ids = [await enqueue(db, "win.fast", {"n": n}) for n in range(30)]
+    worker = Worker(db, _router("win.fast", handle), fast_config(claim_window=0.5))
+    async with running(worker):
+        await wait_all_in(db, {"succeeded"}, timeout=20)
+    assert seen == [1] * 30
+    for event_id in ids:
+        row = await event_row(db, event_id)
+        assert (row["state"], row["attempts"], row["lease_owner"]) == ("succeeded", 1, None)
+        assert row["attempted_at"] <= row["finished_at"]
+    assert worker.stats.succeeded == 30
+    # One row version per event: the success. A leased claim writes two.
+    await wait_until(lambda: _updates_are(db, 30), timeout=15, what="30 row updates counted")
+    assert await query(db, "SELECT count(*) AS n FROM conveyor.claim_windows") == [{"n": 0}]
+
+
+async def _updates_are(url: str, n: int) -> bool:
+    return await _updates(url) == n
+
+
+def _router(pattern: str, handler: object) -> Router:
+    router = Router()
+    router.add(pattern, handler)  # type: ignore[arg-type]
+    return router
+
+
+async def test_an_event_that_outlives_its_window_is_leased_and_finishes(db: str) -> None:
+    release = asyncio.Event()
+
+    async def handle(event: Event) -> None:
+        if event.payload["slow"]:
+            await release.wait()
+
+    router = _router("win.*", handle)
+    slow = await enqueue(db, "win.slow", {"slow": True})
+    fast = await enqueue(db, "win.fast", {"slow": False})
+    # The lease far shorter than the handler: only heartbeats keep it.
+    worker = Worker(db, router, fast_config(claim_window=0.2, lease_ttl=1.0))
+    async with running(worker):
+        await wait_until(lambda: _state_is(db, fast, "succeeded"), timeout=10,
+                         what="the fast event's success")
+        row = await event_row(db, slow)
+        assert (row["state"], row["attempts"], row["owner"]) == ("running", 1, worker.id)
+        first = row["lease_expires_at"]
+
+        async def renewed_past_first() -> bool:
+            row = await event_row(db, slow)
+            assert (row["state"], row["owner"]) == ("running", worker.id)
+            return bool(row["lease_expires_at"] > first + timedelta(seconds=1))
+        # Past the first lease's end: the heartbeat renews it like any lease.
+        await wait_until(renewed_past_first, timeout=10, what="the lease renewed")
+        release.set()
+        await wait_until(lambda: _state_is(db, slow, "succeeded"), timeout=10,
+                         what="the slow event's success")
+    assert (await event_row(db, slow))["attempts"] == 1
+    assert worker.stats.lost == 0
+
+
+async def _state_is(url: str, event_id: int, state: str) -> bool:
+    return (await event_row(url, event_id))["state"] == state
+
+
+async def test_a_retry_written_by_a_window_spends_its_attempt(db: str) -> None:
+    async def handle(event: Event) -> None:
+        if event.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    event_id = await enqueue(db, "win.retry")
+    worker = Worker(db, _router("win.retry", handle), fast_config(claim_window=0.5))
+    async with running(worker):
+        await wait_all_in(db, {"succeeded"}, timeout=20)
+    row = await event_row(db, event_id)
+    assert row["attempts"] == 2
+    assert [(e["attempt"], e["error"]) for e in row["errors"]] == [
+        (1, "RuntimeError: first attempt fails")]
+
+
+async def test_an_event_a_dead_window_held_is_counted_and_parked_at_its_last(db: str) -> None:
+    calls: list[tuple[str, int]] = []
+
+    async def handle(event: Event) -> None:
+        calls.append((event.payload["name"], event.attempt))
+
+    again = await enqueue(db, "win.crashed", {"name": "again"}, max_attempts=3)
+    spent = await enqueue(db, "win.crashed", {"name": "spent"}, max_attempts=1)
+    # A window that never committed held both: its worker died.
+    await query(db, "INSERT INTO conveyor.claim_windows (worker, window_no, ids)"
+                    " VALUES (%s, 1, %s)", (str(uuid.uuid4()), [again, spent]))
+    worker = Worker(db, _router("win.crashed", handle), fast_config(claim_window=0.5))
+    async with running(worker):
+        await wait_all_in(db, {"succeeded", "failed"}, timeout=20)
+    assert calls == [("again", 2)]
+    row = await event_row(db, again)
+    assert (row["state"], row["attempts"]) == ("succeeded", 2)
+    assert [e["attempt"] for e in row["errors"]] == [1]
+    row = await event_row(db, spent)
+    assert (row["state"], row["attempts"]) == ("failed", 1)
+    assert "died before its claim window committed" in row["last_error"]
