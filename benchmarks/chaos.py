@@ -888,6 +888,10 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
                             "WHERE relname = 'events' AND schemaname = 'conveyor'").fetchone()
         counts = dict(conn.execute("SELECT state, count(*) FROM conveyor.events GROUP BY 1"
                                    ).fetchall())
+        # Attempts of killed claim windows the next claims counted (worker/window.py).
+        window_crashes = conn.execute(
+            "SELECT count(*) FROM conveyor.events, jsonb_array_elements(errors) AS x"
+            " WHERE x->>'error' LIKE '%%before its claim window committed'").fetchone()
         rescues = conn.execute(
             "SELECT w.pid, extract(epoch FROM (x->>'at')::timestamptz) "
             "FROM conveyor.events e CROSS JOIN LATERAL jsonb_array_elements(e.errors) AS x "
@@ -945,6 +949,7 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
                            "p95": _r(percentile(probes, 95), 4), "max": _r(max(probes), 4)
                            if probes else None},
         "unexpected_worker_exits": fleet.exits,
+        "window_crashes_counted": int(window_crashes[0]) if window_crashes else 0,
         "timeline_5s": [[int(b), int(n)] for b, n in buckets],
         "feeder_errors": feeder.errors if feeder else 0,
         "queue_wait_by_minute": {

@@ -5,7 +5,9 @@ drains ``--events`` no-op events filled in one commit before it starts; the
 variants alternate for ``--rounds`` rounds on the same database and the
 medians are printed as JSON. WAL is the server's position before and after
 the drain, divided by the events (other sessions' WAL included: run it on a
-quiet server, such as the embedded one).
+quiet server, such as the embedded one); the server's CPU is every postgres
+process's on this machine, the worker's this process's (the drain's watcher
+included in both, alike for every variant).
 
     PYTHONPATH=src:tools python benchmarks/claim_windows.py --url postgresql://... \
         --windows 0 0.1 --rounds 3
@@ -31,7 +33,24 @@ from conveyor.worker import Worker
 from conveyor_tools.bench.app import NOOP_TOPIC, router
 
 SCHEMA = "bench_windows"
+TICKS = os.sysconf("SC_CLK_TCK")
 FILL_BATCH = 5_000
+
+
+def _server_cpu() -> float:
+    """Seconds of CPU every postgres process on this machine has used (user + system)."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+        if name.startswith("postgres"):
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])
+    return total / TICKS
 
 
 def _fill(url: str, count: int) -> None:
@@ -53,6 +72,7 @@ async def _drain(url: str, count: int, window: float, retention: float | None) -
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as watch:
         cur = await watch.execute("SELECT pg_current_wal_lsn()")
         lsn = (await cur.fetchone() or [None])[0]
+        cpu = _server_cpu(), time.process_time()
         started = time.perf_counter()
         task = asyncio.create_task(worker.run())
         while True:
@@ -62,11 +82,14 @@ async def _drain(url: str, count: int, window: float, retention: float | None) -
             if (await cur.fetchone() or [1])[0] == 0:
                 break
         seconds = time.perf_counter() - started
+        server_cpu, worker_cpu = _server_cpu() - cpu[0], time.process_time() - cpu[1]
         cur = await watch.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (lsn,))
         wal = float((await cur.fetchone() or [0])[0])
         worker.request_stop()
         await task
     return {"events_per_s": count / seconds, "wal_bytes_per_event": wal / count,
+            "server_cpu_us_per_event": server_cpu / count * 1e6,
+            "worker_cpu_us_per_event": worker_cpu / count * 1e6,
             "succeeded": worker.stats.succeeded}
 
 
@@ -80,9 +103,9 @@ def run(url: str, count: int, windows: list[float], rounds: int,
         for window in windows:
             _fill(url, count)
             results[window].append(asyncio.run(_drain(url, count, window, retention)))
-    return {f"{w:g}": {"events_per_s": statistics.median(r["events_per_s"] for r in runs),
-                       "wal_bytes_per_event": statistics.median(r["wal_bytes_per_event"]
-                                                                for r in runs),
+    figures = ("events_per_s", "wal_bytes_per_event", "server_cpu_us_per_event",
+               "worker_cpu_us_per_event")
+    return {f"{w:g}": {**{f: statistics.median(r[f] for r in runs) for f in figures},
                        "runs": runs}
             for w, runs in results.items()}
 

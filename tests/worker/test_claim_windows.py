@@ -121,3 +121,20 @@ async def test_an_event_a_dead_window_held_is_counted_and_parked_at_its_last(db:
     row = await event_row(db, spent)
     assert (row["state"], row["attempts"]) == ("failed", 1)
     assert "died before its claim window committed" in row["last_error"]
+
+
+async def test_an_idle_worker_claims_on_its_fetch_connection_only(db: str) -> None:
+    async def handle(event: Event) -> None:
+        pass
+
+    worker = Worker(db, _router("win.idle", handle), fast_config(claim_window=0.2))
+    async with running(worker):
+        for _ in range(3):
+            await enqueue(db, "win.idle")
+            await wait_all_in(db, {"succeeded"}, timeout=10)
+        sessions = await query(db, "SELECT application_name AS name FROM pg_stat_activity"
+                                   " WHERE datname = current_database()")
+        names = {row["name"] for row in sessions}
+        # The second claim connection is for a window claimed while another is open.
+        assert {"conveyor-fetch", "conveyor-record"} <= names
+        assert "conveyor-window" not in names

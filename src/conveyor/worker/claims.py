@@ -40,6 +40,7 @@ from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
     RECOVERABLE_ERRORS,
     CursorCache,
+    ManagedConnection,
     StopRequested,
     WorkerConnections,
 )
@@ -90,6 +91,10 @@ class Claims:
         self._deferred: list[list[Event]] = []   # claimed batches whose handlers start next round
         self._rng = random.Random()
         self._cursor = CursorCache(binary=True)
+        # With claim windows: a cursor per claim connection, and the one the
+        # last claim handed to its window (not to be given back here).
+        self._cursors = {c.role: CursorCache(binary=True) for c in connections.claimers()}
+        self._held: ManagedConnection | None = None
         # How many limited events the last plain claim moved to their lane.
         self.moved = 0
 
@@ -163,13 +168,25 @@ class Claims:
 
     async def claim(self, want: int, *, defer: bool = False) -> list[Event] | None:
         """Claim up to ``want`` events and start them; ``None`` after a database error."""
-        fetch = self.connections.fetch
+        if self.windows is None:
+            return await self._claim(self.connections.fetch, self._cursor, want, defer)
+        # With claim windows, on a connection no open window holds.
+        claimer = await self.windows.acquire()
+        try:
+            return await self._claim(claimer, self._cursors[claimer.role], want, defer)
+        finally:
+            if claimer is not self._held:
+                self.windows.release(claimer)
+            self._held = None
+
+    async def _claim(self, fetch: ManagedConnection, cursor: CursorCache, want: int,
+                     defer: bool) -> list[Event] | None:
         try:
             conn = await fetch.get()
             # Binary results: the server skips formatting ids and timestamps as
             # text and the client skips parsing them (hot path, measured: see
             # docs/benchmarks.md).
-            cur = self._cursor.get(conn)
+            cur = cursor.get(conn)
             if self.flow.stale():
                 await with_deadline(conn, self.flow.refresh(conn), self.config.query_timeout)
             params = {**self._filter, "limit": want, "owner": self.id,
@@ -218,9 +235,10 @@ class Claims:
         # on that claim while this batch's handlers start.
         self.running.take(events)
         if windows is not None and events:
-            # Held: the window runs its handlers, and the fetch connection's
+            # Held: the window starts the handlers, and this connection's
             # transaction is the window's until it closes.
-            return await windows.hold(conn, events)
+            self._held = fetch
+            return await windows.hold(fetch, conn, events)
         # Only a full batch is followed at once by another claim; a short one
         # (the idle worker woken for one event) starts its handlers now.
         if defer and len(events) == want:
@@ -259,6 +277,10 @@ class Claims:
         """The claims' part of a shutdown: every claimed event finished within
         ``timeout``, cancelled after it, or handed back without spending an attempt."""
         self.start_deferred()
+        if self.windows is not None:
+            # Each open window closes within claim_window: its unfinished events
+            # are leased by then, and drain like any others.
+            await self.windows.settle()
         pending = self.running.unfinished_tasks()
         if pending:
             log.info("waiting up to %.0fs for %d running handlers", timeout, len(pending),

@@ -384,10 +384,14 @@ class WorkerConnections:
         self._managed = managed
         self._gate = gate
         self.flow: ManagedConnection | None = None
-        # Only with claim windows: each window's record is committed here while
-        # the fetch connection holds the window's transaction (worker/window.py).
-        self.window = managed("window", settings={"synchronous_commit": "off"}) \
-            if c.claim_window else None
+        # Only with claim windows (worker/window.py): a second connection for a
+        # window's transaction while the fetch connection holds another, and one
+        # on which each window's record is committed.
+        self.window: ManagedConnection | None = None
+        self.record: ManagedConnection | None = None
+        if c.claim_window:
+            self.window = managed("window", settings={"synchronous_commit": "off", **NO_SORT})
+            self.record = managed("record", settings={"synchronous_commit": "off"})
 
     def flow_connection(self) -> ManagedConnection:
         """The flow claims' connection (worker/flow.py), made when first asked for: a
@@ -400,9 +404,15 @@ class WorkerConnections:
                                       gate=self._gate)
         return self.flow
 
+    def claimers(self) -> list[ManagedConnection]:
+        """The connections claim windows run on: the fetch connection, and the window
+        connection when there is one."""
+        return [c for c in (self.fetch, self.window) if c is not None]
+
     def all(self) -> tuple[ManagedConnection, ...]:
         base = (self.fetch, self.ack, self.maintenance, self.listen)
-        extra = tuple(c for c in (self.cron, self.flow, self.window) if c is not None)
+        extra = tuple(c for c in (self.cron, self.flow, self.window, self.record)
+                      if c is not None)
         return (*base, *extra)
 
     async def close(self) -> None:

@@ -36,11 +36,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 
+from conveyor.db.arrays import int_array
 from conveyor.db.named_queries import Queries
 from conveyor.types import Event
 from conveyor.worker.acks import ack, finished_notice
@@ -82,10 +83,16 @@ class ClaimWindow:
 
 
 class ClaimWindows:
-    """Opens, runs and closes the fetch loop's claim windows, one at a time.
+    """Opens the fetch loop's claim windows and closes them, up to one per claim
+    connection at a time.
+
+    Each window holds one claim connection's transaction until it closes; the
+    fetch loop claims the next batch on another while it is open, so the
+    database claims and writes while handlers run, as with leased claims (one
+    connection per window in flight: two, the fetch connection and one more).
 
     Args:
-        fetch: the fetch connection, which holds each window's transaction.
+        claimers: the connections the windows' transactions run on.
         record: the connection the windows' records are committed on.
         running: the worker's slots; a window's events are in
             :attr:`RunningSet.windowed` while it is open.
@@ -95,11 +102,14 @@ class ClaimWindows:
         duration: the window's length (``WorkerConfig.claim_window``).
     """
 
-    def __init__(self, fetch: ManagedConnection, record: ManagedConnection, queries: Queries,
-                 owner: str, running: RunningSet, *, start: Callable[[list[Event]], None],
+    def __init__(self, claimers: Sequence[ManagedConnection], record: ManagedConnection,
+                 queries: Queries, owner: str, running: RunningSet, *,
+                 start: Callable[[list[Event]], None],
                  on_written: Callable[[list[Outcome], set[int]], None], duration: float,
                  lease_ttl: float, query_timeout: float, delete_succeeded: bool) -> None:
-        self._fetch = fetch
+        self._claimers = list(claimers)
+        self._free = list(claimers)
+        self._freed = asyncio.Event()
         self._record = record
         self._q = queries
         self._owner = owner
@@ -111,23 +121,42 @@ class ClaimWindows:
         self._timeout = query_timeout
         self._delete_succeeded = delete_succeeded
         self._count = 0
-        # The window open now, whose outcomes the completer hands here (take).
-        self.open: ClaimWindow | None = None
+        # The open windows' events, to find the window of an outcome (take).
+        self._open: dict[Key, ClaimWindow] = {}
+        self._closers: set[asyncio.Task[None]] = set()
+
+    async def acquire(self) -> ManagedConnection:
+        """A claim connection no open window holds, the fetch connection if it is free
+        (an idle worker never opens the other); waits for a window to close."""
+        while not self._free:
+            self._freed.clear()
+            await self._freed.wait()
+        claimer = min(self._free, key=self._claimers.index)
+        self._free.remove(claimer)
+        return claimer
+
+    def release(self, claimer: ManagedConnection) -> None:
+        if claimer not in self._free:
+            self._free.append(claimer)
+            self._freed.set()
 
     def take(self, outcome: Outcome) -> bool:
-        """Whether the open window keeps ``outcome`` (the completer's first look)."""
-        window = self.open
+        """Whether an open window keeps ``outcome`` (the completer's first look)."""
+        window = self._open.get((outcome.event_id, outcome.attempt))
         return window is not None and window.take(outcome)
+
+    async def settle(self) -> None:
+        """Wait until every open window has closed (a shutdown, ``Worker.run_once``)."""
+        while self._closers:
+            await asyncio.wait(set(self._closers))
 
     async def begin(self, conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any],
                     query: str, params: dict[str, Any], stopping: StopFlag) -> list[Any]:
-        """Open the transaction and lock a batch with ``query``; returns its rows
-        (none: the transaction is over). A stop cuts a claim that waits."""
+        """Open the transaction and lock a batch with ``query``;
+        returns its rows (none: the transaction is over). A stop cuts a claim that waits."""
         try:
-            await with_deadline_in_task(conn, cur.execute("BEGIN"), self._timeout)
-            await with_deadline_in_task(conn, cur.execute(query, params), self._timeout,
-                                        stopping=stopping)
-            rows = await cur.fetchall()
+            rows = await with_deadline_in_task(conn, self._locked(conn, cur, query, params),
+                                               self._timeout, stopping=stopping)
             if not rows:
                 await with_deadline_in_task(conn, cur.execute("ROLLBACK"), self._timeout)
             return rows
@@ -139,9 +168,18 @@ class ClaimWindows:
                     await with_deadline_in_task(conn, conn.execute("ROLLBACK"), self._timeout)
             raise
 
-    async def hold(self, conn: psycopg.AsyncConnection[Any], events: list[Event]) -> list[Event]:
-        """Record the batch ``begin`` locked, start its handlers and close the window
-        when its outcomes are in or its time is up; returns the events that ran.
+    @staticmethod
+    async def _locked(conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any],
+                      query: str, params: dict[str, Any]) -> list[Any]:
+        await cur.execute("BEGIN")
+        await cur.execute(query, params)
+        return await cur.fetchall()
+
+    async def hold(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
+                   events: list[Event]) -> list[Event]:
+        """Record the batch ``begin`` locked on ``claimer`` and start its handlers; the
+        window closes in a task of its own when its outcomes are in or its time is up,
+        and gives ``claimer`` back then. Returns the events started.
 
         The caller has taken their slots. A batch that meets the record of a
         window that never committed is leased at once instead (see the module).
@@ -149,22 +187,34 @@ class ClaimWindows:
         self._count += 1
         number = self._count
         crashes = await self._recorded(number, events)
-        if crashes is None:
-            await self._roll_back(conn, events, None)
-            return []
-        if crashes:
-            return await self._lease_at_once(conn, number, events, crashes)
-        window = self.open = ClaimWindow(number, events)
+        if crashes is None or crashes:
+            try:
+                if crashes is None:
+                    await self._roll_back(claimer, conn, events, None)
+                    return []
+                return await self._lease_at_once(claimer, conn, number, events, crashes)
+            finally:
+                self.release(claimer)
+        window = ClaimWindow(number, events)
+        for key in window.keys:
+            self._open[key] = window
         self._running.windowed.update(window.keys)
         self._start(events)
-        if not window.all_in.is_set():
-            try:
-                async with asyncio.timeout(self._duration):
-                    await window.all_in.wait()
-            except TimeoutError:
-                pass
-        await self._close(conn, window)
+        closer = asyncio.create_task(self._run(claimer, conn, window), name="conveyor-window")
+        self._closers.add(closer)
+        closer.add_done_callback(self._closers.discard)
         return events
+
+    async def _run(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
+                   window: ClaimWindow) -> None:
+        try:
+            if not window.all_in.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._duration):
+                        await window.all_in.wait()
+            await self._close(claimer, conn, window)
+        finally:
+            self.release(claimer)
 
     async def _recorded(self, number: int, events: list[Event]) -> dict[int, int] | None:
         """Commit the window's record; returns the attempts earlier windows lost, by
@@ -173,7 +223,7 @@ class ClaimWindows:
             conn = await self._record.get()
             cur = await with_deadline_in_task(conn, conn.execute(self._q["claim_window_open"], {
                 "worker": self._owner, "window_no": number,
-                "ids": [e.id for e in events]}), self._timeout)
+                "ids": int_array(e.id for e in events)}), self._timeout)
             return {row[0]: row[1] for row in await cur.fetchall()}
         except RECOVERABLE_ERRORS as exc:
             await self._record.discard(exc)
@@ -182,8 +232,9 @@ class ClaimWindows:
                       extra={"action": "window_record_failed"})
         return None
 
-    async def _lease_at_once(self, conn: psycopg.AsyncConnection[Any], number: int,
-                             events: list[Event], crashes: dict[int, int]) -> list[Event]:
+    async def _lease_at_once(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
+                             number: int, events: list[Event], crashes: dict[int, int]
+                             ) -> list[Event]:
         """Lease the whole batch now, the lost attempts counted; start the events left to run."""
         log.warning("%d events of this claim ran in claim windows that never committed; "
                     "their attempts are counted and the batch is leased",
@@ -195,9 +246,9 @@ class ClaimWindows:
                 "ids": ids, "crashes": [crashes.get(i, 0) for i in ids], "owner": self._owner,
                 "window_no": number, "lease_ttl": self._lease_ttl}), self._timeout)
             rows = await cur.fetchall()
-            await self._commit(conn, number)
+            await with_deadline_in_task(conn, self._commit(conn, number), self._timeout)
         except (psycopg.Error, TimeoutError) as exc:
-            await self._roll_back(conn, events, exc)
+            await self._roll_back(claimer, conn, events, exc)
             return []
         # Their slots were taken for the attempts the held claim read; those
         # left to run start the attempts counted here (the parked free theirs).
@@ -210,31 +261,23 @@ class ClaimWindows:
         self._start(left)
         return left
 
-    async def _close(self, conn: psycopg.AsyncConnection[Any], window: ClaimWindow) -> None:
+    async def _close(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
+                     window: ClaimWindow) -> None:
         """Write the window's outcomes, lease its unfinished events, commit."""
         window.closing = True
-        self.open = None
+        for key in window.keys:
+            self._open.pop(key, None)
         outcomes = window.outcomes
         unfinished = [e.id for e in window.unfinished()
                       if (e.id, e.attempt) in self._running]
         plan = ack(self._q, self._owner, outcomes, delete_succeeded=self._delete_succeeded,
                    held=True)
-        done: set[int] = set()
         try:
-            for query, params in plan.statements:
-                cur = await with_deadline_in_task(conn, conn.execute(query, params),
-                                                  self._timeout)
-                done.update(r[0] for r in await cur.fetchall())
-            if unfinished:
-                # The lease runs from the transaction's start, the window's.
-                lease_ttl = self._lease_ttl + time.monotonic() - window.opened
-                await with_deadline_in_task(conn, conn.execute(self._q["event_lease_held"], {
-                    "ids": unfinished, "owner": self._owner, "lease_ttl": lease_ttl}),
-                    self._timeout)
-            await self._commit(conn, window.number)
+            done = await with_deadline_in_task(
+                conn, self._write(conn, window, plan.statements, unfinished), self._timeout)
         except (psycopg.Error, TimeoutError) as exc:
             self._running.windowed.difference_update(window.keys)
-            await self._roll_back(conn, window.events, exc)
+            await self._roll_back(claimer, conn, window.events, exc)
             return
         self._running.windowed.difference_update(window.keys)
         if outcomes:
@@ -243,16 +286,32 @@ class ClaimWindows:
                 try:
                     await with_deadline_in_task(conn, conn.execute(*notice), self._timeout)
                 except (psycopg.Error, TimeoutError) as exc:
-                    await self._fetch.discard(exc)
+                    await claimer.discard(exc)
             self._on_written(outcomes, done)
 
-    async def _commit(self, conn: psycopg.AsyncConnection[Any], number: int) -> None:
-        await with_deadline_in_task(conn, conn.execute(self._q["claim_window_close"], {
-            "worker": self._owner, "window_no": number}), self._timeout)
-        await with_deadline_in_task(conn, conn.execute("COMMIT"), self._timeout)
+    async def _write(self, conn: psycopg.AsyncConnection[Any], window: ClaimWindow,
+                     statements: list[tuple[str, dict[str, Any]]], unfinished: list[int]
+                     ) -> set[int]:
+        """The window's writes and its commit; returns the ids of the outcomes written."""
+        done: set[int] = set()
+        for query, params in statements:
+            cur = await conn.execute(query, params)
+            done.update(r[0] for r in await cur.fetchall())
+        if unfinished:
+            # The lease runs from the transaction's start, the window's.
+            lease_ttl = self._lease_ttl + time.monotonic() - window.opened
+            await conn.execute(self._q["event_lease_held"], {
+                "ids": int_array(unfinished), "owner": self._owner, "lease_ttl": lease_ttl})
+        await self._commit(conn, window.number)
+        return done
 
-    async def _roll_back(self, conn: psycopg.AsyncConnection[Any], events: list[Event],
-                         exc: BaseException | None) -> None:
+    async def _commit(self, conn: psycopg.AsyncConnection[Any], number: int) -> None:
+        await conn.execute(self._q["claim_window_close"], {"worker": self._owner,
+                                                           "window_no": number})
+        await conn.execute("COMMIT")
+
+    async def _roll_back(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
+                         events: list[Event], exc: BaseException | None) -> None:
         """The window wrote nothing: its events are pending again, for any worker; a
         handler still running is stopped as on a lost lease, its outcome not written."""
         if exc is not None:
@@ -267,4 +326,4 @@ class ClaimWindows:
                 return
             except (psycopg.Error, TimeoutError) as error:
                 exc = error
-        await self._fetch.discard(exc)
+        await claimer.discard(exc)

@@ -154,9 +154,10 @@ class Worker:
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,
                                  threads=2 * c.concurrency, middleware=middleware)
         windows = None
-        if self.connections.window is not None:
+        if self.connections.record is not None:
             windows = self.completer.windows = ClaimWindows(
-                self.connections.fetch, self.connections.window, self._q, self.id, self.running,
+                self.connections.claimers(), self.connections.record, self._q, self.id,
+                self.running,
                 start=self.executor.start, on_written=self.accounting.settled,
                 duration=c.claim_window, lease_ttl=c.lease_ttl, query_timeout=c.query_timeout,
                 delete_succeeded=c.retention == 0)
@@ -328,6 +329,8 @@ class Worker:
         if not claimed:
             return 0
         await asyncio.gather(*self.running.tasks(), return_exceptions=True)
+        if self.claims.windows is not None:
+            await self.claims.windows.settle()
         await self.completer.flush()
         return len(claimed)
 
