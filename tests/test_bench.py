@@ -34,7 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]
 RATES = ("enqueue_single_per_s", "enqueue_batch_per_s", "enqueue_batch_in_tx_per_s",
          "enqueue_batch_ids_per_s",
          "raw_copy_per_s", "raw_single_per_s",
-         "drain_default_per_s", "drain_best_per_s", "raw_drain_same_batch_per_s",
+         "drain_default_per_s", "drain_window_per_s", "drain_best_per_s",
+         "raw_drain_same_batch_per_s",
          "raw_drain_best_per_s",
          "enqueue_one_tx_per_s", "raw_insert_one_tx_per_s", "enqueue_autocommit_per_s",
          "raw_insert_autocommit_per_s", "outbox_business_per_s",
@@ -54,6 +55,7 @@ QUOTIENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "enqueue_one_tx_ratio": (("enqueue_one_tx_per_s",), ("raw_insert_one_tx_per_s",)),
     "enqueue_autocommit_ratio": (("enqueue_autocommit_per_s",), ("raw_insert_autocommit_per_s",)),
     "drain_default_ratio": (("drain_default_per_s",), ("raw_drain_same_commit_per_s",)),
+    "drain_window_ratio": (("drain_window_per_s",), ("raw_drain_same_commit_per_s",)),
     "drain_best_ratio": (("drain_best_per_s",), ("raw_drain_strongest_per_s",)),
     "drain_default_vs_best_ratio": (("drain_default_per_s",), ("drain_best_per_s",)),
     "worker_cpu_ratio": (("worker_cpu_us_per_event",), ("raw_cpu_us_per_event",)),
@@ -223,6 +225,16 @@ def test_wal_and_cpu_per_event_are_plausible(quick_run: tuple[str, dict[str, Any
         assert 50 < wal < 10_000, (who, wal)
     for key in ("worker_cpu_us_per_event", "raw_cpu_us_per_event"):
         assert 0 < result[key] < 1000, (key, result[key])
+
+
+def test_the_windowed_drain_runs_beside_the_defaults(
+        quick_run: tuple[str, dict[str, Any]]) -> None:
+    """The drain at defaults with claim windows is measured as often as the defaults
+    (its WAL per event is proven deterministically by test_hot_path_counts)."""
+    _, result = quick_run
+    assert len(result["runs"]["drain_window"]) == result["plan"]["reps"]
+    assert result["drain_window_seconds"] > 0
+    assert "claim window" in format_table(result)
 
 
 @pytest.mark.parametrize("system", ["conveyor", "raw"])

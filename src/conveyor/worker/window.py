@@ -66,14 +66,14 @@ class ClaimWindow:
         self.all_in = asyncio.Event()
         self.opened = time.monotonic()
 
-    def take(self, outcome: Outcome) -> bool:
-        """Keep ``outcome`` if it is the first of an event of this open window."""
-        key = (outcome.event_id, outcome.attempt)
-        if self.closing or key not in self._waiting:
+    def take(self, key: Key, outcome: Outcome) -> bool:
+        """Keep ``outcome`` of the event ``key`` if it is its first while the window is open."""
+        waiting = self._waiting
+        if self.closing or key not in waiting:
             return False
-        self._waiting.discard(key)
+        waiting.remove(key)
         self.outcomes.append(outcome)
-        if not self._waiting:
+        if not waiting:
             self.all_in.set()
         return True
 
@@ -142,8 +142,9 @@ class ClaimWindows:
 
     def take(self, outcome: Outcome) -> bool:
         """Whether an open window keeps ``outcome`` (the completer's first look)."""
-        window = self._open.get((outcome.event_id, outcome.attempt))
-        return window is not None and window.take(outcome)
+        key = (outcome.event_id, outcome.attempt)
+        window = self._open.get(key)
+        return window is not None and window.take(key, outcome)
 
     async def settle(self) -> None:
         """Wait until every open window has closed (a shutdown, ``Worker.run_once``)."""

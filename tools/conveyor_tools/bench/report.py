@@ -70,6 +70,7 @@ RATIOS = {
     "drain_best_ratio": ("drain_best_per_s", "raw_drain_strongest_per_s"),
     "drain_best_vs_raw_best_ratio": ("drain_best_per_s", "raw_drain_best_per_s"),
     "drain_default_vs_best_ratio": ("drain_default_per_s", "drain_best_per_s"),
+    "drain_window_ratio": ("drain_window_per_s", "raw_drain_same_commit_per_s"),
 }
 
 
@@ -110,6 +111,8 @@ def complete(result: dict[str, Any]) -> dict[str, Any]:
     wal = result["wal_bytes_per_event"]
     result["drain_default_wal_ratio"] = _quotient(wal["drain_default"], wal["raw_same_commit"])
     result["drain_best_wal_ratio"] = _quotient(wal["drain_best"], wal["raw_strongest"])
+    result["drain_window_wal_ratio"] = _quotient(wal.get("drain_window"),
+                                                 wal["raw_same_commit"])
     # Results from before the enqueue's WAL was measured have none.
     result["enqueue_bulk_wal_bytes"] = wal.get("enqueue_bulk")
     result["enqueue_bulk_wal_ratio"] = _quotient(wal.get("enqueue_bulk"), wal.get("raw_copy"))
@@ -127,6 +130,7 @@ def complete(result: dict[str, Any]) -> dict[str, Any]:
     # the machine is CPU-bound, but far less sensitive to other tenants' load).
     cpu = result["cpu_us_per_event"]
     for mine, theirs in (("drain_default", "raw_drain_same_batch"),
+                         ("drain_window", "raw_drain_same_batch"),
                          ("drain_best", "raw_drain_best")):
         a, b = cpu[mine]["total"], cpu[theirs]["total"]
         result[f"{mine}_cpu_ratio"] = b / a if a and b else None
@@ -204,6 +208,9 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, float | None, str
         ("WAL/event, defaults", _amount(r["wal_bytes_per_event"]["drain_default"], "B"),
          _amount(r["wal_bytes_per_event"]["raw_same_commit"], "B"), same_commit,
          r["drain_default_wal_ratio"], _verdict(r, "drain_default_wal_ratio")),
+        ("WAL/event, claim window", _amount(r["wal_bytes_per_event"].get("drain_window"), "B"),
+         _amount(r["wal_bytes_per_event"]["raw_same_commit"], "B"), same_commit,
+         r.get("drain_window_wal_ratio"), ""),
         ("WAL/event, best", _amount(r["wal_bytes_per_event"]["drain_best"], "B"),
          _amount(r["wal_bytes_per_event"]["raw_strongest"], "B"), strongest,
          r["drain_best_wal_ratio"], _verdict(r, "drain_best_wal_ratio")),

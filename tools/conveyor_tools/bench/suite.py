@@ -52,6 +52,8 @@ RAW_BEST_SERVER_COMMIT = RawVariant("mark", RAW_BEST_BATCH)
 ASYNC_COMMIT = "off"
 
 Progress = Callable[[str], None]
+# The claim window of the windowed drain at defaults (docs/held-claims.md).
+CLAIM_WINDOW = 0.1
 # (batch_size, concurrency, retention): retention None is the command's default.
 Settings = tuple[int, int, float | None]
 
@@ -230,7 +232,7 @@ class Suite:
             scratch.reset(admin, schema)
         commit = worker_commit()
         same_commit = RawVariant("mark", RAW_SAME_BATCH, commit)
-        default, raws = self._drains(admin, same_commit)
+        default, window, raws = self._drains(admin, same_commit)
         raw_same_commit, raw_same = raws[same_commit], raws[RAW_SAME_BATCH_SERVER_COMMIT]
         best_settings, best, strongest, raws = self._best(admin, default)
         raw_strongest, raw_best = raws[strongest], raws[RAW_BEST_SERVER_COMMIT]
@@ -259,6 +261,8 @@ class Suite:
             "enqueue_batch_ids_per_s": batch_ids,
             "raw_copy_per_s": raw_copy,
             "drain_default_per_s": _median(default),
+            "drain_window_per_s": _median(window),
+            "drain_window_seconds": CLAIM_WINDOW,
             "raw_drain_same_batch_per_s": _median(raw_same),
             "raw_drain_same_commit_per_s": _median(raw_same_commit),
             "raw_drain_same_commit_variant": same_commit.label,
@@ -269,6 +273,7 @@ class Suite:
             "raw_drain_strongest_per_s": _median(raw_strongest),
             "raw_drain_strongest_variant": strongest.label,
             "wal_bytes_per_event": {"drain_default": _wal(default), "drain_best": _wal(best),
+                                    "drain_window": _wal(window),
                                     "raw_same_commit": _wal(raw_same_commit),
                                     "raw_strongest": _wal(raw_strongest),
                                     "enqueue_bulk": enqueue_wal.bulk,
@@ -286,12 +291,14 @@ class Suite:
             "worker_rss_wake_mb": wake.rss_mb,
             "raw_worker_rss_mb": max(r.rss_mb for r in raw_same + raw_best),
             "cpu_us_per_event": {"drain_default": _cpu(default), "drain_best": _cpu(best),
+                                 "drain_window": _cpu(window),
                                  "raw_drain_same_batch": _cpu(raw_same),
                                  "raw_drain_best": _cpu(raw_best),
                                  "raw_drain_same_commit": _cpu(raw_same_commit),
                                  "raw_drain_strongest": _cpu(raw_strongest)},
             "runs": {
                 "drain_default": [_run_json(r) for r in default],
+                "drain_window": [_run_json(r) for r in window],
                 "drain_best": [_run_json(r) for r in best],
                 "raw_drain_same_batch": [_run_json(r) for r in raw_same],
                 "raw_drain_best": [_run_json(r) for r in raw_best],
@@ -326,11 +333,22 @@ class Suite:
                                  self.registry)
 
     def _drains(self, admin: psycopg.Connection[Any], same_commit: RawVariant
-                ) -> tuple[list[DrainRun], dict[RawVariant, list[DrainRun]]]:
-        """Defaults against the raw loop at the same batch, with the worker's commit and the server's."""
+                ) -> tuple[list[DrainRun], list[DrainRun], dict[RawVariant, list[DrainRun]]]:
+        """Defaults, and defaults with claim windows, against the raw loop at the same
+        batch, with the worker's commit and the server's; all in turns."""
         self.say(f"drain {self.plan.events:,} no-op events x {self.plan.reps}")
-        return self._phase(admin, lambda: self._conveyor(admin, DEFAULT),
-                           [same_commit, RAW_SAME_BATCH_SERVER_COMMIT])
+        variants = [same_commit, RAW_SAME_BATCH_SERVER_COMMIT]
+        distinct = list(dict.fromkeys(variants))
+        runs = self._alternate([lambda: self._conveyor(admin, DEFAULT),
+                                lambda: self._windowed_drain(admin),
+                                *(functools.partial(self._raw, admin, v) for v in distinct)])
+        return runs[0], runs[1], dict(zip(distinct, runs[2:], strict=True))
+
+    def _windowed_drain(self, admin: psycopg.Connection[Any]) -> DrainRun:
+        """The command's defaults but claim windows (docs/held-claims.md)."""
+        self.say(f"  conveyor drain, defaults with --claim-window {CLAIM_WINDOW:g}")
+        return measure.conveyor_drain(admin, self.url, self.schemas, self.plan.events,
+                                      self.registry, flags=["--claim-window", f"{CLAIM_WINDOW:g}"])
 
     def _phase(self, admin: psycopg.Connection[Any], ours: Callable[[], DrainRun],
                variants: Sequence[RawVariant]
