@@ -90,7 +90,8 @@ async def _drain(url: str, count: int, window: float, retention: float | None) -
     return {"events_per_s": count / seconds, "wal_bytes_per_event": wal / count,
             "server_cpu_us_per_event": server_cpu / count * 1e6,
             "worker_cpu_us_per_event": worker_cpu / count * 1e6,
-            "succeeded": worker.stats.succeeded}
+            "succeeded": worker.stats.succeeded,
+            "events_per_claim": worker.stats.claimed / max(1, worker.stats.claims)}
 
 
 def run(url: str, count: int, windows: list[float], rounds: int,

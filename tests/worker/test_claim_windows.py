@@ -128,10 +128,18 @@ async def test_an_idle_worker_claims_on_its_fetch_connection_only(db: str) -> No
         pass
 
     worker = Worker(db, _router("win.idle", handle), fast_config(claim_window=0.2))
+    windows = worker.claims.windows
+    assert windows is not None
+
+    async def closed() -> bool:
+        return windows.open_windows == 0
+
     async with running(worker):
         for _ in range(3):
             await enqueue(db, "win.idle")
             await wait_all_in(db, {"succeeded"}, timeout=10)
+            # Its commit is seen before its window lets go of the connection.
+            await wait_until(closed, timeout=10, what="the window closed")
         sessions = await query(db, "SELECT application_name AS name FROM pg_stat_activity"
                                    " WHERE datname = current_database()")
         names = {row["name"] for row in sessions}

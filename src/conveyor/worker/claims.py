@@ -195,7 +195,7 @@ class Claims:
             windows = None if counts_moves else self.windows
             sent = time.monotonic()
             if windows is not None:
-                rows = await windows.begin(conn, cur, query, params, self._stopping)
+                rows = await windows.begin(fetch, conn, query, params, self._stopping)
             else:
                 await with_deadline_in_task(conn, cur.execute(query, params),
                                             self.config.query_timeout, stopping=self._stopping)

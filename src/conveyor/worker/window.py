@@ -46,11 +46,22 @@ from conveyor.db.named_queries import Queries
 from conveyor.types import Event
 from conveyor.worker.acks import ack, finished_notice
 from conveyor.worker.classify import Outcome
-from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection
+from conveyor.worker.connection import RECOVERABLE_ERRORS, CursorCache, ManagedConnection
 from conveyor.worker.deadline import StopFlag, with_deadline_in_task
 from conveyor.worker.running import Key, RunningSet
 
 log = logging.getLogger(__name__)
+
+
+def _statements(parts: list[str]) -> str:
+    """Statements sent as one string: one round trip for all. Each statement on the
+    wire cost about 150 us of the worker's CPU on a 2-core machine (send, wait,
+    receive), and a window that sent each alone (BEGIN, the claim, the outcomes,
+    the record's deletion, COMMIT) spent a third more CPU per drained event than a
+    leased claim and its acknowledgement; the parameters are bound on this side
+    (psycopg's AsyncClientCursor) and the results read with ``nextset``."""
+    # A line of its own: a statement may end in a comment.
+    return "\n;\n".join(parts)
 
 
 class ClaimWindow:
@@ -124,6 +135,19 @@ class ClaimWindows:
         # The open windows' events, to find the window of an outcome (take).
         self._open: dict[Key, ClaimWindow] = {}
         self._closers: set[asyncio.Task[None]] = set()
+        # A cursor kept per connection: making one per statement cost a third
+        # more client CPU per drained event (CursorCache says why).
+        self._cursors = {c.role: CursorCache() for c in (*claimers, record)}
+        self._client_cursors: dict[str, psycopg.AsyncClientCursor[Any]] = {}
+
+    def _cursor(self, managed: ManagedConnection, conn: psycopg.AsyncConnection[Any]
+                ) -> psycopg.AsyncCursor[Any]:
+        return self._cursors[managed.role].get(conn)
+
+    @property
+    def open_windows(self) -> int:
+        """How many windows are open (claimed and not yet closed)."""
+        return len(self._closers)
 
     async def acquire(self) -> ManagedConnection:
         """A claim connection no open window holds, the fetch connection if it is free
@@ -151,12 +175,14 @@ class ClaimWindows:
         while self._closers:
             await asyncio.wait(set(self._closers))
 
-    async def begin(self, conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any],
+    async def begin(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
                     query: str, params: dict[str, Any], stopping: StopFlag) -> list[Any]:
-        """Open the transaction and lock a batch with ``query``;
-        returns its rows (none: the transaction is over). A stop cuts a claim that waits."""
+        """Open the transaction and lock a batch with ``query``, in one round trip
+        (:meth:`_statements`); returns its rows (none: the transaction is over). A
+        stop cuts a claim that waits."""
+        cur = self._client_cursor(claimer, conn)
         try:
-            rows = await with_deadline_in_task(conn, self._locked(conn, cur, query, params),
+            rows = await with_deadline_in_task(conn, self._locked(cur, query, params),
                                                self._timeout, stopping=stopping)
             if not rows:
                 await with_deadline_in_task(conn, cur.execute("ROLLBACK"), self._timeout)
@@ -170,11 +196,20 @@ class ClaimWindows:
             raise
 
     @staticmethod
-    async def _locked(conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any],
-                      query: str, params: dict[str, Any]) -> list[Any]:
-        await cur.execute("BEGIN")
-        await cur.execute(query, params)
+    async def _locked(cur: psycopg.AsyncClientCursor[Any], query: str, params: dict[str, Any]
+                      ) -> list[Any]:
+        await cur.execute(_statements(["BEGIN", cur.mogrify(query, params)]))
+        cur.nextset()
         return await cur.fetchall()
+
+    def _client_cursor(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any]
+                       ) -> psycopg.AsyncClientCursor[Any]:
+        """The claim connection's cursor for strings of statements, its parameters bound
+        by psycopg on this side."""
+        cur = self._client_cursors.get(claimer.role)
+        if cur is None or cur.connection is not conn:
+            cur = self._client_cursors[claimer.role] = psycopg.AsyncClientCursor(conn)
+        return cur
 
     async def hold(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
                    events: list[Event]) -> list[Event]:
@@ -222,7 +257,8 @@ class ClaimWindows:
         event id (None: the record could not be written, and the window is not held)."""
         try:
             conn = await self._record.get()
-            cur = await with_deadline_in_task(conn, conn.execute(self._q["claim_window_open"], {
+            cur = self._cursor(self._record, conn)
+            await with_deadline_in_task(conn, cur.execute(self._q["claim_window_open"], {
                 "worker": self._owner, "window_no": number,
                 "ids": int_array(e.id for e in events)}), self._timeout)
             return {row[0]: row[1] for row in await cur.fetchall()}
@@ -243,11 +279,12 @@ class ClaimWindows:
                                          "events": len(crashes)})
         ids = [e.id for e in events]
         try:
-            cur = await with_deadline_in_task(conn, conn.execute(self._q["event_claim_crashed"], {
+            cur = self._cursor(claimer, conn)
+            await with_deadline_in_task(conn, cur.execute(self._q["event_claim_crashed"], {
                 "ids": ids, "crashes": [crashes.get(i, 0) for i in ids], "owner": self._owner,
                 "window_no": number, "lease_ttl": self._lease_ttl}), self._timeout)
             rows = await cur.fetchall()
-            await with_deadline_in_task(conn, self._commit(conn, number), self._timeout)
+            await with_deadline_in_task(conn, self._commit(cur, number), self._timeout)
         except (psycopg.Error, TimeoutError) as exc:
             await self._roll_back(claimer, conn, events, exc)
             return []
@@ -275,7 +312,8 @@ class ClaimWindows:
                    held=True)
         try:
             done = await with_deadline_in_task(
-                conn, self._write(conn, window, plan.statements, unfinished), self._timeout)
+                conn, self._write(claimer, conn, window, plan.statements, unfinished),
+                self._timeout)
         except (psycopg.Error, TimeoutError) as exc:
             self._running.windowed.difference_update(window.keys)
             await self._roll_back(claimer, conn, window.events, exc)
@@ -285,31 +323,38 @@ class ClaimWindows:
             notice = finished_notice(self._q, plan.settled, done)
             if notice is not None:
                 try:
-                    await with_deadline_in_task(conn, conn.execute(*notice), self._timeout)
+                    await with_deadline_in_task(conn, self._cursor(claimer, conn).execute(*notice),
+                                                self._timeout)
                 except (psycopg.Error, TimeoutError) as exc:
                     await claimer.discard(exc)
             self._on_written(outcomes, done)
 
-    async def _write(self, conn: psycopg.AsyncConnection[Any], window: ClaimWindow,
-                     statements: list[tuple[str, dict[str, Any]]], unfinished: list[int]
-                     ) -> set[int]:
-        """The window's writes and its commit; returns the ids of the outcomes written."""
-        done: set[int] = set()
-        for query, params in statements:
-            cur = await conn.execute(query, params)
-            done.update(r[0] for r in await cur.fetchall())
+    async def _write(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
+                     window: ClaimWindow, statements: list[tuple[str, dict[str, Any]]],
+                     unfinished: list[int]) -> set[int]:
+        """The window's writes, its record's deletion and its commit, in one round trip
+        (:func:`_statements`); returns the ids of the outcomes written."""
+        cur = self._client_cursor(claimer, conn)
+        parts = [cur.mogrify(query, params) for query, params in statements]
         if unfinished:
             # The lease runs from the transaction's start, the window's.
             lease_ttl = self._lease_ttl + time.monotonic() - window.opened
-            await conn.execute(self._q["event_lease_held"], {
-                "ids": int_array(unfinished), "owner": self._owner, "lease_ttl": lease_ttl})
-        await self._commit(conn, window.number)
+            parts.append(cur.mogrify(self._q["event_lease_held"], {
+                "ids": int_array(unfinished), "owner": self._owner, "lease_ttl": lease_ttl}))
+        parts.append(cur.mogrify(self._q["claim_window_close"], {
+            "worker": self._owner, "window_no": window.number}))
+        parts.append("COMMIT")
+        await cur.execute(_statements(parts))
+        done: set[int] = set()
+        for _ in statements:
+            done.update(r[0] for r in await cur.fetchall())
+            cur.nextset()
         return done
 
-    async def _commit(self, conn: psycopg.AsyncConnection[Any], number: int) -> None:
-        await conn.execute(self._q["claim_window_close"], {"worker": self._owner,
-                                                           "window_no": number})
-        await conn.execute("COMMIT")
+    async def _commit(self, cur: psycopg.AsyncCursor[Any], number: int) -> None:
+        await cur.execute(self._q["claim_window_close"], {"worker": self._owner,
+                                                          "window_no": number})
+        await cur.execute("COMMIT")
 
     async def _roll_back(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
                          events: list[Event], exc: BaseException | None) -> None:
