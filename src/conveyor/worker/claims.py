@@ -90,9 +90,8 @@ class Claims:
         self.woken = asyncio.Event()
         self._deferred: list[list[Event]] = []   # claimed batches whose handlers start next round
         self._rng = random.Random()
-        self._cursor = CursorCache(binary=True)
-        # With claim windows: a cursor per claim connection, and the one the
-        # last claim handed to its window (not to be given back here).
+        # A cursor per claim connection (two with claim windows), and the
+        # connection the last claim handed to its window (not to be given back here).
         self._cursors = {c.role: CursorCache(binary=True) for c in connections.claimers()}
         self._held: ManagedConnection | None = None
         # How many limited events the last plain claim moved to their lane.
@@ -169,7 +168,8 @@ class Claims:
     async def claim(self, want: int, *, defer: bool = False) -> list[Event] | None:
         """Claim up to ``want`` events and start them; ``None`` after a database error."""
         if self.windows is None:
-            return await self._claim(self.connections.fetch, self._cursor, want, defer)
+            fetch = self.connections.fetch
+            return await self._claim(fetch, self._cursors[fetch.role], want, defer)
         # With claim windows, on a connection no open window holds.
         claimer = await self.windows.acquire()
         try:
