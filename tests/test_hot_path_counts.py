@@ -143,12 +143,25 @@ Q = queries_for("conveyor")
 OWNER = "7f3c2a64-1d5e-4b8e-9c1a-3e2f4d5c6b7a"
 
 
+def _claim_params(batch: int) -> dict[str, object]:
+    return {**sql_params(["*"]), "all_tenants": True, "tenants": [], "limit": batch,
+            "owner": OWNER, "lease_ttl": 30.0}
+
+
+def _backlog(conn: psycopg.Connection, url: str, events: int) -> None:
+    """``events`` no-op events committed and analyzed, as a drain finds them."""
+    Producer().enqueue_bulk(conn, [NewEvent(topic="bench.noop", payload={"i": i})
+                                   for i in range(events)])
+    conn.commit()
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("VACUUM (ANALYZE) conveyor.events")
+
+
 def drain_wal(conn: psycopg.Connection, batches: int, batch: int, *,
               delete_succeeded: bool = False) -> tuple[float, float]:
     """WAL bytes per event of the claims, and of the acknowledgements, of ``batches`` batches."""
     claims, acks = OwnWal(conn), OwnWal(conn)
-    params = {**sql_params(["*"]), "all_tenants": True, "tenants": [], "limit": batch,
-              "owner": OWNER, "lease_ttl": 30.0}
+    params = _claim_params(batch)
     for _ in range(batches):
         rows = conn.execute(Q["event_claim"], params).fetchall()
         assert len(rows) == batch
@@ -186,11 +199,7 @@ def raw_drain_wal(conn: psycopg.Connection, batches: int, batch: int, finish: st
 def test_a_drained_event_writes_at_most_its_measured_wal(fresh_db: str,
                                                         delete_succeeded: bool) -> None:
     with psycopg.connect(fresh_db) as conn:
-        Producer().enqueue_bulk(conn, [NewEvent(topic="bench.noop", payload={"i": i})
-                                       for i in range(1_000)])
-        conn.commit()
-        with psycopg.connect(fresh_db, autocommit=True) as admin:
-            admin.execute("VACUUM (ANALYZE) conveyor.events")
+        _backlog(conn, fresh_db, 1_000)
         claim, acknowledge = drain_wal(conn, 10, 100, delete_succeeded=delete_succeeded)
         raw = raw_drain_wal(conn, 10, 100, "delete" if delete_succeeded else "mark")
     print(f"\nWAL per event: claim {claim:.1f}, acknowledgement {acknowledge:.1f}, raw {raw:.1f}")
@@ -214,8 +223,7 @@ def held_drain_wal(conn: psycopg.Connection, batches: int, batch: int, *,
     """WAL bytes per event of ``batches`` claim windows (worker/window.py): the held
     claim, the held acknowledgement and the window's commit, one transaction each."""
     wal = OwnWal(conn)
-    params = {**sql_params(["*"]), "all_tenants": True, "tenants": [], "limit": batch,
-              "owner": OWNER, "lease_ttl": 30.0}
+    params = _claim_params(batch)
     for _ in range(batches):
         rows = conn.execute(Q["event_claim_held"], params).fetchall()
         assert len(rows) == batch
@@ -233,11 +241,7 @@ def held_drain_wal(conn: psycopg.Connection, batches: int, batch: int, *,
 def test_an_event_drained_in_a_claim_window_is_written_once(fresh_db: str,
                                                            delete_succeeded: bool) -> None:
     with psycopg.connect(fresh_db) as conn:
-        Producer().enqueue_bulk(conn, [NewEvent(topic="bench.noop", payload={"i": i})
-                                       for i in range(2_000)])
-        conn.commit()
-        with psycopg.connect(fresh_db, autocommit=True) as admin:
-            admin.execute("VACUUM (ANALYZE) conveyor.events")
+        _backlog(conn, fresh_db, 2_000)
         held = held_drain_wal(conn, 10, 100, delete_succeeded=delete_succeeded)
         claim, acknowledge = drain_wal(conn, 10, 100, delete_succeeded=delete_succeeded)
     print(f"\nWAL per event: held {held:.1f}, leased {claim + acknowledge:.1f}")
