@@ -891,7 +891,7 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
         # Attempts of killed claim windows the next claims counted (worker/window.py).
         window_crashes = conn.execute(
             "SELECT count(*) FROM conveyor.events, jsonb_array_elements(errors) AS x"
-            " WHERE x->>'error' LIKE '%%before its claim window committed'").fetchone()
+            " WHERE x->>'error' LIKE '%%claim window never committed%%'").fetchone()
         rescues = conn.execute(
             "SELECT w.pid, extract(epoch FROM (x->>'at')::timestamptz) "
             "FROM conveyor.events e CROSS JOIN LATERAL jsonb_array_elements(e.errors) AS x "

@@ -2022,7 +2022,8 @@ def test_crashed_attempts_are_counted_and_the_last_one_parks_the_event(db: Conn)
     assert sorted((r[0], r[4], r[-1]) for r in rows) == sorted(
         [(runs, 2, "running"), (parked, 1, "failed"), (fresh, 1, "running")])
     assert _row(db, runs, "lease_owner::text, last_error") == (
-        owner, "the worker running attempt 1 died before its claim window committed")
+        owner, "attempt 1 was lost: its claim window never committed (its worker died or lost"
+               " the database)")
     assert _row(db, parked, "lease_owner, finished_at IS NOT NULL, errors->0->>'attempt'") == (
         None, True, "1")
     assert _row(db, fresh, "last_error, errors") == (None, None)

@@ -82,7 +82,7 @@ def test_event_that_kills_its_worker_inside_claim_windows_is_parked_too(
     assert (record["state"], record["attempts"]) == ("failed", MAX_ATTEMPTS)
     errors = [(e["attempt"], e["error"]) for e in record["errors"]]
     assert [attempt for attempt, _ in errors] == [1, 2]
-    assert "died before its claim window committed" in errors[0][1]
+    assert "its claim window never committed" in errors[0][1]
     assert "lease expired" in errors[1][1]
     rescuer.signal(signal.SIGTERM)
     assert rescuer.wait(timeout=30) == 0

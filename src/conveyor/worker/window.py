@@ -135,8 +135,9 @@ class ClaimWindows:
         # The open windows' events, to find the window of an outcome (take).
         self._open: dict[Key, ClaimWindow] = {}
         self._closers: set[asyncio.Task[None]] = set()
-        # A cursor kept per connection: making one per statement cost a third
-        # more client CPU per drained event (CursorCache says why).
+        # A cursor kept per connection, as the completer keeps its own: a
+        # cursor made per statement sets up its adaptation state each time
+        # (CursorCache says why).
         self._cursors = {c.role: CursorCache() for c in (*claimers, record)}
         self._client_cursors: dict[str, psycopg.AsyncClientCursor[Any]] = {}
 

@@ -121,10 +121,10 @@ SET state = CASE WHEN d.runs THEN 'running' ELSE 'failed' END,
                             THEN statement_timestamp() + %(lease_ttl)s * interval '1 second' END,
     attempted_at = now(),
     last_error = CASE WHEN d.crashes = 0 THEN e.last_error
-                      ELSE 'the worker running attempt ' || d.ran
-                           || ' died before its claim window committed' END,
+                      ELSE 'attempt ' || d.ran || ' was lost: its claim window never'
+                           || ' committed (its worker died or lost the database)' END,
     errors = CASE WHEN d.crashes = 0 THEN e.errors
-                  ELSE -- include: _errors_appended(d.ran, 'the worker running this attempt died before its claim window committed', NULL, NULL::text, statement_timestamp)
+                  ELSE -- include: _errors_appended(d.ran, 'this attempt was lost: its claim window never committed (its worker died or lost the database)', NULL, NULL::text, statement_timestamp)
              END,
     finished_at = CASE WHEN NOT d.runs THEN statement_timestamp() END,
     updated_at = statement_timestamp()
