@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from collections.abc import Callable
 
 import pytest
@@ -52,6 +53,14 @@ def test_event_that_kills_its_worker_is_parked_after_max_attempts(
         "the rescuer never ran the parked event"
 
 
+def _exit_code(worker: WorkerProcess) -> int:
+    """The worker's exit code once it ends; its log if it does not within a minute."""
+    try:
+        return worker.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the worker did not end within 60 s:\n{worker.log()[-4000:]}")
+
+
 def test_event_that_kills_its_worker_inside_claim_windows_is_parked_too(
         acc_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     """With claim windows the attempt that killed its worker is rolled back with the
@@ -61,13 +70,13 @@ def test_event_that_kills_its_worker_inside_claim_windows_is_parked_too(
                    "--max-attempts", str(MAX_ATTEMPTS))
     event_id = int(done.stdout.strip())
     first = spawn(acc_db, *args)
-    assert first.wait(timeout=30) == -signal.SIGKILL, first.log()[-2000:]
+    assert _exit_code(first) == -signal.SIGKILL, first.log()[-2000:]
     # Rolled back with the window: pending, nothing counted, the record left.
     assert query(acc_db, "SELECT attempts, state FROM conveyor.events WHERE id = %s",
                  (event_id,)) == [(0, "pending")]
     assert query(acc_db, "SELECT ids FROM conveyor.claim_windows") == [([event_id],)]
     second = spawn(acc_db, *args)
-    assert second.wait(timeout=30) == -signal.SIGKILL, second.log()[-2000:]
+    assert _exit_code(second) == -signal.SIGKILL, second.log()[-2000:]
     # Its claim counted the lost attempt and leased the second before it ran.
     assert query(acc_db, "SELECT attempts, state FROM conveyor.events WHERE id = %s",
                  (event_id,)) == [(MAX_ATTEMPTS, "running")]

@@ -16,15 +16,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conveyor.db.connect import connect, connect_async, describe
 from conveyor.errors import ConveyorError, DatabaseUnavailableError
 from conveyor.multitenant import StaticTenants, TenantDatabase
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "Canary"
@@ -169,20 +172,39 @@ def test_cli_environment_variable_never_prints_the_password(dsn: str) -> None:
         assert done.returncode == 1, done.stderr
 
 
-def run_worker_multi(tmp_path: Path, *source: str, seconds: float = 2.5) -> str:
-    """worker-multi with JSON logs for ``seconds`` (several rescans), then SIGTERM."""
+def _failed_starts(lines: list[str]) -> list[dict[str, Any]]:
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    return [r for r in records if r.get("action") == "tenant_start_failed"]
+
+
+def run_worker_multi(*source: str, until: Callable[[list[dict[str, Any]]], bool],
+                     what: str) -> str:
+    """worker-multi with JSON logs until ``until`` holds for its failed tenant starts
+    logged so far (``what`` names it), then SIGTERM; returns its whole output. A wait
+    on the log, not a fixed time: on a loaded machine a 2.5 s run ended before its
+    first rescan."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "conveyor.cli.main", "--log-format", "json", "--log-level", "debug",
          "worker-multi", "--app", "examples.quickstart:router", "--rescan-interval", "0.3",
          *source],
         cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         stdin=subprocess.DEVNULL)
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        time.sleep(seconds)
+        wait_for(lambda: until(_failed_starts(list(lines))), 60, what)
     finally:
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
-    return output
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    return "".join(lines)
 
 
 URLS = [(i, dsn) for i, dsn in enumerate(DSNS) if "://" in dsn]
@@ -192,11 +214,12 @@ KEYWORDS = [(i, dsn) for i, dsn in enumerate(DSNS) if "://" not in dsn]
 def test_worker_multi_dsn_flags_never_log_the_password(tmp_path: Path) -> None:
     # URLs are taken as given and fail when their tenant starts, at every rescan.
     flags = [part for i, dsn in URLS for part in ("--dsn", f"t{i}={dsn}")]
-    output = run_worker_multi(tmp_path, *flags)
+    tenants = {f"t{i}" for i, _ in URLS}
+    output = run_worker_multi(*flags, until=lambda failed: {r["tenant"] for r in failed} >= tenants,
+                              what="every tenant's failed start")
     assert_no_canary(output, "worker-multi's logs")
-    records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
-    failed = [r for r in records if r.get("action") == "tenant_start_failed"]
-    assert {r["tenant"] for r in failed} == {f"t{i}" for i, _ in URLS}, output[-3000:]
+    failed = _failed_starts(output.splitlines())
+    assert {r["tenant"] for r in failed} == tenants, output[-3000:]
     assert all("invalid database url" in r["message"] or "cannot connect" in r["message"]
                for r in failed)
 
@@ -215,9 +238,10 @@ def test_worker_multi_tenant_files_never_log_the_password(tmp_path: Path) -> Non
     tenants.mkdir()
     for i, dsn in enumerate(DSNS):
         (tenants / f"t{i}.dsn").write_text(f"# tenant {i}\n{dsn}\n")
-    output = run_worker_multi(tmp_path, "--tenants-dir", str(tenants))
-    assert_no_canary(output, "worker-multi's logs")
-    records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
-    failed = [r for r in records if r.get("action") == "tenant_start_failed"]
     # Retried at every rescan, and every repetition is clean.
+    output = run_worker_multi("--tenants-dir", str(tenants),
+                              until=lambda failed: len(failed) > len(DSNS),
+                              what="a second round of failed starts (a rescan)")
+    assert_no_canary(output, "worker-multi's logs")
+    failed = _failed_starts(output.splitlines())
     assert len(failed) > len(DSNS), output[-3000:]
