@@ -88,23 +88,35 @@ def private_server() -> Iterator[PrivateServer]:
             shutil.rmtree(base, ignore_errors=True)
 
 
-def test_worker_rides_out_a_server_restart(
-        private_server: PrivateServer, spawn: Callable[..., WorkerProcess]) -> None:
-    url = private_server.url
+def _listening_worker(url: str, spawn: Callable[..., WorkerProcess],
+                      *options: str) -> WorkerProcess:
+    """A migrated database with a ledger, and a worker listening on it."""
     migrated = run_cli("--database-url", url, "migrate")
     assert migrated.returncode == 0, migrated.stderr
     create_ledger(url)
-    worker = spawn(url, "--poll-interval", "60", "--concurrency", "10")
+    worker = spawn(url, "--poll-interval", "60", "--concurrency", "10", *options)
     wait_for(lambda: listening(url), 30, "the worker to LISTEN", alive=[worker])
-    old_sessions = {pid for pid, _ in query(
-        url, "SELECT pid, 1 FROM pg_stat_activity WHERE application_name LIKE 'conveyor-%'")}
+    return worker
 
+
+def _drain_under_way(url: str, worker: WorkerProcess) -> list[int]:
+    """EVENTS events of 0.1 s each, committed at once; returns once 50 have succeeded."""
     with psycopg.connect(url) as conn:
         ids = Producer().enqueue_many(conn, [NewEvent(topic="acc.restart", payload={"sleep": 0.1})
                                              for _ in range(EVENTS)])
         conn.commit()
     wait_for(lambda: state_counts(url).get("succeeded", 0) >= 50, 20, "the drain to get going",
              alive=[worker])
+    return ids
+
+
+def test_worker_rides_out_a_server_restart(
+        private_server: PrivateServer, spawn: Callable[..., WorkerProcess]) -> None:
+    url = private_server.url
+    worker = _listening_worker(url, spawn)
+    old_sessions = {pid for pid, _ in query(
+        url, "SELECT pid, 1 FROM pg_stat_activity WHERE application_name LIKE 'conveyor-%'")}
+    ids = _drain_under_way(url, worker)
 
     private_server.stop_fast()
     stopped_at = time.monotonic()
@@ -142,18 +154,9 @@ def test_a_worker_with_claim_windows_rides_out_a_server_restart(
     """The windows open when the server stops roll back: their events run again (at
     least once), nothing is lost, and the worker drains the rest through new windows."""
     url = private_server.url
-    migrated = run_cli("--database-url", url, "migrate")
-    assert migrated.returncode == 0, migrated.stderr
-    create_ledger(url)
     # Windows longer than the handlers' 0.1 s: the stop lands in open ones.
-    worker = spawn(url, "--poll-interval", "60", "--concurrency", "10", "--claim-window", "1")
-    wait_for(lambda: listening(url), 30, "the worker to LISTEN", alive=[worker])
-    with psycopg.connect(url) as conn:
-        ids = Producer().enqueue_many(conn, [NewEvent(topic="acc.restart", payload={"sleep": 0.1})
-                                             for _ in range(EVENTS)])
-        conn.commit()
-    wait_for(lambda: state_counts(url).get("succeeded", 0) >= 50, 20, "the drain to get going",
-             alive=[worker])
+    worker = _listening_worker(url, spawn, "--claim-window", "1")
+    ids = _drain_under_way(url, worker)
 
     private_server.stop_fast()
     time.sleep(DOWNTIME)
