@@ -36,6 +36,12 @@ def _succeeded(url: str) -> int:
     return state_counts(url).get("succeeded", 0)
 
 
+def _holders(url: str) -> int:
+    """How many workers hold running events."""
+    return query(url, "SELECT count(DISTINCT lease_owner) FROM conveyor.events"
+                      " WHERE state = 'running'")[0][0]
+
+
 def test_a_chord_of_ten_thousand_runs_its_callback_once_through_kills(
         acc_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     first = step("wf.start")
@@ -53,6 +59,10 @@ def test_a_chord_of_ten_thousand_runs_its_callback_once_through_kills(
         seen = _succeeded(acc_db)
         wait_for(lambda seen=seen: _succeeded(acc_db) >= min(MEMBERS, seen + 1500), 120,
                  "more members to succeed", alive=workers)
+        # A worker just started may not have claimed yet; kill only while
+        # every worker holds running events, so each kill interrupts members.
+        wait_for(lambda: _holders(acc_db) >= len(workers), 60,
+                 "every worker to hold running members", alive=workers)
         victim = workers.pop(rng.randrange(len(workers)))
         victim.signal(signal.SIGKILL)
         assert victim.wait(timeout=10) == -signal.SIGKILL
