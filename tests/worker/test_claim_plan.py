@@ -21,7 +21,8 @@ from psycopg import sql
 from claim_support import claim_params
 from conveyor.db.named_queries import queries_for
 from conveyor.patterns import sql_params
-from conveyor.worker.connection import ManagedConnection, WorkerConnections
+from conveyor.worker.connection import ManagedConnection
+from conveyor.worker.sessions import WorkerConnections
 from worker_support import fast_config
 
 Q = queries_for("conveyor")

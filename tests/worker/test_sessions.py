@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from conveyor.metrics import DatabaseGauges
-from conveyor.worker.connection import WorkerConnections
+from conveyor.worker.sessions import WorkerConnections
 from worker_support import fast_config
 
 PROBE = "EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM generate_series(1, 1000)"

@@ -42,12 +42,12 @@ from conveyor.worker.connection import (
     CursorCache,
     ManagedConnection,
     StopRequested,
-    WorkerConnections,
 )
 from conveyor.worker.deadline import StopFlag, with_deadline, with_deadline_in_task
 from conveyor.worker.executor import Executor
 from conveyor.worker.flow import FlowControl
 from conveyor.worker.running import RunningSet
+from conveyor.worker.sessions import WorkerConnections
 from conveyor.worker.stats import WorkerStats
 from conveyor.worker.wakeups import PauseState
 from conveyor.worker.window import ClaimWindows

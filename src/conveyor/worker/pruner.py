@@ -28,7 +28,7 @@ from psycopg import errors
 from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import Queries
 from conveyor.types import FINISHED_STATES, EventState
-from conveyor.worker.connection import MAINTENANCE_STATEMENT_TIMEOUT
+from conveyor.worker.sessions import MAINTENANCE_STATEMENT_TIMEOUT
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import logging
 from conveyor.config import WorkerConfig
 from conveyor.worker.claims import Claims
 from conveyor.worker.completer import Completer
-from conveyor.worker.connection import WorkerConnections
 from conveyor.worker.flow_claims import FlowClaims
 from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.service import ServiceTasks
+from conveyor.worker.sessions import WorkerConnections
 
 log = logging.getLogger(__name__)
 

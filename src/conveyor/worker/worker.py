@@ -51,7 +51,7 @@ from conveyor.schema.migrator import AsyncMigrator
 from conveyor.worker.accounting import OutcomeAccounting
 from conveyor.worker.claims import Claims
 from conveyor.worker.completer import Completer
-from conveyor.worker.connection import ConnectionGate, StopRequested, WorkerConnections
+from conveyor.worker.connection import ConnectionGate, StopRequested
 from conveyor.worker.deadline import StopFlag
 from conveyor.worker.executor import Executor
 from conveyor.worker.failure_log import FailureLogLimiter
@@ -63,6 +63,7 @@ from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.running import RunningSet
 from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.service import Service, ServiceTasks
+from conveyor.worker.sessions import WorkerConnections
 from conveyor.worker.shutdown import Shutdown
 from conveyor.worker.startup import StartUp, start_details
 from conveyor.worker.stats import OutcomeTally, WorkerStats

@@ -111,7 +111,7 @@ def worker_commit() -> str | None:
     ``None`` when it keeps the server's. The raw loop claims and finishes on
     one connection, so the two must agree.
     """
-    from conveyor.worker.connection import WorkerConnections
+    from conveyor.worker.sessions import WorkerConnections
 
     conns = WorkerConnections("postgresql://", WorkerConfig(), asyncio.Event())
     found: dict[str, object] = {}
