@@ -70,14 +70,14 @@ async def _a_pass_since(worker: Worker, since: float) -> None:
 
 async def test_four_workers_fire_each_slot_of_a_warped_dst_day_exactly_once(db: str) -> None:
     # 25 October 2026 in Madrid has 25 hours (clocks go back at 03:00 CEST):
-    # 300 five-minute slots from local midnight to midnight, one day in ~30 s.
+    # 300 five-minute slots from local midnight to midnight, one day in ~15 s.
     start = datetime(2026, 10, 24, 22, 0, tzinfo=UTC) - timedelta(seconds=1)
-    clock = Warped(start, speed=3000.0)
+    clock = Warped(start, speed=6000.0)
     router = Router()
-    # A catch-up of six warped hours (7 real seconds): a scheduler that a loaded
+    # A catch-up of twelve warped hours (7 real seconds): a scheduler that a loaded
     # machine holds up for a few seconds still fires its slots late, not skips them.
     router.cron("*/5 * * * *", "report.build", {"kind": "5min"}, tz="Europe/Madrid",
-                catch_up=6 * 3600)
+                catch_up=12 * 3600)
     workers = [Worker(db, router, fast_config(), clock=clock) for _ in range(4)]
     built = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
@@ -87,9 +87,9 @@ async def test_four_workers_fire_each_slot_of_a_warped_dst_day_exactly_once(db: 
             await _a_pass_since(worker, built)
         clock.go()
         end = datetime(2026, 10, 25, 23, 0, tzinfo=UTC)
-        # A scheduler sleeps up to a real second between passes (50 warped
-        # minutes): two hours past the end leave each worker more passes.
-        while clock() < end + timedelta(hours=2):
+        # A scheduler sleeps up to a real second between passes (100 warped
+        # minutes): four hours past the end leave each worker more passes.
+        while clock() < end + timedelta(hours=4):
             await asyncio.sleep(0.2)
     fired = await _fired(db)
     slots = [at for _key, at in fired if at < end]
