@@ -21,6 +21,9 @@ from psycopg import sql
 from claim_support import claim_params
 from conveyor.db.named_queries import queries_for
 from conveyor.patterns import sql_params
+from conveyor.types import EventState
+from conveyor.worker.acks import ack
+from conveyor.worker.classify import Outcome
 from conveyor.worker.connection import ManagedConnection
 from conveyor.worker.sessions import WorkerConnections
 from worker_support import fast_config
@@ -157,5 +160,38 @@ async def test_a_batch_of_a_thousand_is_found_again_by_id_not_by_reading_the_tab
                               counter="seq_tup_read")
         # The unsort finds its batch by reading the table until it has it: 1000 rows.
         assert read <= 1000, f"the {name} of 1000 read {read} rows of the table end to end"
+    finally:
+        await connections.close()
+
+
+# A window's outcomes (windows.sql), for 100 events of a burst: successes
+# written or deleted, and a retry (the settle statement).
+HELD_OUTCOMES = {
+    "success": (False, EventState.SUCCEEDED),
+    "success, retention 0": (True, EventState.SUCCEEDED),
+    "retry": (False, EventState.PENDING),
+}
+
+
+@pytest.mark.parametrize("name", list(HELD_OUTCOMES))
+async def test_a_windows_outcomes_after_a_burst_are_found_by_id(db: str, name: str) -> None:
+    # A window sends its statements with their values in the text, so each is
+    # planned anew on the statistics of the moment: taken on an empty table,
+    # they joined the batch to a scan of every pending row, for every window
+    # (a windowed drain of 100,000 events at a third of the leased one).
+    delete, state = HELD_OUTCOMES[name]
+    _burst(db, 0)
+    outcomes = [Outcome(n, 1, state, delay=1.0 if state is EventState.PENDING else None,
+                        error="boom" if state is EventState.PENDING else None)
+                for n in range(5_001, 5_101)]
+    (query, params), = ack(Q, "7f3c2a64-1d5e-4b8e-9c1a-3e2f4d5c6b7a", outcomes,
+                           delete_succeeded=delete, held=True).statements
+    connections = WorkerConnections(db, fast_config(claim_window=0.1), asyncio.Event())
+    try:
+        assert connections.window is not None
+        conn = await connections.window.get()
+        text = psycopg.AsyncClientCursor(conn).mogrify(query, params)
+        fetched = await _fetched(connections.window, text, {})
+        assert fetched <= 2 * len(outcomes), f"{name}: {fetched} rows fetched for 100 outcomes"
     finally:
         await connections.close()
