@@ -195,3 +195,19 @@ async def test_a_windows_outcomes_after_a_burst_are_found_by_id(db: str, name: s
         assert fetched <= 2 * len(outcomes), f"{name}: {fetched} rows fetched for 100 outcomes"
     finally:
         await connections.close()
+
+
+@pytest.mark.parametrize("history", [0, BACKLOG], ids=["empty", "all_finished"])
+async def test_a_windows_claim_after_a_burst_reads_one_batch(db: str, history: int) -> None:
+    # The held claim goes out as text too (with its BEGIN), planned each time.
+    _burst(db, history)
+    connections = WorkerConnections(db, fast_config(claim_window=0.1), asyncio.Event())
+    try:
+        assert connections.window is not None
+        conn = await connections.window.get()
+        text = psycopg.AsyncClientCursor(conn).mogrify(Q["event_claim_held"],
+                                                      claim_params(limit=100))
+        fetched = await _fetched(connections.window, text, {})
+        assert fetched <= MOST_FETCHED, f"the held claim fetched {fetched} rows for 100 events"
+    finally:
+        await connections.close()
