@@ -4,7 +4,9 @@ Statistics taken while no event was pending (an empty table, or one of
 finished events), then a burst arrives before autovacuum analyzes again:
 planned for those figures, a claim of 100 read and sorted the whole backlog
 (this file failed so for the plain claim, the flow claim and the flow sort;
-lanes.sql's lane_set_aside shares the flow sort's fix). Each statement runs
+lanes.sql's lane_set_aside shares the flow sort's fix). A claim window's
+statements, sent with their values in the text, are planned anew each time:
+its outcomes read every pending row so, too. Each statement runs
 on the worker's own session for it, in a transaction rolled back, and the
 transaction's own counts say how many rows it fetched.
 """
@@ -47,7 +49,7 @@ def _burst(db: str, history: int, *, limited: bool = False) -> None:
                       (limited, BACKLOG))
 
 
-async def _fetched(managed: ManagedConnection, query: str, params: dict[str, Any], *,
+async def _fetched(managed: ManagedConnection, query: str, params: dict[str, Any] | None, *,
                    counter: str = "idx_tup_fetch") -> int:
     """Rows of the events table ``query`` read on ``managed``'s session, rolled back: those
     fetched through an index (``idx_tup_fetch``), or those a scan of the whole table read
@@ -191,7 +193,7 @@ async def test_a_windows_outcomes_after_a_burst_are_found_by_id(db: str, name: s
         assert connections.window is not None
         conn = await connections.window.get()
         text = psycopg.AsyncClientCursor(conn).mogrify(query, params)
-        fetched = await _fetched(connections.window, text, {})
+        fetched = await _fetched(connections.window, text, None)
         assert fetched <= 2 * len(outcomes), f"{name}: {fetched} rows fetched for 100 outcomes"
     finally:
         await connections.close()
@@ -207,7 +209,7 @@ async def test_a_windows_claim_after_a_burst_reads_one_batch(db: str, history: i
         conn = await connections.window.get()
         text = psycopg.AsyncClientCursor(conn).mogrify(Q["event_claim_held"],
                                                       claim_params(limit=100))
-        fetched = await _fetched(connections.window, text, {})
+        fetched = await _fetched(connections.window, text, None)
         assert fetched <= MOST_FETCHED, f"the held claim fetched {fetched} rows for 100 events"
     finally:
         await connections.close()
