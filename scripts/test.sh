@@ -49,9 +49,10 @@ need_package chromium /usr/bin/chromium "the browser tests" --no-install-recomme
 #    core, 263 s (2026-12-04, a quiet machine); with the suite grown since, two
 #    per core took 320 and 321 s, three 275 and 267 s, both without a failure
 #    (2026-12-05);
-# 2. the `light` ones, CONVEYOR_TEST_LIGHT_WORKERS (3) at a time: tests that
+# 2. the `light` ones, CONVEYOR_TEST_LIGHT_WORKERS (4) at a time: tests that
 #    would not share the machine with the parallel tier (they restart private
-#    servers or time themselves loosely) but do with two others of their kind,
+#    servers or time themselves loosely) but do with three others of their kind
+#    (four at a time took 158 and 164 s where three took 181-191 s, 2026-12-05),
 #    mostly waiting; test by test, not file by file, and a process that runs
 #    out takes another's queued tests (--dist worksteal): with --dist load a
 #    long test could wait queued behind another while a process sat idle;
@@ -77,7 +78,7 @@ if [ "$tier" = all ] || [ "$tier" = parallel ]; then
 fi
 if [ "$tier" = all ] || [ "$tier" = light ]; then
     light=0
-    python -m pytest -n "${CONVEYOR_TEST_LIGHT_WORKERS:-3}" --dist worksteal -m light "$@" \
+    python -m pytest -n "${CONVEYOR_TEST_LIGHT_WORKERS:-4}" --dist worksteal -m light "$@" \
         || light=$?
 fi
 if [ "$tier" = all ] || [ "$tier" = serial ]; then

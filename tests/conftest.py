@@ -12,13 +12,13 @@ session in a temporary directory. Two tiers:
 Every database a test creates comes from ``make_db``, so each one is dropped
 (``WITH (FORCE)``) however its test or fixture ends.
 
-Under pytest-xdist (``scripts/test.sh`` runs the suite in two tiers) every
+Under pytest-xdist (``scripts/test.sh`` runs the suite in three tiers) every
 worker process has its own session: its own template, shared database and
 clones, each named with the worker's id and a random suffix, so no two
 workers ever create, clone or drop the same database. Tests that must have the
 machine to themselves carry the ``serial`` marker, put on by hand or, for the
 fixtures in ``SERIAL_FIXTURES``, by ``pytest_collection_modifyitems`` below;
-those that may share it with two other light tests of their kind, ``light``.
+those that may share it with three other light tests of their kind, ``light``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from .test_server_restart import PrivateServer, private_server
 __all__ = ["private_server"]     # the fixture, shared with the restart test
 
 # light: /healthz must turn 503 within BOUND + 1.5 s of its private server dying;
-# the two other light tests beside it leave it most of a core.
+# the three light tests beside it, mostly waiting, leave it CPU to spare.
 pytestmark = [pytest.mark.slow, pytest.mark.light]
 
 POLL = 0.5

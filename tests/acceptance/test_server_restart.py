@@ -31,7 +31,7 @@ from .helpers import WorkerProcess, ledger_counts, listening, query, run_cli, st
 from .test_connection_loss import WAKE_LIMIT, assert_listen_wakes_worker
 
 # light: stops its private server for 3 s and bounds the worker's wake-up after
-# it (10 s); the two other light tests beside it leave it most of a core.
+# it (10 s); the three light tests beside it, mostly waiting, leave it CPU to spare.
 pytestmark = [pytest.mark.slow, pytest.mark.light]
 
 EVENTS = 400
