@@ -14,6 +14,7 @@ transaction's own counts say how many rows it fetched.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import psycopg
@@ -211,5 +212,21 @@ async def test_a_windows_claim_after_a_burst_reads_one_batch(db: str, history: i
                                                       claim_params(limit=100))
         fetched = await _fetched(connections.window, text, None)
         assert fetched <= MOST_FETCHED, f"the held claim fetched {fetched} rows for 100 events"
+    finally:
+        await connections.close()
+
+
+async def test_a_batch_that_met_lost_windows_is_leased_by_id_after_a_burst(db: str) -> None:
+    # event_claim_crashed, the lease of a batch whose events lost windows
+    # before (a worker killed during a burst): it read every pending row too.
+    _burst(db, 0)
+    ids = list(range(5_001, 5_101))
+    connections = WorkerConnections(db, fast_config(claim_window=0.1), asyncio.Event())
+    try:
+        assert connections.window is not None
+        fetched = await _fetched(connections.window, Q["event_claim_crashed"], {
+            "ids": ids, "crashes": [1] * len(ids), "window_no": 1,
+            "owner": uuid.UUID("7f3c2a64-1d5e-4b8e-9c1a-3e2f4d5c6b7a"), "lease_ttl": 30.0})
+        assert fetched <= MOST_FETCHED, f"the lease fetched {fetched} rows for 100 events"
     finally:
         await connections.close()

@@ -137,7 +137,11 @@ SET state = CASE WHEN d.runs THEN 'running' ELSE 'failed' END,
     updated_at = statement_timestamp()
 FROM d
 WHERE e.id = d.event_id
-  AND e.state = 'pending'
+  -- The batch found by id as an array, its state one IS TRUE test (_held
+  -- says why: on statistics from before a burst, a plain state test read
+  -- every pending row for these 100).
+  AND e.id = ANY (ARRAY(SELECT event_id FROM d))
+  AND (e.state = 'pending') IS TRUE
 RETURNING -- include: _claim_columns(e.attempts)
           , e.state
 
