@@ -69,7 +69,10 @@ async def test_successes_log_nothing_per_event(db: str, caplog: pytest.LogCaptur
     router.add("ok", fine)
     for _ in range(5):
         await enqueue(db, "ok")
-    async with running(Worker(db, router, fast_config())):
+    # A long lease: a loaded machine that stalls the loop past fast_config's
+    # one second had an event rescued, and the rescue logs per event.
+    async with running(Worker(db, router, fast_config(lease_ttl=30.0,
+                                                      heartbeat_interval=10.0))):
         async def all_done() -> bool:
             return len(done) == 5
         await wait_until(all_done, timeout=5, what="five successes")
