@@ -11,6 +11,8 @@ from typing import Any
 
 import psycopg
 
+from waiting import wait_for
+
 from .apps import LEDGER_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,6 +88,18 @@ def state_counts(url: str) -> dict[str, int]:
 def ledger_counts(url: str) -> dict[int, int]:
     """Executions recorded per event id."""
     return {e: n for e, n in query(url, "SELECT event_id, count(*) FROM public.ledger GROUP BY 1")}
+
+
+def drained(url: str, ids: list[int], alive: list[WorkerProcess], *,
+            timeout: float = 60.0) -> dict[int, int]:
+    """Wait until the events ``ids`` all succeeded, with nothing else in the table, and
+    each ran; return the executions recorded per event id."""
+    wait_for(lambda: state_counts(url).get("succeeded", 0) == len(ids), timeout,
+             "every event to succeed", interval=0.25, alive=alive)
+    assert state_counts(url) == {"succeeded": len(ids)}
+    executions = ledger_counts(url)
+    assert set(executions) == set(ids), "every event ran"
+    return executions
 
 
 def backends(url: str, application_name: str) -> list[tuple[int, str]]:

@@ -12,7 +12,7 @@ import pytest
 from conveyor import NewEvent, Producer
 from waiting import wait_for
 
-from .helpers import WorkerProcess, ledger_counts, listening, query, state_counts
+from .helpers import WorkerProcess, drained, listening, query, state_counts
 
 pytestmark = pytest.mark.slow
 
@@ -68,11 +68,7 @@ def test_worker_survives_repeated_backend_termination(
     counts_at_last_cut = state_counts(acc_db)
     assert counts_at_last_cut.get("succeeded", 0) < EVENTS, "the cuts came mid-drain"
 
-    wait_for(lambda: state_counts(acc_db).get("succeeded", 0) == EVENTS, 60,
-             "every event to succeed", interval=0.25, alive=[worker])
-    assert state_counts(acc_db) == {"succeeded": EVENTS}
-    executions = ledger_counts(acc_db)
-    assert set(executions) == set(ids)
+    executions = drained(acc_db, ids, [worker])
     twice = [e for e, n in executions.items() if n > 1]
     print(f"{len(cut)} sessions cut in {CUTS} rounds; {len(twice)} events ran more than once")
     assert twice == []
