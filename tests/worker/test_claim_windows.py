@@ -7,6 +7,8 @@ import asyncio
 import uuid
 from datetime import timedelta
 
+import psycopg
+
 from conveyor import Event, Router, Worker
 from waiting import wait_until
 from worker_support import enqueue, event_row, fast_config, query, running, wait_all_in
@@ -147,3 +149,40 @@ async def test_an_idle_worker_claims_on_its_fetch_connection_only(db: str) -> No
         # The second claim connection is for a window claimed while another is open.
         assert {"conveyor-fetch", "conveyor-record"} <= names
         assert "conveyor-window" not in names
+
+
+async def test_a_heartbeat_while_a_window_records_its_batch_abandons_nothing(db: str) -> None:
+    # The slots of a held claim are taken before its record is written (a round
+    # trip on another connection); a heartbeat in between read its events as
+    # leased ones, found them pending and locked, and abandoned them as lost: a
+    # loaded machine's SIGKILL storm ran 22 of them twice (the cancelled call,
+    # then a new claim).
+    calls: list[tuple[int, int]] = []
+
+    async def handle(event: Event) -> None:
+        calls.append((event.id, event.attempt))
+
+    ids = {await enqueue(db, "win.race", {"n": n}) for n in range(3)}
+    worker = Worker(db, _router("win.race", handle), fast_config(claim_window=0.5))
+    async with await psycopg.AsyncConnection.connect(db) as blocker, \
+            await psycopg.AsyncConnection.connect(db, autocommit=True) as beat:
+        # The window's record waits behind this lock, its slots already taken.
+        await blocker.execute("LOCK TABLE conveyor.claim_windows IN SHARE MODE")
+        claim = asyncio.create_task(worker.run_once())
+        try:
+            await wait_until(lambda: _slots_taken(worker, 3), timeout=10,
+                             what="the held claim's slots taken")
+            await worker.maintenance.lease.run_once(beat)
+            assert worker.stats.lost == 0
+        finally:
+            await blocker.rollback()
+        assert await asyncio.wait_for(claim, 20) == 3
+    await worker.close()
+    assert sorted(calls) == sorted((event_id, 1) for event_id in ids)
+    for event_id in ids:
+        row = await event_row(db, event_id)
+        assert (row["state"], row["attempts"]) == ("succeeded", 1)
+
+
+async def _slots_taken(worker: Worker, n: int) -> bool:
+    return len(worker.running) == n

@@ -233,7 +233,7 @@ class Claims:
         # The slots are taken now; the handlers start on the loop's next round,
         # after the fetch loop has sent its next claim, so the database works
         # on that claim while this batch's handlers start.
-        self.running.take(events)
+        self.running.take(events, held=windows is not None)
         if windows is not None and events:
             # Held: the window starts the handlers, and this connection's
             # transaction is the window's until it closes.

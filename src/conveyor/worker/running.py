@@ -77,13 +77,20 @@ class RunningSet:
         self.freed.clear()
         await self.freed.wait()
 
-    def take(self, events: Iterable[Event]) -> None:
-        """Take a slot for each claimed event; its call starts later."""
+    def take(self, events: Iterable[Event], *, held: bool = False) -> None:
+        """Take a slot for each claimed event; its call starts later.
+
+        ``held``: the events of a claim window, not leased: the heartbeat leaves
+        them out from this moment (:attr:`windowed`), in the same step, or one
+        that ran before their window's record was written read them as lost.
+        """
         entries = self.entries
         holder = self.holder
         for event in events:
             entries[(event.id, event.attempt)] = Running(event, None)
             event._holder = holder  # type: ignore[assignment]   # None outside a worker
+        if held:
+            self.windowed.update((event.id, event.attempt) for event in events)
 
     def keys(self) -> list[Key]:
         """The leased events: every one but those of an open claim window."""

@@ -235,7 +235,6 @@ class ClaimWindows:
         window = ClaimWindow(number, events)
         for key in window.keys:
             self._open[key] = window
-        self._running.windowed.update(window.keys)
         self._start(events)
         closer = asyncio.create_task(self._run(claimer, conn, window), name="conveyor-window")
         self._closers.add(closer)
@@ -290,9 +289,12 @@ class ClaimWindows:
             await self._roll_back(claimer, conn, events, exc)
             return []
         # Their slots were taken for the attempts the held claim read; those
-        # left to run start the attempts counted here (the parked free theirs).
+        # left to run start the attempts counted here (the parked free theirs),
+        # leased now: the heartbeat renews them.
         for event in events:
-            self._running.release((event.id, event.attempt))
+            key = (event.id, event.attempt)
+            self._running.windowed.discard(key)
+            self._running.release(key)
         from_row = Event._from_claim_row
         left = [from_row(row[:-1]) for row in rows if row[-1] == "running"]
         self._running.take(left)
@@ -316,7 +318,6 @@ class ClaimWindows:
                 conn, self._write(claimer, conn, window, plan.statements, unfinished),
                 self._timeout)
         except (psycopg.Error, TimeoutError) as exc:
-            self._running.windowed.difference_update(window.keys)
             await self._roll_back(claimer, conn, window.events, exc)
             return
         self._running.windowed.difference_update(window.keys)
@@ -365,7 +366,9 @@ class ClaimWindows:
             log.warning("a claim window of %d events could not commit (%s); they run again",
                         len(events), exc, extra={"action": "window_rolled_back",
                                                  "events": len(events)})
-        self._running.lose([(e.id, e.attempt) for e in events], set(), quiet=True)
+        keys = [(e.id, e.attempt) for e in events]
+        self._running.windowed.difference_update(keys)
+        self._running.lose(keys, set(), quiet=True)
         self._running.freed.set()
         if exc is None or (isinstance(exc, psycopg.Error) and not conn.broken):
             try:
