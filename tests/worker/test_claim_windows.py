@@ -186,3 +186,51 @@ async def test_a_heartbeat_while_a_window_records_its_batch_abandons_nothing(db:
 
 async def _slots_taken(worker: Worker, n: int) -> bool:
     return len(worker.running) == n
+
+
+async def test_an_outcome_that_comes_while_its_window_commits_is_written_after_it(db: str) -> None:
+    # The window's commit leases its unfinished events; an outcome that came
+    # while it was on its way went to the completer at once, whose write read
+    # the row still pending (the commit not landed), matched nothing and was
+    # dropped as stale: the lease then ran out and the event ran again.
+    calls: list[int] = []
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def handle(event: Event) -> None:
+        calls.append(event.attempt)
+        started.set()
+        await release.wait()
+
+    event_id = await enqueue(db, "win.late")
+    worker = Worker(db, _router("win.late", handle), fast_config(claim_window=1.0, lease_ttl=3.0))
+    async with running(worker), await psycopg.AsyncConnection.connect(db) as blocker:
+        await asyncio.wait_for(started.wait(), 10)
+        # The window's record is written (its handler runs); its commit, which
+        # deletes the record, now waits behind this lock.
+        await blocker.execute("LOCK TABLE conveyor.claim_windows IN SHARE MODE")
+        await wait_until(lambda: _window_commit_waits(db), timeout=10,
+                         what="the window's commit waiting for the lock")
+        release.set()
+        await wait_until(lambda: _acknowledgements_tried(worker), timeout=10,
+                         what="the outcome taken")
+        await blocker.rollback()
+        await wait_until(lambda: _state_is(db, event_id, "succeeded"), timeout=20,
+                         what="the event's success")
+    assert calls == [1]
+    row = await event_row(db, event_id)
+    assert (row["state"], row["attempts"]) == ("succeeded", 1)
+    assert worker.completer.stale == 0
+
+
+async def _window_commit_waits(url: str) -> bool:
+    rows = await query(url, "SELECT count(*) AS n FROM pg_stat_activity"
+                            " WHERE wait_event_type = 'Lock'"
+                            " AND application_name IN ('conveyor-fetch', 'conveyor-window')")
+    return bool(rows[0]["n"])
+
+
+async def _acknowledgements_tried(worker: Worker) -> bool:
+    # The handler has returned, and its outcome is not (or no longer) on its
+    # way through the completer.
+    return (all(task.done() for task in worker.running.tasks())
+            and not worker.completer.unacknowledged())

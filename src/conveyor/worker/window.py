@@ -73,15 +73,22 @@ class ClaimWindow:
         self.keys: set[Key] = {(e.id, e.attempt) for e in events}
         self._waiting = set(self.keys)
         self.outcomes: list[Outcome] = []
+        # Outcomes that came while the window committed: their events' leases
+        # are in that commit, so they go to the completer after it (late).
+        self.late: list[Outcome] = []
         self.closing = False
         self.all_in = asyncio.Event()
         self.opened = time.monotonic()
 
     def take(self, key: Key, outcome: Outcome) -> bool:
-        """Keep ``outcome`` of the event ``key`` if it is its first while the window is open."""
+        """Keep ``outcome`` of the event ``key`` if it is its first while the window is
+        open, or while it commits (:attr:`late`)."""
         waiting = self._waiting
-        if self.closing or key not in waiting:
+        if key not in waiting:
             return False
+        if self.closing:
+            self.late.append(outcome)
+            return True
         waiting.remove(key)
         self.outcomes.append(outcome)
         if not waiting:
@@ -108,6 +115,8 @@ class ClaimWindows:
         running: the worker's slots; a window's events are in
             :attr:`RunningSet.windowed` while it is open.
         start: starts the handlers of claimed events (the executor's).
+        hand_on: takes the outcome of an event leased as its window closed
+            (the completer's ``add``).
         on_written: takes each written batch of outcomes and the ids written
             (the worker's accounting, as for the completer's batches).
         duration: the window's length (``WorkerConfig.claim_window``).
@@ -116,6 +125,7 @@ class ClaimWindows:
     def __init__(self, claimers: Sequence[ManagedConnection], record: ManagedConnection,
                  queries: Queries, owner: str, running: RunningSet, *,
                  start: Callable[[list[Event]], None],
+                 hand_on: Callable[[Outcome], None],
                  on_written: Callable[[list[Outcome], set[int]], None], duration: float,
                  lease_ttl: float, query_timeout: float, delete_succeeded: bool) -> None:
         self._claimers = list(claimers)
@@ -126,6 +136,7 @@ class ClaimWindows:
         self._owner = owner
         self._running = running
         self._start = start
+        self._hand_on = hand_on
         self._on_written = on_written
         self._duration = duration
         self._lease_ttl = lease_ttl
@@ -306,8 +317,6 @@ class ClaimWindows:
                      window: ClaimWindow) -> None:
         """Write the window's outcomes, lease its unfinished events, commit."""
         window.closing = True
-        for key in window.keys:
-            self._open.pop(key, None)
         outcomes = window.outcomes
         unfinished = [e.id for e in window.unfinished()
                       if (e.id, e.attempt) in self._running]
@@ -318,9 +327,14 @@ class ClaimWindows:
                 conn, self._write(claimer, conn, window, plan.statements, unfinished),
                 self._timeout)
         except (psycopg.Error, TimeoutError) as exc:
+            # The late outcomes go with the rest: their events run again.
+            self._forget(window)
             await self._roll_back(claimer, conn, window.events, exc)
             return
+        self._forget(window)
         self._running.windowed.difference_update(window.keys)
+        for outcome in window.late:
+            self._hand_on(outcome)   # leased now: the completer writes them
         if outcomes:
             notice = finished_notice(self._q, plan.settled, done)
             if notice is not None:
@@ -330,6 +344,10 @@ class ClaimWindows:
                 except (psycopg.Error, TimeoutError) as exc:
                     await claimer.discard(exc)
             self._on_written(outcomes, done)
+
+    def _forget(self, window: ClaimWindow) -> None:
+        for key in window.keys:
+            self._open.pop(key, None)
 
     async def _write(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
                      window: ClaimWindow, statements: list[tuple[str, dict[str, Any]]],

@@ -159,7 +159,8 @@ class Worker:
             windows = self.completer.windows = ClaimWindows(
                 self.connections.claimers(), self.connections.record, self._q, self.id,
                 self.running,
-                start=self.executor.start, on_written=self.accounting.settled,
+                start=self.executor.start, hand_on=self.completer.add,
+                on_written=self.accounting.settled,
                 duration=c.claim_window, lease_ttl=c.lease_ttl, query_timeout=c.query_timeout,
                 delete_succeeded=c.retention == 0)
         self.claims = Claims(self.connections, self._q, c, self.id, self.flow, self._filter,
