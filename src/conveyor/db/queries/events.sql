@@ -92,13 +92,16 @@ SELECT array_agg(nextval(%(sequence)s::regclass)) FROM generate_series(1, %(coun
 SELECT id FROM {schema}.events
 WHERE tenant IS NOT DISTINCT FROM %(tenant)s AND idempotency_key = %(idempotency_key)s
 
--- name: _found_by_id(rows)
+-- name: _found_by_id(rows, e=e)
 -- The rows of `e` (the events table being written) that a CTE locked first,
--- found again by id as an array: joined to the CTE, a batch of 1000 on fresh
--- statistics was planned as a hash join over the whole table, every row of it
--- read for every claim (tests/worker/test_claim_plan.py). `rows` names the
--- CTE, with a condition if need be (`seen WHERE held`).
-e.id = ANY (ARRAY(SELECT id FROM {rows}))
+-- or whose ids a statement was given, found by id as an array: joined to the
+-- CTE, a batch of 1000 on fresh statistics was planned as a hash join over
+-- the whole table, every row of it read for every claim, and a statement
+-- planned anew on statistics from before a burst joined its batch to a scan
+-- of every pending row (tests/worker/test_claim_plan.py). `rows` names the
+-- CTE, with a condition if need be (`seen WHERE held`), or any relation with
+-- an `id` column.
+{e}.id = ANY (ARRAY(SELECT id FROM {rows}))
 
 -- name: _claim_update
 -- The claim's write, shared by every claim variant (event_claim,

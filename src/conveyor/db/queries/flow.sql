@@ -137,7 +137,7 @@ WITH RECURSIVE tenants AS (
     -- The candidates by id as well as by the join: the planner cannot tell how
     -- few they are, and from a few thousand rows to some tens of thousands it
     -- read the whole table to hash-join them (measured: docs/flow-control.md).
-    WHERE events.id = ANY (ARRAY(SELECT id FROM placed))
+    WHERE -- include: _found_by_id(placed, events)
       AND events.state = 'pending'
       -- include: _claim_unpaused
     ORDER BY placed.turn, placed.later, placed.tenant NULLS LAST

@@ -30,9 +30,9 @@ SELECT -- include: _claim_columns(attempts + 1 AS attempts)
 -- statistics from before a burst, a plain state test had the batch joined to
 -- a scan of every pending row (events_claim_idx), for every window, a third
 -- of the leased drain at 100,000 pending (tests/worker/test_claim_plan.py).
--- So the rows are found by id as an array (_found_by_id's reason) and the
--- state is one IS TRUE test, which no partial index matches (_still_open's).
-  AND e.id = ANY (ARRAY(SELECT unnest(%(ids)s::bigint[])))
+-- So the rows are found by id as an array (_found_by_id) and the state is
+-- one IS TRUE test, which no partial index matches (_still_open's reason).
+  AND -- include: _found_by_id(unnest(%(ids)s::bigint[]) AS held(id))
   AND (e.state = 'pending') IS TRUE
   AND e.attempts = d.attempt - 1
 
@@ -140,7 +140,7 @@ WHERE e.id = d.event_id
   -- The batch found by id as an array, its state one IS TRUE test (_held
   -- says why: on statistics from before a burst, a plain state test read
   -- every pending row for these 100).
-  AND e.id = ANY (ARRAY(SELECT event_id FROM d))
+  AND -- include: _found_by_id(unnest(%(ids)s::bigint[]) AS batch(id))
   AND (e.state = 'pending') IS TRUE
 RETURNING -- include: _claim_columns(e.attempts)
           , e.state
