@@ -27,7 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +37,8 @@ import jwt
 import psycopg
 import pytest
 from aiosmtpd.controller import Controller
-from psycopg.conninfo import make_conninfo
 
+from server_support import MakeDb
 from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,24 +161,15 @@ class EngineProcess:
         wait_for(lambda: not self.ready(), 10, f"the engine on port {self.port} to be down")
 
 
-def new_database(server_url: str, template_db: str) -> str:
-    name = f"conveyor_e2e_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'.encode())
-    return name
-
-
-def drop_database(server_url: str, name: str) -> None:
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
-
-
 @pytest.fixture(scope="module")
-def module_db(server_url: str, template_db: str) -> Iterator[str]:
-    """A migrated database shared by one module (the engine tests without workers)."""
-    name = new_database(server_url, template_db)
-    yield make_conninfo(server_url, dbname=name)
-    drop_database(server_url, name)
+def module_db(make_db: MakeDb, template_db: str) -> Iterator[str]:
+    """A migrated database shared by one module (the engine tests without workers).
+
+    Dropped by make_db's background thread (under xdist): a drop that the
+    module's end waited for took 39 s of the parallel tier once (2026-12-05).
+    """
+    with make_db(prefix="conveyor_e2e_", template=template_db) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
