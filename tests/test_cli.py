@@ -15,18 +15,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from cli_support import no_conveyor_env, restore_logging  # noqa: F401 - autouse fixtures
 from conveyor.cli.main import main
 from conveyor.schema.migrator import load_migrations
+from server_support import MakeDb
 
 REPO = Path(__file__).resolve().parents[1]
 UNREACHABLE = "postgresql://root@127.0.0.1:1/x"
@@ -316,14 +315,11 @@ def test_database_url_from_the_environment(fresh_db: str, monkeypatch: pytest.Mo
 # -------------------------------------------------------------------- errors
 
 @pytest.fixture(scope="module")
-def error_db(server_url: str, template_db: str) -> Iterator[str]:
-    """One migrated database for the error tests, which leave it as they found it."""
-    name = f"conveyor_cli_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'.encode())
-    yield make_conninfo(server_url, dbname=name)
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+def error_db(make_db: MakeDb, template_db: str) -> Iterator[str]:
+    """One migrated database for the error tests, which leave it as they found it
+    (dropped in the background, as tests/e2e's module_db says why)."""
+    with make_db(prefix="conveyor_cli_", template=template_db) as url:
+        yield url
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:

@@ -7,12 +7,10 @@ Every wait is bounded and every server started here is stopped in teardown.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from .helpers import BlackHoleProxy, socket_path
 
@@ -31,14 +29,3 @@ async def proxy(fresh_db: str) -> AsyncIterator[BlackHoleProxy]:
         yield p
     finally:
         await p.stop()
-
-
-@pytest.fixture
-def scratch_db(server_url: str, template_db: str) -> Iterator[str]:
-    """Like fresh_db, for tests that need a second database."""
-    name = f"conveyor_r_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'.encode())
-    yield make_conninfo(server_url, dbname=name)
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
