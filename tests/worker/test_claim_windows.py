@@ -4,6 +4,7 @@ claim's transaction, its fast events written once, its slow ones leased at its e
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from datetime import timedelta
 
@@ -234,3 +235,29 @@ async def _acknowledgements_tried(worker: Worker) -> bool:
     # way through the completer.
     return (all(task.done() for task in worker.running.tasks())
             and not worker.completer.unacknowledged())
+
+
+async def test_a_poll_while_a_window_is_open_waits_for_it(db: str) -> None:
+    # A poll is a safety net: an idle worker whose poll came while its one
+    # window was open claimed on a second connection, opened for it.
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def handle(event: Event) -> None:
+        started.set()
+        await release.wait()
+
+    config = fast_config(claim_window=10.0)
+    worker = Worker(db, _router("win.poll", handle), config)
+    async with running(worker):
+        await enqueue(db, "win.poll")
+        await asyncio.wait_for(started.wait(), 10)
+        held_since = time.monotonic()
+
+        async def polls_passed() -> bool:
+            return time.monotonic() - held_since > 3 * config.poll_interval
+        await wait_until(polls_passed, timeout=10, what="three polls while the window is open")
+        release.set()
+        await wait_all_in(db, {"succeeded"}, timeout=10)
+        sessions = await query(db, "SELECT application_name AS name FROM pg_stat_activity"
+                                   " WHERE datname = current_database()")
+    assert "conveyor-window" not in {row["name"] for row in sessions}

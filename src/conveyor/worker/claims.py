@@ -141,9 +141,25 @@ class Claims:
                 # claims and to acknowledgements flushed at batch_size.
                 size = c.batch_size
                 self.completer.flush_size = size
-            await self._idle_wait()
+            if not await self._idle_wait() and self.windows is not None:
+                await self._poll_after_windows(self.windows)
 
-    async def _idle_wait(self) -> None:
+    async def _poll_after_windows(self, windows: ClaimWindows) -> None:
+        """A poll, not a wake: the safety net's claim waits for the open windows
+        (each closes within claim_window) rather than open a second connection
+        for itself; a wake meanwhile claims at once."""
+        if not windows.open_windows:
+            return
+        settled = asyncio.ensure_future(windows.settle())
+        woken = asyncio.ensure_future(self.woken.wait())
+        try:
+            await asyncio.wait({settled, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            settled.cancel()
+            woken.cancel()
+
+    async def _idle_wait(self) -> bool:
+        """Wait for a wake or the poll; whether woken."""
         poll = self.config.poll_interval * (1 - 0.1 * self._rng.random())
         # asyncio.timeout, not wait_for: no task in between, so a NOTIFY reaches
         # the next claim a few loop rounds (~40 us on an idle machine) sooner.
@@ -151,7 +167,8 @@ class Claims:
             async with asyncio.timeout(poll):
                 await self.woken.wait()
         except TimeoutError:
-            pass
+            return False
+        return True
 
     def _statement(self, params: dict[str, Any]) -> tuple[str, bool]:
         """The plain claim to send, and whether it is event_claim_flow (rows end in `moved`)."""

@@ -346,8 +346,12 @@ class ClaimWindows:
             self._on_written(outcomes, done)
 
     def _forget(self, window: ClaimWindow) -> None:
+        # Only its own: once its commit has landed, a retry given its attempt
+        # back may already be held by the next window, under the same key.
+        open_ = self._open
         for key in window.keys:
-            self._open.pop(key, None)
+            if open_.get(key) is window:
+                del open_[key]
 
     async def _write(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
                      window: ClaimWindow, statements: list[tuple[str, dict[str, Any]]],
