@@ -14,7 +14,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import RSAAlgorithm
-from psycopg.conninfo import make_conninfo
+
+from server_support import MakeDb
 
 e2e = pytest.importorskip("e2e.conftest", reason="needs tests/e2e on the path")
 
@@ -24,19 +25,17 @@ ATTACKER_SECRET = "attacker-controlled-secret-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
-def engine_api(server_url: str, template_db: str,
+def engine_api(make_db: MakeDb, template_db: str,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    name = e2e.new_database(server_url, template_db)
-    engine = e2e.EngineProcess(make_conninfo(server_url, dbname=name),
-                               Path(tmp_path_factory.mktemp("engine")) / "engine.log")
-    try:
-        engine.start()
-        api = e2e.Api(engine.url)
-        yield api
-        api.close()
-    finally:
-        engine.stop()
-        e2e.drop_database(server_url, name)
+    with make_db(prefix="conveyor_jwt_", template=template_db) as url:
+        engine = e2e.EngineProcess(url, Path(tmp_path_factory.mktemp("engine")) / "engine.log")
+        try:
+            engine.start()
+            api = e2e.Api(engine.url)
+            yield api
+            api.close()
+        finally:
+            engine.stop()
 
 
 def _claims(tenant: str = "acme") -> dict[str, Any]:
