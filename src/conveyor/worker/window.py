@@ -183,7 +183,8 @@ class ClaimWindows:
         return window is not None and window.take(key, outcome)
 
     async def settle(self) -> None:
-        """Wait until every open window has closed (a shutdown, ``Worker.run_once``)."""
+        """Wait until every open window has closed (a shutdown, ``Worker.run_once``, an
+        idle worker's poll)."""
         while self._closers:
             await asyncio.wait(set(self._closers))
 
