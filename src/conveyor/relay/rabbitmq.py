@@ -132,7 +132,11 @@ class RabbitMQPublisher:
             return exchange
 
     async def publish(self, message: RelayMessage) -> None:
-        await self._publish(await self._connected(), message)
+        try:
+            await self._publish(await self._connected(), message)
+        except _ClosedByAnother:
+            # Once more on a new channel (publish_many says why).
+            await self._publish(await self._connected(), message)
 
     async def publish_many(self, messages: list[RelayMessage]) -> list[Exception | None]:
         """Publish a batch, every confirm awaited together; what went wrong for each, or None.
@@ -204,6 +208,16 @@ class RabbitMQPublisher:
                     f"{too_big[2]} bytes") from exc
             raise _ClosedByAnother(f"{self.name} closed the channel for another message "
                                    f"over its max_message_size") from exc
+        except (exceptions.ChannelInvalidStateError, _aiormq_exceptions().ConnectionChannelError
+                ) as exc:
+            # The channel went under this message, or the connection did for a
+            # frame sent on a channel the broker had just closed (504 "expected
+            # 'channel.open'"): another message's refusal closes the channel, and
+            # which of the publishes in flight hears of it first is chance. Once
+            # more on a new channel; a broker really gone fails that again.
+            self._exchange = None
+            raise _ClosedByAnother(f"{self.name} closed the channel under this message: "
+                                   f"{str(exc) or type(exc).__name__}") from exc
         except (TimeoutError, OSError, exceptions.AMQPError, RuntimeError) as exc:
             self._exchange = None     # reconnect on the next publish
             raise BrokerUnavailableError(f"no confirm from {self.name}: "
@@ -220,6 +234,13 @@ class RabbitMQPublisher:
 
     async def aclose(self) -> None:
         await self._drop()
+
+
+def _aiormq_exceptions() -> Any:
+    """aiormq's exceptions (aio_pika's transport; aio_pika does not re-export them all)."""
+    import aiormq.exceptions
+
+    return aiormq.exceptions
 
 
 def _returned(exc: BaseException) -> bool:
