@@ -10,14 +10,14 @@ from datetime import timedelta
 
 import psycopg
 
-from conveyor import Event, Router, Worker
+from conveyor import AsyncProducer, Event, Router, Worker
 from waiting import wait_until
 from worker_support import enqueue, event_row, fast_config, query, running, wait_all_in
 
 
 async def _updates(url: str) -> int:
     rows = await query(url, "SELECT n_tup_upd FROM pg_stat_user_tables"
-                            " WHERE schemaname = 'conveyor' AND relname = 'events'")
+                            " WHERE schemaname = 'conveyor' AND relname = 'events_live'")
     return int(rows[0]["n_tup_upd"])
 
 
@@ -239,7 +239,8 @@ async def _acknowledgements_tried(worker: Worker) -> bool:
 
 async def test_a_poll_while_a_window_is_open_waits_for_it(db: str) -> None:
     # A poll is a safety net: an idle worker whose poll came while its one
-    # window was open claimed on a second connection, opened for it.
+    # window was open claimed on a second connection, opened for it. The
+    # window here is opened by a poll too.
     started, release = asyncio.Event(), asyncio.Event()
 
     async def handle(event: Event) -> None:
@@ -249,7 +250,21 @@ async def test_a_poll_while_a_window_is_open_waits_for_it(db: str) -> None:
     config = fast_config(claim_window=10.0)
     worker = Worker(db, _router("win.poll", handle), config)
     async with running(worker):
-        await enqueue(db, "win.poll")
+        # Only the enqueue's wake may claim: the listener's wake on connecting
+        # (which claims at once, on a second connection if a window is open)
+        # has come and found nothing.
+        await asyncio.wait_for(worker.listener.connected.wait(), 10)
+        listening = time.monotonic()
+
+        async def idle_since_listening() -> bool:
+            return worker.stats.last_empty_claim_at > listening
+        await wait_until(idle_since_listening, timeout=10, what="an empty claim after LISTEN")
+        # Written without a wake-up: a poll claims it, and a NOTIFY that came
+        # after that claim would claim at once, on a second connection.
+        async with await psycopg.AsyncConnection.connect(db) as conn:
+            await conn.execute("SET LOCAL conveyor.notify = 'off'")
+            await AsyncProducer().enqueue(conn, "win.poll", {})
+            await conn.commit()
         await asyncio.wait_for(started.wait(), 10)
         held_since = time.monotonic()
 
