@@ -779,7 +779,7 @@ def test_migration_queries_build_and_read_the_version_table(empty_db: str) -> No
 
 @exercises("migration_steps_try_lock", "migration_steps_unlock", "migration_steps_wait",
            "migration_backend_pid", "migration_create_steps_table", "migration_step_record",
-           "migration_steps_done")
+           "migration_steps_done", "migration_step_recorded")
 def test_migration_step_queries_record_steps_and_hold_a_session_lock(empty_db: str) -> None:
     q = queries_for("mq")
     with psycopg.connect(empty_db, autocommit=True) as conn, \
@@ -799,6 +799,9 @@ def test_migration_step_queries_record_steps_and_hold_a_session_lock(empty_db: s
         conn.execute(q["migration_record"], {"version": 1, "name": "a"})
         # Only the steps of migrations not complete: where each resumes.
         assert conn.execute(q["migration_steps_done"]).fetchall() == [(2, 1)]
+        recorded = [conn.execute(q["migration_step_recorded"], {"version": 2, "step": step})
+                    .fetchone() for step in (1, 2)]
+        assert recorded == [(True,), (False,)]
         assert conn.execute(q["migration_steps_unlock"], {"schema": "mq"}).fetchone() == (True,)
         assert other.execute(q["migration_steps_try_lock"], {"schema": "mq"}).fetchone() == (
             True,)

@@ -73,6 +73,17 @@ _Resume = tuple[Migration, set[int]]
 _STEPS_LOCK_PAUSE = 0.25
 
 
+def _needs_session_lock(m: Migration) -> bool:
+    """Whether ``m`` has a step that runs outside a transaction.
+
+    Steps in transactions exclude each other by the transaction lock, each
+    checking its record first: safe through a pooler. A ``no-transaction``
+    step cannot take that lock, so the migrator running it holds the steps
+    lock for the session.
+    """
+    return any(not step.transaction for step in m.steps)
+
+
 class Migrator:
     """Brings a schema up to date on the connection you pass.
 
@@ -102,21 +113,23 @@ class Migrator:
         outer = conn.info.transaction_status != TransactionStatus.IDLE
         try:
             applied, resume = self._apply_plain(conn, outer=outer)
-            if resume is None:
-                return applied
-            self._lock_session(conn)
+            locked = False
             try:
-                while True:
-                    # Read again under the steps lock: another migrator may have
-                    # run steps, or whole migrations, while this one waited.
+                while resume is not None:
+                    if _needs_session_lock(resume[0]) and not locked:
+                        self._lock_session(conn)
+                        locked = True
+                        # Read again under the steps lock: another migrator may
+                        # have run steps, or whole migrations, while this one waited.
+                        more, resume = self._apply_plain(conn, outer=outer)
+                        applied += more
+                        continue
+                    if self._apply_steps(conn, *resume):
+                        applied.append(resume[0])
                     more, resume = self._apply_plain(conn, outer=outer)
                     applied += more
-                    if resume is None:
-                        break
-                    self._apply_steps(conn, *resume)
-                    applied.append(resume[0])
             finally:
-                if not conn.closed:   # a lost session took its lock with it
+                if locked and not conn.closed:   # a lost session took its lock with it
                     self._unlock_session(conn)
         except psycopg.Error as exc:
             raise MigrationError(f"migrating schema {self.schema!r} failed: {exc}") from exc
@@ -151,6 +164,8 @@ class Migrator:
             raise MigrationError(
                 f"migration {m.version} runs in steps, each committed on its own; apply it on "
                 "a connection with no transaction open")
+        if not _needs_session_lock(m):
+            return
         cur = run(conn, self._q["migration_backend_pid"])
         row = cur.fetchone()
         if row is not None and row[0] != conn.info.backend_pid:
@@ -159,18 +174,27 @@ class Migrator:
                 "(PgBouncer) may hand to another client; migrate on a direct connection")
 
     def _apply_steps(self, conn: psycopg.Connection[Any], m: Migration,
-                           done: set[int]) -> None:
-        """Run the steps of ``m`` not recorded yet, each committed with its record."""
+                           done: set[int]) -> bool:
+        """Run the steps of ``m`` not recorded yet, each committed with its record.
+
+        Returns whether this migrator ran the last one (so completed ``m``).
+        """
+        completed = False
         for number, step in enumerate(m.steps, 1):
             if number in done:
                 continue
             try:
                 if step.transaction:
                     with conn.transaction():
-                        # Excludes a script's parts, which take this lock alone.
+                        # Excludes a script's parts, which take this lock alone,
+                        # and the other migrators' steps when no session lock
+                        # is held: one of them may have run this step meanwhile.
                         run(conn, self._q["migration_lock"], {"schema": self.schema})
+                        if self._step_recorded(conn, m, number):
+                            continue
                         run(conn, step.render(self.schema).encode())
                         self._record_step(conn, m, number)
+                        completed = number == len(m.steps)
                 else:
                     # Cut off here, the statement ran and is not recorded: it
                     # runs again on resume, which is why it must be harmless.
@@ -178,6 +202,7 @@ class Migrator:
                     with conn.transaction():
                         run(conn, self._q["migration_lock"], {"schema": self.schema})
                         self._record_step(conn, m, number)
+                    completed = number == len(m.steps)
             except psycopg.Error as exc:
                 raise MigrationError(
                     f"migrating schema {self.schema!r} failed at step {number} of "
@@ -185,6 +210,7 @@ class Migrator:
             logger.info("applied step %s of %s of migration %04d_%s", number, len(m.steps),
                         m.version, m.name, extra={"action": "migration_step_applied",
                                                   "version": m.version, "step": number})
+        return completed
 
     def _run_outside_transaction(self, conn: psycopg.Connection[Any],
                                        step: Step) -> None:
@@ -196,6 +222,13 @@ class Migrator:
         finally:
             if not autocommit and not conn.closed:
                 conn.set_autocommit(False)
+
+    def _step_recorded(self, conn: psycopg.Connection[Any], m: Migration,
+                             number: int) -> bool:
+        cur = run(conn, self._q["migration_step_recorded"],
+                              {"version": m.version, "step": number})
+        row = cur.fetchone()
+        return bool(row and row[0])
 
     def _record_step(self, conn: psycopg.Connection[Any], m: Migration,
                            number: int) -> None:

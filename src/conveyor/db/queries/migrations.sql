@@ -64,5 +64,10 @@ SELECT s.version, s.step FROM {schema}.migration_steps s
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.migrations m WHERE m.version = s.version)
 ORDER BY s.version, s.step
 
+-- name: migration_step_recorded
+-- Whether another migrator ran this step while this one waited for the lock.
+SELECT EXISTS (SELECT 1 FROM {schema}.migration_steps
+               WHERE version = %(version)s AND step = %(step)s)
+
 -- name: migration_step_record
 INSERT INTO {schema}.migration_steps (version, step) VALUES (%(version)s, %(step)s)
