@@ -161,7 +161,7 @@ def fill(conn: psycopg.Connection[Any], schema: str, finished: int, pending: int
     vacuumed = time.monotonic() - started
     size = conn.execute("SELECT pg_total_relation_size(%s::regclass),"
                         " pg_relation_size(%s::regclass)",
-                        (f"{schema}.events", f"{schema}.events")).fetchone()
+                        (f"{schema}.events_live", f"{schema}.events_live")).fetchone()
     assert size is not None
     return {"fill_s": round(filled, 1), "vacuum_analyze_s": round(vacuumed, 1),
             "total_size_gb": round(size[0] / 1e9, 2), "heap_size_gb": round(size[1] / 1e9, 2)}

@@ -560,7 +560,7 @@ class Sampler(threading.Thread):
         "   WHERE datname = current_database() AND pid <> pg_backend_pid()"
         "   AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)),"
         " n_dead_tup, n_live_tup, autovacuum_count"
-        " FROM pg_stat_user_tables WHERE relname = 'events' AND schemaname = 'conveyor'")
+        " FROM pg_stat_user_tables WHERE relname = 'events_live' AND schemaname = 'conveyor'")
 
     def run(self) -> None:
         conn: psycopg.Connection[Any] | None = None
@@ -819,7 +819,7 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
             next_sample = now + 2.0
             try:
                 rows = query(url, "SELECT n_dead_tup FROM pg_stat_user_tables "
-                                  "WHERE relname = 'events' AND schemaname = 'conveyor'")
+                                  "WHERE relname = 'events_live' AND schemaname = 'conveyor'")
                 dead_max = max(dead_max, int(rows[0][0]) if rows else 0)
                 rows = query(url, "SELECT coalesce(max(age(backend_xmin)), 0) FROM pg_stat_activity")
                 xmin_age_max = max(xmin_age_max, int(rows[0][0]))
@@ -887,7 +887,7 @@ def measure(url: str, args: argparse.Namespace, fleet: Fleet,
             "l JOIN conveyor.events e ON e.id = l.event_id WHERE e.topic = 'chaos.probe' "
             "GROUP BY event_id").fetchall()}
         dead = conn.execute("SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables "
-                            "WHERE relname = 'events' AND schemaname = 'conveyor'").fetchone()
+                            "WHERE relname = 'events_live' AND schemaname = 'conveyor'").fetchone()
         counts = dict(conn.execute("SELECT state, count(*) FROM conveyor.events GROUP BY 1"
                                    ).fetchall())
         # Attempts of killed claim windows the next claims counted (worker/window.py).

@@ -352,7 +352,7 @@ def environment(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
     counts = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
         sql.Identifier(schema, "event_counts"))).fetchone()
     sizes = conn.execute("SELECT pg_total_relation_size(%s::regclass), pg_relation_size(%s::regclass)",
-                         (f"{schema}.events", f"{schema}.events")).fetchone()
+                         (f"{schema}.events_live", f"{schema}.events_live")).fetchone()
     assert counts is not None and sizes is not None
     settings = dict(conn.execute(
         "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s) ORDER BY name",

@@ -7,7 +7,8 @@ answers it with deterministic counts before any migration is written. In a
 private embedded PostgreSQL (nothing else writes WAL there) it builds three
 databases:
 
-* ``flat``: the schema as ``conveyor migrate`` makes it today;
+* ``flat``: the schema as migrations 1-24 made it, before 0025 built the
+  partitions;
 * ``parted``: the same columns plus ``done``, the table partitioned by LIST
   (done): ``false`` rows (waiting, pending, running, failed) in
   ``events_live`` with today's indexes but the pruner's, ``true`` rows
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from conveyor.embedded import EmbeddedPostgres  # noqa: E402
+from conveyor.schema.migrator import migration_script  # noqa: E402
 
 PARTED = """
 ALTER TABLE conveyor.events RENAME TO events_flat;
@@ -221,10 +222,12 @@ def measure(base: str, args: argparse.Namespace) -> dict[str, Any]:
         for name in ("flat", "parted", "lean", "raw"):
             admin.execute(f"CREATE DATABASE {name}")
             urls[name] = make_conninfo(base, dbname=name)
+    # The schema as it was before 0025 built the partitions this prototype
+    # compares with the flat table.
+    before_partitions = migration_script("conveyor", 1, 24)
     for name in ("flat", "parted", "lean"):
-        subprocess.run([sys.executable, "-m", "conveyor.cli.main", "--database-url", urls[name],
-                        "migrate"], check=True, capture_output=True, cwd=REPO,
-                       env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+        with psycopg.connect(urls[name], autocommit=True) as conn:
+            conn.execute(before_partitions.encode())
     with psycopg.connect(urls["parted"], autocommit=True) as conn:
         conn.execute(PARTED + PARTED_EXTRA)
     with psycopg.connect(urls["lean"], autocommit=True) as conn:

@@ -206,7 +206,7 @@ def measure(url: str, schema: str, args: argparse.Namespace) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "events")))
         size = conn.execute("SELECT pg_total_relation_size(%s::regclass)",
-                            (f"{schema}.events",)).fetchone()
+                            (f"{schema}.events_live",)).fetchone()
         claims = time_claims(conn, schema, args.claims)
     rates = enqueue_rates(url, schema, args.events)
     drain = drain_rate(url, schema, rates.pop("queued"), rates.pop("after_id"))

@@ -63,13 +63,17 @@ SELECT
      FROM conveyor.events
      WHERE state IN ('succeeded', 'cancelled') AND finished_at >= %(since)s) AS wait_s,
   (SELECT count(*) FROM conveyor.events WHERE state = 'pending') AS pending,
-  pg_table_size('conveyor.events') AS heap_bytes,
-  pg_indexes_size('conveyor.events') AS index_bytes,
-  pg_total_relation_size('conveyor.events') AS total_bytes,
+  -- Every partition's (0025): the parent has no storage of its own.
+  (SELECT sum(pg_table_size(t.relid)) FROM pg_partition_tree('conveyor.events') AS t)
+    AS heap_bytes,
+  (SELECT sum(pg_indexes_size(t.relid)) FROM pg_partition_tree('conveyor.events') AS t)
+    AS index_bytes,
+  (SELECT sum(pg_total_relation_size(t.relid)) FROM pg_partition_tree('conveyor.events') AS t)
+    AS total_bytes,
   s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.autoanalyze_count,
   pg_current_wal_lsn() AS lsn, now() AS at
 FROM pg_stat_user_tables s
-WHERE s.schemaname = 'conveyor' AND s.relname = 'events'
+WHERE s.schemaname = 'conveyor' AND s.relname = 'events_live'
 """
 
 # The columns of the report's rows, in order.

@@ -29,7 +29,8 @@ def scans(plan: Any) -> list[dict[str, Any]]:
     if not isinstance(plan, dict):
         return []
     reads = plan.get("Node Type") != "ModifyTable" and (
-        plan.get("Relation Name") == "events"
+        str(plan.get("Relation Name", "")) in ("events", "events_live")
+        or str(plan.get("Relation Name", "")).startswith("events_done")
         or str(plan.get("Index Name", "")).startswith("events_"))
     return ([plan] if reads else []) + scans(plan.get("Plans", [])) + scans(
         plan.get("Plan", []))

@@ -373,7 +373,7 @@ def test_listing_plan_reads_an_index_never_the_whole_table(big: Conn, label: str
     used = {n["Index Name"] for n in nodes if "Index Name" in n}
     assert wanted <= used, (used, nodes)
     pages = big.execute("SELECT relpages FROM pg_class"
-                        " WHERE oid = 'conveyor.events'::regclass").fetchone()
+                        " WHERE oid = 'conveyor.events_live'::regclass").fetchone()
     assert pages is not None and pages[0] > max_buffers
     buffers = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
     assert buffers <= max_buffers, (buffers, pages[0], nodes)

@@ -106,7 +106,7 @@ def _vacuumed(conn: Conn) -> None:
         # insert) is left so when the index pass is skipped, and is not all-visible.
         conn.execute("VACUUM (ANALYZE, INDEX_CLEANUP ON) conveyor.events")
         row = conn.execute("SELECT relallvisible, relpages FROM pg_class"
-                           " WHERE oid = 'conveyor.events'::regclass").fetchone()
+                           " WHERE oid = 'conveyor.events_live'::regclass").fetchone()
         assert row is not None
         if row[0] >= row[1] or time.monotonic() > deadline:
             return
@@ -121,7 +121,7 @@ def big(big_db: str) -> Iterator[Conn]:
 
 
 READS = ("SELECT seq_scan, seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables"
-         " WHERE relid = 'conveyor.events'::regclass")
+         " WHERE relid = 'conveyor.events_live'::regclass")
 
 
 def _table_reads(conn: Conn, action: Callable[[], object]) -> tuple[int, int, int]:
@@ -250,11 +250,11 @@ def test_table_estimate_before_any_analyze_uses_the_live_row_counter(fresh_db: s
         conn.execute("SELECT pg_stat_force_next_flush()")
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         row = conn.execute(Q["status_table_estimate"],
-                           {"schema": "conveyor", "table": Q.events_table}).fetchone()
+                           {"schema": "conveyor", "table": Q.live_table}).fetchone()
         assert row == (500.0, None, None)
         conn.execute("ANALYZE conveyor.events")
         row = conn.execute(Q["status_table_estimate"],
-                           {"schema": "conveyor", "table": Q.events_table}).fetchone()
+                           {"schema": "conveyor", "table": Q.live_table}).fetchone()
         assert row is not None
         assert (round(row[0]), row[1], row[2]) == (500, ["succeeded"], [1.0])
 
@@ -310,7 +310,7 @@ def test_status_query_plan_reads_only_its_index_among_200k_finished_rows(
                     if n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan"))
     limit = EXACT_FINISHED_LIMIT + 1 if name == "status_finished_sample" else OPEN_ROWS
     assert rows_read <= limit, nodes
-    pages = big.execute("SELECT relpages FROM pg_class WHERE oid = 'conveyor.events'::regclass"
+    pages = big.execute("SELECT relpages FROM pg_class WHERE oid = 'conveyor.events_live'::regclass"
                         ).fetchone()
     assert pages is not None
     buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]

@@ -38,7 +38,7 @@ def _applied(url: str, schema: str = "conveyor") -> list[tuple[int, str]]:
 
 def catalog(url: str, schema: str, *, include_version_table: bool = True) -> dict[str, Any]:
     """The shape of ``schema``, with the schema name normalised to ``SCHEMA``."""
-    skip = [] if include_version_table else ["migrations"]
+    skip = [] if include_version_table else ["migrations", "migration_steps"]
     with psycopg.connect(url) as conn:
         def rows(query: str) -> list[tuple[Any, ...]]:
             return [tuple(r) for r in conn.execute(query, {"schema": schema, "skip": skip})]
@@ -48,7 +48,8 @@ def catalog(url: str, schema: str, *, include_version_table: bool = True) -> dic
                 SELECT c.relname, c.relkind::text FROM pg_class c
                 JOIN pg_namespace n ON n.oid = c.relnamespace
                 WHERE n.nspname = %(schema)s AND c.relname <> ALL(%(skip)s)
-                  AND NOT (c.relname = 'migrations_pkey' AND 'migrations' = ANY(%(skip)s))
+                  AND NOT (c.relname IN ('migrations_pkey', 'migration_steps_pkey')
+                           AND 'migrations' = ANY(%(skip)s))
                 ORDER BY 1"""),
             "columns": rows("""
                 SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
@@ -142,9 +143,20 @@ def test_migrate_with_no_transaction_open_commits_on_its_own(empty_db: str) -> N
 
 
 def test_migrate_joining_open_transaction_is_undone_by_rollback(empty_db: str) -> None:
+    plain = [m for m in load_migrations() if not m.stepped]
+    assert len(plain) >= 24
     with psycopg.connect(empty_db) as conn:
         conn.execute("SELECT 1")  # the caller's transaction is open: apply() nests in it
-        Migrator().apply(conn)
+        assert len(Migrator(migrations=plain[:24]).apply(conn)) == 24
+        conn.rollback()
+        assert Migrator().applied_versions(conn) == []
+        # 0025 commits step by step: inside the caller's transaction it is
+        # refused before anything is applied.
+        conn.execute("SELECT 1")
+        with pytest.raises(MigrationError, match="migration 25 runs in steps, each committed on "
+                                                 "its own; apply it on a connection with no "
+                                                 "transaction open"):
+            Migrator().apply(conn)
         conn.rollback()
         assert Migrator().applied_versions(conn) == []
 
@@ -162,7 +174,7 @@ def _migrate_after_barrier(url: str, barrier: Any, results: Any) -> None:
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             barrier.wait(timeout=30)
-            results.put(("ok", len(Migrator().apply(conn))))
+            results.put(("ok", [m.version for m in Migrator().apply(conn)]))
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
         results.put(("error", repr(exc)))
 
@@ -180,7 +192,11 @@ def test_twenty_processes_migrating_at_once_apply_exactly_once(empty_db: str) ->
     for p in procs:
         p.join(timeout=30)
     assert [o for o in outcomes if o[0] != "ok"] == []
-    assert sorted(o[1] for o in outcomes) == [0] * 19 + [latest_version()]
+    # Each migration applied by exactly one of them: the plain ones together
+    # by the first, a stepped one (0025) by whichever ran its last step.
+    applied = sorted(v for o in outcomes for v in o[1])
+    assert applied == list(range(1, latest_version() + 1))
+    assert sum(1 for o in outcomes if o[1]) <= 2
     assert _applied(empty_db) == [(m.version, m.name) for m in load_migrations()]
 
 
@@ -205,6 +221,8 @@ def test_require_current_passes_only_at_this_conveyors_migration(empty_db: str) 
         Migrator().apply(conn)
         Migrator().require_current(conn)
         conn.execute("DELETE FROM conveyor.migrations WHERE version = %s", (latest_version(),))
+        conn.execute("DELETE FROM conveyor.migration_steps WHERE version = %s",
+                     (latest_version(),))
         with pytest.raises(MigrationError, match=f"at migration {latest_version() - 1}, this "
                                                  f"Conveyor needs {latest_version()}; run"):
             Migrator().require_current(conn)

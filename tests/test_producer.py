@@ -66,7 +66,7 @@ def statements(conn: psycopg.Connection[Any]) -> Iterator[list[str]]:
     conn.execute("""
         CREATE FUNCTION pg_temp.report_statement() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN RAISE NOTICE '%', current_query(); RETURN NULL; END $$""")
-    conn.execute("CREATE TRIGGER report_statement AFTER INSERT ON conveyor.events"
+    conn.execute("CREATE TRIGGER report_statement AFTER INSERT ON conveyor.events_live"
                  " FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.report_statement()")
     yield seen
 

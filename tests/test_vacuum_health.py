@@ -21,7 +21,7 @@ from conveyor.cli.main import main
 from conveyor.vacuum_health import NEVER_ANALYZED_DEAD_ROWS, vacuum_warnings, verdict
 from worker_support import fast_config, running
 
-TABLE = "conveyor.events"
+TABLE = "conveyor.events_live"   # the partition with storage (0025)
 ANALYZED = datetime(2026, 12, 1, tzinfo=UTC)
 
 

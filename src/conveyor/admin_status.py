@@ -131,5 +131,5 @@ def needs_estimate(sample: Sequence[Sequence[Any]], exact_limit: int) -> bool:
 
 
 def estimate_params(q: Queries) -> dict[str, Any]:
-    return {"schema": q.schema, "table": q.events_table}
+    return {"schema": q.schema, "table": q.live_table}
 

@@ -258,7 +258,7 @@ def fits_copy(rows: Sequence[_Row]) -> bool:
 def copy_with_ids(q: Queries, rows: Sequence[_Row], ids: Sequence[int],
                   trace: TraceContext | None = None) -> _Copy:
     """Rows with the ids reserved for them, every column sent."""
-    copy = _Copy(f"COPY {q.events_table} (id, tenant, topic, payload, priority, max_attempts)"
+    copy = _Copy(f"COPY {q.live_table} (id, tenant, topic, payload, priority, max_attempts)"
                  " FROM STDIN",
                  ((rid, r.tenant, r.topic, r.payload, r.priority, r.max_attempts)
                   for rid, r in zip(ids, rows, strict=True)), topic_at=2)
@@ -273,7 +273,7 @@ def copy_rows(q: Queries, rows: Sequence[_Row], trace: TraceContext | None = Non
     columns = ["topic", "payload", *(name for name, default in COLUMN_DEFAULTS.items()
                                      if any(getattr(r, name) != default for r in rows))]
     getter = operator.attrgetter(*columns)
-    copy = _Copy(f"COPY {q.events_table} ({', '.join(columns)}) FROM STDIN", map(getter, rows))
+    copy = _Copy(f"COPY {q.live_table} ({', '.join(columns)}) FROM STDIN", map(getter, rows))
     return copy if trace is None else traced_copy(copy, trace)
 
 
@@ -296,7 +296,7 @@ class _NotPlain(Exception):
 
 def copy_plain(q: Queries, pairs: Iterable[tuple[str, str]], trace: TraceContext | None = None) -> _Copy:
     """``(topic, JSON text)`` rows, every other column left to the table's default."""
-    copy = _Copy(f"COPY {q.events_table} (topic, payload) FROM STDIN", pairs)
+    copy = _Copy(f"COPY {q.live_table} (topic, payload) FROM STDIN", pairs)
     return copy if trace is None else traced_copy(copy, trace)
 
 

@@ -65,8 +65,8 @@ def vacuum_warnings(conn: psycopg.Connection[Any], schema: str) -> list[VacuumWa
     """What :func:`verdict` finds for ``schema``'s events table, read on ``conn``."""
     q = queries_for(schema)
     cur = conn.cursor(row_factory=tuple_row)
-    cur.execute(q["vacuum_health"], {"table": q.events_table})
-    return verdict(cur.fetchone(), f"{schema}.events")
+    cur.execute(q["vacuum_health"], {"table": q.live_table})
+    return verdict(cur.fetchone(), f"{schema}.events_live")
 
 
 async def vacuum_warnings_async(conn: psycopg.AsyncConnection[Any],
@@ -74,5 +74,5 @@ async def vacuum_warnings_async(conn: psycopg.AsyncConnection[Any],
     """:func:`vacuum_warnings` on an async connection."""
     q = queries_for(schema)
     cur = conn.cursor(row_factory=tuple_row)
-    await cur.execute(q["vacuum_health"], {"table": q.events_table})
-    return verdict(await cur.fetchone(), f"{schema}.events")
+    await cur.execute(q["vacuum_health"], {"table": q.live_table})
+    return verdict(await cur.fetchone(), f"{schema}.events_live")

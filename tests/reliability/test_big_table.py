@@ -128,7 +128,7 @@ def _status_table_reads(conn: psycopg.Connection[Any], admin: Admin) -> dict[str
     the backend never flushes them, so the difference is this call's alone.
     """
     query = ("SELECT seq_scan, seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables"
-             " WHERE relid = 'conveyor.events'::regclass")
+             " WHERE relid = 'conveyor.events_live'::regclass")
     with conn.transaction(force_rollback=True):
         # Parallel workers keep statistics of their own; one process keeps them countable.
         conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
@@ -148,7 +148,7 @@ def test_claim_on_a_million_finished_rows(fresh_db: str) -> None:
         conn.execute(FILL)
         conn.execute("VACUUM ANALYZE conveyor.events")
         filled = time.monotonic() - started
-        size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('conveyor.events'))"
+        size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('conveyor.events_live'))"
                             ).fetchone()
         figures = {
             "claim_1": _measure_claim(conn, _claim_params(1)),
@@ -288,7 +288,7 @@ async def test_claim_latency_with_the_vacuum_horizon_pinned(fresh_db: str, pin: 
             await asyncio.sleep(0.6)    # let the stats collector catch up
             dead = await (await conn.execute(
                 "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables "
-                "WHERE relid = 'conveyor.events'::regclass")).fetchone()
+                "WHERE relid = 'conveyor.events_live'::regclass")).fetchone()
             xmin_age = await (await conn.execute(
                 "SELECT max(age(backend_xmin)) FROM pg_stat_activity "
                 "WHERE datname = current_database()")).fetchone()

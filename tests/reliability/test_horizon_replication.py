@@ -150,7 +150,7 @@ async def _dead_rows_left_by_vacuum(url: str) -> int:
     """Dead rows of the events table a VACUUM run now must leave (still visible to someone)."""
     await query(url, "VACUUM conveyor.events")
     rows = await query(url, "SELECT n_dead_tup AS n FROM pg_stat_user_tables "
-                            "WHERE relid = 'conveyor.events'::regclass")
+                            "WHERE relid = 'conveyor.events_live'::regclass")
     return int(rows[0]["n"])
 
 

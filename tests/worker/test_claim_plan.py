@@ -59,7 +59,7 @@ async def _fetched(managed: ManagedConnection, query: str, params: dict[str, Any
     async with conn.transaction(force_rollback=True):
         await conn.execute(query, params)
         cur = await conn.execute(sql.SQL("SELECT {} FROM pg_stat_xact_user_tables "
-                                         "WHERE relid = 'conveyor.events'::regclass"
+                                         "WHERE relid = 'conveyor.events_live'::regclass"
                                          ).format(sql.Identifier(counter)))
         row = await cur.fetchone()
     assert row is not None

@@ -209,8 +209,22 @@ class Queries:
 
     @property
     def events_table(self) -> str:
-        """The events table's qualified name as a regclass literal."""
+        """The events table's qualified name as a regclass literal.
+
+        The parent of its partitions (0025): what reads name, and the owner
+        of the id sequence.
+        """
         return sql.Identifier(self.schema, "events").as_string()
+
+    @property
+    def live_table(self) -> str:
+        """The partition of the events not finished for good (0025), qualified.
+
+        Where new events are written (a COPY into it skips the parent's
+        routing) and whose statistics describe the queue: a partitioned
+        parent has no storage, so no dead rows or vacuum of its own.
+        """
+        return sql.Identifier(self.schema, "events_live").as_string()
 
 
 @cache

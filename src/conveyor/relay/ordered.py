@@ -239,7 +239,7 @@ class OrderedStream:
         except psycopg.errors.InsufficientPrivilege as exc:
             raise ConfigError(
                 f"the ordered stream {self.pattern!r} needs its trigger on "
-                f"{self._schema}.events and this role may not create it: run "
+                f"{self._schema}.events_live and this role may not create it: run "
                 f"SELECT {self._schema}.order_topics('{self.pattern}') once as the table's "
                 f"owner ({exc.diag.message_primary})") from None
         row = await cur.fetchone()

@@ -98,7 +98,7 @@ class HorizonAlert:
             self.holder = None
             return None
         seconds, row = oldest
-        cur = await conn.execute(self._q["events_dead_rows"], {"table": self._q.events_table})
+        cur = await conn.execute(self._q["events_dead_rows"], {"table": self._q.live_table})
         dead = await cur.fetchone()
         holder = HorizonHolder(kind=row[0], who=row[1], seconds=float(seconds),
                                xid_age=row[3], dead_rows=dead[0] if dead else None)

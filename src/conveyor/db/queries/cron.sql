@@ -39,7 +39,7 @@ WITH slot AS (
     ON CONFLICT DO NOTHING
     RETURNING fire_at, event_id
 ), fired AS (
-    INSERT INTO {schema}.events (id, tenant, topic, payload, priority, max_attempts,
+    INSERT INTO {schema}.events_live (id, tenant, topic, payload, priority, max_attempts,
                                  idempotency_key)
     SELECT slot.event_id, %(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s,
            %(max_attempts)s::int,

@@ -15,7 +15,7 @@ WHERE NOT EXISTS (SELECT 1 FROM {schema}.events AS e WHERE e.id = x.id)
 -- pending ones, as event_insert_many_ids sends. No idempotency keys: a step
 -- skipped for its key would leave its edges pointing at nothing.
 WITH new AS (
-    INSERT INTO {schema}.events
+    INSERT INTO {schema}.events_live
         (id, tenant, topic, payload, priority, max_attempts, run_at, state)
     SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
            COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.state

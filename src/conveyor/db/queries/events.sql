@@ -21,7 +21,7 @@ pg_notify({channel}, CASE WHEN {run_at} <= now() THEN {topic}
 -- `run_at`, an absolute due time, wins over `delay` (the producer sends one
 -- or the other). Numbers are cast to the columns' base types: a parameter
 -- typed as a domain would run the domain's input function on every execution.
-INSERT INTO {schema}.events
+INSERT INTO {schema}.events_live
     (tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
 VALUES
     (%(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s, %(max_attempts)s::int,
@@ -37,7 +37,7 @@ RETURNING id,
 -- event_insert for the common event: no idempotency key, no delay. Fewer
 -- parameters and no ON CONFLICT make it measurably cheaper on both sides,
 -- and a due event's wake-up is its topic.
-INSERT INTO {schema}.events (tenant, topic, payload, priority, max_attempts)
+INSERT INTO {schema}.events_live (tenant, topic, payload, priority, max_attempts)
 VALUES (%(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s, %(max_attempts)s::int)
 RETURNING id,
     CASE WHEN -- include: _notify_on
@@ -51,7 +51,7 @@ RETURNING id,
 -- later (see event_insert). `woken` runs because the final SELECT joins it;
 -- its count() makes it exactly one row, so the join keeps every id.
 WITH new AS (
-    INSERT INTO {schema}.events
+    INSERT INTO {schema}.events_live
         (id, tenant, topic, payload, priority, max_attempts, idempotency_key, run_at)
     SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
            t.idempotency_key, COALESCE(t.run_at, now() + t.delay * interval '1 second')

@@ -77,7 +77,7 @@ SELECT CASE WHEN c.reltuples >= 0 AND c.relpages > 0
        s.most_common_freqs AS shares
 FROM pg_class AS c
 LEFT JOIN pg_stats AS s
-       ON s.schemaname = %(schema)s AND s.tablename = 'events' AND s.attname = 'state'
+       ON s.schemaname = %(schema)s AND s.tablename = 'events_live' AND s.attname = 'state'
       AND NOT s.inherited
 WHERE c.oid = %(table)s::regclass
 

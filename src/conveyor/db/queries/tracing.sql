@@ -6,7 +6,7 @@
 -- `_notify_on` are events.sql's.
 
 -- name: event_insert_traced
-INSERT INTO {schema}.events
+INSERT INTO {schema}.events_live
     (tenant, topic, payload, priority, max_attempts, idempotency_key, run_at,
      traceparent, tracestate)
 VALUES
@@ -23,7 +23,7 @@ RETURNING id,
 -- name: event_insert_many_ids_traced
 -- One send span covers the batch, so every row carries the same context.
 WITH new AS (
-    INSERT INTO {schema}.events
+    INSERT INTO {schema}.events_live
         (id, tenant, topic, payload, priority, max_attempts, idempotency_key, run_at,
          traceparent, tracestate)
     SELECT t.id, t.tenant, t.topic, t.payload::jsonb, t.priority, t.max_attempts,
