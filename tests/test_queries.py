@@ -23,6 +23,7 @@ from psycopg import sql
 
 from claim_support import claim_params
 from conveyor import NewEvent, Producer
+from conveyor.admin_status import estimate_params
 from conveyor.db.named_queries import parse_named_queries, queries_for, raw_queries
 from schema_reset import empty_schema
 
@@ -491,6 +492,35 @@ def test_prune_deletes_old_finished_rows_in_bounded_batches(db: Conn) -> None:
     assert len(ids) - 2 == db.execute("SELECT count(*) FROM conveyor.events").fetchone()[0]  # type: ignore[index]
 
 
+@exercises("event_prune_live", "event_prune_live_skip_locked", "history_make_days",
+           "history_drop_days")
+def test_the_workers_prune_leaves_the_history_to_its_days(db: Conn) -> None:
+    params = {"older_than": 60, "states": ["succeeded"], "limit": 10}
+    assert db.execute(Q["history_make_days"], {"ahead": 1}).fetchone() == (2,)
+    assert db.execute(Q["history_make_days"], {"ahead": 1}).fetchone() == (0,)   # made already
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="got -1"), db.transaction():
+        db.execute(Q["history_make_days"], {"ahead": -1})
+    live, moved = _insert(db), _insert(db)
+    db.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = now()"
+               " - interval '1 hour' WHERE id = %s", (live,))
+    # Finished now: into today's day.
+    db.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = now(), done = true"
+               " WHERE id = %s", (moved,))
+    assert db.execute("SELECT tableoid::regclass::text FROM conveyor.events WHERE id = %s",
+                      (moved,)).fetchone() == (
+        f"conveyor.events_done_{datetime.now(UTC):%Y%m%d}",)
+    # The worker's prune deletes the live row only: the history goes by days.
+    params["older_than"] = -60
+    assert db.execute(Q["event_prune_live"], params).rowcount == 1
+    assert db.execute(Q["event_prune_live_skip_locked"], params).rowcount == 0
+    assert [r[0] for r in db.execute("SELECT id FROM conveyor.events")] == [moved]
+    # Nothing is a whole day past an hour's retention: no day is dropped.
+    assert db.execute(Q["history_drop_days"], {"older_than": 3600}).fetchone() == (0,)
+    # Past a retention of minus two days, today's and tomorrow's days have ended.
+    assert db.execute(Q["history_drop_days"], {"older_than": -2 * 86_400}).fetchone() == (2,)
+    assert db.execute("SELECT count(*) FROM conveyor.events").fetchone() == (0,)
+
+
 @exercises("event_prune_skip_locked", "prune_lock_timeout")
 def test_prune_past_held_rows_deletes_the_others_and_waits_for_none(fresh_db: str) -> None:
     params = {"older_than": 60, "states": ["succeeded"], "limit": 10}
@@ -647,9 +677,18 @@ def test_status_finished_sample_and_table_estimate(db: Conn) -> None:
     assert sum(n for _, _, n in sample) == 2          # stops at the limit
     sample = sorted(db.execute(Q["status_finished_sample"], {"limit": 10}).fetchall())
     assert sample == [("succeeded", "a", 2), ("succeeded", "b", 1)]
-    row = db.execute(Q["status_table_estimate"],
-                     {"schema": "conveyor", "table": Q.events_table}).fetchone()
+    row = db.execute(Q["status_table_estimate"], estimate_params(Q)).fetchone()
     assert row is not None and row[0] is not None and row[0] >= 0
+    # Rows in the history's days (0025) are in the sample, and the estimate.
+    db.execute(Q["history_make_days"], {"ahead": 0})
+    db.execute("INSERT INTO conveyor.events (topic, payload, state, attempts, finished_at, done)"
+               " SELECT 'h', '{}', 'cancelled', 1, now(), true FROM generate_series(1, 20)")
+    sample = sorted(db.execute(Q["status_finished_sample"], {"limit": 10}).fetchall())
+    assert sample == [("cancelled", "h", 10), ("succeeded", "a", 2), ("succeeded", "b", 1)]
+    db.execute("ANALYZE conveyor.events")
+    row = db.execute(Q["status_table_estimate"], estimate_params(Q)).fetchone()
+    # Live rows, and the history's rows with how many of them are cancelled.
+    assert row is not None and (round(row[0]), row[3], row[4]) == (4, 20.0, 20.0)
 
 
 # ------------------------------------------------------------------ workers
@@ -688,7 +727,7 @@ def test_clock_now_is_the_database_clock(db: Conn) -> None:
 def test_vacuum_health_reads_the_events_tables_catalog_rows_by_name(db: Conn) -> None:
     from conveyor.vacuum_health import VACUUM_HEALTH_COLUMNS
 
-    cur = db.execute(Q["vacuum_health"], {"table": Q.events_table})
+    cur = db.execute(Q["vacuum_health"], {"table": Q.live_table})
     row = cur.fetchone()
     assert cur.description is not None
     assert tuple(c.name for c in cur.description) == VACUUM_HEALTH_COLUMNS
@@ -709,7 +748,7 @@ def test_horizon_holders_names_an_open_transaction(db: Conn, server_url: str) ->
         kind, who, seconds, xid_age, key = rows[0]
         assert kind == "session" and "idle in transaction" in who
         assert seconds >= 0.3 and xid_age >= 1 and key.startswith(f"{pinner.info.backend_pid}:")
-    dead = db.execute(Q["events_dead_rows"], {"table": Q.events_table}).fetchone()
+    dead = db.execute(Q["events_dead_rows"], {"table": Q.live_table}).fetchone()
     assert dead is not None and dead[0] >= 0
 
 

@@ -36,9 +36,11 @@ def estimate_finished(estimate: Sequence[Any] | None, open_total: int,
 
     Finished-but-not-failed rows = estimated live rows - the exact open and
     failed counts, split by the states' shares in pg_stats (all succeeded when
-    neither share is known), and never below what the sample already saw.
+    neither share is known); plus the history's (0025), split by its days'
+    own shares; never below what the sample already saw.
     """
-    live_rows, states, shares = estimate if estimate is not None else (None, None, None)
+    live_rows, states, shares, history_rows, history_cancelled = (
+        estimate if estimate is not None else (None, None, None, None, None))
     finished = max(0.0, float(live_rows or 0) - open_total)
     share = dict(zip(states or [], shares or [], strict=False))
     succeeded_share = share.get(EventState.SUCCEEDED.value, 0.0)
@@ -47,6 +49,9 @@ def estimate_finished(estimate: Sequence[Any] | None, open_total: int,
         succeeded_share = 1.0
     succeeded = round(finished * succeeded_share / (succeeded_share + cancelled_share))
     cancelled = round(finished) - succeeded
+    in_history, cancelled_in_history = float(history_rows or 0), float(history_cancelled or 0)
+    succeeded += round(in_history - cancelled_in_history)
+    cancelled += round(cancelled_in_history)
     return {EventState.SUCCEEDED.value: max(succeeded, floor[EventState.SUCCEEDED.value]),
             EventState.CANCELLED.value: max(cancelled, floor[EventState.CANCELLED.value])}
 
@@ -131,5 +136,5 @@ def needs_estimate(sample: Sequence[Sequence[Any]], exact_limit: int) -> bool:
 
 
 def estimate_params(q: Queries) -> dict[str, Any]:
-    return {"schema": q.schema, "table": q.live_table}
+    return {"schema": q.schema, "table": q.live_table, "history": q.history_table}
 

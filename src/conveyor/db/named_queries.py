@@ -226,6 +226,11 @@ class Queries:
         """
         return sql.Identifier(self.schema, "events_live").as_string()
 
+    @property
+    def history_table(self) -> str:
+        """The partition of finished events, itself partitioned by day (0025), qualified."""
+        return sql.Identifier(self.schema, "events_done").as_string()
+
 
 @cache
 def queries_for(schema: str) -> Queries:

@@ -250,7 +250,7 @@ class ServerTurns:
     def _start_turn(self, state: TenantState, cost: int) -> None:
         worker = self._make_worker(state, self.ledger)
         # One vacuum warning, and one set of start and stop lines, per tenant, not per turn.
-        worker.startup.vacuum_check = state.turns == 0
+        worker.startup.first_start = state.turns == 0
         worker.lifecycle_level = logging.INFO if state.turns == 0 else logging.DEBUG
         if state.last_worker is not None:
             carry_counters(worker, state.last_worker)

@@ -13,6 +13,13 @@ go, that took minutes in the soak of 2026-12-03, minutes without a lease
 renewed (``lease_ttl`` is 15 s), a pause noticed or a chord's callback
 released. A batch waits at most ``PRUNE_LOCK_TIMEOUT`` for a row another
 transaction holds, and is then taken again past the held rows.
+
+The history (0025, docs/history-partitions.md) goes a day at a time: each
+pass drops the days past the retention and makes today's and the next
+``HISTORY_DAYS_AHEAD`` days' partitions (the worker's start-up makes them
+too), so acknowledgements always find their day; the rows it deletes one by
+one are those finished in the live partition (before 0025, keyed events, a
+worker that may not create tables).
 """
 
 from __future__ import annotations
@@ -46,6 +53,11 @@ COUNTS_KEPT = 8 * 86_400.0
 CRON_SLOTS_KEPT = 86_400.0
 
 
+# The history's days made ahead of today (UTC): a pass every PRUNE_INTERVAL
+# keeps tomorrow's ready long before it starts.
+HISTORY_DAYS_AHEAD = 1
+
+
 # Failed events wait for a person: never pruned.
 _PRUNED_STATES = [s.value for s in FINISHED_STATES if s is not EventState.FAILED]
 
@@ -64,6 +76,9 @@ class Pruner:
         self._next = time.monotonic() + (rng or random.Random()).uniform(0, 60)
         # The pass under way: when it started and how many events it has deleted.
         self._pass: tuple[float, int] | None = None
+        # Whether this worker's role may make and drop the history's days;
+        # refused once, the rows of later days stay live and are deleted.
+        self._history = True
 
     def due_at(self) -> float:
         return self._next
@@ -73,6 +88,7 @@ class Pruner:
         if self._pass is None:
             self._pass = (now, 0)
             await self._prune_bookkeeping(conn)
+            await self.keep_history(conn)
         deleted, done = await self._prune_events(conn, until=now + PRUNE_SLICE)
         started, total = self._pass
         total += deleted
@@ -89,8 +105,34 @@ class Pruner:
     async def prune(self, conn: psycopg.AsyncConnection[Any]) -> int:
         """Delete succeeded and cancelled events older than the retention, all at once."""
         await self._prune_bookkeeping(conn)
+        await self.keep_history(conn)
         deleted, _ = await self._prune_events(conn, until=None)
         return deleted
+
+    async def keep_history(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Make the history's next days and drop those past the retention."""
+        if not self._history:
+            return
+        try:
+            async with conn.transaction():
+                await conn.execute(self._q["history_make_days"], {"ahead": HISTORY_DAYS_AHEAD})
+            if self._retention is not None:
+                async with conn.transaction():
+                    cur = await conn.execute(self._q["history_drop_days"],
+                                             {"older_than": self._retention})
+                    row = await cur.fetchone()
+                if row and row[0]:
+                    log.info("dropped %d day(s) of finished events past the retention", row[0],
+                             extra={"action": "history_dropped", "count": row[0]})
+        except errors.InsufficientPrivilege as exc:
+            self._history = False
+            log.warning("finished events stay in the live partition, deleted row by row: this "
+                        "role may not make the history's days (%s); run the worker as the "
+                        "schema's owner, or SELECT %s.history_make_days(1) daily as it",
+                        exc.diag.message_primary, self._q.schema,
+                        extra={"action": "history_refused"})
+        except errors.LockNotAvailable:
+            pass    # a day's DROP waited its half second: the next pass tries again
 
     async def _prune_bookkeeping(self, conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute(self._q["worker_prune_dead"], {"older_than": DEAD_WORKER_ROW_AGE})
@@ -116,7 +158,7 @@ class Pruner:
                 return total, False
 
     async def _batch(self, conn: psycopg.AsyncConnection[Any], params: dict[str, Any]) -> int:
-        for query in ("event_prune", "event_prune_skip_locked"):
+        for query in ("event_prune_live", "event_prune_live_skip_locked"):
             try:
                 async with conn.transaction():
                     await conn.execute(self._q["prune_lock_timeout"],

@@ -10,6 +10,8 @@ sends its first claim, because each changes what that claim may take:
   worker's first claim on;
 - bring back a ``fifo_by`` route's aside events: a key's event written since
   the others were set aside would otherwise run before them;
+- make the history's days (0025): the acknowledgements move finished events
+  into today's partition only once it exists;
 - check autovacuum: a server or table without it is the environment's doing,
   and one line at start saves the hunt for why claims slow down.
 
@@ -59,9 +61,10 @@ class StartUp:
         self.maintenance = maintenance
         self.flow = flow
         self.lanes = lanes
-        # Whether to run the autovacuum check: a multi-tenant worker's turns run it
-        # at a tenant's first turn only, not at every one (tenancy/turns.py).
-        self.vacuum_check = True
+        # Whether to make the history's days and check autovacuum: a
+        # multi-tenant worker's turns do so at a tenant's first turn only, not
+        # at every one (tenancy/turns.py); its pruner keeps the days after.
+        self.first_start = True
 
     async def run(self) -> None:
         """Every step, in order."""
@@ -72,7 +75,8 @@ class StartUp:
         if any(r.flow is not None and r.flow.fifo_by is not None for r in self.router.routes):
             # On an error the maintenance pass brings them back.
             await self.step(self.lanes.bring_back, errors=RECOVERABLE_ERRORS)
-        if self.vacuum_check:
+        if self.first_start:
+            await self.step(self.maintenance.pruner.keep_history, errors=RECOVERABLE_ERRORS)
             await self.check_vacuum()
 
     async def step(self, step: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,

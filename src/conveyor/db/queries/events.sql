@@ -100,8 +100,9 @@ WHERE tenant IS NOT DISTINCT FROM %(tenant)s AND idempotency_key = %(idempotency
 -- planned anew on statistics from before a burst joined its batch to a scan
 -- of every pending row (tests/worker/test_claim_plan.py). `rows` names the
 -- CTE, with a condition if need be (`seen WHERE held`), or any relation with
--- an `id` column.
-{e}.id = ANY (ARRAY(SELECT id FROM {rows}))
+-- an `id` column. Such rows are live (0025): saying so keeps the plan off
+-- the history's days, each of which it would otherwise probe for every id.
+{e}.id = ANY (ARRAY(SELECT id FROM {rows})) AND {e}.done IS NULL
 
 -- name: _claim_update
 -- The claim's write, shared by every claim variant (event_claim,
@@ -231,9 +232,20 @@ RETURNING e.id
 
 -- name: _leased
 -- The fence of a leased attempt's outcome `d`: the row is still this worker's
--- lease on the same attempt.
+-- lease on the same attempt. A leased row is live (0025): saying so lets the
+-- plan read the live partition alone instead of probing every day of the
+-- history for each id.
   AND e.lease_owner = %(owner)s
   AND e.attempts = d.attempt
+  AND e.done IS NULL
+
+-- name: _into_history(clock=now)
+-- Whether a row `e` finishing now moves into the history (0025,
+-- docs/history-partitions.md): not when an idempotency key keeps it live
+-- (the key's unique index holds live rows only), nor when no partition
+-- exists yet for the day (history.until, moved by the day-maker). One read
+-- of a one-row table per statement.
+e.idempotency_key IS NULL AND {clock}() < (SELECT h.until FROM {schema}.history AS h)
 
 -- name: _succeeded(clock=now)
 -- What a success writes, leased or held (windows.sql). A claim window
@@ -243,7 +255,9 @@ RETURNING e.id
     lease_owner = NULL,
     lease_expires_at = NULL,
     finished_at = {clock}(),
-    updated_at = {clock}()
+    updated_at = {clock}(),
+    done = CASE WHEN -- include: _into_history({clock})
+           THEN true END
 
 -- name: event_complete
 -- A handler finishing its own event in its own transaction (conveyor.complete):
@@ -258,10 +272,13 @@ SET state = 'succeeded',
     lease_expires_at = NULL,
     result = %(result)s,
     finished_at = now(),
-    updated_at = now()
+    updated_at = now(),
+    done = CASE WHEN -- include: _into_history
+           THEN true END
 WHERE e.id = %(id)s
   AND e.lease_owner = %(owner)s
   AND e.attempts = %(attempt)s
+  AND e.done IS NULL
 RETURNING e.id, pg_notify(%(results_channel)s, e.id::text)
 
 -- name: event_delete_succeeded_many
@@ -310,7 +327,10 @@ RETURNING e.id
     lease_expires_at = NULL,
     finished_at = CASE WHEN d.state IN ('succeeded', 'failed', 'cancelled')
                        THEN {clock}() END,
-    updated_at = {clock}()
+    updated_at = {clock}(),
+    -- Failed events stay live: they wait for a person.
+    done = CASE WHEN d.state IN ('succeeded', 'cancelled') AND -- include: _into_history({clock})
+           THEN true END
 
 -- name: _settle_rows
 -- The outcomes event_settle_many and event_settle_held write, as rows `d`.
@@ -418,7 +438,9 @@ SET state = 'pending',
     run_at = {run_at},
     max_attempts = GREATEST(max_attempts, attempts + 1),
     finished_at = NULL,
-    updated_at = now()
+    updated_at = now(),
+    -- Back from the history, if it was there (0025): the UPDATE moves it.
+    done = NULL
 
 -- name: _cancel
 -- A cancelled event is finished, and no worker's lease holds it any more.
@@ -493,7 +515,7 @@ SELECT state FROM {schema}.events WHERE id = %(id)s
            AND 'failed' = ANY(%(states)s::text[])
            AND finished_at < now() - %(older_than)s * interval '1 second'
 
--- name: _prune(lock=)
+-- name: _prune(lock=, table=events)
 -- Deletes finished events in bounded batches so no single statement holds
 -- locks on a huge number of rows. Each branch reads its own partial index,
 -- even in the generic plan of the worker's prepared statement, so the old
@@ -506,13 +528,13 @@ SELECT state FROM {schema}.events WHERE id = %(id)s
 -- retry), so it is not deleted. `lock` may lock the candidates as they are
 -- read (a locking clause is refused in a branch of a UNION, so each branch
 -- reads from a subquery).
-DELETE FROM {schema}.events
+DELETE FROM {schema}.{table}
 WHERE id = ANY(ARRAY(
-        (SELECT id FROM (SELECT id FROM {schema}.events
+        (SELECT id FROM (SELECT id FROM {schema}.{table}
                          -- include: _prunable_done
                          LIMIT %(limit)s {lock}) AS done)
         UNION ALL
-        (SELECT id FROM (SELECT id FROM {schema}.events
+        (SELECT id FROM (SELECT id FROM {schema}.{table}
                          -- include: _prunable_failed
                          LIMIT %(limit)s {lock}) AS failed)
         LIMIT %(limit)s))
@@ -530,6 +552,24 @@ WHERE id = ANY(ARRAY(
 -- candidate writes a lock record per row, about 56 bytes of WAL on top of the
 -- delete's 130 (measured 2026-12-03, 5,000-row batches).
 -- include: _prune(FOR UPDATE SKIP LOCKED)
+
+-- name: event_prune_live
+-- The worker's event_prune: the live partition's finished rows only (0025).
+-- Those in the history go a day at a time (history_drop_days); deleting them
+-- row by row would write what the drop spares.
+-- include: _prune(, events_live)
+
+-- name: event_prune_live_skip_locked
+-- event_prune_skip_locked on the live partition.
+-- include: _prune(FOR UPDATE SKIP LOCKED, events_live)
+
+-- name: history_make_days
+-- The history's partitions for today and the next `ahead` days (0025).
+SELECT {schema}.history_make_days(%(ahead)s)
+
+-- name: history_drop_days
+-- The history's days that ended more than `older_than` seconds ago, dropped.
+SELECT {schema}.history_drop_days(%(older_than)s)
 
 -- name: prune_lock_timeout
 -- The pruner's batches wait at most this long for a row lock, whatever the

@@ -266,9 +266,10 @@ SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0))
 -- While a fifo_by limit exists the sorts of the fleet take turns (flow_sort_lock):
 -- no claim holds a fifo_by event (event_claim_flow), so none is skipped, and a
 -- key's events reach the limited lane in claim order.
+-- The live partition by name (0025): a ctid is a place in one table.
 WITH front AS (
     SELECT ctid, topic
-    FROM {schema}.events
+    FROM {schema}.events_live
     WHERE state = 'pending'
       AND NOT limited
     ORDER BY priority DESC, run_at, id
@@ -276,7 +277,7 @@ WITH front AS (
 ), picked AS (
     -- By their place in the table, not a join: lanes.sql's lane_set_aside says why.
     SELECT id
-    FROM {schema}.events
+    FROM {schema}.events_live
     WHERE ctid = ANY (ARRAY(
               SELECT front.ctid FROM front
               WHERE -- include: _topic_in(front.topic, limit_)

@@ -24,9 +24,10 @@ SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0))
 -- claim filter) nor any worker that beat within `alive_within` seconds may
 -- claim (the registry's topic patterns and tenants). Each (topic, tenant) of
 -- the window is judged once. Rows a claim holds are skipped: it is taking them.
+-- The live partition by name (0025): a ctid is a place in one table.
 WITH front AS (
     SELECT ctid, topic, tenant
-    FROM {schema}.events
+    FROM {schema}.events_live
     WHERE state = 'pending'
       AND NOT limited
     ORDER BY priority DESC, run_at, id
@@ -53,7 +54,7 @@ WITH front AS (
     -- (1,600 x 20,000 entries: 5 s). A row changed since is checked again
     -- (the lock follows it to its new version).
     SELECT id
-    FROM {schema}.events
+    FROM {schema}.events_live
     WHERE ctid = ANY (ARRAY(
               SELECT front.ctid
               FROM front

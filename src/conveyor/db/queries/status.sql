@@ -53,13 +53,26 @@ GROUP BY e.topic
 -- of scanning the table. When fewer than `limit` rows come back they are all
 -- the succeeded and cancelled rows and the counts are exact; otherwise they
 -- are lower bounds and Admin falls back to status_table_estimate.
+-- The history's days (0025) hold only such rows, in no index by finish time:
+-- any `limit` of them, read without ordering, tell the same (a scan that
+-- stops at the limit instead of sorting a day).
 SELECT state, topic, count(*) AS n
-FROM (SELECT state, topic
-      FROM {schema}.events
-      WHERE state IN ('succeeded', 'cancelled')
-      ORDER BY finished_at
-      LIMIT %(limit)s) AS oldest
+FROM ((SELECT state, topic
+       FROM {schema}.events_live
+       WHERE state IN ('succeeded', 'cancelled')
+       ORDER BY finished_at
+       LIMIT %(limit)s)
+      UNION ALL
+      (SELECT state, topic FROM {schema}.events_done LIMIT %(limit)s)) AS sample
 GROUP BY state, topic
+
+-- name: _rows_estimated(c)
+-- The rows of the table `c` (a pg_class row) as the planner would scale them.
+CASE WHEN {c}.reltuples >= 0 AND {c}.relpages > 0
+     THEN {c}.reltuples / {c}.relpages
+          * (pg_relation_size({c}.oid) / current_setting('block_size')::float8)
+     ELSE (SELECT t.n_live_tup FROM pg_stat_all_tables AS t WHERE t.relid = {c}.oid)
+END::float8
 
 -- name: status_table_estimate
 -- The planner's own row estimate for the events table and how its rows split by
@@ -67,15 +80,33 @@ GROUP BY state, topic
 -- density of the last ANALYZE/VACUUM (reltuples / relpages) times the table's
 -- current size in pages, as the planner scales it; before any ANALYZE
 -- (reltuples < 0) the cumulative statistics' n_live_tup. The state shares are
--- the most-common-values list of pg_stats (NULL before any ANALYZE).
-SELECT CASE WHEN c.reltuples >= 0 AND c.relpages > 0
-            THEN c.reltuples / c.relpages
-                 * (pg_relation_size(c.oid) / current_setting('block_size')::float8)
-            ELSE (SELECT t.n_live_tup FROM pg_stat_all_tables AS t WHERE t.relid = c.oid)
-       END::float8 AS live_rows,
+-- the most-common-values list of pg_stats (NULL before any ANALYZE). `table`
+-- is the live partition (0025). The history's days, all of their rows
+-- succeeded or cancelled, are estimated the same way each: their rows, and
+-- how many of those are cancelled by each day's own share in pg_stats.
+SELECT (-- include: _rows_estimated(c)
+       ) AS live_rows,
        s.most_common_vals::text::text[] AS states,
-       s.most_common_freqs AS shares
+       s.most_common_freqs AS shares,
+       h.rows AS history_rows,
+       h.cancelled AS history_cancelled
 FROM pg_class AS c
+CROSS JOIN (
+    SELECT coalesce(sum(d.rows), 0)::float8 AS rows,
+           coalesce(sum(d.rows * d.cancelled_share), 0)::float8 AS cancelled
+    FROM (SELECT -- include: _rows_estimated(p)
+                 AS rows,
+                 coalesce((SELECT f.share
+                           FROM pg_stats AS ps,
+                                unnest(ps.most_common_vals::text::text[], ps.most_common_freqs)
+                                    AS f(state, share)
+                           WHERE ps.schemaname = %(schema)s AND ps.tablename = p.relname
+                             AND ps.attname = 'state' AND NOT ps.inherited
+                             AND f.state = 'cancelled'), 0) AS cancelled_share
+          FROM pg_inherits AS i
+          JOIN pg_class AS p ON p.oid = i.inhrelid
+          WHERE i.inhparent = to_regclass(%(history)s)) AS d
+) AS h
 LEFT JOIN pg_stats AS s
        ON s.schemaname = %(schema)s AND s.tablename = 'events_live' AND s.attname = 'state'
       AND NOT s.inherited

@@ -35,6 +35,7 @@ SELECT -- include: _claim_columns(attempts + 1 AS attempts)
   AND -- include: _found_by_id(unnest(%(ids)s::bigint[]) AS held(id))
   AND (e.state = 'pending') IS TRUE
   AND e.attempts = d.attempt - 1
+  AND e.done IS NULL
 
 -- name: event_succeed_held
 -- event_succeed_many for a held attempt: the attempt is counted here.

@@ -131,3 +131,79 @@ BEGIN
     RETURN stamped;
 END
 $$;
+
+-- How long finished events may move into the history: the end of the last
+-- day made ahead (history_make_days), none until the first is made. A finished
+-- event moves only while its finish time is before it, so an
+-- acknowledgement never meets a day without its partition: the event stays
+-- live instead, and retention deletes it there.
+CREATE TABLE {schema}.history (
+    one   boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    until timestamptz
+);
+INSERT INTO {schema}.history DEFAULT VALUES;
+
+-- Makes the history's partitions for today and the next `ahead` days (UTC)
+-- that do not exist yet, and moves `history.until` to the end of the last;
+-- returns how many it made. Workers call it as they start and with each
+-- prune; it needs the right to create tables in the schema (the owner's).
+CREATE FUNCTION {schema}.history_make_days(ahead integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    first date := (now() AT TIME ZONE 'UTC')::date;
+    day date;
+    made integer := 0;
+    name text;
+BEGIN
+    IF ahead IS NULL OR ahead < 0 THEN
+        RAISE EXCEPTION 'expected ahead to be a number of days >= 0, got %', ahead
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR day IN SELECT d::date FROM generate_series(first, first + ahead, interval '1 day') AS d
+    LOOP
+        name := 'events_done_' || to_char(day, 'YYYYMMDD');
+        IF NOT EXISTS (SELECT 1 FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+                       WHERE i.inhparent = '{schema}.events_done'::regclass
+                         AND c.relname = name) THEN
+            EXECUTE format('CREATE TABLE {schema}.%I PARTITION OF {schema}.events_done '
+                           'FOR VALUES FROM (%L) TO (%L)', name,
+                           day::timestamp AT TIME ZONE 'UTC',
+                           (day + 1)::timestamp AT TIME ZONE 'UTC');
+            made := made + 1;
+        END IF;
+    END LOOP;
+    INSERT INTO {schema}.history AS h (until)
+    VALUES ((first + ahead + 1)::timestamp AT TIME ZONE 'UTC')
+    ON CONFLICT (one) DO UPDATE SET until = excluded.until
+    WHERE h.until IS DISTINCT FROM excluded.until;
+    RETURN made;
+END
+$$;
+
+-- Retention: drops the history's days that ended more than `older_than`
+-- seconds ago, a whole day at a time (no row deleted, nothing left for
+-- vacuum); returns how many it dropped. Waits at most half a second for the
+-- lock a DROP takes (then lock_not_available: the next prune tries again).
+CREATE FUNCTION {schema}.history_drop_days(older_than double precision) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    part record;
+    dropped integer := 0;
+BEGIN
+    PERFORM set_config('lock_timeout', '500ms', true);
+    FOR part IN
+        SELECT c.relname
+        FROM pg_inherits AS i
+        JOIN pg_class AS c ON c.oid = i.inhrelid
+        WHERE i.inhparent = '{schema}.events_done'::regclass
+          AND c.relname ~ '^events_done_[0-9]+$' AND length(c.relname) = 20
+          AND (to_date(right(c.relname, 8), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC'
+              <= now() - older_than * interval '1 second'
+        ORDER BY c.relname
+    LOOP
+        EXECUTE format('DROP TABLE {schema}.%I', part.relname);
+        dropped := dropped + 1;
+    END LOOP;
+    RETURN dropped;
+END
+$$;

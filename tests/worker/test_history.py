@@ -1,0 +1,93 @@
+"""Finished events in the history's day partitions (0025, docs/history-partitions.md).
+
+A worker makes today's and tomorrow's partitions as it starts; its
+acknowledgements move succeeded and cancelled events there, except those an
+idempotency key keeps live and the failed ones, which wait for a person; an
+operator's retry moves an event back; retention drops whole days.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from conveyor import Admin, Cancel, Event, Producer, Worker
+from conveyor.db.named_queries import queries_for
+from conveyor.worker.pruner import Pruner
+from worker_support import enqueue, fast_config, query, router_for, running, wait_all_in
+
+
+def _today() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d")
+
+
+async def _partition_of(db: str) -> dict[int, str]:
+    rows = await query(db, "SELECT id, tableoid::regclass::text AS part FROM conveyor.events")
+    return {r["id"]: r["part"] for r in rows}
+
+
+async def test_a_worker_moves_finished_events_into_todays_partition(db: str) -> None:
+    async def handle(event: Event) -> Any:
+        if event.payload.get("fail"):
+            raise RuntimeError("boom")
+        if event.payload.get("cancel"):
+            raise Cancel("not wanted")
+        return None
+
+    worker = Worker(db, router_for("hist.*", handle), fast_config())
+    async with running(worker):
+        plain = await enqueue(db, "hist.a", {})
+        keyed = await enqueue(db, "hist.a", {}, idempotency_key="hist-k")
+        failed = await enqueue(db, "hist.a", {"fail": True}, max_attempts=1)
+        cancelled = await enqueue(db, "hist.a", {"cancel": True})
+        await wait_all_in(db, {"succeeded", "failed", "cancelled"}, timeout=20)
+    days = {r["relname"] for r in await query(
+        db, "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = 'conveyor.events_done'::regclass")}
+    tomorrow = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y%m%d")
+    assert {f"events_done_{_today()}", f"events_done_{tomorrow}"} <= days
+    where = await _partition_of(db)
+    assert where[plain] == where[cancelled] == f"conveyor.events_done_{_today()}"
+    assert where[keyed] == where[failed] == "conveyor.events_live"
+    # The key still deduplicates against its finished event.
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert Producer().enqueue(conn, "hist.a", {}, idempotency_key="hist-k") == keyed
+        # An operator's retry brings an event back from the history, pending.
+        Admin().retry(conn, cancelled)
+    assert (await _partition_of(db))[cancelled] == "conveyor.events_live"
+    row = (await query(db, "SELECT state, done FROM conveyor.events WHERE id = %s",
+                       (cancelled,)))[0]
+    assert (row["state"], row["done"]) == ("pending", None)
+
+
+async def test_retention_drops_whole_days_and_deletes_no_row_of_them(db: str) -> None:
+    q = queries_for("conveyor")
+    old_day = (datetime.now(UTC) - timedelta(days=3)).date()
+    name = f"events_done_{old_day:%Y%m%d}"
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE conveyor.{name} PARTITION OF conveyor.events_done"
+                     " FOR VALUES FROM (%s) TO (%s)".replace("%s", "'{}'").format(
+                         f"{old_day} 00:00+00", f"{old_day + timedelta(days=1)} 00:00+00"))
+        conn.execute("INSERT INTO conveyor.events (topic, payload, state, attempts,"
+                      " finished_at, done) SELECT 'hist.old', '{}', 'succeeded', 1,"
+                      " %s::timestamptz + interval '1 hour', true FROM generate_series(1, 50)",
+                      (f"{old_day} 00:00+00",))
+        # A row finished in the live partition as long ago goes row by row.
+        conn.execute("INSERT INTO conveyor.events (topic, payload, state, attempts,"
+                      " finished_at) VALUES ('hist.live', '{}', 'succeeded', 1,"
+                      " now() - interval '3 days')")
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+        # Two days of retention: the day that ended two days ago and more goes.
+        deleted = await Pruner(q, fast_config(retention=2 * 86_400.0)).prune(conn)
+    assert deleted == 1     # the live row; the old day was dropped, not deleted
+    gone = await query(db, "SELECT to_regclass(%s) IS NULL AS gone", (f"conveyor.{name}",))
+    assert gone == [{"gone": True}]
+    left = await query(db, "SELECT count(*) AS n FROM conveyor.events"
+                           " WHERE topic IN ('hist.old', 'hist.live')")
+    assert left == [{"n": 0}]
+    # Today's day stays, and the next: made by the same pass.
+    kept = await query(db, "SELECT to_regclass(%s) IS NOT NULL AS kept",
+                       (f"conveyor.events_done_{_today()}",))
+    assert kept == [{"kept": True}]
