@@ -8,10 +8,14 @@ operator's retry moves an event back; retention drops whole days.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
 
 from conveyor import Admin, Cancel, Event, Producer, Worker
 from conveyor.db.named_queries import queries_for
@@ -91,3 +95,29 @@ async def test_retention_drops_whole_days_and_deletes_no_row_of_them(db: str) ->
     kept = await query(db, "SELECT to_regclass(%s) IS NOT NULL AS kept",
                        (f"conveyor.events_done_{_today()}",))
     assert kept == [{"kept": True}]
+
+
+async def test_a_role_that_may_not_make_the_days_keeps_finished_events_live(
+        db: str, caplog: pytest.LogCaptureFixture) -> None:
+    role = f"conveyor_dml_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT conveyor.history_drop_days(-10 * 86400)")   # no day left
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT USAGE ON SCHEMA conveyor TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA conveyor"
+                     f" TO {role}")
+        conn.execute(f"GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA conveyor TO {role}")
+    url = make_conninfo(db, user=role)
+    try:
+        caplog.set_level(logging.WARNING, logger="conveyor.worker.pruner")
+        worker = Worker(url, router_for("dml.*", lambda event: None), fast_config())
+        async with running(worker):
+            event = await enqueue(url, "dml.a", {})
+            await wait_all_in(db, {"succeeded"}, timeout=20)
+        refused = [r for r in caplog.records if getattr(r, "action", "") == "history_refused"]
+        assert len(refused) == 1 and "history_make_days(1)" in refused[0].getMessage()
+        assert (await _partition_of(db))[event] == "conveyor.events_live"
+    finally:
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from datetime import date
 
 from conveyor.router import Router
 from conveyor.tenancy.databases import TenantDatabase
@@ -29,6 +30,8 @@ class TenantState:
         turns: how many turns it has had.
         started_at: when its last turn began (``time.monotonic()``).
         found_due_at: when it last joined the rotation with work (``time.monotonic()``).
+        history_made_on: the UTC day a turn of it last made the history's days
+            (0025), once a day: a turn may be too short for a prune pass.
     """
 
     tenant: TenantDatabase
@@ -39,6 +42,7 @@ class TenantState:
     turns: int = 0
     started_at: float = 0.0
     found_due_at: float = 0.0
+    history_made_on: date | None = None
     next_check: float = 0.0
     requeue: bool = field(default=False, repr=False)
     ending: bool = field(default=False, repr=False)

@@ -36,6 +36,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from conveyor.db.named_queries import Queries
 from conveyor.tenancy.budget import (
@@ -250,7 +251,10 @@ class ServerTurns:
     def _start_turn(self, state: TenantState, cost: int) -> None:
         worker = self._make_worker(state, self.ledger)
         # One vacuum warning, and one set of start and stop lines, per tenant, not per turn.
-        worker.startup.first_start = state.turns == 0
+        worker.startup.vacuum_check = state.turns == 0
+        today = datetime.now(UTC).date()
+        worker.startup.history_days = state.history_made_on != today
+        state.history_made_on = today
         worker.lifecycle_level = logging.INFO if state.turns == 0 else logging.DEBUG
         if state.last_worker is not None:
             carry_counters(worker, state.last_worker)

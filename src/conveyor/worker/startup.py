@@ -61,10 +61,12 @@ class StartUp:
         self.maintenance = maintenance
         self.flow = flow
         self.lanes = lanes
-        # Whether to make the history's days and check autovacuum: a
-        # multi-tenant worker's turns do so at a tenant's first turn only, not
-        # at every one (tenancy/turns.py); its pruner keeps the days after.
-        self.first_start = True
+        # Whether to check autovacuum, and to make the history's days: a
+        # multi-tenant worker's turns check at a tenant's first turn, and make
+        # the days at its first turn of each day, not at every turn
+        # (tenancy/turns.py); a turn may be too short for a prune pass.
+        self.vacuum_check = True
+        self.history_days = True
 
     async def run(self) -> None:
         """Every step, in order."""
@@ -75,8 +77,9 @@ class StartUp:
         if any(r.flow is not None and r.flow.fifo_by is not None for r in self.router.routes):
             # On an error the maintenance pass brings them back.
             await self.step(self.lanes.bring_back, errors=RECOVERABLE_ERRORS)
-        if self.first_start:
+        if self.history_days:
             await self.step(self.maintenance.pruner.keep_history, errors=RECOVERABLE_ERRORS)
+        if self.vacuum_check:
             await self.check_vacuum()
 
     async def step(self, step: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,

@@ -159,6 +159,10 @@ BEGIN
         RAISE EXCEPTION 'expected ahead to be a number of days >= 0, got %', ahead
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A new partition locks the history against the acknowledgements moving
+    -- rows into it: wait for them half a second at most (then
+    -- lock_not_available, and the next call tries again).
+    PERFORM set_config('lock_timeout', '500ms', true);
     FOR day IN SELECT d::date FROM generate_series(first, first + ahead, interval '1 day') AS d
     LOOP
         name := 'events_done_' || to_char(day, 'YYYYMMDD');
