@@ -54,6 +54,7 @@ NAMES: dict[str, str] = {
     "AsyncCursor": "Cursor",
     "AsyncIterator": "Iterator",
     "run_async": "run",
+    "run_past_moves_async": "run_past_moves",
     "complete_async": "complete",
     "connect_for_statements_async": "connect_for_statements",
     "connect_async": "connect",

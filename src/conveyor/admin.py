@@ -61,7 +61,7 @@ from conveyor.admin_status import (
     queue_status,
 )
 from conveyor.admin_workflows import AdminWorkflows
-from conveyor.db.execute import run
+from conveyor.db.execute import run, run_past_moves
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import record_from_event_get_row, result_from_event_result_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, WaitTimeoutError
@@ -96,10 +96,18 @@ MATCH_BATCH = 1000
 
 def _fetch(conn: psycopg.Connection[Any], query: str,
                        params: dict[str, Any]) -> Rows:
-    """Rows by column name; unprepared, so each call is planned for its own values."""
+    """Rows by column name; unprepared, so each call is planned for its own values.
+
+    Run once more if a row it waited for was moved into the history meanwhile
+    (:func:`~conveyor.db.execute.run_past_moves` says why).
+    """
     cur = conn.cursor(row_factory=dict_row)
     try:
-        cur.execute(query, params, prepare=False)
+        try:
+            with conn.transaction():
+                cur.execute(query, params, prepare=False)
+        except psycopg.errors.SerializationFailure:
+            cur.execute(query, params, prepare=False)
     except (psycopg.errors.SyntaxError, psycopg.errors.InvalidTextRepresentation) as exc:
         # The one value the server parses for us: a payload path PostgreSQL rejects.
         if params.get("payload") is None:
@@ -291,7 +299,9 @@ class Admin(AdminControls, AdminWorkflows):
         one raises InvalidStateError, an unknown id EventNotFoundError.
         """
         event_id = check_event_id(event_id)
-        cur = run(conn, self._q["event_cancel"], {"id": event_id})
+        # A running event's success may be written (and the row moved into
+        # the history) while this waits for its lock.
+        cur = run_past_moves(conn, self._q["event_cancel"], {"id": event_id})
         if cur.fetchone() is None:
             cur = run(conn, self._q["event_state"], {"id": event_id})
             state = cur.fetchone()

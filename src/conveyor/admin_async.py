@@ -60,7 +60,7 @@ from conveyor.admin_status import (
     queue_status,
 )
 from conveyor.admin_workflows import AsyncAdminWorkflows
-from conveyor.db.execute import run_async
+from conveyor.db.execute import run_async, run_past_moves_async
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import record_from_event_get_row, result_from_event_result_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, WaitTimeoutError
@@ -95,10 +95,18 @@ MATCH_BATCH = 1000
 
 async def _fetch_async(conn: psycopg.AsyncConnection[Any], query: str,
                        params: dict[str, Any]) -> Rows:
-    """Rows by column name; unprepared, so each call is planned for its own values."""
+    """Rows by column name; unprepared, so each call is planned for its own values.
+
+    Run once more if a row it waited for was moved into the history meanwhile
+    (:func:`~conveyor.db.execute.run_past_moves_async` says why).
+    """
     cur = conn.cursor(row_factory=dict_row)
     try:
-        await cur.execute(query, params, prepare=False)
+        try:
+            async with conn.transaction():
+                await cur.execute(query, params, prepare=False)
+        except psycopg.errors.SerializationFailure:
+            await cur.execute(query, params, prepare=False)
     except (psycopg.errors.SyntaxError, psycopg.errors.InvalidTextRepresentation) as exc:
         # The one value the server parses for us: a payload path PostgreSQL rejects.
         if params.get("payload") is None:
@@ -290,7 +298,9 @@ class AsyncAdmin(AsyncAdminControls, AsyncAdminWorkflows):
         one raises InvalidStateError, an unknown id EventNotFoundError.
         """
         event_id = check_event_id(event_id)
-        cur = await run_async(conn, self._q["event_cancel"], {"id": event_id})
+        # A running event's success may be written (and the row moved into
+        # the history) while this waits for its lock.
+        cur = await run_past_moves_async(conn, self._q["event_cancel"], {"id": event_id})
         if await cur.fetchone() is None:
             cur = await run_async(conn, self._q["event_state"], {"id": event_id})
             state = await cur.fetchone()

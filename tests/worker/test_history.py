@@ -9,6 +9,8 @@ operator's retry moves an event back; retention drops whole days.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,7 +19,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from conveyor import Admin, Cancel, Event, Producer, Worker
+from conveyor import Admin, Cancel, Event, InvalidStateError, Producer, Worker
 from conveyor.db.named_queries import queries_for
 from conveyor.worker.pruner import Pruner
 from worker_support import enqueue, fast_config, query, router_for, running, wait_all_in
@@ -121,3 +123,43 @@ async def test_a_role_that_may_not_make_the_days_keeps_finished_events_live(
         with psycopg.connect(db, autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE {role}")
+
+
+def test_an_operators_cancel_that_waited_for_a_moving_success_finds_it_succeeded(
+        db: str) -> None:
+    # The acknowledgement moves the row into the history while the cancel waits
+    # for its lock: PostgreSQL fails the waiter (40001), which runs again.
+    q = queries_for("conveyor")
+    owner = str(uuid.uuid4())
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(q["history_make_days"], {"ahead": 0})
+        row = conn.execute(
+            "INSERT INTO conveyor.events (topic, payload, state, attempts, lease_owner,"
+            " lease_expires_at) VALUES ('hist.cancel', '{}', 'running', 1, %s,"
+            " now() + interval '1 minute') RETURNING id", (owner,)).fetchone()
+        assert row is not None
+        event = row[0]
+    outcome: list[BaseException | None] = []
+    with psycopg.connect(db) as acker, psycopg.connect(db) as operator:
+        acker.execute(q["event_succeed_many"], {"ids": [event], "attempts": [1], "owner": owner})
+
+        def cancel() -> None:
+            try:
+                Admin().cancel(operator, event)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                outcome.append(exc)
+            operator.rollback()
+        waiter = threading.Thread(target=cancel)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        with psycopg.connect(db, autocommit=True) as watcher:
+            while not watcher.execute(
+                    "SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = %s"
+                    " AND wait_event_type = 'Lock'", (operator.info.backend_pid,)).fetchone()[0]:
+                assert time.monotonic() < deadline, "the cancel never waited for the row"
+                time.sleep(0.01)
+        acker.commit()
+        waiter.join(timeout=10)
+    assert len(outcome) == 1 and isinstance(outcome[0], InvalidStateError), outcome
+    assert "succeeded" in str(outcome[0])

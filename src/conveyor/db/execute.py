@@ -18,6 +18,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from conveyor.db.execute_async import run_async as run_async
+from conveyor.db.execute_async import run_past_moves_async as run_past_moves_async
 
 Params = dict[str, Any] | None
 
@@ -29,3 +30,24 @@ def run(
     cur = conn.cursor(row_factory=tuple_row)
     cur.execute(query, params)
     return cur
+
+
+def run_past_moves(
+    conn: psycopg.Connection[Any], query: str | bytes, params: Params = None,
+) -> psycopg.Cursor[tuple[Any, ...]]:
+    """:func:`run`, once more if a row it waited for was moved meanwhile.
+
+    Since migration 0025 an acknowledgement moves a finished event into the
+    history's partition, and a statement that waited for that row's lock
+    fails with SQLSTATE 40001 ("tuple to be locked was already moved to
+    another partition due to concurrent update"). Run again, it finds the
+    row where it went, as it now is. The first run is in a savepoint (its own
+    transaction on an idle connection), so the caller's transaction outlives
+    its failure. For an operator's statements: the worker's never wait for a
+    running event's lock.
+    """
+    try:
+        with conn.transaction():
+            return run(conn, query, params)
+    except psycopg.errors.SerializationFailure:
+        return run(conn, query, params)

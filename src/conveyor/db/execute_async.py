@@ -17,6 +17,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 # unasync: from conveyor.db.execute_async import run_async as run_async
+# unasync: from conveyor.db.execute_async import run_past_moves_async as run_past_moves_async
 
 Params = dict[str, Any] | None
 
@@ -28,3 +29,24 @@ async def run_async(
     cur = conn.cursor(row_factory=tuple_row)
     await cur.execute(query, params)
     return cur
+
+
+async def run_past_moves_async(
+    conn: psycopg.AsyncConnection[Any], query: str | bytes, params: Params = None,
+) -> psycopg.AsyncCursor[tuple[Any, ...]]:
+    """:func:`run_async`, once more if a row it waited for was moved meanwhile.
+
+    Since migration 0025 an acknowledgement moves a finished event into the
+    history's partition, and a statement that waited for that row's lock
+    fails with SQLSTATE 40001 ("tuple to be locked was already moved to
+    another partition due to concurrent update"). Run again, it finds the
+    row where it went, as it now is. The first run is in a savepoint (its own
+    transaction on an idle connection), so the caller's transaction outlives
+    its failure. For an operator's statements: the worker's never wait for a
+    running event's lock.
+    """
+    try:
+        async with conn.transaction():
+            return await run_async(conn, query, params)
+    except psycopg.errors.SerializationFailure:
+        return await run_async(conn, query, params)
