@@ -521,6 +521,30 @@ def test_the_workers_prune_leaves_the_history_to_its_days(db: Conn) -> None:
     assert db.execute("SELECT count(*) FROM conveyor.events").fetchone() == (0,)
 
 
+def test_workers_starting_together_make_each_day_once(fresh_db: str) -> None:
+    # Every worker makes the history's days as it starts: a fleet started
+    # together raced to CREATE the same partition ("already exists").
+    barrier = threading.Barrier(8)
+    made: list[int] = []
+    failed: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            with psycopg.connect(fresh_db, autocommit=True) as conn:
+                barrier.wait(timeout=10)
+                row = conn.execute(Q["history_make_days"], {"ahead": 1}).fetchone()
+                made.append(row[0] if row else -1)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            failed.append(exc)
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert failed == []
+    assert sorted(made) == [0] * 7 + [2]
+
+
 @exercises("event_prune_skip_locked", "prune_lock_timeout")
 def test_prune_past_held_rows_deletes_the_others_and_waits_for_none(fresh_db: str) -> None:
     params = {"older_than": 60, "states": ["succeeded"], "limit": 10}

@@ -131,8 +131,12 @@ class Pruner:
                         "schema's owner, or SELECT %s.history_make_days(1) daily as it",
                         exc.diag.message_primary, self._q.schema,
                         extra={"action": "history_refused"})
-        except errors.LockNotAvailable:
-            pass    # a day's DROP waited its half second: the next pass tries again
+        except (errors.LockNotAvailable, errors.DuplicateTable) as exc:
+            # A day's DDL waited its half second, or a table of that name is in
+            # the way: the acknowledgements keep to the days made; the next
+            # pass tries again.
+            log.warning("could not make or drop the history's days: %s", exc.diag.message_primary,
+                        extra={"action": "history_deferred"})
 
     async def _prune_bookkeeping(self, conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute(self._q["worker_prune_dead"], {"older_than": DEAD_WORKER_ROW_AGE})

@@ -163,6 +163,9 @@ BEGIN
     -- rows into it: wait for them half a second at most (then
     -- lock_not_available, and the next call tries again).
     PERFORM set_config('lock_timeout', '500ms', true);
+    -- Workers starting together make the same days: one at a time (a lock
+    -- keyed on the history's own oid, so one per schema).
+    PERFORM pg_advisory_xact_lock('{schema}.events_done'::regclass::oid::bigint);
     FOR day IN SELECT d::date FROM generate_series(first, first + ahead, interval '1 day') AS d
     LOOP
         name := 'events_done_' || to_char(day, 'YYYYMMDD');
