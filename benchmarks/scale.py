@@ -4,8 +4,9 @@ Issue 24's second item. In a scratch schema migrated by Conveyor's own
 migrator, with a due backlog of other topics that the measured worker does
 not serve (as a real queue has), the history of finished events grows in
 steps, each written with COPY in 100,000-row transactions (finished times
-spread over the last 30 days, 20 topics, 50 tenants, 1 % failed), then
-VACUUM ANALYZE. At each size the same measurements run:
+spread over the last 30 days, 20 topics, 50 tenants, 1 % failed; the
+successes in the history's day partitions, as acknowledgements put them
+since migration 0025, the failed events live), then VACUUM ANALYZE. At each size the same measurements run:
 
 * ``claim_ms``: the worker's own ``event_claim`` of 100, rolled back so every
   run sees the same table, ``--claims`` times: p50, p95, p99;
@@ -87,9 +88,18 @@ def grow_history(conn: psycopg.Connection[Any], schema: str, have: int, want: in
     now = datetime.now(UTC)
     span = timedelta(days=30).total_seconds()
     columns = ("topic, tenant, payload, state, attempts, run_at, created_at, updated_at, "
-               "attempted_at, finished_at, last_error")
+               "attempted_at, finished_at, last_error, done")
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
         sql.Identifier(schema, "events"), sql.SQL(columns))
+    # Where a worker's acknowledgements put them (0025): the successes in the
+    # history's day partitions, the failed events live.
+    first = (now - timedelta(seconds=span)).date()
+    for day in (first + timedelta(days=d) for d in range((now.date() - first).days + 2)):
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF {}"
+                             " FOR VALUES FROM ({}) TO ({})").format(
+            sql.Identifier(schema, f"events_done_{day:%Y%m%d}"),
+            sql.Identifier(schema, "events_done"),
+            sql.Literal(f"{day} 00:00+00"), sql.Literal(f"{day + timedelta(days=1)} 00:00+00")))
     while have < want:
         rows = min(CHUNK, want - have)
         with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
@@ -100,7 +110,8 @@ def grow_history(conn: psycopg.Connection[Any], schema: str, have: int, want: in
                 failed = n % 100 == 0
                 lines.append(f"big.{n % TOPICS}\tt{n % TENANTS}\t{{\"n\": {n}}}\t"
                              f"{'failed' if failed else 'succeeded'}\t1\t{at}\t{at}\t{at}\t{at}\t"
-                             f"{at}\t{'boom' if failed else chr(92) + 'N'}\n")
+                             f"{at}\t{'boom' if failed else chr(92) + 'N'}\t"
+                             f"{chr(92) + 'N' if failed else 't'}\n")
                 if len(lines) == 10_000:
                     copy.write("".join(lines))
                     lines.clear()
@@ -205,8 +216,10 @@ async def time_pages(url: str, schema: str, requests: int) -> dict[str, dict[str
 def measure(url: str, schema: str, args: argparse.Namespace) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "events")))
-        size = conn.execute("SELECT pg_total_relation_size(%s::regclass)",
-                            (f"{schema}.events_live",)).fetchone()
+        # Every partition's (0025): the parent has no storage of its own.
+        size = conn.execute("SELECT sum(pg_total_relation_size(relid))::bigint"
+                            " FROM pg_partition_tree(%s::regclass)",
+                            (f"{schema}.events",)).fetchone()
         claims = time_claims(conn, schema, args.claims)
     rates = enqueue_rates(url, schema, args.events)
     drain = drain_rate(url, schema, rates.pop("queued"), rates.pop("after_id"))
