@@ -55,6 +55,7 @@ NAMES: dict[str, str] = {
     "AsyncIterator": "Iterator",
     "run_async": "run",
     "run_past_moves_async": "run_past_moves",
+    "execute_past_moves_async": "execute_past_moves",
     "complete_async": "complete",
     "connect_for_statements_async": "connect_for_statements",
     "connect_async": "connect",

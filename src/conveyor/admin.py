@@ -61,7 +61,7 @@ from conveyor.admin_status import (
     queue_status,
 )
 from conveyor.admin_workflows import AdminWorkflows
-from conveyor.db.execute import run, run_past_moves
+from conveyor.db.execute import execute_past_moves, run, run_past_moves
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import record_from_event_get_row, result_from_event_result_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, WaitTimeoutError
@@ -99,15 +99,11 @@ def _fetch(conn: psycopg.Connection[Any], query: str,
     """Rows by column name; unprepared, so each call is planned for its own values.
 
     Run once more if a row it waited for was moved into the history meanwhile
-    (:func:`~conveyor.db.execute.run_past_moves` says why).
+    (:func:`~conveyor.db.execute.execute_past_moves` says why).
     """
     cur = conn.cursor(row_factory=dict_row)
     try:
-        try:
-            with conn.transaction():
-                cur.execute(query, params, prepare=False)
-        except psycopg.errors.SerializationFailure:
-            cur.execute(query, params, prepare=False)
+        execute_past_moves(conn, cur, query, params, prepare=False)
     except (psycopg.errors.SyntaxError, psycopg.errors.InvalidTextRepresentation) as exc:
         # The one value the server parses for us: a payload path PostgreSQL rejects.
         if params.get("payload") is None:

@@ -60,7 +60,7 @@ from conveyor.admin_status import (
     queue_status,
 )
 from conveyor.admin_workflows import AsyncAdminWorkflows
-from conveyor.db.execute import run_async, run_past_moves_async
+from conveyor.db.execute import execute_past_moves_async, run_async, run_past_moves_async
 from conveyor.db.named_queries import queries_for
 from conveyor.db.rows import record_from_event_get_row, result_from_event_result_row
 from conveyor.errors import EventNotFoundError, InvalidInputError, WaitTimeoutError
@@ -98,15 +98,11 @@ async def _fetch_async(conn: psycopg.AsyncConnection[Any], query: str,
     """Rows by column name; unprepared, so each call is planned for its own values.
 
     Run once more if a row it waited for was moved into the history meanwhile
-    (:func:`~conveyor.db.execute.run_past_moves_async` says why).
+    (:func:`~conveyor.db.execute.execute_past_moves_async` says why).
     """
     cur = conn.cursor(row_factory=dict_row)
     try:
-        try:
-            async with conn.transaction():
-                await cur.execute(query, params, prepare=False)
-        except psycopg.errors.SerializationFailure:
-            await cur.execute(query, params, prepare=False)
+        await execute_past_moves_async(conn, cur, query, params, prepare=False)
     except (psycopg.errors.SyntaxError, psycopg.errors.InvalidTextRepresentation) as exc:
         # The one value the server parses for us: a payload path PostgreSQL rejects.
         if params.get("payload") is None:

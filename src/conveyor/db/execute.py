@@ -12,15 +12,19 @@ reads columns by position, whatever the caller configured.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import tuple_row
 
+from conveyor.db.execute_async import (
+    execute_past_moves_async as execute_past_moves_async,
+)
 from conveyor.db.execute_async import run_async as run_async
 from conveyor.db.execute_async import run_past_moves_async as run_past_moves_async
 
 Params = dict[str, Any] | None
+Row = TypeVar("Row")
 
 
 def run(
@@ -35,7 +39,17 @@ def run(
 def run_past_moves(
     conn: psycopg.Connection[Any], query: str | bytes, params: Params = None,
 ) -> psycopg.Cursor[tuple[Any, ...]]:
-    """:func:`run`, once more if a row it waited for was moved meanwhile.
+    """:func:`run`, once more if a row it waited for was moved meanwhile
+    (:func:`execute_past_moves`)."""
+    return execute_past_moves(conn, conn.cursor(row_factory=tuple_row), query,
+                                          params)
+
+
+def execute_past_moves(
+    conn: psycopg.Connection[Any], cur: psycopg.Cursor[Row], query: str | bytes,
+    params: Params = None, *, prepare: bool | None = None,
+) -> psycopg.Cursor[Row]:
+    """Execute ``query`` on ``cur``, once more if a row it waited for was moved meanwhile.
 
     Since migration 0025 an acknowledgement moves a finished event into the
     history's partition, and a statement that waited for that row's lock
@@ -48,6 +62,6 @@ def run_past_moves(
     """
     try:
         with conn.transaction():
-            return run(conn, query, params)
+            return cur.execute(query, params, prepare=prepare)
     except psycopg.errors.SerializationFailure:
-        return run(conn, query, params)
+        return cur.execute(query, params, prepare=prepare)

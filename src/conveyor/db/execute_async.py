@@ -11,15 +11,19 @@ reads columns by position, whatever the caller configured.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import tuple_row
 
+# unasync: from conveyor.db.execute_async import (
+# unasync:     execute_past_moves_async as execute_past_moves_async,
+# unasync: )
 # unasync: from conveyor.db.execute_async import run_async as run_async
 # unasync: from conveyor.db.execute_async import run_past_moves_async as run_past_moves_async
 
 Params = dict[str, Any] | None
+Row = TypeVar("Row")
 
 
 async def run_async(
@@ -34,7 +38,17 @@ async def run_async(
 async def run_past_moves_async(
     conn: psycopg.AsyncConnection[Any], query: str | bytes, params: Params = None,
 ) -> psycopg.AsyncCursor[tuple[Any, ...]]:
-    """:func:`run_async`, once more if a row it waited for was moved meanwhile.
+    """:func:`run_async`, once more if a row it waited for was moved meanwhile
+    (:func:`execute_past_moves_async`)."""
+    return await execute_past_moves_async(conn, conn.cursor(row_factory=tuple_row), query,
+                                          params)
+
+
+async def execute_past_moves_async(
+    conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Row], query: str | bytes,
+    params: Params = None, *, prepare: bool | None = None,
+) -> psycopg.AsyncCursor[Row]:
+    """Execute ``query`` on ``cur``, once more if a row it waited for was moved meanwhile.
 
     Since migration 0025 an acknowledgement moves a finished event into the
     history's partition, and a statement that waited for that row's lock
@@ -47,6 +61,6 @@ async def run_past_moves_async(
     """
     try:
         async with conn.transaction():
-            return await run_async(conn, query, params)
+            return await cur.execute(query, params, prepare=prepare)
     except psycopg.errors.SerializationFailure:
-        return await run_async(conn, query, params)
+        return await cur.execute(query, params, prepare=prepare)
