@@ -408,6 +408,91 @@ def test_error_filter_reads_no_more_than_the_other_filters_bring(big: Conn) -> N
     assert all("SMTP error 19" in (e.last_error or "") for e in page.events)
 
 
+# ------------------------------------------- pages with the history in days
+
+PARKED = 20_000
+
+
+@pytest.fixture(scope="module")
+def history_db(make_db: Callable[..., AbstractContextManager[str]],
+               template_db: str) -> Iterator[str]:
+    """Since 0025: 20,000 failed events parked in the live partition (the oldest
+    ids), then 12,000 successes of two topics in today's day of the history."""
+    with make_db(prefix="conveyor_days_", template=template_db) as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SET conveyor.notify = 'off'")
+            conn.execute(Q["history_make_days"], {"ahead": 1})
+            conn.execute("""
+                INSERT INTO conveyor.events (topic, payload, state, attempts, finished_at,
+                                             last_error)
+                SELECT 'parked.x', '{}', 'failed', 5, now(), 'boom'
+                FROM generate_series(1, %s)""", (PARKED,))
+            conn.execute("""
+                INSERT INTO conveyor.events (topic, payload, tenant, state, attempts,
+                                             finished_at, done)
+                SELECT CASE WHEN g % 2 = 0 THEN 'done.x' ELSE 'done.y' END, '{}',
+                       't' || (g % 3), 'succeeded', 1, now(), true
+                FROM generate_series(1, 12000) AS g""")
+            conn.execute("VACUUM ANALYZE conveyor.events")
+        yield url
+
+
+def _live_pages_read(conn: Conn) -> tuple[int, int]:
+    """Pages of the live partition's heap this transaction has read, and its size."""
+    row = conn.execute("SELECT pg_stat_get_xact_blocks_fetched(c.oid), c.relpages"
+                       " FROM pg_class AS c"
+                       " WHERE c.oid = 'conveyor.events_live'::regclass").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+@pytest.mark.parametrize("filt", [EventFilter(topic="done.x"), EventFilter(tenant="t1"),
+                                  EventFilter(states=("succeeded",), topic="done.*")],
+                         ids=["topic", "tenant", "state and prefix"])
+def test_a_page_from_the_history_does_not_read_every_parked_failure(
+        history_db: str, filt: EventFilter) -> None:
+    """A page of the history's events starts with each partition's first match:
+    with no bound, the live partition's 20,000 failures, none of which match,
+    were all read before the first row (every topic's page at 50 million rows
+    paid for it). Read over the newest ids first, they are not reached."""
+    with plan_session(history_db) as conn:
+        before, pages = _live_pages_read(conn)
+        page = Admin().events(conn, filt)
+        read = _live_pages_read(conn)[0] - before
+        expected = conn.execute(
+            "SELECT id FROM conveyor.events_done WHERE (%(topic)s::text IS NULL OR topic LIKE"
+            " %(topic)s) AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)"
+            " ORDER BY id DESC LIMIT 50",
+            {"topic": filt.topic.replace("*", "%") if filt.topic else None,
+             "tenant": filt.tenant}).fetchall()
+        assert _ids(page) == [r[0] for r in expected] and page.next_after is not None
+        assert pages > 300 and read < 10, (read, pages)
+        # The next page goes on from there, and the last one ends at the oldest.
+        seen = _ids(page)
+        while page.next_after is not None:
+            page = Admin().events(conn, filt, after=page.next_after, limit=1000)
+            seen += _ids(page)
+        assert len(seen) == len(set(seen)) and seen == sorted(seen, reverse=True)
+        total = conn.execute(
+            "SELECT count(*) FROM conveyor.events_done WHERE (%(topic)s::text IS NULL OR topic"
+            " LIKE %(topic)s) AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)",
+            {"topic": filt.topic.replace("*", "%") if filt.topic else None,
+             "tenant": filt.tenant}).fetchone()
+        assert total is not None and len(seen) == total[0]
+
+
+def test_a_page_past_the_newest_ids_reads_further(history_db: str) -> None:
+    """The parked failures are older than the newest 10,000 ids: their page comes
+    from a wider read, whole and in order."""
+    with plan_session(history_db) as conn:
+        page = Admin().events(conn, EventFilter(topic="parked.x"), limit=100)
+        newest = conn.execute("SELECT max(id) FROM conveyor.events_live"
+                              " WHERE topic = 'parked.x'").fetchone()
+        assert newest is not None
+        assert _ids(page) == list(range(newest[0], newest[0] - 100, -1))
+        assert page.next_after == newest[0] - 99
+
+
 # --------------------------------------------------- retry and cancel matching
 
 def _states(conn: Conn) -> dict[int, str]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -45,7 +45,7 @@ from conveyor.admin_core import (
     _check_newest,
     _check_wait_timeout,
     _count_step,
-    _list_params,
+    _list_flow,
     _not_changed,
     _page,
     _prune_params,
@@ -93,6 +93,9 @@ PRUNE_BATCH = 10_000
 # retry_matching and cancel_matching change at most this many events per UPDATE.
 MATCH_BATCH = 1000
 
+# What a flow returns (_run_flow).
+_T = TypeVar("_T")
+
 
 def _fetch(conn: psycopg.Connection[Any], query: str,
                        params: dict[str, Any]) -> Rows:
@@ -114,14 +117,14 @@ def _fetch(conn: psycopg.Connection[Any], query: str,
 
 
 def _run_flow(conn: psycopg.Connection[Any],
-                          flow: Generator[Step, Rows, list[int]]) -> list[int]:
+                          flow: Generator[Step, Rows, _T]) -> _T:
     """Run an I/O-free flow: send each step's rows back until it returns."""
     try:
         step = next(flow)
         while True:
             step = flow.send(_fetch(conn, *step))
     except StopIteration as stop:
-        result: list[int] = stop.value
+        result: _T = stop.value
         return result
 
 
@@ -198,9 +201,8 @@ class Admin(AdminControls, AdminWorkflows):
         when it matches nothing; defaults to None (every event).
         """
         filter, after, limit = _check_filter(filter), _check_after(after), _check_limit(limit)
-        rows = _fetch(conn, self._q["event_list"],
-                                  _list_params(filter, after, limit + 1,
-                                               newest=_check_newest(newest)))
+        rows = _run_flow(conn, _list_flow(self._q, filter, after, limit + 1,
+                                                      newest=_check_newest(newest)))
         return _page(rows, limit)
 
     def retry(self, conn: psycopg.Connection[Any], event_id: int) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -44,7 +44,7 @@ from conveyor.admin_core import (
     _check_newest,
     _check_wait_timeout,
     _count_step,
-    _list_params,
+    _list_flow,
     _not_changed,
     _page,
     _prune_params,
@@ -92,6 +92,9 @@ PRUNE_BATCH = 10_000
 # retry_matching and cancel_matching change at most this many events per UPDATE.
 MATCH_BATCH = 1000
 
+# What a flow returns (_run_flow_async).
+_T = TypeVar("_T")
+
 
 async def _fetch_async(conn: psycopg.AsyncConnection[Any], query: str,
                        params: dict[str, Any]) -> Rows:
@@ -113,14 +116,14 @@ async def _fetch_async(conn: psycopg.AsyncConnection[Any], query: str,
 
 
 async def _run_flow_async(conn: psycopg.AsyncConnection[Any],
-                          flow: Generator[Step, Rows, list[int]]) -> list[int]:
+                          flow: Generator[Step, Rows, _T]) -> _T:
     """Run an I/O-free flow: send each step's rows back until it returns."""
     try:
         step = next(flow)
         while True:
             step = flow.send(await _fetch_async(conn, *step))
     except StopIteration as stop:
-        result: list[int] = stop.value
+        result: _T = stop.value
         return result
 
 
@@ -197,9 +200,8 @@ class AsyncAdmin(AsyncAdminControls, AsyncAdminWorkflows):
         when it matches nothing; defaults to None (every event).
         """
         filter, after, limit = _check_filter(filter), _check_after(after), _check_limit(limit)
-        rows = await _fetch_async(conn, self._q["event_list"],
-                                  _list_params(filter, after, limit + 1,
-                                               newest=_check_newest(newest)))
+        rows = await _run_flow_async(conn, _list_flow(self._q, filter, after, limit + 1,
+                                                      newest=_check_newest(newest)))
         return _page(rows, limit)
 
     async def retry(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> None:

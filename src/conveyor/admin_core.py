@@ -176,7 +176,7 @@ def _list_params(filter: EventFilter, after: int | None, limit: int, *,
         "tenant": filter.tenant, "older_than": filter.older_than,
         "newer_than": filter.newer_than, "error": filter.error, "payload": filter.payload,
         "scheduled_pending_only": scheduled_pending_only or filter.scheduled,
-        "limit": limit, "newest": newest,
+        "limit": limit, "newest": newest, "span": None,
     }
 
 
@@ -187,6 +187,28 @@ CANCELLABLE_STATES = ("waiting", "pending", "running", "failed")
 # A step of an I/O-free flow: a query and its parameters; the driver sends back the rows.
 Step = tuple[str, dict[str, Any]]
 Rows = list[dict[str, Any]]
+
+
+# The id spans Admin.events reads a page in, one after the other until one holds a
+# full page: most pages are among the newest ids, and a bounded read never
+# starts at a partition's oldest rows (event_list says why).
+LIST_SPANS = (10_000, 1_000_000, None)
+
+
+def _list_flow(q: Queries, filter: EventFilter, after: int | None, rows: int, *,
+               newest: int | None = None) -> Generator[Step, Rows, Rows]:
+    """Up to ``rows`` events ``filter`` matches, newest first: read over the newest
+    ids first, then over more (:data:`LIST_SPANS`). A read that fills the page is
+    the page, since every id outside its span is lower. Every event matches no
+    filter, so each partition's read begins with a match; ``ids`` and ``newest``
+    bound the read already."""
+    spans = (None,) if filter.is_empty() or filter.ids or newest is not None else LIST_SPANS
+    for span in spans:
+        found = yield q["event_list"], {**_list_params(filter, after, rows, newest=newest),
+                                        "span": span}
+        if len(found) >= rows:
+            break
+    return found
 
 
 def _check_matching(filter: object) -> EventFilter:
