@@ -351,6 +351,29 @@ def test_status_query_plan_reads_only_its_index_among_200k_finished_rows(
     assert buffers < pages[0] // share, (buffers, pages[0])
 
 
+@pytest.mark.parametrize("name", ["status_open_counts", "status_oldest_due_age"])
+def test_open_state_reads_never_plan_the_historys_days(fresh_db: str, name: str) -> None:
+    """Waiting, pending, running and failed events are never in the history (its
+    CHECK): read through `events`, each of 31 days would be opened (and locked)
+    at planning only for its CHECK to rule it out."""
+    through_parent = Q[name].replace('"conveyor".events_live', '"conveyor".events')
+    assert through_parent != Q[name]
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(Q["history_make_days"], {"ahead": 30})
+        assert _days(conn) == 31
+        opened = {}
+        for label, text in (("live", Q[name]), ("parent", through_parent)):
+            with conn.transaction():
+                conn.execute("EXPLAIN " + text)
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_locks AS l JOIN pg_inherits AS i"
+                    " ON i.inhrelid = l.relation WHERE l.pid = pg_backend_pid()"
+                    " AND i.inhparent = 'conveyor.events_done'::regclass").fetchone()
+                assert row is not None
+                opened[label] = row[0]
+    assert opened == {"live": 0, "parent": 31}
+
+
 def test_status_query_plans_scan_no_events_without_an_index(big: Conn) -> None:
     """Plain EXPLAIN (the planner's choice without running): an index for every branch."""
     # Waiting events (0022) are read by id through their open edges: events_pkey.

@@ -572,7 +572,7 @@ def _list(conn: Conn, **params: Any) -> list[Any]:
         "after": None, "ids": [], "states": [], "topic": None, "topic_from": None,
         "topic_to": None, "tenant": None, "older_than": None, "newer_than": None,
         "error": None, "payload": None, "scheduled_pending_only": False, "limit": 10,
-        "newest": None}
+        "newest": None, "span": None}
     return conn.execute(Q["event_list"], {**base, **params}).fetchall()
 
 
@@ -594,6 +594,10 @@ def test_event_list_filters_and_pages_newest_first(db: Conn) -> None:
     # newest: only the ids above the highest minus newest are looked at.
     assert [r[0] for r in _list(db, newest=2)] == [later, c]
     assert _list(db, newest=2, states=["failed"]) == []
+    # span: only the ids within span below `after` (or the highest) are looked at.
+    assert [r[0] for r in _list(db, span=2)] == [later, c]
+    assert [r[0] for r in _list(db, span=2, after=c)] == [b, a]
+    assert [r[0] for r in _list(db, span=1, after=c, topic="m.a")] == []
 
 
 def test_event_list_columns_are_the_summary_decoders_fields(db: Conn) -> None:
@@ -606,7 +610,7 @@ def test_event_list_columns_are_the_summary_decoders_fields(db: Conn) -> None:
         "after": None, "ids": [], "states": [], "topic": None, "topic_from": None,
         "topic_to": None, "tenant": None, "older_than": None, "newer_than": None,
         "error": None, "payload": None, "scheduled_pending_only": False, "limit": 1,
-        "newest": None})
+        "newest": None, "span": None})
     assert cur.description is not None
     names = [c.name for c in cur.description]
     assert names == list(EventSummary.__dataclass_fields__)

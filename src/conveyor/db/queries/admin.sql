@@ -44,7 +44,7 @@ WHERE (%(after)s::bigint IS NULL OR id < %(after)s::bigint)
   AND (%(newest)s::bigint IS NULL
        OR id > (SELECT coalesce(max(id), 0) FROM {schema}.events) - %(newest)s::bigint)
   AND (%(span)s::bigint IS NULL
-       OR id > coalesce(%(after)s::bigint, (SELECT max(id) + 1 FROM {schema}.events))
+       OR id >= coalesce(%(after)s::bigint, (SELECT max(id) + 1 FROM {schema}.events))
                - %(span)s::bigint)
   AND (cardinality(%(ids)s::bigint[]) = 0 OR id = ANY(%(ids)s::bigint[]))
   AND (cardinality(%(states)s::text[]) = 0 OR state = ANY(%(states)s::text[]))

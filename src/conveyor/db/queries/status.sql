@@ -6,6 +6,11 @@
 -- states that stay small are counted exactly through their partial indexes;
 -- succeeded and cancelled are counted exactly only while there are few finished
 -- rows, and estimated from the planner's statistics beyond that.
+--
+-- The open states (waiting, pending, running, failed) are never in the
+-- history (events_done's CHECK, 0025): their reads name the live partition,
+-- so the planner does not open each day of the history to rule it out (7 ms
+-- of planning for status_open_counts over 32 days).
 
 -- name: status_open_counts
 -- Exact counts of pending events (per topic and tenant, for the
@@ -23,24 +28,24 @@ SELECT topic, tenant,
        count(*) AS n,
        CASE WHEN min(run_at) <= now()
             THEN extract(epoch FROM now() - min(run_at))::float8 END AS oldest_due_s
-FROM {schema}.events
+FROM {schema}.events_live
 WHERE state = 'pending'
 GROUP BY topic, tenant, 3
 UNION ALL
 SELECT topic, NULL, 'running', count(*), NULL
-FROM {schema}.events
+FROM {schema}.events_live
 WHERE state = 'running'
 GROUP BY topic
 UNION ALL
 SELECT topic, NULL, 'failed', count(*), NULL
-FROM {schema}.events
+FROM {schema}.events_live
 WHERE state = 'failed'
 GROUP BY topic
 UNION ALL
 -- Waiting events (0022) through their open edges: no index of the events
 -- table holds them, so an application without dependencies pays for none.
 SELECT e.topic, NULL, 'waiting', count(*), NULL
-FROM {schema}.events AS e
+FROM {schema}.events_live AS e
 WHERE e.state = 'waiting'
   AND e.id IN (SELECT d.event_id FROM {schema}.event_dependencies AS d WHERE NOT d.satisfied)
 GROUP BY e.topic
@@ -121,24 +126,24 @@ WHERE c.oid = %(table)s::regclass
 -- which is that priority's oldest in that lane: 0.3 ms.
 WITH RECURSIVE priorities AS (
     SELECT lane.limited,
-           (SELECT e.priority FROM {schema}.events AS e
+           (SELECT e.priority FROM {schema}.events_live AS e
             WHERE e.state = 'pending' AND e.limited = lane.limited
             ORDER BY e.limited, e.priority DESC, e.run_at, e.id LIMIT 1) AS priority
     FROM (VALUES (false), (true)) AS lane(limited)
     UNION ALL
     SELECT p.limited,
-           (SELECT e.priority FROM {schema}.events AS e
+           (SELECT e.priority FROM {schema}.events_live AS e
             WHERE e.state = 'pending' AND e.limited = p.limited AND e.priority < p.priority
             ORDER BY e.limited, e.priority DESC, e.run_at, e.id LIMIT 1)
     FROM priorities AS p
     WHERE p.priority IS NOT NULL
 ), aside AS (
     -- The aside lane (0018, `limited` NULL, which `=` cannot match): the same walk.
-    SELECT (SELECT e.priority FROM {schema}.events AS e
+    SELECT (SELECT e.priority FROM {schema}.events_live AS e
             WHERE e.state = 'pending' AND e.limited IS NULL
             ORDER BY e.limited, e.priority DESC, e.run_at, e.id LIMIT 1) AS priority
     UNION ALL
-    SELECT (SELECT e.priority FROM {schema}.events AS e
+    SELECT (SELECT e.priority FROM {schema}.events_live AS e
             WHERE e.state = 'pending' AND e.limited IS NULL AND e.priority < a.priority
             ORDER BY e.limited, e.priority DESC, e.run_at, e.id LIMIT 1)
     FROM aside AS a
@@ -149,7 +154,7 @@ FROM (
     SELECT o.run_at
     FROM priorities AS p
     CROSS JOIN LATERAL (
-        SELECT e.run_at FROM {schema}.events AS e
+        SELECT e.run_at FROM {schema}.events_live AS e
         WHERE e.state = 'pending' AND e.limited = p.limited AND e.priority = p.priority
           AND e.run_at <= now()
         ORDER BY e.limited, e.priority DESC, e.run_at, e.id
@@ -160,7 +165,7 @@ FROM (
     SELECT o.run_at
     FROM aside AS a
     CROSS JOIN LATERAL (
-        SELECT e.run_at FROM {schema}.events AS e
+        SELECT e.run_at FROM {schema}.events_live AS e
         WHERE e.state = 'pending' AND e.limited IS NULL AND e.priority = a.priority
           AND e.run_at <= now()
         ORDER BY e.limited, e.priority DESC, e.run_at, e.id
