@@ -74,6 +74,12 @@ class Completer:
         return ({(o.event_id, o.attempt) for o in self._buffer}
                 | {(o.event_id, o.attempt) for o in self._flushing})
 
+    def decided(self) -> set[tuple[int, int]]:
+        """Attempts whose end is known but not yet acknowledged: a lease missing for one
+        is no loss. Those a handler finished itself (conveyor.complete) are among them."""
+        unacknowledged = self.unacknowledged()
+        return unacknowledged | self._completed if self._completed else unacknowledged
+
     def add(self, outcome: Outcome) -> None:
         windows = self.windows
         if windows is not None and windows.take(outcome):

@@ -173,7 +173,7 @@ class Worker:
                            on_back=self.wake)
         self.maintenance = Maintenance(self.connections.maintenance, self._q, c, self.id,
                                        self.name, router.patterns, self.running,
-                                       self._decided, self.stats,
+                                       self.completer.decided, self.stats,
                                        pauses=self.pauses, tally=self.tally, lanes=self.lanes)
         self.due_times = DueTimes(self.wake, router.handles,
                                   lambda: self.maintenance.wake_offset,
@@ -229,12 +229,6 @@ class Worker:
     @property
     def in_flight(self) -> int:
         return len(self.running)
-
-    def _decided(self) -> set[tuple[int, int]]:
-        """Attempts whose end is known but not yet acknowledged: a lease missing for one
-        is no loss. Those a handler finished itself (conveyor.complete) are among them."""
-        unacknowledged = self.completer.unacknowledged()
-        return unacknowledged | self.holder.completed if self.holder.completed else unacknowledged
 
     def wake(self) -> None:
         """Ask the fetch loop to claim now (a NOTIFY arrived, or a slot freed)."""
