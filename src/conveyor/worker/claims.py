@@ -27,13 +27,16 @@ import logging
 import operator
 import random
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 
 from conveyor.config import WorkerConfig
+from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import Queries
 from conveyor.db.rows import CLAIM_PRIORITY
+from conveyor.router import Router
 from conveyor.types import CLAIM_COLUMNS, Event
 from conveyor.worker.classify import Outcome
 from conveyor.worker.completer import Completer
@@ -59,21 +62,36 @@ _PRIORITY = operator.itemgetter(CLAIM_PRIORITY)
 _EVENT_COLUMNS = len(CLAIM_COLUMNS)
 
 
+def claim_filter(router: Router, tenants: Sequence[str] | None) -> dict[str, Any]:
+    """The claim parameters that say which events a worker claims: ``router``'s
+    topics, of ``tenants`` (None: every tenant's)."""
+    params = {**router.claim_filter(), "all_tenants": tenants is None,
+              "tenants": list(tenants or ())}
+    # Array parameters as literals, rendered once: psycopg would adapt each
+    # list element by element on every claim.
+    return {k: text_array(v) if isinstance(v, list) else v for k, v in params.items()}
+
+
 class Claims:
     """Claims events into ``running`` and starts their handlers on ``executor``.
 
     ``flow``: the fleet's flow limits, as this worker sees them.
 
-    ``claim_filter``: the worker's topics and tenants as claim parameters.
-    ``completer``'s flush size follows the claim size, so acknowledgements are
-    written in batches as large as the claims.
+    ``claim_filter``: the worker's topics and tenants as claim parameters
+    (:func:`claim_filter`). ``completer``'s flush size follows the claim size,
+    so acknowledgements are written in batches as large as the claims.
+
+    With claim windows (``connections`` has a window record connection), the
+    claims hold their batches in :attr:`windows`, which ``completer`` hands
+    their outcomes to while they are open; ``on_window_written`` takes each
+    batch of outcomes a window wrote, as the completer's ``on_acked`` does.
     """
 
     def __init__(self, connections: WorkerConnections, queries: Queries, config: WorkerConfig,
                  worker_id: str, flow: FlowControl, claim_filter: dict[str, Any], *,
                  running: RunningSet, executor: Executor, completer: Completer,
                  stats: WorkerStats, stopping: StopFlag,
-                 windows: ClaimWindows | None = None) -> None:
+                 on_window_written: Callable[[list[Outcome], set[int]], None]) -> None:
         self.connections = connections
         self._q = queries
         self.config = config
@@ -85,7 +103,13 @@ class Claims:
         self.stats = stats
         self._stopping = stopping
         self.flow = flow
-        self.windows = windows
+        self.windows: ClaimWindows | None = None
+        if connections.record is not None:
+            self.windows = completer.windows = ClaimWindows(
+                connections.claimers(), connections.record, queries, worker_id, running,
+                start=executor.start, hand_on=completer.add, on_written=on_window_written,
+                duration=config.claim_window, lease_ttl=config.lease_ttl,
+                query_timeout=config.query_timeout, delete_succeeded=config.retention == 0)
         self.pauses = PauseState(self.wake)
         self.woken = asyncio.Event()
         self._deferred: list[list[Event]] = []   # claimed batches whose handlers start next round

@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from conveyor.config import WorkerConfig
-from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import ConfigError
 from conveyor.holder import Holder
@@ -49,7 +48,7 @@ from conveyor.notify import (
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
 from conveyor.worker.accounting import OutcomeAccounting
-from conveyor.worker.claims import Claims
+from conveyor.worker.claims import Claims, claim_filter
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import ConnectionGate, StopRequested
 from conveyor.worker.deadline import StopFlag
@@ -69,7 +68,6 @@ from conveyor.worker.startup import StartUp, start_details
 from conveyor.worker.stats import OutcomeTally, WorkerStats
 from conveyor.worker.wakeups import DueTimes
 from conveyor.worker.watchdog import LoopWatchdog, StallLeases
-from conveyor.worker.window import ClaimWindows
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +121,7 @@ class Worker:
         self.tally = OutcomeTally()   # outcomes by minute and topic, for event_counts (0008)
         self.failure_log = FailureLogLimiter(c.failure_log_limit, c.failure_log_window)
         self._q = queries_for(c.schema)
-        tenants = c.tenants
-        claim_filter = {**router.claim_filter(), "all_tenants": tenants is None,
-                        "tenants": list(tenants or ())}
-        # Array parameters as literals, rendered once: psycopg would adapt each
-        # list element by element on every claim.
-        self._filter = {k: text_array(v) if isinstance(v, list) else v
-                        for k, v in claim_filter.items()}
+        self._filter = claim_filter(router, c.tenants)
         self._stopping = StopFlag()
         self._closing = asyncio.Event()   # set once nothing more will be acknowledged
         self.connections = WorkerConnections(conninfo, c, self._stopping,
@@ -154,19 +146,10 @@ class Worker:
         self.executor = Executor(router, self.running, self.completer.add,
                                  handler_timeout=c.handler_timeout, backoff=c.backoff,
                                  threads=2 * c.concurrency, middleware=middleware)
-        windows = None
-        if self.connections.record is not None:
-            windows = self.completer.windows = ClaimWindows(
-                self.connections.claimers(), self.connections.record, self._q, self.id,
-                self.running,
-                start=self.executor.start, hand_on=self.completer.add,
-                on_written=self.accounting.settled,
-                duration=c.claim_window, lease_ttl=c.lease_ttl, query_timeout=c.query_timeout,
-                delete_succeeded=c.retention == 0)
         self.claims = Claims(self.connections, self._q, c, self.id, self.flow, self._filter,
                              running=self.running, executor=self.executor,
                              completer=self.completer, stats=self.stats, stopping=self._stopping,
-                             windows=windows)
+                             on_window_written=self.accounting.settled)
         self.flow_claims = FlowClaims(self.claims, c)
         self.pauses = self.claims.pauses
         self.lanes = Lanes(self._q, self._filter, heartbeat_interval=c.heartbeat_interval,
