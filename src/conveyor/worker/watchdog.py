@@ -24,15 +24,20 @@ from typing import Any
 
 import psycopg
 
+from conveyor.config import WorkerConfig
 from conveyor.db.connect import connect
 from conveyor.db.named_queries import Queries
 from conveyor.errors import DatabaseUnavailableError
 from conveyor.types import Event
 from conveyor.worker.connection import ConnectionGate
+from conveyor.worker.in_flight import InFlight
 
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL = 0.1
+# A loop that has not run for this long (or a quarter of the lease, if less) is
+# reported: every handler and the heartbeat wait on it.
+LOOP_STALL_WARNING = 1.0
 
 
 def _where(thread_id: int) -> str:
@@ -156,6 +161,22 @@ class LoopWatchdog:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
+
+    @classmethod
+    def for_worker(cls, conninfo: str, queries: Queries, owner: str, config: WorkerConfig,
+                   calls: InFlight, *, on_stall: Callable[[float], None],
+                   gate: ConnectionGate | None = None) -> LoopWatchdog:
+        """The watchdog of the worker ``owner``, whose handler calls are ``calls``:
+        it warns after ``LOOP_STALL_WARNING``, and renews the leases of the calls
+        that may still run (:class:`StallLeases`, on a connection to ``conninfo``
+        admitted by ``gate``) at the heartbeat's pace."""
+        leases = StallLeases(conninfo, queries, owner, lease_ttl=config.lease_ttl,
+                             query_timeout=config.query_timeout,
+                             held=calls.held_during_stall, gate=gate)
+        return cls(identify=calls.blocking_event,
+                   warn_after=min(LOOP_STALL_WARNING, config.lease_ttl / 4),
+                   lease_ttl=config.lease_ttl, on_stall=on_stall, leases=leases,
+                   renew_every=config.heartbeat_interval)
 
     @property
     def watching(self) -> bool:

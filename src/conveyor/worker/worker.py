@@ -67,13 +67,9 @@ from conveyor.worker.shutdown import Shutdown
 from conveyor.worker.startup import StartUp, start_details
 from conveyor.worker.stats import OutcomeTally, WorkerStats
 from conveyor.worker.wakeups import DueTimes
-from conveyor.worker.watchdog import LoopWatchdog, StallLeases
+from conveyor.worker.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
-
-# A loop that has not run for this long (or a quarter of the lease, if less) is
-# reported: every handler and the heartbeat wait on it.
-LOOP_STALL_WARNING = 1.0
 
 
 class Worker:
@@ -170,15 +166,8 @@ class Worker:
                                  on_notify=self.due_times.notified, on_connected=self.wake,
                                  ping_interval=c.listener_ping_interval,
                                  send_probe=self.maintenance.send_probe)
-        self.watchdog = LoopWatchdog(identify=self.executor.blocking_event,
-                                     warn_after=min(LOOP_STALL_WARNING, c.lease_ttl / 4),
-                                     lease_ttl=c.lease_ttl, on_stall=self.stats.stalled,
-                                     leases=StallLeases(conninfo, self._q, self.id,
-                                                        lease_ttl=c.lease_ttl,
-                                                        query_timeout=c.query_timeout,
-                                                        held=self.executor.held_during_stall,
-                                                        gate=connection_gate),
-                                     renew_every=c.heartbeat_interval)
+        self.watchdog = LoopWatchdog.for_worker(conninfo, self._q, self.id, c, self.executor,
+                                                on_stall=self.stats.stalled, gate=connection_gate)
         self.scheduler: Scheduler | None = None
         if self.connections.cron is not None:
             self.scheduler = Scheduler(self.connections.cron, self._q, router.schedules,
