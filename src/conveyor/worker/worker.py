@@ -39,12 +39,6 @@ from conveyor.db.named_queries import queries_for
 from conveyor.errors import ConfigError
 from conveyor.holder import Holder
 from conveyor.middleware import Middleware
-from conveyor.notify import (
-    CONTROL_NOTIFICATION,
-    DEPENDENCIES_NOTIFICATION,
-    LEASES_NOTIFICATION,
-    PAUSE_NOTIFICATION,
-)
 from conveyor.router import Router
 from conveyor.schema.migrator import AsyncMigrator
 from conveyor.worker.accounting import OutcomeAccounting
@@ -59,6 +53,7 @@ from conveyor.worker.flow_claims import FlowClaims
 from conveyor.worker.lanes import Lanes
 from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
+from conveyor.worker.reactions import signal_reactions
 from conveyor.worker.running import RunningSet
 from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.service import Service, ServiceTasks
@@ -154,25 +149,18 @@ class Worker:
                                        self.name, router.patterns, self.running,
                                        self.completer.decided, self.stats,
                                        pauses=self.pauses, tally=self.tally, lanes=self.lanes)
-        self.due_times = DueTimes(self.wake, router.handles,
-                                  lambda: self.maintenance.wake_offset,
-                                  signals={
-                                      PAUSE_NOTIFICATION: self._pauses_changed,
-                                      LEASES_NOTIFICATION: self.maintenance.check_leases_soon,
-                                      CONTROL_NOTIFICATION: self._controls_changed,
-                                      DEPENDENCIES_NOTIFICATION:
-                                          self.maintenance.check_dependencies_soon})
+        self.scheduler = None if self.connections.cron is None else Scheduler(
+            self.connections.cron, self._q, router.schedules, query_timeout=c.query_timeout,
+            clock=clock, clock_offset=lambda: self.maintenance.clock_offset)
+        self.due_times = DueTimes(self.wake, router.handles, lambda: self.maintenance.wake_offset,
+                                  signals=signal_reactions(self.claims, self.lanes,
+                                                           self.maintenance, self.scheduler))
         self.listener = Listener(self.connections.listen, self._q.channel,
                                  on_notify=self.due_times.notified, on_connected=self.wake,
                                  ping_interval=c.listener_ping_interval,
                                  send_probe=self.maintenance.send_probe)
         self.watchdog = LoopWatchdog.for_worker(conninfo, self._q, self.id, c, self.executor,
                                                 on_stall=self.stats.stalled, gate=connection_gate)
-        self.scheduler: Scheduler | None = None
-        if self.connections.cron is not None:
-            self.scheduler = Scheduler(self.connections.cron, self._q, router.schedules,
-                                       query_timeout=c.query_timeout, clock=clock,
-                                       clock_offset=lambda: self.maintenance.clock_offset)
         # Stopped with the claims; the maintenance loop, with the acknowledgements.
         self.services: list[Service] = [self.flow_claims, *([self.scheduler] if self.scheduler
                                                             else []), *services]
@@ -205,17 +193,6 @@ class Worker:
     def wake(self) -> None:
         """Ask the fetch loop to claim now (a NOTIFY arrived, or a slot freed)."""
         self.claims.wake()
-
-    def _pauses_changed(self) -> None:
-        self.pauses.notified()
-        self.lanes.bring_back_soon()   # a resume: the aside events come back
-
-    def _controls_changed(self) -> None:
-        # An operator changed a flow limit or a schedule (Admin.set_limit, ...).
-        if self.flow.expire():
-            self.wake()
-        if self.scheduler is not None:
-            self.scheduler.poke()
 
     def request_stop(self) -> None:
         """Begin a graceful stop: claim nothing more, let running handlers finish."""
