@@ -337,7 +337,8 @@ class Claims:
 
     async def run_once(self) -> list[Event]:
         """One plain claim of a batch, then the limited patterns' events as the flow
-        loop would claim them; every one started. For tests (``Worker.run_once``)."""
+        loop would claim them; every one run to its end, its outcome written (its
+        window closed, the completer flushed). For tests (``Worker.run_once``)."""
         want = min(self.running.free_slots(), self.config.batch_size)
         claimed = await self.claim(want) or []
         if self.flow.active and len(claimed) < want:
@@ -348,4 +349,9 @@ class Claims:
             self.running.take(events)
             self.executor.start(events)
             claimed += events
+        if claimed:
+            await asyncio.gather(*self.running.tasks(), return_exceptions=True)
+            if self.windows is not None:
+                await self.windows.settle()
+            await self.completer.flush()
         return claimed

@@ -67,6 +67,7 @@ class StartUp:
         # (tenancy/turns.py); a turn may be too short for a prune pass.
         self.vacuum_check = True
         self.history_days = True
+        self._ready_for_batches = False
 
     async def run(self) -> None:
         """Every step, in order."""
@@ -81,6 +82,17 @@ class StartUp:
             await self.step(self.maintenance.pruner.keep_history, errors=RECOVERABLE_ERRORS)
         if self.vacuum_check:
             await self.check_vacuum()
+
+    async def before_run_once(self, fetch: ManagedConnection) -> None:
+        """The steps of a worker run one batch at a time (``run_once``, for tests),
+        taken before its first batch only: the flow limits, then the aside events
+        brought back on ``fetch``."""
+        if self._ready_for_batches:
+            return
+        await self.learn_flow()
+        self._ready_for_batches = True
+        # Unregistered, this worker may find its topics set aside by others.
+        await self.lanes.bring_back(await fetch.get())
 
     async def step(self, step: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,
                    errors: tuple[type[BaseException], ...] = CONNECTION_ERRORS,

@@ -170,7 +170,6 @@ class Worker:
                                  claims=self.claims, flow_claims=self.flow_claims,
                                  completer=self.completer, maintenance=self.maintenance,
                                  connections=self.connections)
-        self._flow_learned = False
         self.started = asyncio.Event()
         # The level of its start and stop lines: a multi-tenant worker's turns
         # log them once per tenant, not once per turn (conveyor.tenancy.turns).
@@ -265,19 +264,8 @@ class Worker:
 
         Deterministic single step for tests; needs no listener or maintenance task.
         """
-        if not self._flow_learned:
-            await self.startup.learn_flow()
-            self._flow_learned = True
-            # Unregistered, this worker may find its topics set aside by others.
-            await self.lanes.bring_back(await self.connections.fetch.get())
-        claimed = await self.claims.run_once()
-        if not claimed:
-            return 0
-        await asyncio.gather(*self.running.tasks(), return_exceptions=True)
-        if self.claims.windows is not None:
-            await self.claims.windows.settle()
-        await self.completer.flush()
-        return len(claimed)
+        await self.startup.before_run_once(self.connections.fetch)
+        return len(await self.claims.run_once())
 
     async def close(self) -> None:
         """Release connections opened by :meth:`run_once`."""
