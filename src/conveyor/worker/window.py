@@ -18,7 +18,7 @@ What a window changes and what it keeps:
   back as its connection drops, and the events are pending again at once.
 - The attempt that died is not written by the rollback, so before the
   handlers start the window's batch is recorded on a connection of its own
-  (``claim_window_open``, an unlogged table); the window's commit deletes the
+  (:mod:`~conveyor.worker.window_record`); the window's commit deletes the
   record. A record left behind names attempts that ran: the next window that
   claims one of its events leases its whole batch at once, those attempts
   counted (``event_claim_crashed``), so a poison event that kills its worker
@@ -46,9 +46,10 @@ from conveyor.db.named_queries import Queries
 from conveyor.types import Event
 from conveyor.worker.acks import ack, finished_notice
 from conveyor.worker.classify import Outcome
-from conveyor.worker.connection import RECOVERABLE_ERRORS, CursorCache, ManagedConnection
+from conveyor.worker.connection import CursorCache, ManagedConnection
 from conveyor.worker.deadline import StopFlag, with_deadline_in_task
 from conveyor.worker.running import Key, RunningSet
+from conveyor.worker.window_record import WindowRecord
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,8 @@ class ClaimWindows:
         self._claimers = list(claimers)
         self._free = list(claimers)
         self._freed = asyncio.Event()
-        self._record = record
+        self._record = WindowRecord(record, queries, owner, lease_ttl=lease_ttl,
+                                    query_timeout=query_timeout)
         self._q = queries
         self._owner = owner
         self._running = running
@@ -149,7 +151,7 @@ class ClaimWindows:
         # A cursor kept per connection, as the completer keeps its own: a
         # cursor made per statement sets up its adaptation state each time
         # (CursorCache says why).
-        self._cursors = {c.role: CursorCache() for c in (*claimers, record)}
+        self._cursors = {c.role: CursorCache() for c in claimers}
         self._client_cursors: dict[str, psycopg.AsyncClientCursor[Any]] = {}
 
     def _cursor(self, managed: ManagedConnection, conn: psycopg.AsyncConnection[Any]
@@ -191,7 +193,7 @@ class ClaimWindows:
     async def begin(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
                     query: str, params: dict[str, Any], stopping: StopFlag) -> list[Any]:
         """Open the transaction and lock a batch with ``query``, in one round trip
-        (:meth:`_statements`); returns its rows (none: the transaction is over). A
+        (:func:`_statements`); returns its rows (none: the transaction is over). A
         stop cuts a claim that waits."""
         cur = self._client_cursor(claimer, conn)
         try:
@@ -235,7 +237,7 @@ class ClaimWindows:
         """
         self._count += 1
         number = self._count
-        crashes = await self._recorded(number, events)
+        crashes = await self._record.open(number, events)
         if crashes is None or crashes:
             try:
                 if crashes is None:
@@ -264,23 +266,6 @@ class ClaimWindows:
         finally:
             self.release(claimer)
 
-    async def _recorded(self, number: int, events: list[Event]) -> dict[int, int] | None:
-        """Commit the window's record; returns the attempts earlier windows lost, by
-        event id (None: the record could not be written, and the window is not held)."""
-        try:
-            conn = await self._record.get()
-            cur = self._cursor(self._record, conn)
-            await with_deadline_in_task(conn, cur.execute(self._q["claim_window_open"], {
-                "worker": self._owner, "window_no": number,
-                "ids": int_array(e.id for e in events)}), self._timeout)
-            return {row[0]: row[1] for row in await cur.fetchall()}
-        except RECOVERABLE_ERRORS as exc:
-            await self._record.discard(exc)
-        except psycopg.Error as exc:
-            log.error("recording a claim window failed: %s", exc,
-                      extra={"action": "window_record_failed"})
-        return None
-
     async def _lease_at_once(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
                              number: int, events: list[Event], crashes: dict[int, int]
                              ) -> list[Event]:
@@ -289,14 +274,9 @@ class ClaimWindows:
                     "their attempts are counted and the batch is leased",
                     len(crashes), extra={"action": "window_crashes_counted",
                                          "events": len(crashes)})
-        ids = [e.id for e in events]
         try:
-            cur = self._cursor(claimer, conn)
-            await with_deadline_in_task(conn, cur.execute(self._q["event_claim_crashed"], {
-                "ids": ids, "crashes": [crashes.get(i, 0) for i in ids], "owner": self._owner,
-                "window_no": number, "lease_ttl": self._lease_ttl}), self._timeout)
-            rows = await cur.fetchall()
-            await with_deadline_in_task(conn, self._commit(cur, number), self._timeout)
+            rows = await self._record.lease_crashed(conn, self._cursor(claimer, conn), number,
+                                                    events, crashes)
         except (psycopg.Error, TimeoutError) as exc:
             await self._roll_back(claimer, conn, events, exc)
             return []
@@ -366,8 +346,7 @@ class ClaimWindows:
             lease_ttl = self._lease_ttl + time.monotonic() - window.opened
             parts.append(cur.mogrify(self._q["event_lease_held"], {
                 "ids": int_array(unfinished), "owner": self._owner, "lease_ttl": lease_ttl}))
-        parts.append(cur.mogrify(self._q["claim_window_close"], {
-            "worker": self._owner, "window_no": window.number}))
+        parts.append(cur.mogrify(*self._record.deletion(window.number)))
         parts.append("COMMIT")
         await cur.execute(_statements(parts))
         done: set[int] = set()
@@ -375,11 +354,6 @@ class ClaimWindows:
             done.update(r[0] for r in await cur.fetchall())
             cur.nextset()
         return done
-
-    async def _commit(self, cur: psycopg.AsyncCursor[Any], number: int) -> None:
-        await cur.execute(self._q["claim_window_close"], {"worker": self._owner,
-                                                          "window_no": number})
-        await cur.execute("COMMIT")
 
     async def _roll_back(self, claimer: ManagedConnection, conn: psycopg.AsyncConnection[Any],
                          events: list[Event], exc: BaseException | None) -> None:
