@@ -55,12 +55,10 @@ log = logging.getLogger(__name__)
 
 
 def _statements(parts: list[str]) -> str:
-    """Statements sent as one string: one round trip for all. Each statement on the
-    wire cost about 150 us of the worker's CPU on a 2-core machine (send, wait,
-    receive), and a window that sent each alone (BEGIN, the claim, the outcomes,
-    the record's deletion, COMMIT) spent a third more CPU per drained event than a
-    leased claim and its acknowledgement; the parameters are bound on this side
-    (psycopg's AsyncClientCursor) and the results read with ``nextset``."""
+    """Statements sent as one string: one round trip for all, as each statement on
+    the wire costs the worker's CPU (measured: docs/held-claims.md); the parameters
+    are bound on this side (psycopg's AsyncClientCursor) and the results read with
+    ``nextset``."""
     # A line of its own: a statement may end in a comment.
     return "\n;\n".join(parts)
 
