@@ -2,20 +2,27 @@
 
 A worker is a few services around one set of claimed events
 (:class:`~conveyor.worker.running.RunningSet`):
-:class:`~conveyor.worker.claims.Claims` claims into it (the fetch loop) and
+:class:`~conveyor.worker.claims.Claims` claims into it (the fetch loop, with
+its claim windows when ``claim_window`` is set) and
 :class:`~conveyor.worker.flow_claims.FlowClaims` beside it (the flow limits),
 the :class:`~conveyor.worker.executor.Executor` runs the handlers, the
 :class:`~conveyor.worker.completer.Completer` acknowledges the outcomes,
 :class:`~conveyor.worker.maintenance.Maintenance` runs the periodic passes
 (leases, rescue, pruning), the :class:`~conveyor.worker.scheduler.Scheduler`
 fires cron schedules, the :class:`~conveyor.worker.listener.Listener` and
-:class:`~conveyor.worker.wakeups.DueTimes` say when to claim. Each has a
-dedicated connection, so a slow acknowledgement never delays a claim and the
-LISTEN connection is never borrowed; every one reconnects on its own.
+:class:`~conveyor.worker.wakeups.DueTimes` say when to claim (and pass the
+``!`` signals on: worker/reactions.py). Each has a dedicated connection, so a
+slow acknowledgement never delays a claim and the LISTEN connection is never
+borrowed; every one reconnects on its own. The
+:class:`~conveyor.worker.watchdog.LoopWatchdog` keeps the leases while a
+handler blocks the loop.
 
-The services run through one interface (worker/service.py), and so do those a
-worker is given (``services=``). What happens before the first claim is
-worker/startup.py; the graceful shutdown, worker/shutdown.py.
+Here the parts are wired and run; the optional ones are set up by their own
+modules (claim windows by ``Claims``, the stall leases by
+``LoopWatchdog.for_worker``). The services run through one interface
+(worker/service.py), and so do those a worker is given (``services=``). What
+happens before the first claim is worker/startup.py; the graceful shutdown,
+worker/shutdown.py.
 
 Example::
 
