@@ -481,6 +481,25 @@ def test_a_page_from_the_history_does_not_read_every_parked_failure(
         assert total is not None and len(seen) == total[0]
 
 
+@pytest.mark.parametrize(("filt", "reads"), [
+    (EventFilter(topic="a.b"), [10_000, 1_000_000, None]),
+    (EventFilter(states=("succeeded",), tenant="t"), [10_000, 1_000_000, None]),
+    (EventFilter(states=("failed", "pending")), [None]),   # never in the history
+    (EventFilter(), [None]),
+    (EventFilter(ids=(1, 2)), [None]),
+])
+def test_a_short_page_reads_wider_spans_only_where_the_history_may_hold_more(
+        filt: EventFilter, reads: list[int | None]) -> None:
+    from conveyor.admin_core import _list_flow
+
+    flow = _list_flow(Q, filt, None, 51)
+    spans = [next(flow)[1]["span"]]
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            spans.append(flow.send([{"id": 7}])[1]["span"])   # a short page each time
+    assert spans == reads and stop.value.value == [{"id": 7}]
+
+
 def test_a_page_past_the_newest_ids_reads_further(history_db: str) -> None:
     """The parked failures are older than the newest 10,000 ids: their page comes
     from a wider read, whole and in order."""

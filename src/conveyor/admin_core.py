@@ -189,6 +189,9 @@ Step = tuple[str, dict[str, Any]]
 Rows = list[dict[str, Any]]
 
 
+# The states a row of the history (events_done, 0025) can be in: its CHECK.
+HISTORY_STATES = frozenset({EventState.SUCCEEDED.value, EventState.CANCELLED.value})
+
 # The id spans Admin.events reads a page in, one after the other until one holds a
 # full page: most pages are among the newest ids, and a bounded read never
 # starts at a partition's oldest rows (event_list says why).
@@ -199,10 +202,13 @@ def _list_flow(q: Queries, filter: EventFilter, after: int | None, rows: int, *,
                newest: int | None = None) -> Generator[Step, Rows, Rows]:
     """Up to ``rows`` events ``filter`` matches, newest first: read over the newest
     ids first, then over more (:data:`LIST_SPANS`). A read that fills the page is
-    the page, since every id outside its span is lower. Every event matches no
-    filter, so each partition's read begins with a match; ``ids`` and ``newest``
-    bound the read already."""
-    spans = (None,) if filter.is_empty() or filter.ids or newest is not None else LIST_SPANS
+    the page, since every id outside its span is lower. Read in one go: with no
+    filter (each partition's read begins with a match), with ``ids`` or
+    ``newest`` (bounded already), and for states the history never holds (only
+    the live partition is read, through the index that suits the filter)."""
+    one_go = (filter.is_empty() or filter.ids or newest is not None
+              or (filter.states and not HISTORY_STATES.intersection(filter.states)))
+    spans = (None,) if one_go else LIST_SPANS
     for span in spans:
         found = yield q["event_list"], {**_list_params(filter, after, rows, newest=newest),
                                         "span": span}
