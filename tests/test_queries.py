@@ -479,6 +479,32 @@ def test_cancel_finishes_pending_and_refuses_succeeded(db: Conn) -> None:
     assert _row(db, pending, "state, finished_at IS NOT NULL") == ("cancelled", True)
 
 
+def _table_of(conn: Conn, event_id: int) -> str:
+    row = conn.execute("SELECT tableoid::regclass::text FROM conveyor.events WHERE id = %s",
+                       (event_id,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_cancel_moves_an_event_into_the_history_unless_a_key_keeps_it(db: Conn) -> None:
+    """An operator's cancel goes where an acknowledgement's does (0025): into its
+    day, once the day exists; a keyed event stays live, as its key's index is there."""
+    early = _insert(db)
+    assert db.execute(Q["event_cancel"], {"id": early}).fetchall() == [(early,)]
+    assert _table_of(db, early) == "conveyor.events_live"      # no day made yet
+    db.execute(Q["history_make_days"], {"ahead": 1})
+    plain = _insert(db)
+    keyed = Producer().enqueue(db, "t", {}, idempotency_key="cancel-k")
+    for event_id in (plain, keyed):
+        assert db.execute(Q["event_cancel"], {"id": event_id}).fetchall() == [(event_id,)]
+    today = f"conveyor.events_done_{datetime.now(UTC):%Y%m%d}"
+    assert (_table_of(db, plain), _table_of(db, keyed)) == (today, "conveyor.events_live")
+    assert _row(db, plain, "state, done") == ("cancelled", True)
+    # A retry brings it back, pending.
+    assert db.execute(Q["event_retry"], {"id": plain}).fetchall() == [(plain,)]
+    assert _table_of(db, plain) == "conveyor.events_live"
+
+
 @exercises("event_prune")
 def test_prune_deletes_old_finished_rows_in_bounded_batches(db: Conn) -> None:
     ids = [_insert(db) for _ in range(3)]
@@ -1893,6 +1919,29 @@ def test_a_failed_dependency_decides_its_dependent_by_the_edges_rule(
     _release(db)
     expected = None if error is None else error.format(ids[a])
     assert _row(db, ids[b], "state, last_error") == (state, expected)
+
+
+def test_an_event_the_ordered_relay_delivered_goes_into_the_history(db: Conn) -> None:
+    db.execute(Q["history_make_days"], {"ahead": 1})
+    relayed, keyed = _insert(db, "order.a"), Producer().enqueue(db, "order.a", {},
+                                                                idempotency_key="relay-k")
+    db.execute(Q["relay_ordered_done"], {"ids": [relayed, keyed]})
+    assert _row(db, relayed, "state, attempts, done") == ("succeeded", 1, True)
+    assert _table_of(db, relayed) == f"conveyor.events_done_{datetime.now(UTC):%Y%m%d}"
+    assert _table_of(db, keyed) == "conveyor.events_live"
+    assert db.execute("SELECT succeeded FROM conveyor.event_counts"
+                      " WHERE topic = 'order.a'").fetchone() == (2,)
+
+
+def test_a_step_its_dependency_cancels_goes_into_the_history(db: Conn) -> None:
+    from conveyor import step
+    db.execute(Q["history_make_days"], {"ahead": 1})
+    a, b = step("wf.a"), step("wf.b", on_failure="cancel")
+    ids = Producer().enqueue_workflow(db, a.then(b))
+    _finish(db, ids[a], "failed")
+    _release(db)
+    assert _row(db, ids[b], "state, done") == ("cancelled", True)
+    assert _table_of(db, ids[b]) == f"conveyor.events_done_{datetime.now(UTC):%Y%m%d}"
 
 
 def test_a_parked_step_parks_the_steps_after_it_down_the_chain(db: Conn) -> None:

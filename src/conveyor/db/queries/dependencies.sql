@@ -105,7 +105,10 @@ WITH done AS (
                           ELSE format('dependency %%s %%s', coalesce(d.cancelled_by, d.parked_by),
                                       d.broken_state) END,
         finished_at = CASE WHEN d.state = 'pending' THEN NULL ELSE now() END,
-        updated_at = now()
+        updated_at = now(),
+        -- A cancelled one goes into the history, as any cancel does (0025).
+        done = CASE WHEN d.state = 'cancelled' AND -- include: _into_history
+                    THEN true END
     FROM decided AS d
     WHERE e.id = d.event_id
       AND e.state = 'waiting'

@@ -449,6 +449,7 @@ SET state = 'pending',
 -- conveyor/notify.py) and stops the handler (docs/workers.md): one
 -- notification per transaction, however many rows (PostgreSQL folds equal
 -- ones). `told` runs because the UPDATE joins it; its count() makes it one row.
+-- Into the history, as an acknowledgement's cancel goes (0025).
 , told AS (
     SELECT count(pg_notify({channel}, '!leases')) FROM was WHERE was.state = 'running'
 )
@@ -457,7 +458,9 @@ SET state = 'cancelled',
     lease_owner = NULL,
     lease_expires_at = NULL,
     finished_at = now(),
-    updated_at = now()
+    updated_at = now(),
+    done = CASE WHEN -- include: _into_history
+           THEN true END
 FROM was, told
 WHERE e.id = was.id
 RETURNING e.id

@@ -85,16 +85,20 @@ WHERE e.state = 'pending'
 -- ones (an operator may have cancelled one meanwhile); the attempt is counted
 -- here, as a claim counts it. They are added to this minute's outcome counts
 -- (the dashboard's rates, as a worker's tally adds its own), topics in order
--- so two writers lock the rows in the same order.
+-- so two writers lock the rows in the same order. A relayed event goes into
+-- the history, as a worker's success does (0025).
 WITH done AS (
-    UPDATE {schema}.events
+    UPDATE {schema}.events AS e
     SET state = 'succeeded',
         attempts = attempts + 1,
         attempted_at = now(),
         finished_at = now(),
-        updated_at = now()
+        updated_at = now(),
+        done = CASE WHEN -- include: _into_history
+               THEN true END
     WHERE id = ANY(%(ids)s::bigint[])
       AND state = 'pending'
+      AND done IS NULL
     RETURNING topic
 )
 INSERT INTO {schema}.event_counts AS c (minute, topic, succeeded)
