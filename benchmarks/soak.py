@@ -53,15 +53,24 @@ APP = "conveyor_tools.bench.app:router"
 TOPIC = "bench.noop"
 RUNNER_APP = "soak-runner"
 
-# One row a sample; the events finished in the window since the last sample.
+# One row a sample; the events finished since the last sample. Read by id, above
+# the highest finished id the last sample saw: since 0025 the finished rows are
+# in the history's day partitions, which no index holds by finished_at, and a
+# read by finish time scanned the whole day so far, every minute. An event
+# with a lower id that finished since (at most the workers' slots, near the
+# boundary) is left out: the queue is read in id order.
 SAMPLE_SQL = """
+WITH finished AS (
+  SELECT id, attempted_at - greatest(created_at, run_at) AS wait
+  FROM conveyor.events
+  WHERE id > %(after_id)s AND state IN ('succeeded', 'cancelled')
+)
 SELECT
-  (SELECT count(*) FROM conveyor.events
-     WHERE state IN ('succeeded', 'cancelled') AND finished_at >= %(since)s) AS done,
+  (SELECT count(*) FROM finished) AS done,
+  (SELECT coalesce(max(id), %(after_id)s) FROM finished) AS last_id,
   (SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
-            ORDER BY extract(epoch FROM attempted_at - greatest(created_at, run_at)))
-     FROM conveyor.events
-     WHERE state IN ('succeeded', 'cancelled') AND finished_at >= %(since)s) AS wait_s,
+            ORDER BY extract(epoch FROM wait))
+     FROM finished) AS wait_s,
   (SELECT count(*) FROM conveyor.events WHERE state = 'pending') AS pending,
   -- Every partition's (0025): the parent has no storage of its own.
   (SELECT sum(pg_table_size(t.relid)) FROM pg_partition_tree('conveyor.events') AS t)
@@ -178,9 +187,9 @@ def measure_max(url: str, args: argparse.Namespace, logdir: Path) -> dict[str, A
     return {"per_s": round(rate, 1), "seconds": round(tb - ta, 1), "exit_codes": codes}
 
 
-def sample(conn: psycopg.Connection[Any], since: datetime) -> dict[str, Any]:
+def sample(conn: psycopg.Connection[Any], after_id: int) -> dict[str, Any]:
     t = time.monotonic()
-    cur = conn.execute(SAMPLE_SQL.encode(), {"since": since})
+    cur = conn.execute(SAMPLE_SQL.encode(), {"after_id": after_id})
     names = [d.name for d in cur.description or ()]
     row = dict(zip(names, cur.fetchone() or (), strict=True))
     conn.commit()
@@ -200,8 +209,8 @@ def soak(url: str, args: argparse.Namespace, rate: float, logdir: Path) -> list[
     rows: list[list[Any]] = []
     with psycopg.connect(url, application_name=RUNNER_APP) as conn:
         taken = time.monotonic()
-        first = sample(conn, datetime.now(UTC))
-        since, lsn0, t0 = first["at"], lsn_bytes(first["lsn"]), time.monotonic()
+        first = sample(conn, 0)
+        last_id, lsn0, t0 = first["last_id"], lsn_bytes(first["lsn"]), time.monotonic()
         feeder.start()
         end = t0 + args.minutes * 60
         next_at = t0 + args.sample
@@ -213,7 +222,7 @@ def soak(url: str, args: argparse.Namespace, rate: float, logdir: Path) -> list[
                 # taken on the monotonic clock at the same moments, as the database's
                 # now() is the wall clock, which a VM may step (seen: 42 s in a minute).
                 began = time.monotonic()
-                s = sample(conn, since)
+                s = sample(conn, last_id)
                 elapsed, taken = (began - taken) or 1.0, began
                 wait = s["wait_s"] or [None, None]
                 lsn = lsn_bytes(s["lsn"])
@@ -230,7 +239,7 @@ def soak(url: str, args: argparse.Namespace, rate: float, logdir: Path) -> list[
                     feeder.enqueued, round(max(0.0, lag), 2),
                     # the machine's 1-minute load: whatever else ran shows here
                     round(os.getloadavg()[0], 2)])
-                since, lsn0 = s["at"], lsn
+                last_id, lsn0 = s["last_id"], lsn
                 log(" ".join(f"{c}={v}" for c, v in zip(COLUMNS, rows[-1], strict=True)))
                 if workers.died():
                     raise RuntimeError(f"a worker exited during the soak: {workers.died()}")
