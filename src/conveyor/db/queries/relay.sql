@@ -98,7 +98,7 @@ WITH done AS (
                THEN true END
     WHERE id = ANY(%(ids)s::bigint[])
       AND state = 'pending'
-      AND done IS NULL
+      AND e.done IS NULL
     RETURNING topic
 )
 INSERT INTO {schema}.event_counts AS c (minute, topic, succeeded)
