@@ -12,8 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -29,6 +29,7 @@ from conveyor.schema.migrator import (
 )
 from conveyor.schema.migrator_script import COMMIT_MARKER, NO_TRANSACTION_MARKER
 from test_migrations import catalog
+from together import run_together
 
 SCHEMA = "steps_q"
 
@@ -265,25 +266,14 @@ INSERT INTO {schema}.step_log (step) SELECT 3 FROM pg_sleep(0.3);
 
 def test_migrators_started_at_once_run_each_step_exactly_once(empty_db: str) -> None:
     migrations = (BASE, RACED, AFTER)
-    barrier = threading.Barrier(4)
-    applied: list[list[int]] = []
-    errors: list[BaseException] = []
 
-    def migrate() -> None:
-        try:
-            with psycopg.connect(empty_db, autocommit=True) as conn:
-                barrier.wait(timeout=30)
-                applied.append([m.version for m in _migrator(*migrations).apply(conn)])
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+    def migrate(go: Callable[[], None]) -> list[int]:
+        with psycopg.connect(empty_db, autocommit=True) as conn:
+            go()
+            return [m.version for m in _migrator(*migrations).apply(conn)]
 
-    threads = [threading.Thread(target=migrate) for _ in range(4)]
     started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
+    applied = run_together(4, migrate)
     assert sorted(v for versions in applied for v in versions) == [1, 2, 3]
     assert _rows(empty_db, "SELECT step FROM SCHEMA.step_log ORDER BY step") == [(1,), (3,)]
     assert _rows(empty_db, "SELECT version, step FROM SCHEMA.migration_steps"

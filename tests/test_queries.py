@@ -26,6 +26,7 @@ from conveyor import NewEvent, Producer
 from conveyor.admin_status import estimate_params
 from conveyor.db.named_queries import parse_named_queries, queries_for, raw_queries
 from schema_reset import empty_schema
+from together import run_together
 
 Q = queries_for("conveyor")
 EXERCISED: set[str] = set()
@@ -550,24 +551,13 @@ def test_the_workers_prune_leaves_the_history_to_its_days(db: Conn) -> None:
 def test_workers_starting_together_make_each_day_once(fresh_db: str) -> None:
     # Every worker makes the history's days as it starts: a fleet started
     # together raced to CREATE the same partition ("already exists").
-    barrier = threading.Barrier(8)
-    made: list[int] = []
-    failed: list[BaseException] = []
+    def make(go: Callable[[], None]) -> int:
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            go()
+            row = conn.execute(Q["history_make_days"], {"ahead": 1}).fetchone()
+            return row[0] if row else -1
 
-    def make() -> None:
-        try:
-            with psycopg.connect(fresh_db, autocommit=True) as conn:
-                barrier.wait(timeout=10)
-                row = conn.execute(Q["history_make_days"], {"ahead": 1}).fetchone()
-                made.append(row[0] if row else -1)
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            failed.append(exc)
-    threads = [threading.Thread(target=make) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert failed == []
+    made = run_together(8, make)
     assert sorted(made) == [0] * 7 + [2]
 
 

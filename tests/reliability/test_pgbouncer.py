@@ -51,6 +51,7 @@ from conveyor.config import LISTENER_PING_INTERVAL_DEFAULT
 from conveyor.schema.migrator import Migrator, latest_version
 from conveyor.worker.listener import PROBE_TIMEOUT
 from conveyor_tools.chaos import LEDGER_URL_ENV, CheckReport, check, create_ledger
+from together import run_together
 
 from .pgbouncer import PgBouncer
 
@@ -564,24 +565,12 @@ def test_migrations_producers_and_admin_work_through_the_pooler(
     # Two migrators at once: the transaction-scoped advisory lock serialises
     # them, and 0025's steps (each in a transaction) too: no session lock,
     # which a pooler could not keep.
-    applied: list[int] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(2)
+    def migrate(go: Callable[[], None]) -> list[int]:
+        with pooled_connect(pooled, autocommit=True) as conn:
+            go()
+            return [m.version for m in Migrator().apply(conn)]
 
-    def migrate() -> None:
-        try:
-            with pooled_connect(pooled, autocommit=True) as conn:
-                barrier.wait(timeout=10)
-                applied.extend(m.version for m in Migrator().apply(conn))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=migrate) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
+    applied = [v for versions in run_together(2, migrate) for v in versions]
     assert sorted(applied) == list(range(1, latest_version() + 1))   # each exactly once
 
     producer, admin = Producer(), Admin()
