@@ -192,6 +192,26 @@ def test_star_worker_handles_every_topic(db: psycopg.Connection[Any]) -> None:
 
 # --------------------------------------------------------------------- show
 
+def test_history_span_is_checked_before_any_sql(conn: psycopg.Connection[Any]) -> None:
+    admin = Admin()
+    for bad, shown in ((True, "True"), ("1h", "'1h'"), (0, "got 0 seconds"),
+                       (59, "got 59 seconds"), (420, "got 420 seconds"),
+                       (90.5, "got 90.5 seconds"), (2 * 86_400, "got 172800 seconds"),
+                       (-3600, "got -3600 seconds")):
+        with pytest.raises(InvalidInputError, match="history span must be") as caught:
+            admin.set_history_span(conn, bad)
+        assert shown in str(caught.value) and "\n" not in str(caught.value)
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE   # no SQL ran
+
+
+def test_history_span_set_and_read_back(db: psycopg.Connection[Any]) -> None:
+    admin = Admin()
+    assert (admin.history(db).span, admin.history(db).until) == (86_400, None)
+    layout = admin.set_history_span(db, 900.0)
+    assert (layout.span, layout.partitions) == (900, ())
+    assert admin.history(db).to_json() == {"span": 900, "until": None, "partitions": []}
+
+
 def test_show_returns_the_full_record(db: psycopg.Connection[Any]) -> None:
     event_id = Producer().enqueue(db, "x.y", {"a": [1]}, tenant="acme", idempotency_key="k",
                                   priority=4, max_attempts=2)

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +289,31 @@ def test_prune_deletes_only_old_finished_events(cli: Run, fresh_db: str) -> None
         (sorted([new_ok, pending]),)
 
 
+# ------------------------------------------------------------------ history
+
+def test_history_lists_the_partitions_and_sets_the_span(cli: Run, fresh_db: str) -> None:
+    code, out, _ = cli("history")
+    assert (code, out) == (0, "span 1d; no partition made yet (a worker makes them as it "
+                              "starts)\n")
+    execute(fresh_db, "SELECT conveyor.history_make(interval '0')")
+    today = datetime.now(UTC)
+    tomorrow = today + timedelta(days=1)
+    code, out, _ = cli("history", "--span", "1h")
+    assert code == 0 and out.startswith("span 1h (set: the partitions made from now on); made "
+                                        f"until {tomorrow:%Y-%m-%d} 00:00 UTC\n")
+    assert f"  events_done_{today:%Y%m%d} " in out
+    # The workers' next partitions are an hour long, from the end of today's.
+    execute(fresh_db, "SELECT conveyor.history_make(interval '1 day')")
+    code, out, _ = cli("history", "--json")
+    shown = json.loads(out)
+    assert shown["span"] == 3600
+    names = [p["name"] for p in shown["partitions"]]
+    assert names[:2] == [f"events_done_{today:%Y%m%d}", f"events_done_{tomorrow:%Y%m%d}_0000"]
+    last = shown["partitions"][-1]
+    assert (datetime.fromisoformat(last["ends"]) - datetime.fromisoformat(last["starts"])
+            == timedelta(hours=1))
+
+
 # -------------------------------------------------------------------- worker
 
 def test_worker_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -518,6 +544,8 @@ USAGE_ERRORS = {
     "prune_invalid_duration": (["prune", "--older-than", "5x"], ["invalid duration '5x'"]),
     "worker_invalid_lease_ttl": (["worker", "--app", "tests.acceptance.apps:router",
                                   "--lease-ttl", "forever"], ["invalid duration 'forever'"]),
+    "history_span_not_dividing_a_day": (["history", "--span", "7m"],
+                                        ["divides a day", "got '7m'"]),
     "zero_max_attempts": (["enqueue", "a.b", "--max-attempts", "0"],
                           ["expected a positive integer, got '0'"]),
 }

@@ -76,7 +76,7 @@ def test_0025_keeps_every_row_and_id_while_a_producer_writes_through_it(
         stop.set()
         producer.join(timeout=30)
     assert errors == []
-    assert [m.version for m in applied] == [25]
+    assert applied[0].version == 25     # and those after it
     # The validating scan of 200,000 rows does not stop the producer; only
     # the rename's catalog work does, briefly.
     assert max(waits) < 2.0, sorted(waits)[-5:]

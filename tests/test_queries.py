@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 import psycopg
@@ -546,6 +547,61 @@ def test_the_workers_prune_leaves_the_history_to_its_days(db: Conn) -> None:
     # Past a retention of minus two days, today's and tomorrow's days have ended.
     assert db.execute(Q["history_drop_days"], {"older_than": -2 * 86_400}).fetchone() == (2,)
     assert db.execute("SELECT count(*) FROM conveyor.events").fetchone() == (0,)
+
+
+@exercises("history_make", "history_drop", "history_settings", "history_set_span",
+           "history_list")
+def test_the_history_goes_on_in_partitions_of_the_span_set(db: Conn) -> None:
+    """0026: partitions of any span that divides a day follow on from those
+    made, never overlapping, named by their start; retention drops them whole."""
+    day = 86_400
+    # The names and bounds are UTC's whatever the session's time zone.
+    db.execute("SET TimeZone = 'America/New_York'")
+    assert db.execute(Q["history_settings"]).fetchone() == (day, None)
+    made, until, due = db.execute(Q["history_make"], {"ahead": 0}).fetchone()  # type: ignore[misc]
+    midnight = db.execute("SELECT date_trunc('day', now() AT TIME ZONE 'UTC')"
+                          " AT TIME ZONE 'UTC'").fetchone()[0].astimezone(UTC)  # type: ignore[index]
+    now = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    assert (made, until) == (1, midnight + timedelta(days=1))
+    assert due == now + (until - now) / 2           # a multi-tenant turn makes more then
+    # An hour from now on: the next partitions start where today's ends.
+    assert db.execute(Q["history_set_span"], {"seconds": 3600}).fetchone() == (3600, until)
+    made, until, _ = db.execute(Q["history_make"], {"ahead": 2 * day}).fetchone()  # type: ignore[misc]
+    parts = db.execute(Q["history_list"]).fetchall()
+    names = [p[0] for p in parts]
+    tomorrow = midnight + timedelta(days=1)
+    assert names[:2] == [f"events_done_{midnight:%Y%m%d}", f"events_done_{tomorrow:%Y%m%d}_0000"]
+    assert all(p[2] - p[1] == timedelta(hours=1) for p in parts[1:])
+    assert all(a[2] == b[1] for a, b in pairwise(parts))   # no gap, no overlap
+    # At most 24 spans ahead of now, however far `ahead` reaches.
+    assert until == parts[-1][2] and now + timedelta(hours=23) < until <= now + timedelta(hours=25)
+    assert made == len(parts) - 1
+    assert {p[3] for p in parts} == {0} and all(p[4] > 0 for p in parts)
+    # A finished event moves into the partition of its finish time.
+    later = tomorrow + timedelta(minutes=90)
+    event = _insert(db)
+    db.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = %s, done = true"
+               " WHERE id = %s", (later, event))
+    assert _table_of(db, event) == f"conveyor.events_done_{tomorrow:%Y%m%d}_0100"
+    # Back to days, from an hour's end: a first partition up to midnight.
+    db.execute(Q["history_drop"], {"older_than": -(until - now).total_seconds() + 3 * 3600})
+    db.execute(Q["history_set_span"], {"seconds": day})
+    db.execute(Q["history_make"], {"ahead": 2 * day})
+    parts = db.execute(Q["history_list"]).fetchall()
+    assert all(a[2] == b[1] for a, b in pairwise(parts))
+    short, last = parts[-2], parts[-1]
+    assert short[0] == f"events_done_{short[1].astimezone(UTC):%Y%m%d_%H%M}" and short[1] == until
+    assert short[2].astimezone(UTC).hour == 0 and last[2] - last[1] == timedelta(days=1)
+    assert last[0] == f"events_done_{last[1].astimezone(UTC):%Y%m%d}"
+    # Retention drops every partition that ended before it, and only those.
+    ended = sum(1 for p in parts if p[2] <= now + timedelta(hours=30))
+    assert db.execute(Q["history_drop"], {"older_than": -30 * 3600}).fetchone() == (ended,)
+    assert [p[0] for p in db.execute(Q["history_list"])] == [
+        p[0] for p in parts if p[2] > now + timedelta(hours=30)]
+    # The database refuses a span that does not divide a day, whoever writes it.
+    with pytest.raises(psycopg.errors.CheckViolation, match="history_span_check"), \
+            db.transaction():
+        db.execute(Q["history_set_span"], {"seconds": 7 * 60})
 
 
 def test_workers_starting_together_make_each_day_once(fresh_db: str) -> None:

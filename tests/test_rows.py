@@ -30,6 +30,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "worker_list_alive": {"within": 30.0},
     "event_result": {"id": 0},
     "cron_list": {},
+    "history_list": {},
 }
 
 PARAMS["event_claim_held"] = PARAMS["event_claim"]

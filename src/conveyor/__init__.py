@@ -39,7 +39,7 @@ from conveyor.producer import (
     NewEvent,
     Producer,
 )
-from conveyor.records import Dependency, WorkflowStep
+from conveyor.records import Dependency, HistoryLayout, HistoryPartition, WorkflowStep
 from conveyor.retry import BackoffPolicy, LinearBackoff, RetryPolicy
 from conveyor.router import Route, RouteOptions, Router
 from conveyor.schema.migrator import AsyncMigrator, Migration, Migrator
@@ -92,6 +92,8 @@ __all__ = [
     "EventSummary",
     "HandlerResult",
     "HandlerSignal",
+    "HistoryLayout",
+    "HistoryPartition",
     "InvalidDatabaseUrlError",
     "InvalidInputError",
     "InvalidStateError",

@@ -53,6 +53,7 @@ from conveyor.admin_core import (
     _reschedule_params,
     _retry_flow,
 )
+from conveyor.admin_history import AdminHistory
 from conveyor.admin_status import (
     SCHEDULED,
     WORKER_ALIVE_WITHIN,
@@ -128,13 +129,15 @@ def _run_flow(conn: psycopg.Connection[Any],
         return result
 
 
-class Admin(AdminControls, AdminWorkflows):
+class Admin(AdminControls, AdminWorkflows, AdminHistory):
     """Operator operations on the connection you pass, in its transaction.
 
     The pauses and cron schedules (``pause``, ``resume``, ``paused``,
     ``schedules``, ``remove_schedule``) come from :class:`AdminControls`,
     a workflow's graph and a step's dependencies (``workflow``,
-    ``dependencies``) from :class:`AdminWorkflows`.
+    ``dependencies``) from :class:`AdminWorkflows`, the history's
+    partitions (``history``, ``set_history_span``) from
+    :class:`AdminHistory`.
 
     ``schema``: the schema holding Conveyor's tables. Defaults to ``"conveyor"``.
     """

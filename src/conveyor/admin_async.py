@@ -52,6 +52,7 @@ from conveyor.admin_core import (
     _reschedule_params,
     _retry_flow,
 )
+from conveyor.admin_history import AsyncAdminHistory
 from conveyor.admin_status import (
     SCHEDULED,
     WORKER_ALIVE_WITHIN,
@@ -127,13 +128,15 @@ async def _run_flow_async(conn: psycopg.AsyncConnection[Any],
         return result
 
 
-class AsyncAdmin(AsyncAdminControls, AsyncAdminWorkflows):
+class AsyncAdmin(AsyncAdminControls, AsyncAdminWorkflows, AsyncAdminHistory):
     """Operator operations on the connection you pass, in its transaction.
 
     The pauses and cron schedules (``pause``, ``resume``, ``paused``,
     ``schedules``, ``remove_schedule``) come from :class:`AsyncAdminControls`,
     a workflow's graph and a step's dependencies (``workflow``,
-    ``dependencies``) from :class:`AsyncAdminWorkflows`.
+    ``dependencies``) from :class:`AsyncAdminWorkflows`, the history's
+    partitions (``history``, ``set_history_span``) from
+    :class:`AsyncAdminHistory`.
 
     ``schema``: the schema holding Conveyor's tables. Defaults to ``"conveyor"``.
     """

@@ -315,6 +315,45 @@ class Pause:
                 "paused_at": self.paused_at.isoformat()}
 
 
+
+@dataclass(frozen=True, slots=True)
+class HistoryPartition:
+    """One partition of the history (docs/history-partitions.md): the succeeded
+    and cancelled events that finished in ``[starts, ends)``.
+
+    ``rows``: about how many it holds, from the server's statistics (no row is
+    read); ``bytes``: its size with its indexes.
+    """
+
+    name: str
+    starts: datetime
+    ends: datetime
+    rows: int
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return _json_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryLayout:
+    """The history's partitions, as ``Admin.history`` reads them.
+
+    ``span``: how long each partition made from now on is, in seconds (a day
+    by default, 0026); ``until``: the end of the last partition made, past
+    which finished events stay live until the next is made (None before the
+    first); ``partitions``: oldest first.
+    """
+
+    span: float
+    until: datetime | None
+    partitions: tuple[HistoryPartition, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"span": self.span,
+                "until": None if self.until is None else self.until.isoformat(),
+                "partitions": [p.to_json() for p in self.partitions]}
+
 def _json_fields(record: Any) -> dict[str, Any]:
     """A record's fields as JSON values: times in ISO 8601, states by name, the
     error history as one object per attempt (``--json`` output, the dashboard)."""

@@ -375,3 +375,23 @@ def rate_per_second(rate: object) -> float | None:
     if not (math.isfinite(per_second) and 0 < per_second <= RATE_MAX):
         return None
     return per_second
+
+
+# The longest partition of the history (0026), in seconds.
+DAY = 86_400
+
+
+def check_history_span(span: object) -> int:
+    """``span`` in whole seconds: a whole number of minutes that divides a day.
+
+    So every day's partitions start at midnight UTC, whatever the span was
+    before (0026's CHECK says the same in the database).
+    """
+    if isinstance(span, bool) or not isinstance(span, (int, float)):
+        raise InvalidInputError(f"history span must be a number of seconds, got {span!r:.60}")
+    seconds = int(span)
+    if seconds != span or not 60 <= seconds <= DAY or seconds % 60 or DAY % seconds:
+        raise InvalidInputError(
+            f"history span must be a whole number of minutes that divides a day (such as "
+            f"10m, 15m, 1h, 6h or 1d), got {span:g} seconds")
+    return seconds

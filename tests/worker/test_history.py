@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from conveyor import Admin, Cancel, Event, InvalidStateError, Producer, Worker
+from conveyor import Admin, AsyncAdmin, Cancel, Event, InvalidStateError, Producer, Worker
 from conveyor.db.named_queries import queries_for
 from conveyor.worker.pruner import Pruner
 from worker_support import enqueue, fast_config, query, router_for, running, wait_all_in
@@ -99,6 +99,33 @@ async def test_retention_drops_whole_days_and_deletes_no_row_of_them(db: str) ->
     assert kept == [{"kept": True}]
 
 
+
+async def test_partitions_of_ten_minutes_are_made_24_ahead_and_a_turn_knows_when_to_renew(
+        db: str) -> None:
+    # 0026: a span shorter than a day makes at most 24 partitions ahead of
+    # now, however far the pruner asks; its history_due is halfway to their
+    # end, when a multi-tenant worker's next turn makes more.
+    q = queries_for("conveyor")
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+        # Not after the days an earlier test of this database made.
+        await conn.execute("SELECT conveyor.history_drop(interval '-100 days')")
+        assert (await AsyncAdmin().set_history_span(conn, 600)).span == 600
+        pruner = Pruner(q, fast_config(retention=600.0))
+        before = datetime.now(UTC)
+        try:
+            await pruner.keep_history(conn)
+            parts = await (await conn.execute(q["history_list"])).fetchall()
+        finally:    # the module's other tests expect days
+            await conn.execute("SELECT conveyor.history_drop(interval '-100 days')")
+            await AsyncAdmin().set_history_span(conn, 86_400)
+    assert len(parts) == 25
+    assert all(p[2] - p[1] == timedelta(minutes=10) for p in parts)
+    assert parts[0][1] <= before < parts[0][2]
+    assert pruner.history_due is not None
+    halfway = before + (parts[-1][2] - before) / 2
+    assert abs((pruner.history_due - halfway).total_seconds()) < 30
+
+
 async def test_a_role_that_may_not_make_the_days_keeps_finished_events_live(
         db: str, caplog: pytest.LogCaptureFixture) -> None:
     role = f"conveyor_dml_{uuid.uuid4().hex[:8]}"
@@ -117,7 +144,7 @@ async def test_a_role_that_may_not_make_the_days_keeps_finished_events_live(
             event = await enqueue(url, "dml.a", {})
             await wait_all_in(db, {"succeeded"}, timeout=20)
         refused = [r for r in caplog.records if getattr(r, "action", "") == "history_refused"]
-        assert len(refused) == 1 and "history_make_days(1)" in refused[0].getMessage()
+        assert len(refused) == 1 and "history_make('1 day')" in refused[0].getMessage()
         assert (await _partition_of(db))[event] == "conveyor.events_live"
     finally:
         with psycopg.connect(db, autocommit=True) as conn:

@@ -23,6 +23,7 @@ from conveyor.records import (
     Dependency,
     EventRecord,
     EventResult,
+    HistoryPartition,
     ScheduleInfo,
     WorkerInfo,
     WorkflowStep,
@@ -36,12 +37,14 @@ __all__ = [
     "DECODED",
     "EVENT_FIND_COLUMNS",
     "EVENT_GET_COLUMNS",
+    "HISTORY_PARTITION_COLUMNS",
     "RESULT_COLUMNS",
     "SCHEDULE_COLUMNS",
     "WORKER_COLUMNS",
     "dependency_from_row",
     "event_from_claim_row",
     "found_from_event_find_row",
+    "history_partition_from_row",
     "record_from_event_get_row",
     "result_from_event_result_row",
     "schedule_from_row",
@@ -68,6 +71,9 @@ WORKFLOW_STEP_COLUMNS = tuple(f.name for f in dataclasses.fields(WorkflowStep))
 
 # cron_list: a ScheduleInfo's fields.
 SCHEDULE_COLUMNS = tuple(f.name for f in dataclasses.fields(ScheduleInfo))
+
+# history_list: a HistoryPartition's fields.
+HISTORY_PARTITION_COLUMNS = tuple(f.name for f in dataclasses.fields(HistoryPartition))
 
 # worker_list_alive: a WorkerInfo's fields.
 WORKER_COLUMNS = tuple(f.name for f in dataclasses.fields(WorkerInfo))
@@ -133,6 +139,11 @@ def schedule_from_row(row: Sequence[Any]) -> ScheduleInfo:
     return ScheduleInfo(**_named(SCHEDULE_COLUMNS, row))
 
 
+def history_partition_from_row(row: Sequence[Any]) -> HistoryPartition:
+    """A :class:`HistoryPartition` from one ``history_list`` row."""
+    return HistoryPartition(**_named(HISTORY_PARTITION_COLUMNS, row))
+
+
 def worker_from_row(row: Sequence[Any]) -> WorkerInfo:
     """A :class:`WorkerInfo` from one ``worker_list_alive`` row (:data:`WORKER_COLUMNS`)."""
     fields = _named(WORKER_COLUMNS, row)
@@ -151,5 +162,6 @@ DECODED: dict[str, tuple[str, ...]] = {
     "event_find": EVENT_FIND_COLUMNS,
     "event_result": RESULT_COLUMNS,
     "cron_list": SCHEDULE_COLUMNS,
+    "history_list": HISTORY_PARTITION_COLUMNS,
     "worker_list_alive": WORKER_COLUMNS,
 }

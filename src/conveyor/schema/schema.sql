@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0025 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0026 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -381,65 +381,106 @@ END
 $$;
 
 -- How long finished events may move into the history: the end of the last
--- day made ahead (history_make_days), none until the first is made. A finished
--- event moves only while its finish time is before it, so an
--- acknowledgement never meets a day without its partition: the event stays
--- live instead, and retention deletes it there.
+-- partition made ahead (history_make), none until the first is made. A
+-- finished event moves only while its finish time is before it, so an
+-- acknowledgement never meets a time without its partition: the event stays
+-- live instead, and retention deletes it there. `span`: how long each
+-- partition is (0026), a whole number of minutes that divides a day, so the
+-- partitions of every day start at midnight UTC whatever the span was before.
 CREATE TABLE "conveyor".history (
     one   boolean     PRIMARY KEY DEFAULT true CHECK (one),
-    until timestamptz
+    until timestamptz,
+    span  interval    NOT NULL DEFAULT interval '1 day',
+    CONSTRAINT history_span_check CHECK (
+        span BETWEEN interval '1 minute' AND interval '1 day'
+        AND extract(epoch FROM span) % 60 = 0
+        AND 86400 % extract(epoch FROM span) = 0)
 );
 INSERT INTO "conveyor".history DEFAULT VALUES;
 
--- Makes the history's partitions for today and the next `ahead` days (UTC)
--- that do not exist yet, and moves `history.until` to the end of the last;
--- returns how many it made. Workers call it as they start and with each
--- prune; it needs the right to create tables in the schema (the owner's).
-CREATE FUNCTION "conveyor".history_make_days(ahead integer) RETURNS integer
-LANGUAGE plpgsql AS $$
+-- The history's partitions and their bounds, read from the catalog (the
+-- truth, whoever made or dropped them). The bounds are rendered in the
+-- function's own settings, so they read back the same in any session.
+CREATE FUNCTION "conveyor".history_parts()
+RETURNS TABLE (name name, starts timestamptz, ends timestamptz)
+LANGUAGE sql STABLE
+SET datestyle = 'ISO, YMD' SET timezone = 'UTC'
+AS $$
+    SELECT c.relname, b[1]::timestamptz, b[2]::timestamptz
+    FROM pg_inherits AS i
+    JOIN pg_class AS c ON c.oid = i.inhrelid,
+    LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
+                         '^FOR VALUES FROM \(''([^'']+)''\) TO \(''([^'']+)''\)$') AS b
+    WHERE i.inhparent = '"conveyor".events_done'::regclass
+$$;
+
+-- Makes the history's partitions from the one holding now to the one holding
+-- now + `ahead` (partitions shorter than a day: at most 24 ahead, four hours
+-- of ten-minute ones, so a short span does not make hundreds of empty
+-- tables for every read of the history to open), each `history.span` long, counted from midnight
+-- UTC, after the last partition made; moves `history.until` to the end of
+-- the last. Returns how many it made and the new `until`. Workers call it as
+-- they start and with each prune; it needs the right to create tables in the
+-- schema (the owner's).
+CREATE FUNCTION "conveyor".history_make(ahead interval, OUT made integer, OUT made_until timestamptz)
+LANGUAGE plpgsql
+SET datestyle = 'ISO, YMD' SET timezone = 'UTC'
+AS $$
 DECLARE
-    first date := (now() AT TIME ZONE 'UTC')::date;
-    day date;
-    made integer := 0;
+    span interval;
+    starts timestamptz;
+    ends timestamptz;
+    horizon timestamptz;
+    last_end timestamptz;
     name text;
 BEGIN
-    IF ahead IS NULL OR ahead < 0 THEN
-        RAISE EXCEPTION 'expected ahead to be a number of days >= 0, got %', ahead
+    IF ahead IS NULL OR ahead < interval '0' THEN
+        RAISE EXCEPTION 'expected ahead to be an interval >= 0, got %', ahead
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    made := 0;
     -- A new partition locks the history against the acknowledgements moving
     -- rows into it: wait for them half a second at most (then
     -- lock_not_available, and the next call tries again).
     PERFORM set_config('lock_timeout', '500ms', true);
-    -- Workers starting together make the same days: one at a time (a lock
-    -- keyed on the history's own oid, so one per schema).
+    -- Workers starting together make the same partitions: one at a time (a
+    -- lock keyed on the history's own oid, so one per schema).
     PERFORM pg_advisory_xact_lock('"conveyor".events_done'::regclass::oid::bigint);
-    FOR day IN SELECT d::date FROM generate_series(first, first + ahead, interval '1 day') AS d
-    LOOP
-        name := 'events_done_' || to_char(day, 'YYYYMMDD');
-        IF NOT EXISTS (SELECT 1 FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-                       WHERE i.inhparent = '"conveyor".events_done'::regclass
-                         AND c.relname = name) THEN
-            EXECUTE format('CREATE TABLE "conveyor".%I PARTITION OF "conveyor".events_done '
-                           'FOR VALUES FROM (%L) TO (%L)', name,
-                           day::timestamp AT TIME ZONE 'UTC',
-                           (day + 1)::timestamp AT TIME ZONE 'UTC');
-            made := made + 1;
-        END IF;
+    -- The one row is there from 0025 on; a day if someone deleted it.
+    span := coalesce((SELECT h.span FROM "conveyor".history AS h), interval '1 day');
+    starts := date_bin(span, now(), timestamptz '2000-01-01 00:00:00+00');
+    horizon := now() + CASE WHEN span < interval '1 day' THEN least(ahead, span * 24)
+                            ELSE ahead END;
+    -- After a change of span, go on from the end of what exists: ranges
+    -- never overlap, and a first shorter partition closes the gap to the
+    -- new span's boundary.
+    SELECT max(p.ends) INTO last_end FROM "conveyor".history_parts() AS p;
+    IF last_end > starts THEN
+        starts := last_end;
+    END IF;
+    WHILE starts <= horizon LOOP
+        ends := date_bin(span, starts, timestamptz '2000-01-01 00:00:00+00') + span;
+        -- A day's partition keeps the name it had before 0026.
+        name := 'events_done_' || to_char(starts, CASE
+            WHEN ends - starts = interval '1 day' THEN 'YYYYMMDD'
+            ELSE 'YYYYMMDD"_"HH24MI' END);
+        EXECUTE format('CREATE TABLE "conveyor".%I PARTITION OF "conveyor".events_done '
+                       'FOR VALUES FROM (%L) TO (%L)', name, starts, ends);
+        made := made + 1;
+        starts := ends;
     END LOOP;
-    INSERT INTO "conveyor".history AS h (until)
-    VALUES ((first + ahead + 1)::timestamp AT TIME ZONE 'UTC')
+    SELECT max(p.ends) INTO made_until FROM "conveyor".history_parts() AS p;
+    INSERT INTO "conveyor".history AS h (until, span) VALUES (made_until, span)
     ON CONFLICT (one) DO UPDATE SET until = excluded.until
     WHERE h.until IS DISTINCT FROM excluded.until;
-    RETURN made;
 END
 $$;
 
--- Retention: drops the history's days that ended more than `older_than`
--- seconds ago, a whole day at a time (no row deleted, nothing left for
--- vacuum); returns how many it dropped. Waits at most half a second for the
--- lock a DROP takes (then lock_not_available: the next prune tries again).
-CREATE FUNCTION "conveyor".history_drop_days(older_than double precision) RETURNS integer
+-- Retention: drops the history's partitions that ended `older_than` ago or
+-- earlier, whole (no row deleted, nothing left for vacuum); returns how many
+-- it dropped. Waits at most half a second for the lock a DROP takes (then
+-- lock_not_available: the next prune tries again).
+CREATE FUNCTION "conveyor".history_drop(older_than interval) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     part record;
@@ -447,18 +488,32 @@ DECLARE
 BEGIN
     PERFORM set_config('lock_timeout', '500ms', true);
     FOR part IN
-        SELECT c.relname
-        FROM pg_inherits AS i
-        JOIN pg_class AS c ON c.oid = i.inhrelid
-        WHERE i.inhparent = '"conveyor".events_done'::regclass
-          AND c.relname ~ '^events_done_[0-9]+$' AND length(c.relname) = 20
-          AND (to_date(right(c.relname, 8), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC'
-              <= now() - older_than * interval '1 second'
-        ORDER BY c.relname
+        SELECT p.name FROM "conveyor".history_parts() AS p
+        WHERE p.ends <= now() - older_than
+        ORDER BY p.ends
     LOOP
-        EXECUTE format('DROP TABLE "conveyor".%I', part.relname);
+        EXECUTE format('DROP TABLE "conveyor".%I', part.name);
         dropped := dropped + 1;
     END LOOP;
     RETURN dropped;
 END
+$$;
+
+-- 0025's functions, kept for workers of an older release: they follow the
+-- span too.
+CREATE FUNCTION "conveyor".history_make_days(ahead integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF ahead IS NULL OR ahead < 0 THEN
+        RAISE EXCEPTION 'expected ahead to be a number of days >= 0, got %', ahead
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN (SELECT m.made FROM "conveyor".history_make(ahead * interval '1 day') AS m);
+END
+$$;
+
+CREATE FUNCTION "conveyor".history_drop_days(older_than double precision)
+RETURNS integer
+LANGUAGE sql AS $$
+    SELECT "conveyor".history_drop(older_than * interval '1 second')
 $$;

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import datetime
 
 from conveyor.router import Router
 from conveyor.tenancy.databases import TenantDatabase
@@ -30,8 +30,9 @@ class TenantState:
         turns: how many turns it has had.
         started_at: when its last turn began (``time.monotonic()``).
         found_due_at: when it last joined the rotation with work (``time.monotonic()``).
-        history_made_on: the UTC day a turn of it last made the history's days
-            (0025), once a day: a turn may be too short for a prune pass.
+        history_due: when a turn of it should make the history's partitions
+            again (0026: half the time to the end of those made), or ``None``
+            until a turn has made them: a turn may be too short for a prune pass.
     """
 
     tenant: TenantDatabase
@@ -42,7 +43,7 @@ class TenantState:
     turns: int = 0
     started_at: float = 0.0
     found_due_at: float = 0.0
-    history_made_on: date | None = None
+    history_due: datetime | None = None
     next_check: float = 0.0
     requeue: bool = field(default=False, repr=False)
     ending: bool = field(default=False, repr=False)

@@ -252,9 +252,8 @@ class ServerTurns:
         worker = self._make_worker(state, self.ledger)
         # One vacuum warning, and one set of start and stop lines, per tenant, not per turn.
         worker.startup.vacuum_check = state.turns == 0
-        today = datetime.now(UTC).date()
-        worker.startup.history_days = state.history_made_on != today
-        state.history_made_on = today
+        due = state.history_due
+        worker.startup.history_days = due is None or datetime.now(UTC) >= due
         worker.lifecycle_level = logging.INFO if state.turns == 0 else logging.DEBUG
         if state.last_worker is not None:
             carry_counters(worker, state.last_worker)
@@ -299,6 +298,7 @@ class ServerTurns:
             if state.worker is worker:
                 state.worker = None
             state.last_worker = worker
+            state.history_due = worker.maintenance.pruner.history_due or state.history_due
             state.ending = False
             state.next_check = time.monotonic() + self.poll_interval
             # A NOTIFY handed to this turn's worker may have come as the turn was ended,

@@ -14,12 +14,12 @@ renewed (``lease_ttl`` is 15 s), a pause noticed or a chord's callback
 released. A batch waits at most ``PRUNE_LOCK_TIMEOUT`` for a row another
 transaction holds, and is then taken again past the held rows.
 
-The history (0025, docs/history-partitions.md) goes a day at a time: each
-pass drops the days past the retention and makes today's and the next
-``HISTORY_DAYS_AHEAD`` days' partitions (the worker's start-up makes them
-too), so acknowledgements always find their day; the rows it deletes one by
-one are those finished in the live partition (before 0025, keyed events, a
-worker that may not create tables).
+The history (0025, docs/history-partitions.md) goes a partition at a time
+(a day, or the shorter span of 0026): each pass drops the partitions past
+the retention and makes those of the next ``HISTORY_AHEAD`` seconds (the
+worker's start-up makes them too), so acknowledgements always find theirs;
+the rows it deletes one by one are those finished in the live partition
+(before 0025, keyed events, a worker that may not create tables).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -53,9 +54,10 @@ COUNTS_KEPT = 8 * 86_400.0
 CRON_SLOTS_KEPT = 86_400.0
 
 
-# The history's days made ahead of today (UTC): a pass every PRUNE_INTERVAL
-# keeps tomorrow's ready long before it starts.
-HISTORY_DAYS_AHEAD = 1
+# How far ahead the history's partitions are made: a pass every
+# PRUNE_INTERVAL keeps tomorrow's day ready long before it starts (partitions
+# shorter than a day: 24 of them at most, history_make in 0026).
+HISTORY_AHEAD = 86_400.0
 
 
 # Failed events wait for a person: never pruned.
@@ -76,9 +78,13 @@ class Pruner:
         self._next = time.monotonic() + (rng or random.Random()).uniform(0, 60)
         # The pass under way: when it started and how many events it has deleted.
         self._pass: tuple[float, int] | None = None
-        # Whether this worker's role may make and drop the history's days;
-        # refused once, the rows of later days stay live and are deleted.
+        # Whether this worker's role may make and drop the history's
+        # partitions; refused once, the rows of later ones stay live and are
+        # deleted.
         self._history = True
+        # When the partitions made last will be half used up (the database's
+        # clock), for a multi-tenant worker's turns to make more then.
+        self.history_due: datetime | None = None
 
     def due_at(self) -> float:
         return self._next
@@ -110,32 +116,34 @@ class Pruner:
         return deleted
 
     async def keep_history(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Make the history's next days and drop those past the retention."""
+        """Make the history's next partitions and drop those past the retention."""
         if not self._history:
             return
         try:
             async with conn.transaction():
-                await conn.execute(self._q["history_make_days"], {"ahead": HISTORY_DAYS_AHEAD})
+                cur = await conn.execute(self._q["history_make"], {"ahead": HISTORY_AHEAD})
+                made = await cur.fetchone()
+            self.history_due = made[2] if made else None
             if self._retention is not None:
                 async with conn.transaction():
-                    cur = await conn.execute(self._q["history_drop_days"],
+                    cur = await conn.execute(self._q["history_drop"],
                                              {"older_than": self._retention})
                     row = await cur.fetchone()
                 if row and row[0]:
-                    log.info("dropped %d day(s) of finished events past the retention", row[0],
-                             extra={"action": "history_dropped", "count": row[0]})
+                    log.info("dropped %d partition(s) of finished events past the retention",
+                             row[0], extra={"action": "history_dropped", "count": row[0]})
         except errors.InsufficientPrivilege as exc:
             self._history = False
             log.warning("finished events stay in the live partition, deleted row by row: this "
                         "role may not make the history's days (%s); run the worker as the "
-                        "schema's owner, or SELECT %s.history_make_days(1) daily as it",
+                        "schema's owner, or SELECT %s.history_make('1 day') daily as it",
                         exc.diag.message_primary, self._q.schema,
                         extra={"action": "history_refused"})
         except (errors.LockNotAvailable, errors.DuplicateTable) as exc:
-            # A day's DDL waited its half second, or a table of that name is in
+            # A partition's DDL waited its half second, or a table of that name is in
             # the way: the acknowledgements keep to the days made; the next
             # pass tries again.
-            log.warning("could not make or drop the history's days: %s", exc.diag.message_primary,
+            log.warning("could not make or drop the history's partitions: %s", exc.diag.message_primary,
                         extra={"action": "history_deferred"})
 
     async def _prune_bookkeeping(self, conn: psycopg.AsyncConnection[Any]) -> None:

@@ -10,8 +10,8 @@ sends its first claim, because each changes what that claim may take:
   worker's first claim on;
 - bring back a ``fifo_by`` route's aside events: a key's event written since
   the others were set aside would otherwise run before them;
-- make the history's days (0025): the acknowledgements move finished events
-  into today's partition only once it exists;
+- make the history's partitions (0025, 0026): the acknowledgements move
+  finished events into the history only once their partition exists;
 - check autovacuum: a server or table without it is the environment's doing,
   and one line at start saves the hunt for why claims slow down.
 
@@ -61,9 +61,9 @@ class StartUp:
         self.maintenance = maintenance
         self.flow = flow
         self.lanes = lanes
-        # Whether to check autovacuum, and to make the history's days: a
+        # Whether to check autovacuum, and to make the history's partitions: a
         # multi-tenant worker's turns check at a tenant's first turn, and make
-        # the days at its first turn of each day, not at every turn
+        # the partitions once half of those made are used up, not at every turn
         # (tenancy/turns.py); a turn may be too short for a prune pass.
         self.vacuum_check = True
         self.history_days = True

@@ -558,7 +558,7 @@ WHERE id = ANY(ARRAY(
 
 -- name: event_prune_live
 -- The worker's event_prune: the live partition's finished rows only (0025).
--- Those in the history go a day at a time (history_drop_days); deleting them
+-- Those in the history go a partition at a time (history_drop); deleting them
 -- row by row would write what the drop spares.
 -- include: _prune(, events_live)
 
@@ -566,13 +566,50 @@ WHERE id = ANY(ARRAY(
 -- event_prune_skip_locked on the live partition.
 -- include: _prune(FOR UPDATE SKIP LOCKED, events_live)
 
+-- name: history_make
+-- The history's partitions from now to `ahead` seconds on (0026): how many
+-- were made, the end of the last, and when half the time to it is gone.
+SELECT made, made_until, now() + (made_until - now()) / 2 AS due
+FROM {schema}.history_make(%(ahead)s * interval '1 second')
+
+-- name: history_drop
+-- The history's partitions that ended `older_than` seconds ago or earlier,
+-- dropped: how many.
+SELECT {schema}.history_drop(%(older_than)s * interval '1 second')
+
 -- name: history_make_days
--- The history's partitions for today and the next `ahead` days (0025).
+-- 0025's function, kept for an older release's workers: today's partitions
+-- and those of the next `ahead` days.
 SELECT {schema}.history_make_days(%(ahead)s)
 
 -- name: history_drop_days
--- The history's days that ended more than `older_than` seconds ago, dropped.
+-- 0025's function, kept for an older release's workers.
 SELECT {schema}.history_drop_days(%(older_than)s)
+
+-- name: history_settings
+-- The history's partition span in seconds, and the end of the last made;
+-- a day and none without the settings row (0025 writes it).
+SELECT coalesce(extract(epoch FROM h.span), 86400)::float8 AS span, h.until
+FROM (VALUES (true)) AS one (one)
+LEFT JOIN {schema}.history AS h USING (one)
+
+-- name: history_set_span
+-- Sets the history's partition span (checked by the caller, and by 0026's
+-- CHECK); the partitions made from then on have it.
+INSERT INTO {schema}.history AS h (span) VALUES (%(seconds)s * interval '1 second')
+ON CONFLICT (one) DO UPDATE SET span = excluded.span
+RETURNING extract(epoch FROM h.span)::float8 AS span, h.until
+
+-- name: history_list
+-- The history's partitions, oldest first, from the catalog: about how many
+-- rows each holds (the server's statistics, no row read) and its size with
+-- its indexes.
+SELECT p.name::text AS name, p.starts, p.ends,
+       coalesce(s.n_live_tup, 0) AS rows, pg_total_relation_size(c.oid) AS bytes
+FROM {schema}.history_parts() AS p
+JOIN pg_class AS c ON c.relname = p.name AND c.relnamespace = '{schema}'::regnamespace
+LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
+ORDER BY p.starts
 
 -- name: prune_lock_timeout
 -- The pruner's batches wait at most this long for a row lock, whatever the
