@@ -23,7 +23,9 @@ other setting at the server's defaults) it
     .venv/bin/python benchmarks/soak.py --minutes 60 --json-out r.json --plot soak.svg
 
 A shorter run (``--minutes 5 --retention 1m``) shows the shape; retention
-needs at least two prune passes inside the run to say anything.
+needs at least two prune passes inside the run to say anything. The history
+(0025) is dropped a partition at a time: with a day's partitions (the
+default) an hour's soak drops none; ``--history-span 10m`` shows the drops.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ SELECT
     AS index_bytes,
   (SELECT sum(pg_total_relation_size(t.relid)) FROM pg_partition_tree('conveyor.events') AS t)
     AS total_bytes,
+  -- The live partition alone (pending, running, failed: what claims read),
+  -- and how many partitions the history has (0026: `--history-span`).
+  pg_total_relation_size('conveyor.events_live') AS live_bytes,
+  (SELECT count(*) FROM conveyor.history_parts()) AS partitions,
   s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.autoanalyze_count,
   pg_current_wal_lsn() AS lsn, now() AS at
 FROM pg_stat_user_tables s
@@ -87,7 +93,7 @@ WHERE s.schemaname = 'conveyor' AND s.relname = 'events_live'
 
 # The columns of the report's rows, in order.
 COLUMNS = ["t_min", "done", "per_s", "wait_p50_ms", "wait_p99_ms", "pending", "heap_mb",
-           "index_mb", "total_mb", "live_tuples", "dead_tuples", "autovacuums",
+           "index_mb", "total_mb", "live_mb", "partitions", "live_tuples", "dead_tuples", "autovacuums",
            "autoanalyzes", "wal_mb", "query_ms", "fed", "feeder_lag_s", "load1"]
 
 
@@ -234,6 +240,7 @@ def soak(url: str, args: argparse.Namespace, rate: float, logdir: Path) -> list[
                     round(wait[1] * 1000, 1) if wait[1] is not None else None,
                     s["pending"], round(s["heap_bytes"] / 2**20, 1),
                     round(s["index_bytes"] / 2**20, 1), round(s["total_bytes"] / 2**20, 1),
+                    round(s["live_bytes"] / 2**20, 1), s["partitions"],
                     s["n_live_tup"], s["n_dead_tup"], s["autovacuum_count"],
                     s["autoanalyze_count"], round((lsn - lsn0) / 2**20, 1), s["query_ms"],
                     feeder.enqueued, round(max(0.0, lag), 2),
@@ -251,20 +258,23 @@ def soak(url: str, args: argparse.Namespace, rate: float, logdir: Path) -> list[
     return rows
 
 
-def flatness(rows: list[list[Any]], retention_min: float) -> dict[str, Any]:
+def flatness(rows: list[list[Any]], retention_min: float, span_min: float = 0.0
+             ) -> dict[str, Any]:
     """Each figure's mean over the run's last quarter against the quarter after warm-up.
 
-    Warm-up ends once the table has reached its steady size: the retention, plus a
-    prune interval (10 minutes) for the first pass to have run.
+    Warm-up ends once the table has reached its steady size: the retention, plus
+    the history's span (a partition is dropped once its end is past the
+    retention), plus a prune interval (10 minutes) for the first pass to have run.
     """
     col = {c: i for i, c in enumerate(COLUMNS)}
-    steady = [r for r in rows if r[col["t_min"]] > retention_min + 10.0]
+    steady = [r for r in rows if r[col["t_min"]] > retention_min + span_min + 10.0]
     if len(steady) < 8:
         return {"note": "too short: fewer than 8 samples after the first retention pass"}
     q = len(steady) // 4
     early, late = steady[:q], steady[-q:]
     out: dict[str, Any] = {"from_min": steady[0][col["t_min"]], "samples": len(steady)}
-    for name in ("per_s", "wait_p99_ms", "total_mb", "index_mb", "dead_tuples", "wal_mb"):
+    for name in ("per_s", "wait_p99_ms", "total_mb", "index_mb", "live_mb", "dead_tuples",
+                 "wal_mb"):
         a = [r[col[name]] for r in early if r[col[name]] is not None]
         b = [r[col[name]] for r in late if r[col[name]] is not None]
         if a and b and sum(a):
@@ -297,7 +307,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.legend(loc="upper right", fontsize=8)
     ax = axes[2]
     for name, label in (("total_mb", "table + indexes"), ("heap_mb", "heap"),
-                        ("index_mb", "indexes")):
+                        ("index_mb", "indexes"), ("live_mb", "live partition")):
         ax.plot(t, [r[col[name]] for r in rows], label=label)
     ax.set_ylabel("MB")
     ax.set_ylim(bottom=0)
@@ -311,6 +321,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.legend(loc="upper left", fontsize=8)
     fig.suptitle(f"Soak at {result['rate']:,.0f} events/s ({result['fraction']:.0%} of "
                  f"{result['max']['per_s']:,.0f}/s), retention {result['retention']}, "
+                 f"history span {result['history_span_s'] / 60:g} min, "
                  f"{result['source']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
@@ -327,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--retention", type=parse_seconds, default=600.0,
                    help="the workers' --retention (default 10m)")
+    p.add_argument("--history-span", type=parse_seconds, default=None,
+                   help="the history's partition span (`conveyor history --span`; default: "
+                        "the database's, a day)")
     p.add_argument("--sample", type=parse_seconds, default=60.0,
                    help="seconds between samples (default 60)")
     p.add_argument("--max-seconds", type=parse_seconds, default=60.0,
@@ -355,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         url = make_conninfo(server.url, dbname="soak")
         subprocess.run([sys.executable, "-m", "conveyor.cli.main", "--database-url", url,
                         "migrate"], cwd=REPO, check=True, capture_output=True, timeout=120)
+        if args.history_span:
+            subprocess.run([sys.executable, "-m", "conveyor.cli.main", "--database-url", url,
+                            "history", "--span", f"{int(args.history_span)}s"], cwd=REPO,
+                           check=True, capture_output=True, timeout=120)
         source = source_version()
         started = datetime.now(UTC)
         top = ({"per_s": args.rate / args.fraction, "seconds": 0, "given": True}
@@ -366,8 +384,11 @@ def main(argv: list[str] | None = None) -> int:
         result = {"source": source, "started": started.isoformat(timespec="seconds"),
                   "max": top, "fraction": args.fraction, "rate": rate,
                   "workers": args.workers, "retention": args.retention_text,
+                  "history_span_s": args.history_span or 86_400,
                   "minutes": args.minutes, "sample_s": args.sample,
-                  "flatness": flatness(rows, args.retention / 60), "columns": COLUMNS,
+                  "flatness": flatness(rows, args.retention / 60,
+                                       (args.history_span or 86_400) / 60),
+                  "columns": COLUMNS,
                   "rows": rows}
     finally:
         if server is not None:
