@@ -135,7 +135,7 @@ class Pruner:
         except errors.InsufficientPrivilege as exc:
             self._history = False
             log.warning("finished events stay in the live partition, deleted row by row: this "
-                        "role may not make the history's days (%s); run the worker as the "
+                        "role may not make the history's partitions (%s); run the worker as the "
                         "schema's owner, or SELECT %s.history_make('1 day') daily as it",
                         exc.diag.message_primary, self._q.schema,
                         extra={"action": "history_refused"})
