@@ -1816,16 +1816,46 @@ def test_replay_reads_succeeded_events_of_its_topics_in_finish_order(db: Conn) -
     db.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = now() - CASE topic"
                " WHEN 'order.a' THEN interval '1 minute' ELSE interval '2 minutes' END")
     db.execute("UPDATE conveyor.events SET state = 'failed' WHERE topic = 'order.c'")
-    params = {**sql_params(["order.*"]), "until": None, "limit": 10,
-              "after_at": datetime.now(UTC) - timedelta(hours=1), "after_id": 0}
+    params = {**sql_params(["order.*"]), "before": datetime.now(UTC) + timedelta(hours=1),
+              "limit": 10, "after_at": datetime.now(UTC) - timedelta(hours=1), "after_id": 0}
     rows = db.execute(Q["relay_replay"], params).fetchall()
     # Oldest finish first (b finished before a), other.x and the failed one left out.
     assert [r[2] for r in rows] == ["order.b", "order.a"]
     # Keyset: after the first row, only the second; a window that ends before both: none.
     after = {**params, "after_at": rows[0][7], "after_id": rows[0][0]}
     assert [r[2] for r in db.execute(Q["relay_replay"], after).fetchall()] == ["order.a"]
-    early = {**params, "until": rows[0][7]}
+    early = {**params, "before": rows[0][7]}
     assert db.execute(Q["relay_replay"], early).fetchall() == []
+
+
+def test_a_replay_slice_reads_a_few_block_ranges_of_the_history(db: Conn) -> None:
+    """0027: a slice of finish times is read through the partition's BRIN index,
+    not the partition to its end (without it, every batch read every row)."""
+    from conveyor.patterns import sql_params
+
+    db.execute(Q["history_make"], {"ahead": 0})
+    midnight = db.execute("SELECT date_trunc('day', now() AT TIME ZONE 'UTC')"
+                          " AT TIME ZONE 'UTC'").fetchone()[0]  # type: ignore[index]
+    # 200,000 events finished 10 ms apart from midnight on, appended in that order.
+    db.execute("INSERT INTO conveyor.events (topic, payload, state, attempts, finished_at, done)"
+               " SELECT 'order.a', '{}', 'succeeded', 1,"
+               " %s + g * interval '10 milliseconds', true FROM generate_series(1, 200000) g",
+               (midnight,))
+    index = f"conveyor.events_done_{midnight.astimezone(UTC):%Y%m%d}_finished_idx"
+    db.execute("SELECT brin_summarize_new_values(%s::regclass)", (index,))
+    db.execute("ANALYZE conveyor.events_done")
+    pages = db.execute("SELECT relpages FROM pg_class WHERE oid = %s::regclass",
+                       (index.removesuffix("_finished_idx"),)).fetchone()[0]  # type: ignore[index]
+    start = midnight + timedelta(minutes=10)
+    params = {**sql_params(["order.*"]), "limit": 500, "after_at": start, "after_id": 0,
+              "before": start + timedelta(minutes=1)}
+    plan = db.execute(b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + Q["relay_replay"].encode(),
+                      params).fetchone()[0][0]  # type: ignore[index]
+    read = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+    assert pages > 1000 and read < pages / 4, (read, pages)
+    rows = db.execute(Q["relay_replay"], params).fetchall()
+    assert len(rows) == 500 and rows[0][7] >= start
+    assert [r[7] for r in rows] == sorted(r[7] for r in rows)
 
 
 # serial: the stream reads past the snapshot's xmin, which is cluster-wide, so a

@@ -27,7 +27,7 @@ import string
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from conveyor.db.named_queries import queries_for
@@ -60,6 +60,11 @@ UNAVAILABLE_BACKOFF = BackoffPolicy(base_delay=1.0, factor=2.0, max_delay=30.0, 
 
 # Events read per statement by Relay.replay.
 REPLAY_BATCH = 500
+# Relay.replay reads its window a slice of finish times at a time, so each
+# statement reads a few of the history's block ranges (0027), not the window
+# to its end: the first slice a minute long, twice as long after each slice
+# that held less than half a batch (a quiet stretch goes by in a few reads).
+REPLAY_FIRST_SLICE = timedelta(minutes=1)
 
 
 # The most seconds a publisher waits for its broker's confirmation.
@@ -343,17 +348,23 @@ class Relay:
                         until: datetime | None, schema: str
                         ) -> AsyncIterator[tuple[RelayRoute, Event]]:
         q = queries_for(schema)
+        if until is None:
+            # The events finished by now: those finishing while it runs are not replayed.
+            row = await (await conn.execute(q["clock_now"])).fetchone()
+            until = datetime.fromtimestamp(float(row[0]) if row else time.time(), UTC)
         after_at, after_id = since, 0
-        params = {**sql_params(r.pattern for r in self.routes), "until": until,
-                  "limit": REPLAY_BATCH}
+        params = {**sql_params(r.pattern for r in self.routes), "limit": REPLAY_BATCH}
         router = Router()
         by_handler: dict[int, RelayRoute] = {}
         for r in self.routes:
             route = router.add(r.pattern, _no_op)
             by_handler[id(route)] = r
-        while True:
+        span = REPLAY_FIRST_SLICE
+        while after_at < until:
+            before = min(until, after_at + span)
             cur = await conn.execute(q["relay_replay"], {**params, "after_at": after_at,
-                                                          "after_id": after_id})
+                                                          "after_id": after_id,
+                                                          "before": before})
             rows = await cur.fetchall()
             for (id_, tenant, topic, payload, attempts, traceparent, tracestate,
                  finished_at) in rows:
@@ -367,7 +378,10 @@ class Relay:
                     id=id_, topic=topic, payload_text=payload, tenant=tenant, attempt=attempts,
                     traceparent=traceparent, tracestate=tracestate)
             if len(rows) < REPLAY_BATCH:
-                return
+                # The slice is read: the next starts where it ended.
+                after_at, after_id = before, 0
+                if len(rows) < REPLAY_BATCH // 2:
+                    span *= 2
 
 
 def _no_op(event: Event) -> None:

@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0026 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0027 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -418,7 +418,8 @@ $$;
 -- now + `ahead` (partitions shorter than a day: at most 24 ahead, four hours
 -- of ten-minute ones, so a short span does not make hundreds of empty
 -- tables for every read of the history to open), each `history.span` long, counted from midnight
--- UTC, after the last partition made; moves `history.until` to the end of
+-- UTC, after the last partition made, each with a BRIN index on finished_at
+-- for the relay's replay (0027); moves `history.until` to the end of
 -- the last. Returns how many it made and the new `until`. Workers call it as
 -- they start and with each prune; it needs the right to create tables in the
 -- schema (the owner's).
@@ -466,6 +467,9 @@ BEGIN
             ELSE 'YYYYMMDD"_"HH24MI' END);
         EXECUTE format('CREATE TABLE "conveyor".%I PARTITION OF "conveyor".events_done '
                        'FOR VALUES FROM (%L) TO (%L)', name, starts, ends);
+        -- Made while empty, so building it costs nothing (0027).
+        EXECUTE format('CREATE INDEX %I ON "conveyor".%I USING brin (finished_at) '
+                       'WITH (autosummarize = on)', name || '_finished_idx', name);
         made := made + 1;
         starts := ends;
     END LOOP;

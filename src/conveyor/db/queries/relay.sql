@@ -3,15 +3,17 @@
 
 -- name: relay_replay
 -- Relayed events of the relay's topics that finished from `after_at`, in
--- (finished_at, id) order after (`after_at`, `after_id`), up to `until`:
--- what `conveyor relay --replay --since` publishes again. Read through
--- events_prunable_idx (finished_at), which holds the succeeded rows.
+-- (finished_at, id) order after (`after_at`, `after_id`), before `before`:
+-- a slice of what `conveyor relay --replay --since` publishes again. Read
+-- through events_prunable_idx (finished_at) in the live partition and each
+-- history partition's BRIN index (0027), so a short slice reads a few block
+-- ranges, not the window to its end.
 SELECT id, tenant, topic, payload::text, attempts, traceparent, tracestate, finished_at
 FROM {schema}.events
 WHERE state = 'succeeded'
   AND finished_at >= %(after_at)s
   AND (finished_at, id) > (%(after_at)s, %(after_id)s)
-  AND (%(until)s::timestamptz IS NULL OR finished_at < %(until)s)
+  AND finished_at < %(before)s
   AND -- include: _topic_in(topic)
 ORDER BY finished_at, id
 LIMIT %(limit)s
