@@ -209,7 +209,11 @@ def test_history_span_set_and_read_back(db: psycopg.Connection[Any]) -> None:
     assert (admin.history(db).span, admin.history(db).until) == (86_400, None)
     layout = admin.set_history_span(db, 900.0)
     assert (layout.span, layout.partitions) == (900, ())
-    assert admin.history(db).to_json() == {"span": 900, "until": None, "partitions": []}
+    assert admin.history(db).to_json() == {"span": 900, "until": None, "replayable": False,
+                                           "partitions": []}
+    # Replayable (0027): no partition yet, so no index made now; later ones get it.
+    assert admin.set_history_replayable(db) == 0
+    assert admin.history(db).replayable is True
 
 
 def test_show_returns_the_full_record(db: psycopg.Connection[Any]) -> None:

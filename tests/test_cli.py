@@ -309,6 +309,9 @@ def test_history_lists_the_partitions_and_sets_the_span(cli: Run, fresh_db: str)
     assert shown["span"] == 3600
     names = [p["name"] for p in shown["partitions"]]
     assert names[:2] == [f"events_done_{today:%Y%m%d}", f"events_done_{tomorrow:%Y%m%d}_0000"]
+    assert shown["replayable"] is False
+    code, out, _ = cli("history", "--replayable")
+    assert code == 0 and out.startswith("span 1h; replayable; made until")
     last = shown["partitions"][-1]
     assert (datetime.fromisoformat(last["ends"]) - datetime.fromisoformat(last["starts"])
             == timedelta(hours=1))

@@ -557,7 +557,7 @@ def test_the_history_goes_on_in_partitions_of_the_span_set(db: Conn) -> None:
     day = 86_400
     # The names and bounds are UTC's whatever the session's time zone.
     db.execute("SET TimeZone = 'America/New_York'")
-    assert db.execute(Q["history_settings"]).fetchone() == (day, None)
+    assert db.execute(Q["history_settings"]).fetchone() == (day, None, False)
     made, until, due = db.execute(Q["history_make"], {"ahead": 0}).fetchone()  # type: ignore[misc]
     midnight = db.execute("SELECT date_trunc('day', now() AT TIME ZONE 'UTC')"
                           " AT TIME ZONE 'UTC'").fetchone()[0].astimezone(UTC)  # type: ignore[index]
@@ -565,7 +565,8 @@ def test_the_history_goes_on_in_partitions_of_the_span_set(db: Conn) -> None:
     assert (made, until) == (1, midnight + timedelta(days=1))
     assert due == now + (until - now) / 2           # a multi-tenant turn makes more then
     # An hour from now on: the next partitions start where today's ends.
-    assert db.execute(Q["history_set_span"], {"seconds": 3600}).fetchone() == (3600, until)
+    db.execute(Q["history_set_span"], {"seconds": 3600})
+    assert db.execute(Q["history_settings"]).fetchone() == (3600, until, False)
     made, until, _ = db.execute(Q["history_make"], {"ahead": 2 * day}).fetchone()  # type: ignore[misc]
     parts = db.execute(Q["history_list"]).fetchall()
     names = [p[0] for p in parts]
@@ -1828,12 +1829,16 @@ def test_replay_reads_succeeded_events_of_its_topics_in_finish_order(db: Conn) -
     assert db.execute(Q["relay_replay"], early).fetchall() == []
 
 
+@exercises("history_replayable")
 def test_a_replay_slice_reads_a_few_block_ranges_of_the_history(db: Conn) -> None:
     """0027: a slice of finish times is read through the partition's BRIN index,
     not the partition to its end (without it, every batch read every row)."""
     from conveyor.patterns import sql_params
 
+    # A queue that relays (0027): the partitions made get the index.
     db.execute(Q["history_make"], {"ahead": 0})
+    assert db.execute(Q["history_replayable"]).fetchone() == (1,)    # today's, empty
+    assert db.execute(Q["history_replayable"]).fetchone() == (0,)    # made already
     midnight = db.execute("SELECT date_trunc('day', now() AT TIME ZONE 'UTC')"
                           " AT TIME ZONE 'UTC'").fetchone()[0]  # type: ignore[index]
     # 200,000 events finished 10 ms apart from midnight on, appended in that order.

@@ -39,8 +39,9 @@ class AdminHistory:
         settings = cur.fetchone()
         cur = run(conn, self._q["history_list"])
         partitions = tuple(history_partition_from_row(row) for row in cur.fetchall())
-        span, until = settings if settings else (float(DAY), None)
-        return HistoryLayout(span=float(span), until=until, partitions=partitions)
+        span, until, replayable = settings if settings else (float(DAY), None, False)
+        return HistoryLayout(span=float(span), until=until, replayable=bool(replayable),
+                             partitions=partitions)
 
     def set_history_span(self, conn: psycopg.Connection[Any],
                                span: float) -> HistoryLayout:
@@ -61,3 +62,19 @@ class AdminHistory:
         seconds = check_history_span(span)
         run(conn, self._q["history_set_span"], {"seconds": seconds})
         return self.history(conn)
+
+    def set_history_replayable(self, conn: psycopg.Connection[Any]) -> int:
+        """Give the history's partitions the index a relay's replay reads (0027);
+        returns how many partitions got it now.
+
+        The partitions made from now on get a BRIN index on ``finished_at``,
+        and so does each made already that holds no row yet; one that holds
+        rows stays without (building the index would hold back the
+        acknowledgements moving rows into it). It costs every acknowledged
+        event about a microsecond of the server's CPU, so only a queue that
+        relays pays it: ``conveyor relay`` calls this as it starts. Needs the
+        right to create indexes on the history (the schema's owner).
+        """
+        cur = run(conn, self._q["history_replayable"])
+        row = cur.fetchone()
+        return int(row[0]) if row else 0

@@ -38,8 +38,9 @@ class AsyncAdminHistory:
         settings = await cur.fetchone()
         cur = await run_async(conn, self._q["history_list"])
         partitions = tuple(history_partition_from_row(row) for row in await cur.fetchall())
-        span, until = settings if settings else (float(DAY), None)
-        return HistoryLayout(span=float(span), until=until, partitions=partitions)
+        span, until, replayable = settings if settings else (float(DAY), None, False)
+        return HistoryLayout(span=float(span), until=until, replayable=bool(replayable),
+                             partitions=partitions)
 
     async def set_history_span(self, conn: psycopg.AsyncConnection[Any],
                                span: float) -> HistoryLayout:
@@ -60,3 +61,19 @@ class AsyncAdminHistory:
         seconds = check_history_span(span)
         await run_async(conn, self._q["history_set_span"], {"seconds": seconds})
         return await self.history(conn)
+
+    async def set_history_replayable(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        """Give the history's partitions the index a relay's replay reads (0027);
+        returns how many partitions got it now.
+
+        The partitions made from now on get a BRIN index on ``finished_at``,
+        and so does each made already that holds no row yet; one that holds
+        rows stays without (building the index would hold back the
+        acknowledgements moving rows into it). It costs every acknowledged
+        event about a microsecond of the server's CPU, so only a queue that
+        relays pays it: ``conveyor relay`` calls this as it starts. Needs the
+        right to create indexes on the history (the schema's owner).
+        """
+        cur = await run_async(conn, self._q["history_replayable"])
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0

@@ -342,16 +342,20 @@ class HistoryLayout:
     ``span``: how long each partition made from now on is, in seconds (a day
     by default, 0026); ``until``: the end of the last partition made, past
     which finished events stay live until the next is made (None before the
-    first); ``partitions``: oldest first.
+    first); ``replayable``: whether the partitions made get the index a
+    relay's replay reads (0027: set by ``conveyor relay``);
+    ``partitions``: oldest first.
     """
 
     span: float
     until: datetime | None
+    replayable: bool
     partitions: tuple[HistoryPartition, ...]
 
     def to_json(self) -> dict[str, Any]:
         return {"span": self.span,
                 "until": None if self.until is None else self.until.isoformat(),
+                "replayable": self.replayable,
                 "partitions": [p.to_json() for p in self.partitions]}
 
 def _json_fields(record: Any) -> dict[str, Any]:

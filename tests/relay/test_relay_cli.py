@@ -106,6 +106,13 @@ def test_relay_process_publishes_drains_on_sigterm_and_replays(
     assert relay.returncode == 0, err
     assert "200 succeeded" in err
     assert _messages(stream) == 200
+    # A queue that relays makes its history replayable (0027): the partitions
+    # the worker made as it started have the replay's index.
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        assert conn.execute("SELECT replayable FROM conveyor.history").fetchone() == (True,)
+        indexed = conn.execute("SELECT count(*) FROM pg_class"
+                               " WHERE relname LIKE 'events_done_%%_finished_idx'").fetchone()
+        assert indexed is not None and indexed[0] >= 2
     done = _conveyor(fresh_db, tmp_path, "relay", "--app", "relay_app:relay", "--replay",
                      "--since", "1h")
     assert done.returncode == 0, done.stderr

@@ -33,14 +33,20 @@ def register_history(sub: Sub, env: Any) -> None:
         "divides a day. A queue that finishes millions of events an hour keeps each\n"
         "partition smaller, and drops them closer to the retention, with an hour;\n"
         "every read of the whole history opens each partition, so keep their number\n"
-        "(retention / span) in the hundreds at most.", run_history,
+        "(retention / span) in the hundreds at most. --replayable gives the partitions\n"
+        "made from now on the index a relay's replay reads (conveyor relay does it).",
+        run_history,
         examples=[("conveyor history", "the span and every partition"),
                   ("conveyor history --span 1h", "partitions of an hour from the next one on"),
                   ("conveyor history --json", "as JSON")])
     p.add_argument("--span", type=span, metavar="DURATION",
                    help="make the next partitions this long, e.g. 1d, 6h, 1h, 15m")
-    add_json(p, '{"span", "until", "partitions": [{"name", "starts", "ends", "rows", '
-                '"bytes"}]}')
+    p.add_argument("--replayable", action="store_true",
+                   help="give the partitions the index a relay's replay reads (about 1 us "
+                        "of the server's CPU per acknowledged event; `conveyor relay` sets "
+                        "it as it starts)")
+    add_json(p, '{"span", "until", "replayable", "partitions": [{"name", "starts", "ends", '
+                '"rows", "bytes"}]}')
 
 
 def span(text: str) -> int:
@@ -53,10 +59,11 @@ def span(text: str) -> int:
 
 def run_history(ctx: Context, args: argparse.Namespace) -> int:
     admin, conn = Admin(ctx.schema), ctx.connect()
-    if args.span is not None:
-        with conn.transaction():
-            layout = admin.set_history_span(conn, args.span)
-    else:
+    with conn.transaction():
+        if args.span is not None:
+            admin.set_history_span(conn, args.span)
+        if args.replayable:
+            admin.set_history_replayable(conn)
         layout = admin.history(conn)
     if args.json:
         emit_json(layout.to_json())
@@ -69,6 +76,7 @@ def format_history(layout: HistoryLayout, *, changed: bool = False) -> list[str]
     """The span, the end of what is made, then a line per partition."""
     lines = [f"span {format_seconds(layout.span)}"
              + (" (set: the partitions made from now on)" if changed else "")
+             + ("; replayable" if layout.replayable else "")
              + (f"; made until {_utc(layout.until)}" if layout.until else
                 "; no partition made yet (a worker makes them as it starts)")]
     for part in layout.partitions:

@@ -10,6 +10,9 @@ import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from psycopg import errors
+
+from conveyor.admin import Admin
 from conveyor.cli.context import Context, duration, moment
 from conveyor.cli.options import add_command
 from conveyor.cli.output import say
@@ -150,6 +153,7 @@ class _RelayProcess:
 
 def run_relay(ctx: Context, args: argparse.Namespace) -> int:
     refuse_without_database(ctx, args, "the relay")
+    _keep_replayable(ctx)
     if args.replay:
         return _replay(ctx, args)
     if args.since is not None or args.until is not None:
@@ -215,3 +219,17 @@ def _replay(ctx: Context, args: argparse.Namespace) -> int:
     say(f"replayed {count} events")
     return 0
 
+
+def _keep_replayable(ctx: Context) -> None:
+    """The history's partitions get the index a replay reads (0027): a queue that
+    relays pays for it, one that does not never does. A role that may not create
+    indexes is told, and the relay goes on (its replays read whole partitions)."""
+    conn = ctx.connect()
+    try:
+        with conn.transaction():
+            Admin(ctx.schema).set_history_replayable(conn)
+    except errors.InsufficientPrivilege as exc:
+        log.warning("a replay will read the history's partitions whole: this role may not "
+                    "index them (%s); run `conveyor history --replayable` once as the "
+                    "schema's owner", exc.diag.message_primary,
+                    extra={"action": "relay_history_refused"})

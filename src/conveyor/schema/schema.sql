@@ -387,10 +387,13 @@ $$;
 -- live instead, and retention deletes it there. `span`: how long each
 -- partition is (0026), a whole number of minutes that divides a day, so the
 -- partitions of every day start at midnight UTC whatever the span was before.
+-- `replayable`: whether the partitions made get a BRIN index on finished_at
+-- for a relay's replay (0027: only a queue that relays pays for it).
 CREATE TABLE "conveyor".history (
     one   boolean     PRIMARY KEY DEFAULT true CHECK (one),
     until timestamptz,
     span  interval    NOT NULL DEFAULT interval '1 day',
+    replayable boolean NOT NULL DEFAULT false,
     CONSTRAINT history_span_check CHECK (
         span BETWEEN interval '1 minute' AND interval '1 day'
         AND extract(epoch FROM span) % 60 = 0
@@ -418,9 +421,9 @@ $$;
 -- now + `ahead` (partitions shorter than a day: at most 24 ahead, four hours
 -- of ten-minute ones, so a short span does not make hundreds of empty
 -- tables for every read of the history to open), each `history.span` long, counted from midnight
--- UTC, after the last partition made, each with a BRIN index on finished_at
--- for the relay's replay (0027); moves `history.until` to the end of
--- the last. Returns how many it made and the new `until`. Workers call it as
+-- UTC, after the last partition made (each with a BRIN index on
+-- finished_at for a relay's replay once the history is replayable, 0027);
+-- moves `history.until` to the end of the last. Returns how many it made and the new `until`. Workers call it as
 -- they start and with each prune; it needs the right to create tables in the
 -- schema (the owner's).
 CREATE FUNCTION "conveyor".history_make(ahead interval, OUT made integer, OUT made_until timestamptz)
@@ -429,6 +432,7 @@ SET datestyle = 'ISO, YMD' SET timezone = 'UTC'
 AS $$
 DECLARE
     span interval;
+    replayable boolean;
     starts timestamptz;
     ends timestamptz;
     horizon timestamptz;
@@ -449,6 +453,7 @@ BEGIN
     PERFORM pg_advisory_xact_lock('"conveyor".events_done'::regclass::oid::bigint);
     -- The one row is there from 0025 on; a day if someone deleted it.
     span := coalesce((SELECT h.span FROM "conveyor".history AS h), interval '1 day');
+    replayable := coalesce((SELECT h.replayable FROM "conveyor".history AS h), false);
     starts := date_bin(span, now(), timestamptz '2000-01-01 00:00:00+00');
     horizon := now() + CASE WHEN span < interval '1 day' THEN least(ahead, span * 24)
                             ELSE ahead END;
@@ -467,9 +472,11 @@ BEGIN
             ELSE 'YYYYMMDD"_"HH24MI' END);
         EXECUTE format('CREATE TABLE "conveyor".%I PARTITION OF "conveyor".events_done '
                        'FOR VALUES FROM (%L) TO (%L)', name, starts, ends);
-        -- Made while empty, so building it costs nothing (0027).
-        EXECUTE format('CREATE INDEX %I ON "conveyor".%I USING brin (finished_at) '
-                       'WITH (autosummarize = on)', name || '_finished_idx', name);
+        IF replayable THEN
+            -- Made while empty, so building it costs nothing (0027).
+            EXECUTE format('CREATE INDEX %I ON "conveyor".%I USING brin (finished_at) '
+                           'WITH (autosummarize = on)', name || '_finished_idx', name);
+        END IF;
         made := made + 1;
         starts := ends;
     END LOOP;
@@ -500,6 +507,37 @@ BEGIN
         dropped := dropped + 1;
     END LOOP;
     RETURN dropped;
+END
+$$;
+
+-- Makes the history replayable (above): the partitions made from now on get
+-- the index, and so does each made already that holds no row yet (those
+-- made ahead); one that holds rows stays without (building its index would
+-- hold back the acknowledgements moving rows into it), and a replay reads
+-- it whole until retention drops it. Returns how many indexes it made.
+CREATE FUNCTION "conveyor".history_replayable() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    part record;
+    empty boolean;
+    made integer := 0;
+BEGIN
+    PERFORM set_config('lock_timeout', '500ms', true);
+    PERFORM pg_advisory_xact_lock('"conveyor".events_done'::regclass::oid::bigint);
+    INSERT INTO "conveyor".history AS h (replayable) VALUES (true)
+    ON CONFLICT (one) DO UPDATE SET replayable = true WHERE NOT h.replayable;
+    FOR part IN
+        SELECT p.name FROM "conveyor".history_parts() AS p
+        WHERE to_regclass(format('"conveyor".%I', p.name || '_finished_idx')) IS NULL
+    LOOP
+        EXECUTE format('SELECT NOT EXISTS (SELECT FROM "conveyor".%I)', part.name) INTO empty;
+        IF empty THEN
+            EXECUTE format('CREATE INDEX %I ON "conveyor".%I USING brin (finished_at) '
+                           'WITH (autosummarize = on)', part.name || '_finished_idx', part.name);
+            made := made + 1;
+        END IF;
+    END LOOP;
+    RETURN made;
 END
 $$;
 

@@ -587,18 +587,24 @@ SELECT {schema}.history_make_days(%(ahead)s)
 SELECT {schema}.history_drop_days(%(older_than)s)
 
 -- name: history_settings
--- The history's partition span in seconds, and the end of the last made;
--- a day and none without the settings row (0025 writes it).
-SELECT coalesce(extract(epoch FROM h.span), 86400)::float8 AS span, h.until
+-- The history's partition span in seconds, the end of the last made, and
+-- whether its partitions get the replay's index (0027); a day, none and no
+-- without the settings row (0025 writes it).
+SELECT coalesce(extract(epoch FROM h.span), 86400)::float8 AS span, h.until,
+       coalesce(h.replayable, false) AS replayable
 FROM (VALUES (true)) AS one (one)
 LEFT JOIN {schema}.history AS h USING (one)
+
+-- name: history_replayable
+-- The history's partitions get a BRIN index on finished_at from now on, and
+-- those made ahead now (0027): how many indexes it made.
+SELECT {schema}.history_replayable()
 
 -- name: history_set_span
 -- Sets the history's partition span (checked by the caller, and by 0026's
 -- CHECK); the partitions made from then on have it.
 INSERT INTO {schema}.history AS h (span) VALUES (%(seconds)s * interval '1 second')
 ON CONFLICT (one) DO UPDATE SET span = excluded.span
-RETURNING extract(epoch FROM h.span)::float8 AS span, h.until
 
 -- name: history_list
 -- The history's partitions, oldest first, from the catalog: about how many

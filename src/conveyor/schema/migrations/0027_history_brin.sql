@@ -1,6 +1,7 @@
--- Conveyor 0027: each of the history's partitions has a BRIN index on
--- finished_at (docs/relay.md, "Replay"). `{schema}` is replaced by the
--- quoted schema identifier; this file holds no other braces on purpose.
+-- Conveyor 0027: the history's partitions can have a BRIN index on
+-- finished_at, for a relay's replay (docs/relay.md, "Replay"). `{schema}` is
+-- replaced by the quoted schema identifier; this file holds no other braces
+-- on purpose.
 --
 -- A relay's replay reads the relayed events of a window of finish times in
 -- (finished_at, id) order. Since 0025 the succeeded ones are in the
@@ -8,15 +9,18 @@
 -- partition from its place to the window's end and sorted it, so a replay
 -- of a window read it many times over. Rows are appended to a partition in
 -- about the order they finish, so a BRIN index (a few pages per gigabyte)
--- finds a short slice of finish times in a few block ranges; the replay
--- now reads a window slice by slice. A btree would do the same at the price
--- of an entry, and its WAL, for every acknowledged event.
+-- finds a short slice of finish times in a few block ranges, and the replay
+-- reads a window slice by slice. A btree would do the same at the price of
+-- an entry, and its WAL, for every acknowledged event.
 --
--- history_make gives every partition it makes the index while it is still
--- empty. Partitions made before this migration get it too when they hold no
--- row yet (those made ahead); one that holds rows stays without (building
--- it would hold the acknowledgements moving rows into it): its replay reads
--- as before until retention drops it.
+-- The BRIN index is not free either: each row moved into the history looks
+-- its block range up (measured 2026-12-05: about 1 us of the server's CPU
+-- per acknowledged event, 0.3 bytes of WAL). So only a queue that relays
+-- pays it: `history.replayable`, set by `conveyor relay` as it starts (or
+-- `conveyor history --replayable`), and from then on history_make gives
+-- every partition it makes the index while it is still empty.
+
+ALTER TABLE {schema}.history ADD COLUMN replayable boolean NOT NULL DEFAULT false;
 
 CREATE OR REPLACE FUNCTION {schema}.history_make(ahead interval, OUT made integer, OUT made_until timestamptz)
 LANGUAGE plpgsql
@@ -24,6 +28,7 @@ SET datestyle = 'ISO, YMD' SET timezone = 'UTC'
 AS $$
 DECLARE
     span interval;
+    replayable boolean;
     starts timestamptz;
     ends timestamptz;
     horizon timestamptz;
@@ -44,6 +49,7 @@ BEGIN
     PERFORM pg_advisory_xact_lock('{schema}.events_done'::regclass::oid::bigint);
     -- The one row is there from 0025 on; a day if someone deleted it.
     span := coalesce((SELECT h.span FROM {schema}.history AS h), interval '1 day');
+    replayable := coalesce((SELECT h.replayable FROM {schema}.history AS h), false);
     starts := date_bin(span, now(), timestamptz '2000-01-01 00:00:00+00');
     horizon := now() + CASE WHEN span < interval '1 day' THEN least(ahead, span * 24)
                             ELSE ahead END;
@@ -62,9 +68,11 @@ BEGIN
             ELSE 'YYYYMMDD"_"HH24MI' END);
         EXECUTE format('CREATE TABLE {schema}.%I PARTITION OF {schema}.events_done '
                        'FOR VALUES FROM (%L) TO (%L)', name, starts, ends);
-        -- Made while empty, so building it costs nothing (0027).
-        EXECUTE format('CREATE INDEX %I ON {schema}.%I USING brin (finished_at) '
-                       'WITH (autosummarize = on)', name || '_finished_idx', name);
+        IF replayable THEN
+            -- Made while empty, so building it costs nothing (0027).
+            EXECUTE format('CREATE INDEX %I ON {schema}.%I USING brin (finished_at) '
+                           'WITH (autosummarize = on)', name || '_finished_idx', name);
+        END IF;
         made := made + 1;
         starts := ends;
     END LOOP;
@@ -75,17 +83,33 @@ BEGIN
 END
 $$;
 
-DO $$
+-- Makes the history replayable (above): the partitions made from now on get
+-- the index, and so does each made already that holds no row yet (those
+-- made ahead); one that holds rows stays without (building its index would
+-- hold back the acknowledgements moving rows into it), and a replay reads
+-- it whole until retention drops it. Returns how many indexes it made.
+CREATE FUNCTION {schema}.history_replayable() RETURNS integer
+LANGUAGE plpgsql AS $$
 DECLARE
     part record;
     empty boolean;
+    made integer := 0;
 BEGIN
-    FOR part IN SELECT p.name FROM {schema}.history_parts() AS p LOOP
+    PERFORM set_config('lock_timeout', '500ms', true);
+    PERFORM pg_advisory_xact_lock('{schema}.events_done'::regclass::oid::bigint);
+    INSERT INTO {schema}.history AS h (replayable) VALUES (true)
+    ON CONFLICT (one) DO UPDATE SET replayable = true WHERE NOT h.replayable;
+    FOR part IN
+        SELECT p.name FROM {schema}.history_parts() AS p
+        WHERE to_regclass(format('{schema}.%I', p.name || '_finished_idx')) IS NULL
+    LOOP
         EXECUTE format('SELECT NOT EXISTS (SELECT FROM {schema}.%I)', part.name) INTO empty;
         IF empty THEN
             EXECUTE format('CREATE INDEX %I ON {schema}.%I USING brin (finished_at) '
                            'WITH (autosummarize = on)', part.name || '_finished_idx', part.name);
+            made := made + 1;
         END IF;
     END LOOP;
+    RETURN made;
 END
 $$;
