@@ -29,7 +29,7 @@ from conveyor.cli.worker_options import (
     refuse_without_database,
     report_exit,
 )
-from conveyor.errors import BrokerUnavailableError, InvalidInputError
+from conveyor.errors import BrokerUnavailableError, DatabaseUnavailableError, InvalidInputError
 
 if TYPE_CHECKING:
     from conveyor.relay import Relay
@@ -224,10 +224,14 @@ def _keep_replayable(ctx: Context) -> None:
     """The history's partitions get the index a replay reads (0027): a queue that
     relays pays for it, one that does not never does. A role that may not create
     indexes is told, and the relay goes on (its replays read whole partitions)."""
-    conn = ctx.connect()
     try:
+        conn = ctx.connect()
         with conn.transaction():
             Admin(ctx.schema).set_history_replayable(conn)
+    except DatabaseUnavailableError as exc:
+        # The worker waits for the database; the next start makes it replayable.
+        log.warning("could not make the history replayable: %s", exc,
+                    extra={"action": "relay_history_deferred"})
     except errors.InsufficientPrivilege as exc:
         log.warning("a replay will read the history's partitions whole: this role may not "
                     "index them (%s); run `conveyor history --replayable` once as the "
