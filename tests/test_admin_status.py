@@ -374,6 +374,26 @@ def test_open_state_reads_never_plan_the_historys_days(fresh_db: str, name: str)
     assert opened == {"live": 0, "parent": 31}
 
 
+def test_waiting_count_reads_no_events_when_no_edge_is_open(fresh_db: str) -> None:
+    """The waiting events are found from their open edges, whatever the live partition
+    holds: with the edges' table never analyzed, a semi-join plan scanned every row of
+    it (35,000 failed events) to count no waiting event."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO conveyor.events (topic, payload, state, attempts, max_attempts,"
+                     " finished_at) SELECT 'f', '{}', 'failed', 1, 1, now()"
+                     " FROM generate_series(1, 35000)")
+        conn.execute("VACUUM ANALYZE conveyor.events")
+    with plan_session(fresh_db) as conn:
+        row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["status_open_counts"]
+                           ).fetchone()
+    assert row is not None
+    nodes = scans(row[0][0]["Plan"])
+    assert all(n["Node Type"] != "Seq Scan" for n in nodes), nodes
+    # Only the failed branch reads the failed events.
+    assert sum(n["Actual Rows"] * n["Actual Loops"] + n.get("Rows Removed by Filter", 0)
+               for n in nodes if n.get("Index Name") != "events_failed_idx") == 0, nodes
+
+
 def test_status_query_plans_scan_no_events_without_an_index(big: Conn) -> None:
     """Plain EXPLAIN (the planner's choice without running): an index for every branch."""
     # Waiting events (0022) are read by id through their open edges: events_pkey.

@@ -44,11 +44,19 @@ GROUP BY topic
 UNION ALL
 -- Waiting events (0022) through their open edges: no index of the events
 -- table holds them, so an application without dependencies pays for none.
-SELECT e.topic, NULL, 'waiting', count(*), NULL
-FROM {schema}.events_live AS e
-WHERE e.state = 'waiting'
-  AND e.id IN (SELECT d.event_id FROM {schema}.event_dependencies AS d WHERE NOT d.satisfied)
-GROUP BY e.topic
+-- Each edge's event is looked up by id in a subquery, which the planner never
+-- turns into a join: as a semi-join, with the edges' statistics unknown, it
+-- scanned the whole live partition (35,000 failed events) to find none.
+-- OFFSET 0 keeps `w` apart, so the lookup runs once an edge, not once more
+-- for the WHERE.
+SELECT w.topic, NULL, 'waiting', count(*), NULL
+FROM (SELECT (SELECT e.topic FROM {schema}.events_live AS e
+              WHERE e.id = o.event_id AND e.state = 'waiting') AS topic
+      FROM (SELECT DISTINCT d.event_id FROM {schema}.event_dependencies AS d
+            WHERE NOT d.satisfied) AS o
+      OFFSET 0) AS w
+WHERE w.topic IS NOT NULL
+GROUP BY w.topic
 
 -- name: status_finished_sample
 -- At most `limit` succeeded and cancelled rows, oldest first, counted by state
