@@ -150,7 +150,7 @@ def test_status_counts_scheduled_events_apart_from_due_ones(
     # Nothing of b.y is due: no lag; a.x's two due events came due at this
     # transaction's now(), so they have waited 0 s.
     assert data["by_topic"][1] == {"topic": "b.y", "state": "pending", "count": 0,
-                                   "scheduled": 1, "oldest_due_s": None}
+                                   "scheduled": 1, "oldest_due_s": None, "capped": False}
     assert data["by_topic"][0]["oldest_due_s"] == 0
 
 

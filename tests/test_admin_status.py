@@ -23,7 +23,13 @@ import pytest
 from conveyor import Admin, AsyncAdmin, EventState, Producer, QueueStatus
 from conveyor import admin as admin_module
 from conveyor.admin import EXACT_FINISHED_LIMIT
-from conveyor.admin_status import estimate_finished, estimate_params
+from conveyor.admin_status import (
+    FAILED_EXACT_LIMIT,
+    FAILED_TOPIC_EXACT_LIMIT,
+    estimate_finished,
+    estimate_params,
+    failed_cap,
+)
 from conveyor.cli.commands import format_schedules, format_status
 from conveyor.cron import Schedule
 from conveyor.db.named_queries import queries_for
@@ -198,6 +204,100 @@ async def test_async_status_equals_sync_status(big_db: str) -> None:
     assert got.estimated_states == expected.estimated_states == ["succeeded", "cancelled"]
 
 
+# ------------------------------------------------ bounded: the failed counts
+
+def _fail(conn: Conn, topic: str, n: int) -> None:
+    conn.execute("""
+        INSERT INTO conveyor.events (topic, payload, state, attempts, max_attempts,
+                                     finished_at, last_error)
+        SELECT %s, '{}', 'failed', 1, 1, now(), 'boom' FROM generate_series(1, %s)""",
+                 (topic, n))
+
+
+def test_bounded_status_is_the_exact_one_while_failed_events_are_few(big: Conn) -> None:
+    exact, bounded = Admin().status(big), Admin().status(big, bounded=True)
+    assert bounded.counts == exact.counts and bounded.capped_states == []
+    assert [replace(t, oldest_due_s=None) for t in bounded.by_topic] == \
+        [replace(t, oldest_due_s=None) for t in exact.by_topic]
+    # Up to the limit itself, every failed event is counted, in each topic too.
+    _fail(big, "big.many", FAILED_EXACT_LIMIT - sum(FAILED.values()))
+    status = Admin().status(big, bounded=True)
+    assert status.counts["failed"] == FAILED_EXACT_LIMIT and status.capped_states == []
+    failed = {t.topic: (t.count, t.capped) for t in status.by_topic if t.state == "failed"}
+    assert failed["big.many"] == (FAILED_EXACT_LIMIT - sum(FAILED.values()), False)
+
+
+def test_bounded_status_caps_failed_counts_past_the_limit(big: Conn) -> None:
+    _fail(big, "big.many", FAILED_EXACT_LIMIT)
+    _fail(big, "big.some", FAILED_TOPIC_EXACT_LIMIT + 1)
+    exact, status = Admin().status(big), Admin().status(big, bounded=True)
+    total = sum(FAILED.values()) + FAILED_EXACT_LIMIT + FAILED_TOPIC_EXACT_LIMIT + 1
+    assert exact.counts["failed"] == total and exact.capped_states == []
+    assert status.counts["failed"] == FAILED_EXACT_LIMIT
+    assert status.capped_states == ["failed"] == status.to_json()["capped_states"]
+    failed = {t.topic: (t.count, t.capped) for t in status.by_topic if t.state == "failed"}
+    assert failed == {"big.a": (30, False), "big.b": (12, False),
+                      "big.many": (FAILED_TOPIC_EXACT_LIMIT, True),
+                      "big.some": (FAILED_TOPIC_EXACT_LIMIT, True)}
+    # The other open states are as exact as ever.
+    assert {k: status.counts[k] for k in ("pending", "scheduled", "running")} == \
+        {k: exact.counts[k] for k in ("pending", "scheduled", "running")}
+
+
+def test_bounded_status_estimates_finished_rows_without_the_uncounted_failed(big: Conn) -> None:
+    """The succeeded estimate is the live rows less the open ones: the failed events
+    past the bound are taken off by their share in the statistics, not left in."""
+    _fail(big, "big.many", 2 * FAILED_EXACT_LIMIT)
+    big.execute("ANALYZE conveyor.events")       # in the transaction: sees its own rows
+    exact, status = Admin().status(big), Admin().status(big, bounded=True)
+    assert status.capped_states == ["failed"]
+    # ANALYZE samples 30,000 rows: the failed share is known to within a few %.
+    assert status.counts["succeeded"] == pytest.approx(exact.counts["succeeded"], rel=0.02)
+    assert status.counts["cancelled"] == pytest.approx(exact.counts["cancelled"], rel=0.02)
+
+
+def test_bounded_status_reads_a_bounded_number_of_failed_entries(big: Conn) -> None:
+    _fail(big, "big.many", 3 * FAILED_EXACT_LIMIT)
+    reads = []
+    for name, params in (("status_failed_total_bounded", {"limit": FAILED_EXACT_LIMIT}),
+                         ("status_failed_bounded", {"cap": FAILED_TOPIC_EXACT_LIMIT})):
+        row = big.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q[name], params).fetchone()
+        assert row is not None
+        nodes = scans(row[0][0]["Plan"])
+        assert {n.get("Index Name") for n in nodes} == {"events_failed_idx"}, nodes
+        reads.append(round(sum(n["Actual Rows"] * n["Actual Loops"] for n in nodes)))
+    # The total: the limit and one more, of 30,042. Each topic: the entry that
+    # finds it, and its failed events up to the cap and one more.
+    assert reads == [FAILED_EXACT_LIMIT + 1,
+                     3 + sum(FAILED.values()) + FAILED_TOPIC_EXACT_LIMIT + 1]
+
+
+async def test_async_bounded_status_equals_sync(big_db: str) -> None:
+    with psycopg.connect(big_db) as conn:
+        _fail(conn, "big.many", FAILED_EXACT_LIMIT)
+        expected = Admin().status(conn, bounded=True)
+        conn.rollback()
+    async with await psycopg.AsyncConnection.connect(big_db) as aconn:
+        await aconn.execute("""
+            INSERT INTO conveyor.events (topic, payload, state, attempts, max_attempts,
+                                         finished_at, last_error)
+            SELECT 'big.many', '{}', 'failed', 1, 1, now(), 'boom'
+            FROM generate_series(1, %s)""", (FAILED_EXACT_LIMIT,))
+        got = await AsyncAdmin().status(aconn, bounded=True)
+        await aconn.rollback()
+    # The estimates follow the table's size, which each rolled-back insert grows.
+    open_states = ("pending", "scheduled", "running", "failed")
+    assert [got.counts[k] for k in open_states] == [expected.counts[k] for k in open_states]
+    assert got.capped_states == expected.capped_states == ["failed"]
+    assert [(t.topic, t.state, t.count, t.capped) for t in got.by_topic] == \
+        [(t.topic, t.state, t.count, t.capped) for t in expected.by_topic]
+
+
+def test_failed_cap_counts_each_topic_fully_up_to_the_limit() -> None:
+    assert failed_cap(0) == failed_cap(FAILED_EXACT_LIMIT) == FAILED_EXACT_LIMIT
+    assert failed_cap(FAILED_EXACT_LIMIT + 1) == FAILED_TOPIC_EXACT_LIMIT
+
+
 def test_small_queue_counts_finished_states_exactly_per_topic(conn: Conn) -> None:
     conn.execute("DELETE FROM conveyor.events")
     conn.execute("""
@@ -310,6 +410,9 @@ async def test_async_status_reads_no_finished_rows_beyond_the_sample(big_db: str
 
 STATUS_QUERIES: dict[str, dict[str, Any]] = {
     "status_open_counts": {},
+    "status_open_counts_but_failed": {},
+    "status_failed_total_bounded": {"limit": FAILED_EXACT_LIMIT},
+    "status_failed_bounded": {"cap": FAILED_TOPIC_EXACT_LIMIT},
     "status_finished_sample": {"limit": EXACT_FINISHED_LIMIT + 1},
     "status_table_estimate": estimate_params(Q),
     "status_oldest_due_age": {},

@@ -767,6 +767,25 @@ def test_status_open_counts_and_age(db: Conn) -> None:
     assert db.execute(Q["status_oldest_due_age"]).fetchone() == (30,)
 
 
+@exercises("status_open_counts_but_failed", "status_failed_total_bounded",
+           "status_failed_bounded")
+def test_status_failed_counts_bounded_and_the_open_counts_without_them(db: Conn) -> None:
+    _insert(db, "a", tenant="acme")
+    failed = [_insert(db, topic) for topic in ("d", "d", "d", "e")]
+    db.execute("UPDATE conveyor.events SET state = 'failed', finished_at = now()"
+               " WHERE id = ANY(%s)", (failed,))
+    without = db.execute(Q["status_open_counts_but_failed"]).fetchall()
+    assert [(t, tenant, s, n) for t, tenant, s, n, _ in without] == [("a", "acme", "pending", 1)]
+    exact = sorted(r for r in db.execute(Q["status_open_counts"]).fetchall() if r[2] == "failed")
+    assert exact == [("d", None, "failed", 3, None), ("e", None, "failed", 1, None)]
+    # Up to `limit` + 1 in all, and `cap` + 1 a topic: a count past the bound reads as it + 1.
+    assert db.execute(Q["status_failed_total_bounded"], {"limit": 10}).fetchone() == (4,)
+    assert db.execute(Q["status_failed_total_bounded"], {"limit": 2}).fetchone() == (3,)
+    assert db.execute(Q["status_failed_bounded"], {"cap": 10}).fetchall() == exact
+    assert db.execute(Q["status_failed_bounded"], {"cap": 1}).fetchall() == [
+        ("d", None, "failed", 2, None), ("e", None, "failed", 1, None)]
+
+
 @exercises("status_finished_sample", "status_table_estimate")
 def test_status_finished_sample_and_table_estimate(db: Conn) -> None:
     for topic in ("a", "a", "b"):

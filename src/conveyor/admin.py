@@ -55,9 +55,12 @@ from conveyor.admin_core import (
 )
 from conveyor.admin_history import AdminHistory
 from conveyor.admin_status import (
+    FAILED_EXACT_LIMIT,
+    FAILED_TOPIC_EXACT_LIMIT,
     SCHEDULED,
     WORKER_ALIVE_WITHIN,
     estimate_params,
+    failed_cap,
     needs_estimate,
     queue_status,
 )
@@ -73,6 +76,8 @@ from conveyor.validation import check_event_id, check_schema_name, check_topic
 
 __all__ = [
     "EXACT_FINISHED_LIMIT",
+    "FAILED_EXACT_LIMIT",
+    "FAILED_TOPIC_EXACT_LIMIT",
     "LIST_LIMIT_MAX",
     "MATCH_BATCH",
     "PRUNE_BATCH",
@@ -145,7 +150,8 @@ class Admin(AdminControls, AdminWorkflows, AdminHistory):
     def __init__(self, schema: str = "conveyor") -> None:
         self._q = queries_for(check_schema_name(schema))
 
-    def status(self, conn: psycopg.Connection[Any]) -> QueueStatus:
+    def status(self, conn: psycopg.Connection[Any], *,
+                     bounded: bool = False) -> QueueStatus:
         """Counts by state and topic, oldest due pending age, live workers.
 
         ``counts["pending"]`` is the events due now and ``counts["scheduled"]``
@@ -155,9 +161,17 @@ class Admin(AdminControls, AdminWorkflows, AdminHistory):
         are exact up to ``EXACT_FINISHED_LIMIT`` finished rows and estimated
         beyond (listed in ``QueueStatus.estimated_states``, left out of
         ``by_topic``). No call reads the bulk of the finished rows.
+
+        ``bounded``: count the failed events exactly only up to
+        ``FAILED_EXACT_LIMIT``; beyond it ``counts["failed"]`` is that bound
+        (listed in ``QueueStatus.capped_states``) and each topic's count is
+        exact up to ``FAILED_TOPIC_EXACT_LIMIT`` (``TopicCount.capped`` past
+        it), so the call costs the same however many events failed (what
+        the dashboard's overview shows). Defaults to False: every failed
+        event counted.
         """
         q = self._q
-        open_rows = (run(conn, q["status_open_counts"])).fetchall()
+        open_rows, failed_total = self._open_rows(conn, bounded)
         cur = run(conn, q["status_finished_sample"], {"limit": EXACT_FINISHED_LIMIT + 1})
         sample = cur.fetchall()
         estimate = None
@@ -168,7 +182,23 @@ class Admin(AdminControls, AdminWorkflows, AdminHistory):
         cur = run(conn, q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN})
         workers = cur.fetchall()
         return queue_status(open_rows, sample, estimate, oldest_row[0] if oldest_row else None,
-                            workers, EXACT_FINISHED_LIMIT)
+                            workers, EXACT_FINISHED_LIMIT, failed_total)
+
+    def _open_rows(self, conn: psycopg.Connection[Any],
+                         bounded: bool) -> tuple[list[Any], int | None]:
+        """The open counts' rows, and for a bounded status the failed events'
+        total counted up to ``FAILED_EXACT_LIMIT + 1`` (None: counted exactly)."""
+        q = self._q
+        if not bounded:
+            return (run(conn, q["status_open_counts"])).fetchall(), None
+        rows = (run(conn, q["status_open_counts_but_failed"])).fetchall()
+        cur = run(conn, q["status_failed_total_bounded"], {"limit": FAILED_EXACT_LIMIT})
+        total_row = cur.fetchone()
+        total = int(total_row[0]) if total_row else 0
+        if total:
+            cur = run(conn, q["status_failed_bounded"], {"cap": failed_cap(total)})
+            rows += cur.fetchall()
+        return rows, total
 
     def show(self, conn: psycopg.Connection[Any], event_id: int) -> EventRecord:
         """One event with its whole row, error history included.

@@ -54,9 +54,12 @@ from conveyor.admin_core import (
 )
 from conveyor.admin_history import AsyncAdminHistory
 from conveyor.admin_status import (
+    FAILED_EXACT_LIMIT,
+    FAILED_TOPIC_EXACT_LIMIT,
     SCHEDULED,
     WORKER_ALIVE_WITHIN,
     estimate_params,
+    failed_cap,
     needs_estimate,
     queue_status,
 )
@@ -72,6 +75,8 @@ from conveyor.validation import check_event_id, check_schema_name, check_topic
 
 __all__ = [
     "EXACT_FINISHED_LIMIT",
+    "FAILED_EXACT_LIMIT",
+    "FAILED_TOPIC_EXACT_LIMIT",
     "LIST_LIMIT_MAX",
     "MATCH_BATCH",
     "PRUNE_BATCH",
@@ -144,7 +149,8 @@ class AsyncAdmin(AsyncAdminControls, AsyncAdminWorkflows, AsyncAdminHistory):
     def __init__(self, schema: str = "conveyor") -> None:
         self._q = queries_for(check_schema_name(schema))
 
-    async def status(self, conn: psycopg.AsyncConnection[Any]) -> QueueStatus:
+    async def status(self, conn: psycopg.AsyncConnection[Any], *,
+                     bounded: bool = False) -> QueueStatus:
         """Counts by state and topic, oldest due pending age, live workers.
 
         ``counts["pending"]`` is the events due now and ``counts["scheduled"]``
@@ -154,9 +160,17 @@ class AsyncAdmin(AsyncAdminControls, AsyncAdminWorkflows, AsyncAdminHistory):
         are exact up to ``EXACT_FINISHED_LIMIT`` finished rows and estimated
         beyond (listed in ``QueueStatus.estimated_states``, left out of
         ``by_topic``). No call reads the bulk of the finished rows.
+
+        ``bounded``: count the failed events exactly only up to
+        ``FAILED_EXACT_LIMIT``; beyond it ``counts["failed"]`` is that bound
+        (listed in ``QueueStatus.capped_states``) and each topic's count is
+        exact up to ``FAILED_TOPIC_EXACT_LIMIT`` (``TopicCount.capped`` past
+        it), so the call costs the same however many events failed (what
+        the dashboard's overview shows). Defaults to False: every failed
+        event counted.
         """
         q = self._q
-        open_rows = await (await run_async(conn, q["status_open_counts"])).fetchall()
+        open_rows, failed_total = await self._open_rows(conn, bounded)
         cur = await run_async(conn, q["status_finished_sample"], {"limit": EXACT_FINISHED_LIMIT + 1})
         sample = await cur.fetchall()
         estimate = None
@@ -167,7 +181,23 @@ class AsyncAdmin(AsyncAdminControls, AsyncAdminWorkflows, AsyncAdminHistory):
         cur = await run_async(conn, q["worker_list_alive"], {"within": WORKER_ALIVE_WITHIN})
         workers = await cur.fetchall()
         return queue_status(open_rows, sample, estimate, oldest_row[0] if oldest_row else None,
-                            workers, EXACT_FINISHED_LIMIT)
+                            workers, EXACT_FINISHED_LIMIT, failed_total)
+
+    async def _open_rows(self, conn: psycopg.AsyncConnection[Any],
+                         bounded: bool) -> tuple[list[Any], int | None]:
+        """The open counts' rows, and for a bounded status the failed events'
+        total counted up to ``FAILED_EXACT_LIMIT + 1`` (None: counted exactly)."""
+        q = self._q
+        if not bounded:
+            return await (await run_async(conn, q["status_open_counts"])).fetchall(), None
+        rows = await (await run_async(conn, q["status_open_counts_but_failed"])).fetchall()
+        cur = await run_async(conn, q["status_failed_total_bounded"], {"limit": FAILED_EXACT_LIMIT})
+        total_row = await cur.fetchone()
+        total = int(total_row[0]) if total_row else 0
+        if total:
+            cur = await run_async(conn, q["status_failed_bounded"], {"cap": failed_cap(total)})
+            rows += await cur.fetchall()
+        return rows, total
 
     async def show(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> EventRecord:
         """One event with its whole row, error history included.

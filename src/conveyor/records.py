@@ -133,6 +133,9 @@ class TopicCount:
     is 0 on every other state's row. ``oldest_due_s``, on a pending row with
     due events: seconds the topic's oldest due event has waited since it came
     due (its lag: how far a relay or the workers are behind); None otherwise.
+    ``capped``: ``count`` is the bound of a bounded status (``Admin.status(conn,
+    bounded=True)``) and the topic has more events in this state. Defaults
+    to False: ``count`` is exact.
     """
 
     topic: str
@@ -140,6 +143,7 @@ class TopicCount:
     count: int
     scheduled: int = 0
     oldest_due_s: float | None = None
+    capped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +173,11 @@ class QueueStatus:
     estimate from the planner's statistics rather than a count (succeeded and
     cancelled once there are many finished rows); ``by_topic`` leaves those
     states out. Defaults to empty: every count exact.
+
+    ``capped_states`` names the states whose number in ``counts`` is the bound
+    of a bounded status (``Admin.status(conn, bounded=True)``), with more
+    events beyond it (failed, past ``FAILED_EXACT_LIMIT``). Defaults to
+    empty: nothing capped.
     """
 
     counts: dict[str, int]
@@ -177,13 +186,14 @@ class QueueStatus:
     workers: list[WorkerInfo]
     unhandled_topics: list[str] = field(default_factory=list)
     estimated_states: list[str] = field(default_factory=list)
+    capped_states: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "counts": dict(self.counts),
             "by_topic": [
                 {"topic": t.topic, "state": t.state.value, "count": t.count,
-                 "scheduled": t.scheduled, "oldest_due_s": t.oldest_due_s}
+                 "scheduled": t.scheduled, "oldest_due_s": t.oldest_due_s, "capped": t.capped}
                 for t in self.by_topic
             ],
             "oldest_pending_age_s": self.oldest_pending_age_s,
@@ -197,6 +207,7 @@ class QueueStatus:
             ],
             "unhandled_topics": list(self.unhandled_topics),
             "estimated_states": list(self.estimated_states),
+            "capped_states": list(self.capped_states),
         }
 
 

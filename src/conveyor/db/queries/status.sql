@@ -13,16 +13,32 @@
 -- of planning for status_open_counts over 32 days).
 
 -- name: status_open_counts
--- Exact counts of pending events (per topic and tenant, for the
+-- Exact counts of the open events: pending ones per topic and tenant (for the
 -- unhandled-topics check), split into due now ('pending') and not yet due
--- ('scheduled', run_at in the future: not a state of its own), and of running
--- and failed events (per topic). Each branch reads one partial index, so
--- the cost follows those states, never the succeeded rows: events_claim_idx
--- holds run_at, topic and tenant (0009), an index-only scan; events_lease_idx
--- and the rows it points to (running: at most the workers' slots);
--- events_failed_idx (topic), an index-only scan. `oldest_due_s`: on a due
--- row, seconds its oldest event has waited since it came due (a relay's or a
--- topic's lag), from the same read. Waiting events (0022) last.
+-- ('scheduled', run_at in the future: not a state of its own); running,
+-- waiting and failed ones per topic (_status_open_counts_but_failed holds all
+-- but the failed). Each branch reads one partial index, so the cost follows
+-- those states, never the succeeded rows; the failed branch reads every entry
+-- of events_failed_idx (topic), an index-only scan.
+-- include: _status_open_counts_but_failed
+UNION ALL
+SELECT topic, NULL, 'failed', count(*), NULL
+FROM {schema}.events_live
+WHERE state = 'failed'
+GROUP BY topic
+
+-- name: status_open_counts_but_failed
+-- status_open_counts without its failed branch, for a status that bounds the
+-- failed counts instead (status_failed_total_bounded, status_failed_bounded).
+-- include: _status_open_counts_but_failed
+
+-- name: _status_open_counts_but_failed
+-- The pending, running and waiting branches of status_open_counts: the
+-- pending ones through events_claim_idx, which holds run_at, topic and tenant
+-- (0009), an index-only scan; the running ones through events_lease_idx and
+-- the rows it points to (at most the workers' slots). `oldest_due_s`: on a
+-- due row, seconds its oldest event has waited since it came due (a relay's
+-- or a topic's lag), from the same read. Waiting events (0022) last.
 SELECT topic, tenant,
        CASE WHEN run_at <= now() THEN 'pending' ELSE 'scheduled' END AS state,
        count(*) AS n,
@@ -35,11 +51,6 @@ UNION ALL
 SELECT topic, NULL, 'running', count(*), NULL
 FROM {schema}.events_live
 WHERE state = 'running'
-GROUP BY topic
-UNION ALL
-SELECT topic, NULL, 'failed', count(*), NULL
-FROM {schema}.events_live
-WHERE state = 'failed'
 GROUP BY topic
 UNION ALL
 -- Waiting events (0022) through their open edges: no index of the events
@@ -57,6 +68,37 @@ FROM (SELECT (SELECT e.topic FROM {schema}.events_live AS e
       OFFSET 0) AS w
 WHERE w.topic IS NOT NULL
 GROUP BY w.topic
+
+-- name: status_failed_total_bounded
+-- How many events are failed, counted up to `limit` + 1: at most that many
+-- entries of events_failed_idx, however many failed events a queue keeps
+-- (measured: docs/dashboard.md). `n` above `limit` means "more than `limit`".
+SELECT count(*) AS n
+FROM (SELECT FROM {schema}.events_live WHERE state = 'failed' LIMIT %(limit)s + 1) AS failed
+
+-- name: status_failed_bounded
+-- The failed events of each topic, counted up to `cap` + 1, in the rows of
+-- status_open_counts (`n` above `cap` means "more than `cap`"). The topics
+-- come from a skip scan of events_failed_idx (topic): one probe for the next
+-- topic after the last one, so each topic costs a probe and at most `cap` + 1
+-- entries, never the bulk of a topic with many failed events.
+WITH RECURSIVE topics AS (
+    (SELECT topic FROM {schema}.events_live WHERE state = 'failed' ORDER BY topic LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.topic FROM {schema}.events_live AS e
+            WHERE e.state = 'failed' AND e.topic > t.topic
+            ORDER BY e.topic LIMIT 1)
+    FROM topics AS t
+    WHERE t.topic IS NOT NULL
+)
+SELECT t.topic, NULL::text AS tenant, 'failed' AS state,
+       (SELECT count(*)
+        FROM (SELECT FROM {schema}.events_live AS e
+              WHERE e.state = 'failed' AND e.topic = t.topic
+              LIMIT %(cap)s + 1) AS capped) AS n,
+       NULL::float8 AS oldest_due_s
+FROM topics AS t
+WHERE t.topic IS NOT NULL
 
 -- name: status_finished_sample
 -- At most `limit` succeeded and cancelled rows, oldest first, counted by state
