@@ -18,6 +18,7 @@ import pytest
 from starlette.applications import Starlette
 
 from conveyor import Producer
+from conveyor.admin_async import FAILED_EXACT_LIMIT, FAILED_TOPIC_EXACT_LIMIT
 from conveyor.cli.main import build_parser
 from conveyor.dashboard import DashboardConfig, allow_all, dashboard_app
 from conveyor.dashboard.app import TOPICS_SHOWN
@@ -258,6 +259,67 @@ async def test_the_overview_title_is_only_its_name(fresh_db: str) -> None:
     assert "are estimates" in page.text
     titles = TITLE.findall(page.text)
     assert titles == ["Overview · Conveyor"], titles
+
+
+def _fail(url: str, failed: dict[str, int]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for topic, n in failed.items():
+            conn.execute("INSERT INTO conveyor.events (topic, payload, state, attempts,"
+                         " max_attempts, finished_at, last_error) SELECT %s, '{}', 'failed', 1,"
+                         " 1, now(), 'boom' FROM generate_series(1, %s)", (topic, n))
+        conn.execute("VACUUM ANALYZE conveyor.events")
+
+
+def _failed_cells(page: str) -> dict[str, str]:
+    """Each topic row's failed cell as the overview shows it."""
+    return dict(re.findall(r'state=failed&amp;topic=([^"]+)">([^<]+)</a>', page))
+
+
+async def test_the_overview_reads_a_bounded_number_of_failed_events(
+        fresh_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = {"mass.a": 30_000, "mass.b": 5_000, "mass.c": 20}
+    _fail(fresh_db, failed)
+    statements: list[tuple[str, Any]] = []
+    original = psycopg.AsyncCursor.execute
+
+    async def recording(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        statements.append((str(query), params))
+        return await original(self, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", recording)
+    async with _client(dashboard_app(fresh_db)) as client:
+        page = await client.get("/")
+    assert page.status_code == 200
+    read = 0
+    with plan_session(fresh_db) as conn:
+        for text, params in statements:
+            if text.lstrip().upper().startswith(("SELECT", "WITH", "-")):
+                plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text, params).fetchone()
+                assert plan is not None
+                read += sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1)
+                            + n.get("Rows Removed by Filter", 0) for n in scans(plan[0]))
+    # 35,020 failed events: the bounded total and each topic's cap (and one more
+    # of each), the entries that find the three topics; never all of them.
+    assert read <= (FAILED_EXACT_LIMIT + 1) + 3 * (FAILED_TOPIC_EXACT_LIMIT + 2), read
+
+
+async def test_failed_counts_past_the_bound_read_as_lower_bounds(fresh_db: str) -> None:
+    _fail(fresh_db, {"mass.a": 10_500, "mass.b": 1_200, "mass.c": 300})
+    async with _client(dashboard_app(fresh_db)) as client:
+        page = await client.get("/")
+    assert "10\u2009000+</span>" in page.text                 # the failed card
+    assert _failed_cells(page.text) == {"mass.a": "1\u2009000+", "mass.b": "1\u2009000+",
+                                        "mass.c": "300"}
+    assert "A count marked + is a lower bound" in page.text
+
+
+async def test_failed_counts_within_the_bound_are_exact(fresh_db: str) -> None:
+    _fail(fresh_db, {"mass.a": 9_000, "mass.b": 1_000})
+    async with _client(dashboard_app(fresh_db)) as client:
+        page = await client.get("/")
+    assert "10\u2009000</span>" in page.text
+    assert _failed_cells(page.text) == {"mass.a": "9\u2009000", "mass.b": "1\u2009000"}
+    assert "+</" not in page.text and "marked +" not in page.text
 
 
 async def test_a_hundred_thousand_topics_make_a_bounded_overview(fresh_db: str) -> None:

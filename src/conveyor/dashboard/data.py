@@ -119,11 +119,15 @@ def topic_table(counts: Sequence[TopicCount], shown: int,
     ``done``: each topic's outcomes of the last day (:func:`recent_outcomes`),
     put in each row as ``succeeded_24h``; a topic found only there (all its
     events finished, maybe pruned or deleted at success) gets a row too.
+    A count that is a bound (``TopicCount.capped``) marks its row with
+    ``<state>_capped`` (1, or on the other row how many of its topics are capped).
     """
     table: dict[str, dict[str, int]] = {}
     for count in counts:
         row = table.setdefault(count.topic, {})
         row[count.state.value] = row.get(count.state.value, 0) + count.count
+        if count.capped:
+            row[f"{count.state.value}_capped"] = 1
         if count.scheduled:
             row["scheduled"] = row.get("scheduled", 0) + count.scheduled
     for topic, outcomes in (done or {}).items():

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 import conveyor.dashboard.charts as charts
-from conveyor.admin_async import AsyncAdmin
+from conveyor.admin_async import FAILED_EXACT_LIMIT, FAILED_TOPIC_EXACT_LIMIT, AsyncAdmin
 from conveyor.admin_controls_core import AUDIT_KINDS
 from conveyor.canvas import levels
 from conveyor.dashboard.config import DashboardConfig
@@ -75,7 +75,9 @@ class Pages:
     async def overview(self, request: Request) -> Response:
         span = chart_span(request)
         async with self.db.connection() as conn:
-            status = await self.admin.status(conn)
+            # Bounded: the failed counts stop at a bound instead of costing the
+            # page more with every failed event a queue keeps (docs/dashboard.md).
+            status = await self.admin.status(conn, bounded=True)
             pauses = await self.admin.paused(conn)
             chart = await outcome_chart(conn, self.queries, span)
             done = await recent_outcomes(conn, self.queries, TOPICS_SHOWN)
@@ -84,6 +86,8 @@ class Pages:
         return await self.render(request, "overview.html", status=status, pauses=pauses,
                                  topics=topics, other=other, chart=chart, spans=list(charts.SPANS),
                                  estimated=set(status.estimated_states),
+                                 capped=set(status.capped_states),
+                                 failed_limits=(FAILED_EXACT_LIMIT, FAILED_TOPIC_EXACT_LIMIT),
                                  unhandled=unhandled[:UNHANDLED_SHOWN],
                                  unhandled_more=max(0, len(unhandled) - UNHANDLED_SHOWN))
 
