@@ -126,7 +126,7 @@ GROUP BY state, topic
 CASE WHEN {c}.reltuples >= 0 AND {c}.relpages > 0
      THEN {c}.reltuples / {c}.relpages
           * (pg_relation_size({c}.oid) / current_setting('block_size')::float8)
-     ELSE (SELECT t.n_live_tup FROM pg_stat_all_tables AS t WHERE t.relid = {c}.oid)
+     ELSE pg_stat_get_live_tuples({c}.oid)
 END::float8
 
 -- name: status_table_estimate
