@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +198,9 @@ def sample(conn: psycopg.Connection[Any], after_id: int) -> dict[str, Any]:
     t = time.monotonic()
     cur = conn.execute(SAMPLE_SQL.encode(), {"after_id": after_id})
     names = [d.name for d in cur.description or ()]
-    row = dict(zip(names, cur.fetchone() or (), strict=True))
+    # sum() of sizes is numeric: a float here, so the JSON holds numbers.
+    row = {name: float(v) if isinstance(v, Decimal) else v
+           for name, v in zip(names, cur.fetchone() or (), strict=True)}
     conn.commit()
     row["query_ms"] = round((time.monotonic() - t) * 1000, 1)
     return row
@@ -298,7 +301,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.axhline(result["rate"], color="grey", linestyle="--", linewidth=0.8, label="fed/s")
     ax.set_ylabel("events/s")
     ax.legend(loc="lower right", fontsize=8)
-    ax.set_ylim(bottom=0)
+    # Headroom above the fed rate: a line drawn on the frame is not seen.
+    ax.set_ylim(bottom=0, top=1.15 * max([result["rate"], *(r[col["per_s"]] for r in rows)]))
     ax = axes[1]
     ax.plot(t, [r[col["wait_p99_ms"]] for r in rows], label="p99")
     ax.plot(t, [r[col["wait_p50_ms"]] for r in rows], label="p50")
@@ -313,8 +317,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", fontsize=8)
     ax = axes[3]
-    ax.plot(t, [r[col["live_tuples"]] / 1e6 for r in rows], label="live")
-    ax.plot(t, [r[col["dead_tuples"]] / 1e6 for r in rows], label="dead")
+    ax.plot(t, [r[col["live_tuples"]] / 1e6 for r in rows], label="live rows (live partition)")
+    ax.plot(t, [r[col["dead_tuples"]] / 1e6 for r in rows], label="dead rows (live partition)")
     ax.set_ylabel("million rows")
     ax.set_xlabel("minutes")
     ax.set_ylim(bottom=0)
@@ -399,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json_out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     if args.plot:
         plot(result, args.plot)
-    print(json.dumps(result["flatness"], indent=1))
+    print(json.dumps(result["flatness"], indent=1, default=str))
     return 0
 
 
