@@ -218,14 +218,7 @@ async def test_an_error_search_matching_nothing_reads_a_bounded_number_of_rows(
                      " finished_at, last_error) SELECT 'mass.fail', '{}', 'failed', 1, 1, now(),"
                      " 'SMTP 451 try later' FROM generate_series(1, %s)", (rows,))
         conn.execute("ANALYZE conveyor.events")
-    statements: list[tuple[str, Any]] = []
-    original = psycopg.AsyncCursor.execute
-
-    async def recording(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        statements.append((str(query), params))
-        return await original(self, query, params, **kwargs)
-
-    monkeypatch.setattr(psycopg.AsyncCursor, "execute", recording)
+    statements = _recorded(monkeypatch)
     config = DashboardConfig(search_rows=bound)
     async with _client(dashboard_app(fresh_db, config)) as client:
         for query in ("error=no-such-text", "error=no-such-text&state=failed",
@@ -279,14 +272,7 @@ async def test_the_overview_reads_a_bounded_number_of_failed_events(
         fresh_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     failed = {"mass.a": 30_000, "mass.b": 5_000, "mass.c": 20}
     _fail(fresh_db, failed)
-    statements: list[tuple[str, Any]] = []
-    original = psycopg.AsyncCursor.execute
-
-    async def recording(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        statements.append((str(query), params))
-        return await original(self, query, params, **kwargs)
-
-    monkeypatch.setattr(psycopg.AsyncCursor, "execute", recording)
+    statements = _recorded(monkeypatch)
     async with _client(dashboard_app(fresh_db)) as client:
         page = await client.get("/")
     assert page.status_code == 200
@@ -340,3 +326,16 @@ async def test_a_hundred_thousand_topics_make_a_bounded_overview(fresh_db: str) 
     other = topics + 3 - TOPICS_SHOWN
     assert f"{other:,} other topics".replace(",", "\u2009") in page.text
     assert "and 99\u2009983 more topics: their due events wait" in page.text
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """Every statement the dashboard's cursors run from now on, with its parameters."""
+    statements: list[tuple[str, Any]] = []
+    original = psycopg.AsyncCursor.execute
+
+    async def recording(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        statements.append((str(query), params))
+        return await original(self, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", recording)
+    return statements
