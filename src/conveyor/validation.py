@@ -381,11 +381,12 @@ def rate_per_second(rate: object) -> float | None:
 DAY = 86_400
 
 
-def check_history_span(span: object) -> int:
+def check_history_span(span: object, shown: str | None = None) -> int:
     """``span`` in whole seconds: a whole number of minutes that divides a day.
 
     So every day's partitions start at midnight UTC, whatever the span was
-    before (0026's CHECK says the same in the database).
+    before (0026's CHECK says the same in the database). ``shown``: the value
+    as the user wrote it, for the error (default: its seconds).
     """
     if isinstance(span, bool) or not isinstance(span, (int, float)):
         raise InvalidInputError(f"history span must be a number of seconds, got {span!r:.60}")
@@ -393,5 +394,5 @@ def check_history_span(span: object) -> int:
     if seconds != span or not 60 <= seconds <= DAY or seconds % 60 or DAY % seconds:
         raise InvalidInputError(
             f"history span must be a whole number of minutes that divides a day (such as "
-            f"10m, 15m, 1h, 6h or 1d), got {span:g} seconds")
+            f"10m, 15m, 1h, 6h or 1d), got {shown or f'{span:g} seconds'}")
     return seconds

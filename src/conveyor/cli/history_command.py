@@ -52,9 +52,9 @@ def register_history(sub: Sub, env: Any) -> None:
 def span(text: str) -> int:
     """argparse type: a partition span (a duration: a whole number of minutes that divides a day)."""
     try:
-        return check_history_span(duration(text))
+        return check_history_span(duration(text), shown=repr(text))
     except InvalidInputError as exc:
-        raise argparse.ArgumentTypeError(f"{str(exc).split(', got ')[0]}, got {text!r}") from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run_history(ctx: Context, args: argparse.Namespace) -> int:
