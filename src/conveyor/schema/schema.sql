@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0027 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0028 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -95,8 +95,9 @@ CREATE TABLE conveyor.events_live (
     -- What makes this table the partition of `done` NULL without a scan.
     CONSTRAINT events_live_done_check CHECK (done IS NULL),
     -- Its name from before 0025: the parent can have no primary key (its
-    -- partition key, `done`, would have to be part of it).
-    CONSTRAINT events_pkey PRIMARY KEY (id)
+    -- partition key, `done`, would have to be part of it). Its pages, like
+    -- the claim index's, are filled to the brim by appends (0028).
+    CONSTRAINT events_pkey PRIMARY KEY (id) WITH (fillfactor = 100)
 )
 -- Room on each page for a claimed row's next version (0021).
 WITH (fillfactor = 85);
@@ -129,7 +130,7 @@ CREATE INDEX events_done_cancelled_tenant_idx ON conveyor.events_done (tenant, i
 -- so a limited pattern's backlog is never in an unlimited event's way.
 CREATE INDEX events_claim_idx
     ON conveyor.events_live (limited, priority DESC, run_at, id) INCLUDE (topic, tenant)
-    WHERE state = 'pending';
+    WITH (fillfactor = 100) WHERE state = 'pending';
 
 -- The fair claim (fair_by="tenant") walks the tenants of the limited lane
 -- and reads each one's first events (0015); only limited events are in it.
