@@ -12,6 +12,7 @@ from conveyor import Producer, notify
 from conveyor.db.named_queries import queries_for
 from conveyor.errors import InvalidInputError
 from conveyor.validation import check_topic
+from wake_support import listen_for_wakes
 
 
 def test_the_channels_of_a_schema() -> None:
@@ -89,8 +90,7 @@ def test_the_insert_statements_send_the_wake_ups_parse_wake_reads(fresh_db: str)
     producer = Producer()
     with psycopg.connect(fresh_db, autocommit=True) as listener, \
             psycopg.connect(fresh_db) as conn:
-        listener.execute(sql.SQL("LISTEN {}").format(
-            sql.Identifier(notify.events_channel("conveyor"))))
+        listen_for_wakes(listener)
         producer.enqueue(conn, "mail.now", {})
         producer.enqueue(conn, "mail.later", {}, delay=600)
         conn.commit()

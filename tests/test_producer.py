@@ -30,6 +30,7 @@ from conveyor import (
     ProducerConfig,
 )
 from conveyor.producer import COPY_THRESHOLD
+from wake_support import listen_for_wakes
 
 CHANNEL = sql.Identifier("conveyor.events")
 
@@ -73,7 +74,7 @@ def statements(conn: psycopg.Connection[Any]) -> Iterator[list[str]]:
 
 def _listen(url: str) -> psycopg.Connection[Any]:
     listener = psycopg.connect(url, autocommit=True)
-    listener.execute(sql.SQL("LISTEN {}").format(CHANNEL))
+    listen_for_wakes(listener)
     return listener
 
 

@@ -28,6 +28,7 @@ from conveyor.admin_status import estimate_params
 from conveyor.db.named_queries import parse_named_queries, queries_for, raw_queries
 from schema_reset import empty_schema
 from together import run_together
+from wake_support import listen_for_wakes
 
 Q = queries_for("conveyor")
 EXERCISED: set[str] = set()
@@ -357,11 +358,56 @@ def _heard(listener: Conn, conn: Conn, work: Callable[[], Any], *, commit: bool 
     return sorted(n.payload for n in listener.notifies(timeout=0.5))
 
 
+@exercises("wake_gate_hold", "wake_gate_release")
+def test_events_due_now_wake_only_while_somebody_holds_the_gate(fresh_db: str) -> None:
+    """A NOTIFY is sent only while a waiter holds the wake gate (wakes.sql); an event
+    due later always sends its due time, which a busy worker could not learn otherwise."""
+    with psycopg.connect(fresh_db, autocommit=True) as listener, \
+            psycopg.connect(fresh_db, autocommit=True) as waiter, \
+            psycopg.connect(fresh_db) as conn:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(Q.channel)))
+        # Nobody holds the gate: due now, not a word; due later, its due time.
+        assert _heard(listener, conn, lambda: _insert(conn, "a.now")) == []
+        assert _heard(listener, conn, lambda: conn.execute(
+            Q["event_wake_topics"], {"topics": ["c.one"]})) == []
+        later = _heard(listener, conn, lambda: _insert(conn, "a.later", delay=3600))
+        assert len(later) == 1 and later[0].startswith("a.later|"), later
+        # A waiter holds every slot: every producer wakes it.
+        held = waiter.execute(Q["wake_gate_hold"], {"held": 0}).fetchone()[0]
+        assert held == 0xFF
+        assert _heard(listener, conn, lambda: _insert(conn, "b.now")) == ["b.now"]
+        # Held already: nothing more to take.
+        assert waiter.execute(Q["wake_gate_hold"], {"held": held}).fetchone()[0] == 0xFF
+        assert waiter.execute(Q["wake_gate_release"], {"held": held}).fetchone()[0] == 8
+        assert waiter.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                              " AND pid = pg_backend_pid()").fetchone()[0] == 0
+        assert _heard(listener, conn, lambda: _insert(conn, "c.now")) == []
+
+
+def test_a_waiter_gets_no_slot_a_producer_holds_until_it_ends(fresh_db: str) -> None:
+    """A producer that sent no wake-up holds its slot until it ends; a waiter gets
+    that slot only then, and so reads after the producer's commit."""
+    with psycopg.connect(fresh_db, autocommit=True) as waiter, \
+            psycopg.connect(fresh_db) as conn:
+        slot = 1 << (conn.info.backend_pid % 8)
+        _insert(conn, "a.now")                                  # nobody waits: no wake-up
+        held = waiter.execute(Q["wake_gate_hold"], {"held": 0}).fetchone()[0]
+        assert held == 0xFF & ~slot                             # all but the producer's slot
+        assert waiter.execute(Q["wake_gate_hold"], {"held": held}).fetchone()[0] == held
+        _insert(conn, "a.again")                                # the same transaction
+        conn.commit()
+        assert waiter.execute(Q["wake_gate_hold"], {"held": held}).fetchone()[0] == 0xFF
+        # The waiter read after the slot came: both events are there to claim.
+        assert [r[0] for r in waiter.execute(
+            "SELECT topic FROM conveyor.events WHERE state = 'pending' AND topic LIKE 'a.%'"
+            " ORDER BY id")] == ["a.now", "a.again"]
+
+
 @exercises("event_wake_topics")
 def test_inserts_wake_their_topics_in_their_own_statements(fresh_db: str) -> None:
     """0007 dropped the insert trigger: the producer's statements send the NOTIFY."""
     with psycopg.connect(fresh_db, autocommit=True) as listener, psycopg.connect(fresh_db) as conn:
-        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(Q.channel)))
+        listen_for_wakes(listener)
         assert _heard(listener, conn, lambda: _insert(conn, "a.now")) == ["a.now"]
         later = _heard(listener, conn, lambda: _insert(conn, "a.later", delay=3600))
         assert len(later) == 1 and later[0].startswith("a.later|"), later

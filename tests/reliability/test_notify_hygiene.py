@@ -13,6 +13,8 @@ import pytest
 
 from conveyor import AsyncProducer, NewEvent
 from conveyor.admin import AsyncAdmin
+from conveyor.db.named_queries import queries_for
+from conveyor.db.wake_gate import WakeGate
 from conveyor.errors import InvalidInputError
 from conveyor.validation import TOPIC_MAX_LENGTH, check_topic
 
@@ -22,7 +24,8 @@ SECRET = "canary-payload-7f3a9c"
 
 
 class Ear:
-    """A LISTEN session collecting every payload on the Conveyor channel."""
+    """A LISTEN session collecting every payload on the Conveyor channel, holding the
+    wake gate as a waiting worker does (conveyor/db/wake_gate.py)."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn = conn
@@ -43,6 +46,10 @@ async def ear(fresh_db: str) -> AsyncIterator[Ear]:
     conn = await psycopg.AsyncConnection.connect(fresh_db, autocommit=True)
     try:
         await conn.execute(f'LISTEN "{CHANNEL}"')
+        # A waiting worker holds the wake gate: producers send wake-ups only then.
+        gate = WakeGate(queries_for("conveyor"))
+        await gate.hold(conn)
+        assert gate.whole
         yield Ear(conn)
     finally:
         await conn.close()

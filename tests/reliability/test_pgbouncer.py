@@ -300,11 +300,14 @@ def first_start(direct: psycopg.Connection[Any], event_id: int, *, timeout: floa
 
 def wait_for_listen_session(direct: psycopg.Connection[Any], worker: WorkerProcess,
                             timeout: float = 20) -> None:
-    """Wait until a backend of this database has run the worker's LISTEN."""
+    """Wait until a backend of this database has run the worker's LISTEN (its last
+    statement, or the hold of the wake gate that follows it when the fetch
+    connection goes through a pooler)."""
     deadline = time.monotonic() + timeout
     while not direct.execute(
             "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = 'conveyor-listen' AND query ILIKE 'LISTEN%'").fetchone():
+            "AND application_name = 'conveyor-listen' AND (query ILIKE 'LISTEN%' "
+            "OR query LIKE '%pg_try_advisory_lock_shared%')").fetchone():
         assert worker.alive(), worker.text()[-3000:]
         assert time.monotonic() < deadline, f"no LISTEN session within {timeout:g}s"
         time.sleep(0.05)

@@ -48,6 +48,7 @@ from psycopg import sql
 
 from conveyor.db.connect_async import connect_async
 from conveyor.db.named_queries import queries_for
+from conveyor.db.wake_gate import WakeGate
 from conveyor.errors import BrokerUnavailableError, ConfigError
 from conveyor.patterns import sql_params
 from conveyor.retry import BackoffPolicy
@@ -212,13 +213,17 @@ class OrderedStream:
                 return
         log.info("ordered stream %s: leading", self.pattern, extra={"action": "relay_leading"})
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._q.channel)))
+        # Held for as long as it leads, so producers wake it (db/wake_gate.py); a
+        # slot a producer still holds is tried again before each read until held.
+        gate = WakeGate(self._q)
         self._beat = 0.0
         try:
             while not self._stop.is_set():
                 await self._heartbeat(conn)
+                await gate.hold(conn)
                 wait = await self._step(conn)
                 if wait and not self._stop.is_set():
-                    await self._idle(conn, wait)
+                    await self._idle(conn, gate.retry_in(wait))
         finally:
             if not conn.closed and not conn.broken:
                 # Best effort: a row left behind ages out of the registry by itself.

@@ -26,6 +26,7 @@ from psycopg import sql
 from conveyor.db.arrays import text_array
 from conveyor.db.connect_async import connect_async
 from conveyor.db.named_queries import Queries
+from conveyor.db.wake_gate import WakeGate
 from conveyor.errors import ConveyorError
 from conveyor.notify import SIGNAL_PREFIX, WAKE_ALL, parse_wake
 from conveyor.tenancy.budget import RELEASE_GRACE, Rotation, wake_connections
@@ -223,11 +224,15 @@ class TenantWakeups:
                 conn = await self._connect(state, LISTEN_APPLICATION)
                 await with_deadline(conn, conn.execute(channel), self.query_timeout)
                 state.next_check = 0.0       # what was committed before the LISTEN
+                # Held for as long as it listens, so producers wake it (db/wake_gate.py).
+                gate = WakeGate(self._q)
                 while not self._stopping.is_set():
+                    if await with_deadline(conn, gate.hold(conn), self.query_timeout):
+                        state.next_check = 0.0   # and by a producer that woke nobody
                     if not state.running and state.next_check <= time.monotonic():
                         self._found(state, await self._due(conn, state))
-                    wait = max(0.01, min(self.poll_interval,
-                                         state.next_check - time.monotonic()))
+                    wait = gate.retry_in(max(0.01, min(self.poll_interval,
+                                                       state.next_check - time.monotonic())))
                     async for notify in conn.notifies(timeout=wait):
                         self._heard(state, notify.payload)
             except (ConveyorError, psycopg.Error, OSError, TimeoutError) as exc:

@@ -52,6 +52,7 @@ from conveyor.worker.flow import FlowControl
 from conveyor.worker.running import RunningSet
 from conveyor.worker.sessions import WorkerConnections
 from conveyor.worker.stats import WorkerStats
+from conveyor.worker.wake_hold import FetchHold
 from conveyor.worker.wakeups import PauseState
 from conveyor.worker.window import ClaimWindows
 
@@ -111,6 +112,11 @@ class Claims:
                 duration=config.claim_window, lease_ttl=config.lease_ttl,
                 query_timeout=config.query_timeout, delete_succeeded=config.retention == 0)
         self.pauses = PauseState(self.wake)
+        # The wake gate, held while this worker may wait for a wake-up (worker/wake_hold.py).
+        self.hold = FetchHold(queries, connections.fetch, flow,
+                              enabled=(config.listen and config.transaction_pooler is not True
+                                       and self.windows is None),
+                              query_timeout=config.query_timeout)
         self.woken = asyncio.Event()
         self._deferred: list[list[Event]] = []   # claimed batches whose handlers start next round
         self._rng = random.Random()
@@ -155,6 +161,7 @@ class Claims:
                 if size < limit:
                     size = min(size * 2, limit)
                     self.completer.flush_size = size
+                await self.hold.after_full_claim()
                 continue
             if self.moved:
                 # The claim met limited events and moved them out of the open
@@ -165,6 +172,8 @@ class Claims:
                 # claims and to acknowledgements flushed at batch_size.
                 size = c.batch_size
                 self.completer.flush_size = size
+            if await self.hold.before_wait():
+                continue     # a producer that sent no wake-up has ended: claim again
             if not await self._idle_wait() and self.windows is not None:
                 await self._poll_after_windows(self.windows)
 
@@ -184,7 +193,7 @@ class Claims:
 
     async def _idle_wait(self) -> bool:
         """Wait for a wake or the poll; whether woken."""
-        poll = self.config.poll_interval * (1 - 0.1 * self._rng.random())
+        poll = self.hold.wait_at_most(self.config.poll_interval * (1 - 0.1 * self._rng.random()))
         # asyncio.timeout, not wait_for: no task in between, so a NOTIFY reaches
         # the next claim a few loop rounds (~40 us on an idle machine) sooner.
         try:

@@ -171,6 +171,12 @@ class ManagedConnection:
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.closed
 
+    @property
+    def pooled(self) -> bool | None:
+        """Whether a pooler stands between this connection and PostgreSQL (None: not
+        known before the first connect)."""
+        return self._mode.pooled
+
     async def get(self, *, give_up_on_stop: bool = True) -> psycopg.AsyncConnection[Any]:
         while True:
             if self._conn is not None and not self._conn.closed:

@@ -11,6 +11,10 @@ A listener that does not hear it within ``PROBE_TIMEOUT`` sits behind
 something that does not deliver notifications (typically PgBouncer in
 transaction mode, where the LISTEN stays on a server connection that goes back
 to the pool): that is logged once per connection, and polling carries on.
+
+When ``holds_gate()`` says so, this connection holds the wake gate (the
+worker's fetch connection cannot: worker/wake_hold.py) for as long as it
+listens, and asks for a fetch whenever it gets a slot it lacked.
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import psycopg
 from psycopg import sql
 
+from conveyor.db.wake_gate import WakeGate
 from conveyor.worker.connection import RECOVERABLE_ERRORS, ManagedConnection, StopRequested
 from conveyor.worker.deadline import with_deadline
 
@@ -36,7 +43,9 @@ class Listener:
     def __init__(self, conn: ManagedConnection, channel: str, *,
                  on_notify: Callable[[str], None], on_connected: Callable[[], None],
                  ping_interval: float, ping_timeout: float = 4.0,
-                 send_probe: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 send_probe: Callable[[str], Awaitable[None]] | None = None,
+                 gate: WakeGate | None = None,
+                 holds_gate: Callable[[], bool] = lambda: False) -> None:
         self._conn = conn
         self._channel = channel
         self._on_notify = on_notify
@@ -47,6 +56,8 @@ class Listener:
         self._probe: str | None = None          # payload awaited since the last LISTEN
         self._probe_due = float("inf")          # loop time by which it should have come
         self._probe_task: asyncio.Task[None] | None = None
+        self.gate = gate
+        self._holds_gate = holds_gate
         self.connected = asyncio.Event()
         self.notifications = 0
         # None until a probe was sent; then whether this connection heard it.
@@ -59,6 +70,7 @@ class Listener:
                 try:
                     conn = await self._conn.get()
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    await self._hold_gate(conn)     # before the fetch on_connected asks for
                     self.connected.set()
                     self._start_probe()
                     self._on_connected()
@@ -70,6 +82,8 @@ class Listener:
                         now = loop.time()
                         wait = max(0.05, min(last_heard + self._ping_interval,
                                              self._probe_due) - now)
+                        if self.gate is not None and self._holds_gate():
+                            wait = self.gate.retry_in(wait)
                         async for notify in conn.notifies(timeout=wait):
                             last_heard = loop.time()
                             payload = notify.payload
@@ -82,6 +96,8 @@ class Listener:
                             if stopping.is_set():
                                 break
                         self._check_probe(loop.time())
+                        if await self._hold_gate(conn):
+                            self._on_connected()    # a producer that sent no wake-up has ended
                         if loop.time() - last_heard >= self._ping_interval \
                                 and not stopping.is_set():
                             await with_deadline(conn, conn.execute("SELECT 1"), self._ping_timeout)
@@ -97,6 +113,17 @@ class Listener:
             self.connected.clear()
             if self._probe_task is not None:
                 self._probe_task.cancel()
+
+    async def _hold_gate(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Hold the wake gate here, or let it go, as ``holds_gate()`` says; whether a
+        slot was newly held."""
+        if self.gate is None:
+            return False
+        if self._holds_gate():
+            return await with_deadline(conn, self.gate.hold(conn), self._ping_timeout)
+        if self.gate.held:
+            await with_deadline(conn, self.gate.release(conn), self._ping_timeout)
+        return False
 
     def _start_probe(self) -> None:
         if self._send_probe is None:

@@ -43,6 +43,7 @@ from datetime import datetime
 
 from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import queries_for
+from conveyor.db.wake_gate import WakeGate
 from conveyor.errors import ConfigError
 from conveyor.holder import Holder
 from conveyor.middleware import Middleware
@@ -165,7 +166,9 @@ class Worker:
         self.listener = Listener(self.connections.listen, self._q.channel,
                                  on_notify=self.due_times.notified, on_connected=self.wake,
                                  ping_interval=c.listener_ping_interval,
-                                 send_probe=self.maintenance.send_probe)
+                                 send_probe=self.maintenance.send_probe,
+                                 gate=WakeGate(self._q),
+                                 holds_gate=lambda: not self.claims.hold.on_fetch)
         self.watchdog = LoopWatchdog.for_worker(conninfo, self._q, self.id, c, self.executor,
                                                 on_stall=self.stats.stalled, gate=connection_gate)
         # Stopped with the claims; the maintenance loop, with the acknowledgements.

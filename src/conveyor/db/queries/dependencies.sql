@@ -30,7 +30,7 @@ WITH new AS (
     )
     FROM (SELECT topic, min(run_at) AS run_at FROM new WHERE state = 'pending'
           GROUP BY topic) AS due
-    WHERE -- include: _notify_on
+    WHERE -- include: _notify_on(due.run_at)
 )
 SELECT new.id FROM new, woken
 

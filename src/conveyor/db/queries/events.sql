@@ -1,9 +1,15 @@
 -- Named queries on the events table. `{schema}` is replaced by the quoted
 -- schema identifier; parameters are always bound, never formatted in.
 
--- name: _notify_on
+-- name: _notify_on(run_at)
 -- A transaction that set conveyor.notify = 'off' wakes nobody (docs/producing.md).
+-- Nor does one that writes events due now while nobody waits for wake-ups: it
+-- holds its slot of the wake gate (wakes.sql) until it ends, and a worker
+-- that starts waiting meanwhile claims after it. An event due later always
+-- sends its due time, which a worker busy now could not learn otherwise.
 current_setting('conveyor.notify', true) IS DISTINCT FROM 'off'
+AND ({run_at} > now() OR NOT -- include: _wake_gate_passed
+    )
 
 -- name: _wake(topic, run_at)
 -- The wake-up of `topic`'s workers: its payload is the topic, and for an
@@ -29,7 +35,7 @@ VALUES
      COALESCE(%(run_at)s::timestamptz, now() + %(delay)s * interval '1 second'))
 ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id,
-    CASE WHEN -- include: _notify_on
+    CASE WHEN -- include: _notify_on(run_at)
     THEN -- include: _wake(topic, run_at)
     END
 
@@ -40,7 +46,7 @@ RETURNING id,
 INSERT INTO {schema}.events_live (tenant, topic, payload, priority, max_attempts)
 VALUES (%(tenant)s, %(topic)s::text, %(payload)s::jsonb, %(priority)s, %(max_attempts)s::int)
 RETURNING id,
-    CASE WHEN -- include: _notify_on
+    CASE WHEN -- include: _notify_on(now())
     THEN pg_notify({channel}, topic)
     END
 
@@ -66,7 +72,7 @@ WITH new AS (
         -- include: _wake(due.topic, due.run_at)
     )
     FROM (SELECT topic, min(run_at) AS run_at FROM new GROUP BY topic) AS due
-    WHERE -- include: _notify_on
+    WHERE -- include: _notify_on(due.run_at)
 )
 SELECT new.id FROM new, woken
 
@@ -75,7 +81,7 @@ SELECT new.id FROM new, woken
 -- pg_notify() on: one NOTIFY per topic, delivered at COMMIT like the others.
 SELECT count(pg_notify({channel}, topic))
 FROM unnest(%(topics)s::text[]) AS topic
-WHERE -- include: _notify_on
+WHERE -- include: _notify_on(now())
 
 -- name: event_sequence
 -- The identity sequence behind events.id; looked up once per producer.

@@ -16,7 +16,7 @@ VALUES
      %(traceparent)s::text, %(tracestate)s::text)
 ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id,
-    CASE WHEN -- include: _notify_on
+    CASE WHEN -- include: _notify_on(run_at)
     THEN -- include: _wake(topic, run_at)
     END
 
@@ -40,6 +40,6 @@ WITH new AS (
         -- include: _wake(due.topic, due.run_at)
     )
     FROM (SELECT topic, min(run_at) AS run_at FROM new GROUP BY topic) AS due
-    WHERE -- include: _notify_on
+    WHERE -- include: _notify_on(due.run_at)
 )
 SELECT new.id FROM new, woken
