@@ -21,8 +21,8 @@ Here the parts are wired and run; the optional ones are set up by their own
 modules (claim windows by ``Claims``, the stall leases by
 ``LoopWatchdog.for_worker``). The services run through one interface
 (worker/service.py), and so do those a worker is given (``services=``). What
-happens before the first claim is worker/startup.py; the graceful shutdown,
-worker/shutdown.py.
+happens before the first claim, and the launch of what runs beside the
+claims, is worker/startup.py; the graceful shutdown, worker/shutdown.py.
 
 Example::
 
@@ -47,11 +47,10 @@ from conveyor.errors import ConfigError
 from conveyor.holder import Holder
 from conveyor.middleware import Middleware
 from conveyor.router import Router
-from conveyor.schema.migrator import AsyncMigrator
 from conveyor.worker.accounting import OutcomeAccounting
 from conveyor.worker.claims import Claims, claim_filter
 from conveyor.worker.completer import Completer
-from conveyor.worker.connection import ConnectionGate, StopRequested
+from conveyor.worker.connection import ConnectionGate
 from conveyor.worker.deadline import StopFlag
 from conveyor.worker.executor import Executor
 from conveyor.worker.failure_log import FailureLogLimiter
@@ -63,7 +62,7 @@ from conveyor.worker.maintenance import Maintenance
 from conveyor.worker.reactions import signal_reactions
 from conveyor.worker.running import RunningSet
 from conveyor.worker.scheduler import Scheduler
-from conveyor.worker.service import Service, ServiceTasks
+from conveyor.worker.service import Service
 from conveyor.worker.sessions import WorkerConnections
 from conveyor.worker.shutdown import Shutdown
 from conveyor.worker.startup import StartUp, start_details
@@ -172,11 +171,17 @@ class Worker:
         self.services: list[Service] = [self.flow_claims, *([self.scheduler] if self.scheduler
                                                             else []), *services]
         self.startup = StartUp(self.connections.maintenance, c, router,
-                               maintenance=self.maintenance, flow=self.flow, lanes=self.lanes)
+                               maintenance=self.maintenance, flow=self.flow, lanes=self.lanes,
+                               services=self.services,
+                               listener=self.listener if self.listens else None,
+                               completer=self.completer, watchdog=self.watchdog,
+                               stopping=self._stopping, closing=self._closing)
         self.shutdown = Shutdown(c, stopping=self._stopping, closing=self._closing,
                                  claims=self.claims, flow_claims=self.flow_claims,
                                  completer=self.completer, maintenance=self.maintenance,
-                                 connections=self.connections)
+                                 connections=self.connections, watchdog=self.watchdog,
+                                 due_times=self.due_times, executor=self.executor,
+                                 failure_log=self.failure_log)
         self.started = asyncio.Event()
         # The level of its start and stop lines: a multi-tenant worker's turns
         # log them once per tenant, not once per turn (conveyor.tenancy.turns).
@@ -216,55 +221,31 @@ class Worker:
 
     async def check_schema(self) -> None:
         """Fail fast when the schema is missing, older or newer than this Conveyor."""
-        conn = await self.connections.maintenance.get()
-        await AsyncMigrator(self.config.schema).require_current(conn)
+        await self.startup.check_schema()
 
     async def run(self) -> None:
         """Work until :meth:`request_stop`, then shut down gracefully."""
-        try:
-            await self.check_schema()
-        except StopRequested:
+        if not await self.startup.schema_checked():
             log.info("stopped before the database could be reached", extra={"action": "stopped"})
-            await self.connections.maintenance.close()
             return
-        except BaseException:
-            # A supervisor retrying run() must not leak the connection.
-            await self.connections.maintenance.close()
-            raise
         await self.startup.run()
-        services = ServiceTasks(on_failure=self.request_stop)
-        # Until nothing is left to acknowledge: draining handlers keep their leases.
-        services.start(self.maintenance, self._closing)
-        for service in self.services:
-            services.start(service, self._stopping)
-        listener = None
-        if self.listens:
-            listener = asyncio.create_task(self.listener.run(self._stopping),
-                                           name="conveyor-listener")
-        else:
+        started = self.startup.launch(on_failure=self.request_stop)
+        if not self.listens:
             log.log(self.lifecycle_level, "not listening for notifications: polling every %.1fs",
                     self.config.poll_interval, extra={"action": "poll_only"})
-        completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
         log.log(self.lifecycle_level, "worker %s started: topics %s, concurrency %d%s", self.name,
                 ", ".join(self.router.patterns), self.config.concurrency,
                 start_details(self.router, self.pauses),
                 extra={"action": "started", "worker": self.id})
         self.started.set()
-        self.watchdog.start()
         try:
             await self.claims.fetch_loop()
         finally:
-            try:
-                await self.shutdown.run(services, listener, completer)
-            finally:
-                self.watchdog.stop()
-                self.due_times.cancel()
-                self.executor.close()
-                self.failure_log.flush(everything=True)
+            await self.shutdown.run(started)
         log.log(self.lifecycle_level, "worker stopped",
                 extra={"action": "stopped", "worker": self.id})
-        if services.failed is not None:
-            raise services.failed
+        if started.services.failed is not None:
+            raise started.services.failed
 
     async def run_once(self) -> int:
         """Claim one batch, run it to completion and acknowledge it; returns the count.
