@@ -14,7 +14,10 @@ event ``running`` until its lease expires:
    finish in time is cut, and those leases expire;
 4. the services stop, the last outcome counts are flushed and the worker
    leaves the registry, briefly: the registry row expires on its own, the exit
-   must not wait for it.
+   must not wait for it;
+5. whatever became of 1-4, the loop watchdog stops, the retry timers are
+   cancelled, the handler threads are let go and the failure log writes the
+   lines it held back: none of them may outlive the worker.
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ import logging
 from conveyor.config import WorkerConfig
 from conveyor.worker.claims import Claims
 from conveyor.worker.completer import Completer
+from conveyor.worker.executor import Executor
+from conveyor.worker.failure_log import FailureLogLimiter
 from conveyor.worker.flow_claims import FlowClaims
 from conveyor.worker.maintenance import Maintenance
-from conveyor.worker.service import ServiceTasks
 from conveyor.worker.sessions import WorkerConnections
+from conveyor.worker.startup import Started
+from conveyor.worker.wakeups import DueTimes
+from conveyor.worker.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +55,9 @@ class Shutdown:
 
     def __init__(self, config: WorkerConfig, *, stopping: asyncio.Event, closing: asyncio.Event,
                  claims: Claims, flow_claims: FlowClaims, completer: Completer,
-                 maintenance: Maintenance, connections: WorkerConnections) -> None:
+                 maintenance: Maintenance, connections: WorkerConnections,
+                 watchdog: LoopWatchdog, due_times: DueTimes, executor: Executor,
+                 failure_log: FailureLogLimiter) -> None:
         self.config = config
         self.stopping = stopping
         self.closing = closing
@@ -57,19 +66,36 @@ class Shutdown:
         self.completer = completer
         self.maintenance = maintenance
         self.connections = connections
+        self.watchdog = watchdog
+        self.due_times = due_times
+        self.executor = executor
+        self.failure_log = failure_log
 
-    async def run(self, services: ServiceTasks, listener: asyncio.Task[None] | None,
-                  completer: asyncio.Task[None]) -> None:
-        """Every step, in order; ``completer`` is the completer's task."""
+    async def run(self, started: Started) -> None:
+        """Every step, in order, ending the tasks ``started``."""
+        try:
+            await self.stop(started)
+        finally:
+            self.release()
+
+    async def stop(self, started: Started) -> None:
+        """Steps 1 to 4: the claims, the handlers, the outcomes, the services."""
         c = self.config
         self.stopping.set()
-        await services.wait(self.flow_claims, timeout=c.query_timeout + 1)
+        await started.services.wait(self.flow_claims, timeout=c.query_timeout + 1)
         await self.claims.drain(c.shutdown_timeout)
         self.closing.set()
-        await self.completer.finish(completer, c.shutdown_timeout)
-        if listener is not None:
-            listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
-        await services.stop(SERVICE_GRACE)
+        await self.completer.finish(started.completer, c.shutdown_timeout)
+        if started.listener is not None:
+            started.listener.cancel()
+            await asyncio.gather(started.listener, return_exceptions=True)
+        await started.services.stop(SERVICE_GRACE)
         await self.maintenance.leave()
         await self.connections.close()
+
+    def release(self) -> None:
+        """Step 5: what must not outlive the worker, however its shutdown went."""
+        self.watchdog.stop()
+        self.due_times.cancel()
+        self.executor.close()
+        self.failure_log.flush(everything=True)

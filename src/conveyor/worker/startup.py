@@ -1,6 +1,9 @@
-"""A worker's start-up steps: what it must know before its first claim.
+"""A worker's start-up: what it must know before its first claim, then what runs beside it.
 
-Each step runs once, on the maintenance connection, before the fetch loop
+First the schema check, the one fatal step: a schema missing, older or newer
+than this Conveyor stops the run before anything is claimed.
+
+Then each step runs once, on the maintenance connection, before the fetch loop
 sends its first claim, because each changes what that claim may take:
 
 - register: the worker's row, so other workers see its topics (0018's lanes);
@@ -19,12 +22,18 @@ None of them is fatal: with the database away a step is skipped, and the
 maintenance passes catch up (the first heartbeat registers the worker, the
 pause check and the lanes pass follow). :func:`start_details` says what else
 decides what the worker claims, for its "started" line.
+
+Last, :meth:`StartUp.launch` starts what runs beside the fetch loop until the
+shutdown (worker/shutdown.py) ends it, as :class:`Started`: the services, the
+listener, the completer and the loop watchdog.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
@@ -32,7 +41,9 @@ import psycopg
 from conveyor.config import WorkerConfig
 from conveyor.cron import default_name
 from conveyor.router import Router
+from conveyor.schema.migrator import AsyncMigrator
 from conveyor.vacuum_health import vacuum_warnings_async
+from conveyor.worker.completer import Completer
 from conveyor.worker.connection import (
     CONNECTION_ERRORS,
     RECOVERABLE_ERRORS,
@@ -42,25 +53,51 @@ from conveyor.worker.connection import (
 from conveyor.worker.deadline import with_deadline
 from conveyor.worker.flow import FlowControl, describe_limit
 from conveyor.worker.lanes import Lanes
+from conveyor.worker.listener import Listener
 from conveyor.worker.maintenance import Maintenance
+from conveyor.worker.service import Service, ServiceTasks
 from conveyor.worker.wakeups import PauseState, describe_pause
+from conveyor.worker.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class Started:
+    """The tasks a started worker runs beside its fetch loop, for its shutdown to end."""
+
+    services: ServiceTasks
+    listener: asyncio.Task[None] | None
+    completer: asyncio.Task[None]
+
+
 class StartUp:
-    """The start-up steps of one worker, on its maintenance connection ``conn``."""
+    """The start-up of one worker: its steps on its maintenance connection ``conn``,
+    then the launch of what runs beside its claims.
+
+    ``listener`` is ``None`` for a worker that only polls. ``stopping`` stops the
+    listener and ``services``; ``closing``, the completer and the maintenance loop.
+    """
 
     def __init__(self, conn: ManagedConnection, config: WorkerConfig, router: Router, *,
-                 maintenance: Maintenance, flow: FlowControl, lanes: Lanes) -> None:
+                 maintenance: Maintenance, flow: FlowControl, lanes: Lanes,
+                 services: Sequence[Service], listener: Listener | None, completer: Completer,
+                 watchdog: LoopWatchdog, stopping: asyncio.Event,
+                 closing: asyncio.Event) -> None:
         self.conn = conn
         self.config = config
         self.router = router
         self.maintenance = maintenance
         self.flow = flow
         self.lanes = lanes
+        self.services = services
+        self.listener = listener
+        self.completer = completer
+        self.watchdog = watchdog
+        self.stopping = stopping
+        self.closing = closing
         # Whether to check autovacuum, and to make the history's partitions: a
         # multi-tenant worker's turns check at a tenant's first turn, and make
         # the partitions once half of those made are used up, not at every turn
@@ -68,6 +105,25 @@ class StartUp:
         self.vacuum_check = True
         self.history_days = True
         self._ready_for_batches = False
+
+    async def check_schema(self) -> None:
+        """Fail fast when the schema is missing, older or newer than this Conveyor."""
+        conn = await self.conn.get()
+        await AsyncMigrator(self.config.schema).require_current(conn)
+
+    async def schema_checked(self) -> bool:
+        """:meth:`check_schema` before a run: ``False`` when a stop came before the
+        database could be reached. The connection is closed if the run ends here."""
+        try:
+            await self.check_schema()
+        except StopRequested:
+            await self.conn.close()
+            return False
+        except BaseException:
+            # A supervisor retrying run() must not leak the connection.
+            await self.conn.close()
+            raise
+        return True
 
     async def run(self) -> None:
         """Every step, in order."""
@@ -82,6 +138,19 @@ class StartUp:
             await self.step(self.maintenance.pruner.keep_history, errors=RECOVERABLE_ERRORS)
         if self.vacuum_check:
             await self.check_vacuum()
+
+    def launch(self, on_failure: Callable[[], None]) -> Started:
+        """Start what runs beside the fetch loop (``on_failure``: a service raised)."""
+        services = ServiceTasks(on_failure=on_failure)
+        # Until nothing is left to acknowledge: draining handlers keep their leases.
+        services.start(self.maintenance, self.closing)
+        for service in self.services:
+            services.start(service, self.stopping)
+        listener = None if self.listener is None else asyncio.create_task(
+            self.listener.run(self.stopping), name="conveyor-listener")
+        completer = asyncio.create_task(self.completer.run(self.closing), name="conveyor-ack")
+        self.watchdog.start()
+        return Started(services, listener, completer)
 
     async def before_run_once(self, fetch: ManagedConnection) -> None:
         """The steps of a worker run one batch at a time (``run_once``, for tests),

@@ -17,12 +17,13 @@ borrowed; every one reconnects on its own. The
 :class:`~conveyor.worker.watchdog.LoopWatchdog` keeps the leases while a
 handler blocks the loop.
 
-Here the parts are wired and run; the optional ones are set up by their own
-modules (claim windows by ``Claims``, the stall leases by
-``LoopWatchdog.for_worker``). The services run through one interface
-(worker/service.py), and so do those a worker is given (``services=``). What
-happens before the first claim is worker/startup.py; the graceful shutdown,
-worker/shutdown.py.
+Here the parts are run: they are built and wired to one another in
+worker/parts.py; the optional ones are set up by their own modules (claim
+windows by ``Claims``, the stall leases by ``LoopWatchdog.for_worker``). The
+services run through one interface (worker/service.py), and so do those a
+worker is given (``services=``). What happens before the first claim, and the
+launch of what runs beside the claims, is worker/startup.py; the graceful
+shutdown, worker/shutdown.py.
 
 Example::
 
@@ -42,35 +43,13 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from conveyor.config import WorkerConfig
-from conveyor.db.named_queries import queries_for
-from conveyor.db.wake_gate import WakeGate
 from conveyor.errors import ConfigError
-from conveyor.holder import Holder
 from conveyor.middleware import Middleware
 from conveyor.router import Router
-from conveyor.schema.migrator import AsyncMigrator
-from conveyor.worker.accounting import OutcomeAccounting
-from conveyor.worker.claims import Claims, claim_filter
-from conveyor.worker.completer import Completer
-from conveyor.worker.connection import ConnectionGate, StopRequested
-from conveyor.worker.deadline import StopFlag
-from conveyor.worker.executor import Executor
-from conveyor.worker.failure_log import FailureLogLimiter
-from conveyor.worker.flow import FlowControl
-from conveyor.worker.flow_claims import FlowClaims
-from conveyor.worker.lanes import Lanes
-from conveyor.worker.listener import Listener
-from conveyor.worker.maintenance import Maintenance
-from conveyor.worker.reactions import signal_reactions
-from conveyor.worker.running import RunningSet
-from conveyor.worker.scheduler import Scheduler
-from conveyor.worker.service import Service, ServiceTasks
-from conveyor.worker.sessions import WorkerConnections
-from conveyor.worker.shutdown import Shutdown
-from conveyor.worker.startup import StartUp, start_details
-from conveyor.worker.stats import OutcomeTally, WorkerStats
-from conveyor.worker.wakeups import DueTimes
-from conveyor.worker.watchdog import LoopWatchdog
+from conveyor.worker.connection import ConnectionGate
+from conveyor.worker.parts import build_parts
+from conveyor.worker.service import Service
+from conveyor.worker.startup import start_details
 
 log = logging.getLogger(__name__)
 
@@ -116,70 +95,34 @@ class Worker:
         c = self.config = config or WorkerConfig()
         self.id = str(uuid.uuid4())
         self.name = c.name or f"{socket.gethostname()}:{os.getpid()}"
-        self.stats = WorkerStats()
-        self.tally = OutcomeTally()   # outcomes by minute and topic, for event_counts (0008)
-        self.failure_log = FailureLogLimiter(c.failure_log_limit, c.failure_log_window)
-        self._q = queries_for(c.schema)
-        self._filter = claim_filter(router, c.tenants)
-        self._stopping = StopFlag()
-        self._closing = asyncio.Event()   # set once nothing more will be acknowledged
-        self.connections = WorkerConnections(conninfo, c, self._stopping,
-                                             listen_conninfo=listen_conninfo,
-                                             cron=bool(router.schedules), gate=connection_gate)
-        self.listens = c.listen and not (c.transaction_pooler is True
-                                         and self.connections.listen_target == conninfo)
-        # What a handler finishing its own event (conveyor.complete) fences on.
-        self.holder = Holder(self.id, c.schema, result_limit=router.result_limit)
-        self.running = RunningSet(c.concurrency, self.holder)
-        self.flow = FlowControl(self._q, router)
-        self.accounting = OutcomeAccounting(
-            self.running, self.stats, self.tally, self.failure_log,
-            clock_offset=lambda: self.maintenance.clock_offset,
-            wake_at=lambda when: self.due_times.wake_at(when), room_freed=self.flow.room_freed)
-        self.completer = Completer(self.connections.ack, self._q, self.id,
-                                   flush_size=c.batch_size, interval=c.ack_interval,
-                                   query_timeout=c.query_timeout,
-                                   on_acked=self.accounting.settled,
-                                   completed=self.holder.completed,
-                                   delete_succeeded=c.retention == 0)
-        self.executor = Executor(router, self.running, self.completer.add,
-                                 handler_timeout=c.handler_timeout, backoff=c.backoff,
-                                 threads=2 * c.concurrency, middleware=middleware)
-        self.claims = Claims(self.connections, self._q, c, self.id, self.flow, self._filter,
-                             running=self.running, executor=self.executor,
-                             completer=self.completer, stats=self.stats, stopping=self._stopping,
-                             on_window_written=self.accounting.settled)
-        self.flow_claims = FlowClaims(self.claims, c)
-        self.pauses = self.claims.pauses
-        self.lanes = Lanes(self._q, self._filter, heartbeat_interval=c.heartbeat_interval,
-                           on_back=self.wake)
-        self.maintenance = Maintenance(self.connections.maintenance, self._q, c, self.id,
-                                       self.name, router.patterns, self.running,
-                                       self.completer.decided, self.stats,
-                                       pauses=self.pauses, tally=self.tally, lanes=self.lanes)
-        self.scheduler = None if self.connections.cron is None else Scheduler(
-            self.connections.cron, self._q, router.schedules, query_timeout=c.query_timeout,
-            clock=clock, clock_offset=lambda: self.maintenance.clock_offset)
-        self.due_times = DueTimes(self.wake, router.handles, lambda: self.maintenance.wake_offset,
-                                  signals=signal_reactions(self.claims, self.lanes,
-                                                           self.maintenance, self.scheduler))
-        self.listener = Listener(self.connections.listen, self._q.channel,
-                                 on_notify=self.due_times.notified, on_connected=self.wake,
-                                 ping_interval=c.listener_ping_interval,
-                                 send_probe=self.maintenance.send_probe,
-                                 gate=WakeGate(self._q),
-                                 holds_gate=lambda: not self.claims.hold.on_fetch)
-        self.watchdog = LoopWatchdog.for_worker(conninfo, self._q, self.id, c, self.executor,
-                                                on_stall=self.stats.stalled, gate=connection_gate)
-        # Stopped with the claims; the maintenance loop, with the acknowledgements.
-        self.services: list[Service] = [self.flow_claims, *([self.scheduler] if self.scheduler
-                                                            else []), *services]
-        self.startup = StartUp(self.connections.maintenance, c, router,
-                               maintenance=self.maintenance, flow=self.flow, lanes=self.lanes)
-        self.shutdown = Shutdown(c, stopping=self._stopping, closing=self._closing,
-                                 claims=self.claims, flow_claims=self.flow_claims,
-                                 completer=self.completer, maintenance=self.maintenance,
-                                 connections=self.connections)
+        parts = build_parts(conninfo, router, c, worker_id=self.id, name=self.name,
+                            listen_conninfo=listen_conninfo, middleware=middleware,
+                            clock=clock, services=services, connection_gate=connection_gate)
+        self._q = parts.queries
+        self._stopping = parts.stopping
+        self.stats = parts.stats
+        self.tally = parts.tally
+        self.failure_log = parts.failure_log
+        self.connections = parts.connections
+        self.listens = parts.listens
+        self.holder = parts.holder
+        self.running = parts.running
+        self.flow = parts.flow
+        self.accounting = parts.accounting
+        self.completer = parts.completer
+        self.executor = parts.executor
+        self.claims = parts.claims
+        self.flow_claims = parts.flow_claims
+        self.pauses = parts.pauses
+        self.lanes = parts.lanes
+        self.maintenance = parts.maintenance
+        self.scheduler = parts.scheduler
+        self.due_times = parts.due_times
+        self.listener = parts.listener
+        self.watchdog = parts.watchdog
+        self.services = parts.services
+        self.startup = parts.startup
+        self.shutdown = parts.shutdown
         self.started = asyncio.Event()
         # The level of its start and stop lines: a multi-tenant worker's turns
         # log them once per tenant, not once per turn (conveyor.tenancy.turns).
@@ -219,55 +162,31 @@ class Worker:
 
     async def check_schema(self) -> None:
         """Fail fast when the schema is missing, older or newer than this Conveyor."""
-        conn = await self.connections.maintenance.get()
-        await AsyncMigrator(self.config.schema).require_current(conn)
+        await self.startup.check_schema()
 
     async def run(self) -> None:
         """Work until :meth:`request_stop`, then shut down gracefully."""
-        try:
-            await self.check_schema()
-        except StopRequested:
+        if not await self.startup.schema_checked():
             log.info("stopped before the database could be reached", extra={"action": "stopped"})
-            await self.connections.maintenance.close()
             return
-        except BaseException:
-            # A supervisor retrying run() must not leak the connection.
-            await self.connections.maintenance.close()
-            raise
         await self.startup.run()
-        services = ServiceTasks(on_failure=self.request_stop)
-        # Until nothing is left to acknowledge: draining handlers keep their leases.
-        services.start(self.maintenance, self._closing)
-        for service in self.services:
-            services.start(service, self._stopping)
-        listener = None
-        if self.listens:
-            listener = asyncio.create_task(self.listener.run(self._stopping),
-                                           name="conveyor-listener")
-        else:
+        started = self.startup.launch(on_failure=self.request_stop)
+        if not self.listens:
             log.log(self.lifecycle_level, "not listening for notifications: polling every %.1fs",
                     self.config.poll_interval, extra={"action": "poll_only"})
-        completer = asyncio.create_task(self.completer.run(self._closing), name="conveyor-ack")
         log.log(self.lifecycle_level, "worker %s started: topics %s, concurrency %d%s", self.name,
                 ", ".join(self.router.patterns), self.config.concurrency,
                 start_details(self.router, self.pauses),
                 extra={"action": "started", "worker": self.id})
         self.started.set()
-        self.watchdog.start()
         try:
             await self.claims.fetch_loop()
         finally:
-            try:
-                await self.shutdown.run(services, listener, completer)
-            finally:
-                self.watchdog.stop()
-                self.due_times.cancel()
-                self.executor.close()
-                self.failure_log.flush(everything=True)
+            await self.shutdown.run(started)
         log.log(self.lifecycle_level, "worker stopped",
                 extra={"action": "stopped", "worker": self.id})
-        if services.failed is not None:
-            raise services.failed
+        if started.services.failed is not None:
+            raise started.services.failed
 
     async def run_once(self) -> int:
         """Claim one batch, run it to completion and acknowledge it; returns the count.
