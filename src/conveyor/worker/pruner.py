@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors
-from psycopg.rows import namedtuple_row
+from psycopg.rows import dict_row
 
 from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import Queries
@@ -122,10 +122,10 @@ class Pruner:
             return
         try:
             async with conn.transaction():
-                cur = conn.cursor(row_factory=namedtuple_row)
-                made = await (await cur.execute(self._q["history_make"],
-                                                {"ahead": HISTORY_AHEAD})).fetchone()
-            self.history_due = made.due if made else None
+                by_name = conn.cursor(row_factory=dict_row)
+                made = await (await by_name.execute(self._q["history_make"],
+                                                    {"ahead": HISTORY_AHEAD})).fetchone()
+            self.history_due = made["due"] if made else None
             if self._retention is not None:
                 async with conn.transaction():
                     cur = await conn.execute(self._q["history_drop"],
