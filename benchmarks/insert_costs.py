@@ -11,8 +11,11 @@ load drift falls on all alike:
 * Conveyor's table as shipped, a two-column INSERT; the same table without
   its three table CHECKs; and without them and every index but the primary key and
   events_claim_idx;
-* ``event_insert_plain`` (Conveyor's statement: RETURNING id, pg_notify), and
-  ``Producer.enqueue`` (validation, JSON, the named query).
+* ``event_insert_plain`` (Conveyor's statement: RETURNING id, its wake-up
+  passing the wake gate), and ``Producer.enqueue`` (validation, JSON, the
+  named query), both with nobody waiting (no NOTIFY, as while every worker is
+  busy); and ``Producer.enqueue`` while a worker waits (a session holds the
+  wake gate: every commit sends the NOTIFY).
 
     .venv/bin/python benchmarks/insert_costs.py --url postgresql://... [--events 500 --rounds 16]
 
@@ -89,6 +92,24 @@ def producer_loop(conn: psycopg.Connection[Any], schema: str) -> Loop:
     return run
 
 
+def waited_loop(conn: psycopg.Connection[Any], waiter: psycopg.Connection[Any],
+                schema: str) -> Loop:
+    """``Producer.enqueue`` while a worker waits: ``waiter`` holds the wake gate
+    (conveyor/db/queries/wakes.sql) for the round, so every commit sends the NOTIFY."""
+    q = queries_for(schema)
+    waiter.execute(sql.SQL("LISTEN {}").format(sql.Identifier(q.channel)))
+    enqueue = producer_loop(conn, schema)
+
+    def run(k: int) -> None:
+        held = waiter.execute(q["wake_gate_hold"], {"held": 0}).fetchone()
+        try:
+            enqueue(k)
+        finally:
+            waiter.execute(q["wake_gate_release"], {"held": held[0] if held else 0})
+            list(waiter.notifies(timeout=0))       # read what came, as a worker would
+    return run
+
+
 def run(url: str, events: int, rounds: int) -> dict[str, float]:
     shipped, no_checks, lean = (scratch.schemas_for(f"conveyor_inscost{n}") for n in ("", "1", "2"))
     every = (shipped, no_checks, lean)
@@ -106,6 +127,8 @@ def run(url: str, events: int, rounds: int) -> dict[str, float]:
                 return conns[-1]
 
             q = queries_for(shipped.conveyor)
+            waiter = psycopg.connect(url, autocommit=True)
+            conns.append(waiter)
             loops: dict[str, Loop] = {
                 "raw INSERT": statement_loop(conn(), insert_sql(shipped.raw)),
                 "raw INSERT + RETURNING id + pg_notify": statement_loop(
@@ -118,6 +141,8 @@ def run(url: str, events: int, rounds: int) -> dict[str, float]:
                     conn(), render(INSERT_TWO, lean.conveyor)),
                 "event_insert_plain": named_loop(conn(), q["event_insert_plain"]),
                 "Producer.enqueue": producer_loop(conn(), shipped.conveyor),
+                "Producer.enqueue, a worker waiting": waited_loop(
+                    conn(), waiter, shipped.conveyor),
             }
             for loop in loops.values():
                 loop(min(events, 300))
