@@ -87,7 +87,8 @@ workers="${CONVEYOR_TEST_WORKERS:-$(( cores * 2 < 8 ? cores * 2 : 8 ))}"
 parallel=5 light=5 serial=5
 if [ "$tier" = all ] || [ "$tier" = parallel ]; then
     parallel=0
-    python -m pytest -n "$workers" --dist loadfile \
+    # --no-loadscope-reorder: tests/conftest.py orders the files, longest first.
+    python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder \
         -m "not serial and not light" "$@" || parallel=$?
 fi
 if [ "$tier" = all ] || [ "$tier" = light ]; then
