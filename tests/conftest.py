@@ -23,8 +23,10 @@ those that may share it with three other light tests of their kind, ``light``.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -107,7 +109,40 @@ SERIAL_FIXTURES = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# Measured seconds of the parallel tier's longest test files (a file's tests
+# summed, one run on the loaded 2-core machine, 2026-12-05), for the order below.
+# Refresh it when a file grows long: a missing or stale figure costs minutes of
+# wall time at worst, never a result.
+TESTS = Path(__file__).parent
+FILE_SECONDS: dict[str, float] = json.loads((TESTS / "file_seconds.json").read_text())
+# A file not listed: this much per test (most take a fraction of a second).
+SECONDS_PER_TEST = 0.1
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Reorder ``items`` file by file, the longest files first, each file's own order kept.
+
+    With --dist loadfile, xdist hands a process a whole file when it is free;
+    scripts/test.sh turns off xdist's own order (most tests first), under which
+    a one-test file of 47 s started when the others were nearly done and three
+    processes sat idle while it ran (2026-12-05). Longest first, the last files
+    handed out are short ones.
+    """
+    counts: dict[Path, int] = {}
+    for item in items:
+        counts[item.path] = counts.get(item.path, 0) + 1
+
+    def seconds(item: pytest.Item) -> float:
+        name = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
+        return FILE_SECONDS.get(name, SECONDS_PER_TEST * counts[item.path])
+    items.sort(key=lambda item: -seconds(item))   # stable: a file's tests stay in order
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Off in the parallel tier (scripts/test.sh); the xdist processes see
+    # --dist as "no", so this asks for the option that goes with it.
+    if config.getoption("loadscopereorder", default=True) is False:
+        _longest_files_first(items)
     for item in items:
         if any(name in SERIAL_FIXTURES for name in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.serial)
