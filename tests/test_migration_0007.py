@@ -11,6 +11,7 @@ import pytest
 from conveyor import Producer
 from conveyor.schema.migrator import Migrator, migration_script
 from migration_support import migrate_to, storage
+from wake_support import listen_for_wakes
 
 ROWS = 20_000
 GOOD = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -92,7 +93,7 @@ def test_after_0007_an_enqueue_on_the_upgraded_table_wakes_its_listener(version_
             psycopg.connect(version_6) as conn:
         Migrator().apply(conn)
         conn.commit()
-        listener.execute('LISTEN "conveyor.events"')
+        listen_for_wakes(listener)     # LISTEN, and wait as a worker does (the wake gate)
         event_id = Producer().enqueue(conn, "after.upgrade", {"ok": True})
         conn.commit()
         assert [n.payload for n in listener.notifies(timeout=5, stop_after=1)] == ["after.upgrade"]

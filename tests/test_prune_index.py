@@ -353,10 +353,12 @@ def test_migration_0003_skips_what_was_built_concurrently_by_hand(
         built = _index_definitions(conn)
         assert [m.version for m in Migrator().apply(conn)] == list(range(3, latest_version() + 1))
         after = _index_definitions(conn)
-        # 0009 rebuilds the claim index with topic and tenant included; the rest stand as built.
-        claim = "conveyor.events_claim_idx"
-        assert {name: after[name] for name in built if name != claim} == {
-            name: d for name, d in built.items() if name != claim}
+        # 0009 rebuilds the claim index with topic and tenant included; 0028 fills
+        # the primary key's pages to the brim; the rest stand as built.
+        claim, pkey = "conveyor.events_claim_idx", "conveyor.events_pkey"
+        assert after[pkey] == built[pkey] + " WITH (fillfactor='100')"
+        assert {name: after[name] for name in built if name not in (claim, pkey)} == {
+            name: d for name, d in built.items() if name not in (claim, pkey)}
         assert "INCLUDE (topic, tenant)" in after[claim]
         assert set(after) - set(built) == {"conveyor.events_stopped_topic_idx",
                                            "conveyor.events_stopped_tenant_idx",  # 0004's

@@ -111,8 +111,11 @@ def backends(url: str, application_name: str) -> list[tuple[int, str]]:
 
 
 def listening(url: str, exclude: set[int] = frozenset()) -> int | None:  # type: ignore[assignment]
-    """Pid of a worker's LISTEN session (one that has run LISTEN), if any."""
+    """Pid of a worker's LISTEN session (one that has run LISTEN), if any: its last
+    statement is the LISTEN, a ping, or the hold of the wake gate that follows
+    the LISTEN when the worker holds it there (claim windows, a pooler)."""
     for pid, q in backends(url, "conveyor-listen"):
-        if pid not in exclude and q.upper().startswith(("LISTEN", "SELECT 1")):
+        if pid not in exclude and (q.upper().startswith(("LISTEN", "SELECT 1"))
+                                   or "pg_try_advisory_lock_shared" in q):
             return pid
     return None

@@ -30,6 +30,8 @@ from starlette.routing import Route
 from conveyor import AsyncCommittingProducer, BackoffPolicy, Event, Router, Worker, WorkerConfig
 from conveyor.consumers.email import EmailConsumer, SmtpConfig
 from conveyor.consumers.engine_client import AsyncEngineClient, EngineConfig
+from conveyor.db.named_queries import queries_for
+from conveyor.db.wake_gate import WakeGate
 
 SMTP_USER = "mailer-canary-user"
 SMTP_PASSWORD = "CANARY-smtp-pw-5d1e0c7a9b"
@@ -190,6 +192,8 @@ async def test_no_canary_in_rows_errors_logs_or_notifications(
             "data": {"name": "Ana", "link": "https://shop.test/v?t=1", "product": "", "expires_in": ""}}
     listen = await psycopg.AsyncConnection.connect(fresh_db, autocommit=True)
     await listen.execute('LISTEN "conveyor.events"')
+    # Waiting as a worker does, so every enqueue sends its wake-up (the wake gate).
+    await WakeGate(queries_for("conveyor")).hold(listen)
     worker = Worker(fresh_db, router, config)
     task = asyncio.create_task(worker.run())
     try:
