@@ -35,9 +35,14 @@ async def _idle(worker: Worker) -> None:
     """Let the first claim come back empty so the fetch loop is parked in its poll wait.
 
     The listener must be connected too: a NOTIFY sent before its LISTEN is gone.
+    The fetch loop holds the wake gate once a claim came back short, just
+    before it waits (worker/wake_hold.py): from then on every enqueue wakes it.
     """
     await asyncio.wait_for(worker.listener.connected.wait(), 10)
-    await asyncio.sleep(0.3)
+
+    async def waiting() -> bool:
+        return worker.claims.hold.gate.whole and worker.stats.last_empty_claim_at > 0
+    await wait_until(waiting, timeout=10, what="the fetch loop waiting, the wake gate held")
     assert worker.stats.claimed == 0
 
 
