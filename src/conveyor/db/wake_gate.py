@@ -73,11 +73,13 @@ class WakeGate:
         return bool(gained)
 
     async def release(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Release every slot held on ``conn``: producers stop waking this holder."""
-        if conn is self._session and self.held:
-            held, self.held = self.held, 0
+        """Release every slot held on ``conn``: producers stop waking this holder.
+
+        Slots held on an earlier connection went with its session: none is left.
+        """
+        held, self.held, self._retry = self.held, 0, FIRST_RETRY
+        if conn is self._session and held:
             await conn.execute(self._q["wake_gate_release"], {"held": held})
-        self._retry = FIRST_RETRY
 
     def retry_in(self, longest: float) -> float:
         """How long the holder may wait before it tries the missing slots again
