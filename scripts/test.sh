@@ -47,11 +47,17 @@ need_package() {
     apt_install "$@" || { apt-get update -qq >/dev/null 2>&1 && apt_install "$@"; } \
         || echo "conveyor: could not install $package; $tests will fail" >&2
 }
-# The R19 tests (tests/reliability/test_pgbouncer.py) run a private PgBouncer.
-need_package pgbouncer /usr/sbin/pgbouncer "the R19 tests"
-# The browser tests (tests/browser_support.py) drive Debian's chromium through
-# Playwright: the browsers Playwright downloads itself cannot be fetched everywhere.
-need_package chromium /usr/bin/chromium "the browser tests" --no-install-recommends
+# The R19 tests (tests/reliability/test_pgbouncer.py) run a private PgBouncer;
+# the browser tests (tests/browser_support.py) drive Debian's chromium through
+# Playwright (the browsers Playwright downloads itself cannot be fetched
+# everywhere). None of them is in the parallel tier, so on a machine without
+# them the installs (20-25 s, mostly the package index and downloads) run
+# while it does, and the other tiers wait for them.
+need_packages() {
+    need_package pgbouncer /usr/sbin/pgbouncer "the R19 tests"
+    need_package chromium /usr/bin/chromium "the browser tests" --no-install-recommends
+}
+packages=""
 # Three tiers, with the same arguments (paths, -k, -x...):
 # 1. the tests marked neither `serial` nor `light`, in parallel:
 #    CONVEYOR_TEST_WORKERS processes (pytest-xdist; two per core, at most 8, by
@@ -85,11 +91,20 @@ esac
 cores="$(nproc 2>/dev/null || echo 2)"
 workers="${CONVEYOR_TEST_WORKERS:-$(( cores * 2 < 8 ? cores * 2 : 8 ))}"
 parallel=5 light=5 serial=5
+if [ "$tier" = all ]; then
+    need_packages &
+    packages=$!
+elif [ "$tier" != parallel ]; then
+    need_packages
+fi
 if [ "$tier" = all ] || [ "$tier" = parallel ]; then
     parallel=0
     # --no-loadscope-reorder: tests/conftest.py orders the files, longest first.
     python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder \
         -m "not serial and not light" "$@" || parallel=$?
+fi
+if [ -n "$packages" ]; then
+    wait "$packages" || true   # need_package says what it could not install
 fi
 if [ "$tier" = all ] || [ "$tier" = light ]; then
     light=0

@@ -52,6 +52,7 @@ def base_url() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.light   # scripts/test.sh installs chromium while the parallel tier runs
 def test_chromium_path_is_an_executable() -> None:
     assert Path(chromium_path()).is_file()
 
