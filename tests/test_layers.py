@@ -255,6 +255,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
               "conveyor.admin_status", "conveyor.admin_controls", "conveyor.admin_controls_async",
               "conveyor.admin_workflows", "conveyor.admin_workflows_async",
               "conveyor.admin_history", "conveyor.admin_history_async",
+              "conveyor.admin_results", "conveyor.admin_results_async",
               "conveyor.admin_controls_core"),
     "worker": ("conveyor.worker", "conveyor.completion", "conveyor.completion_async",
                "conveyor.completion_core"),

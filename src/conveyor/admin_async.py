@@ -19,13 +19,11 @@ Example::
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Generator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
 
 # unasync: from conveyor.admin_async import AsyncAdmin as AsyncAdmin
@@ -33,7 +31,6 @@ from conveyor.admin_controls import AsyncAdminControls
 from conveyor.admin_core import (
     LIST_LIMIT_MAX,
     PRUNE_DEFAULT_STATES,
-    WAIT_RECHECK,
     Rows,
     Step,
     _already_cancelled,
@@ -42,7 +39,6 @@ from conveyor.admin_core import (
     _check_filter,
     _check_limit,
     _check_newest,
-    _check_wait_timeout,
     _count_step,
     _list_flow,
     _not_changed,
@@ -53,6 +49,7 @@ from conveyor.admin_core import (
     _retry_flow,
 )
 from conveyor.admin_history import AsyncAdminHistory
+from conveyor.admin_results import AsyncAdminResults
 from conveyor.admin_status import (
     FAILED_EXACT_LIMIT,
     FAILED_TOPIC_EXACT_LIMIT,
@@ -66,11 +63,11 @@ from conveyor.admin_status import (
 from conveyor.admin_workflows import AsyncAdminWorkflows
 from conveyor.db.execute import execute_past_moves_async, run_async, run_past_moves_async
 from conveyor.db.named_queries import queries_for
-from conveyor.db.rows import record_from_event_get_row, result_from_event_result_row
-from conveyor.errors import EventNotFoundError, InvalidInputError, WaitTimeoutError
+from conveyor.db.rows import record_from_event_get_row
+from conveyor.errors import EventNotFoundError, InvalidInputError
 from conveyor.filters import EventFilter
 from conveyor.notify import WAKE_ALL, result_payload, wake_payload
-from conveyor.records import EventPage, EventRecord, EventResult, QueueStatus
+from conveyor.records import EventPage, EventRecord, QueueStatus
 from conveyor.validation import check_event_id, check_schema_name, check_topic
 
 __all__ = [
@@ -133,7 +130,8 @@ async def _run_flow_async(conn: psycopg.AsyncConnection[Any],
         return result
 
 
-class AsyncAdmin(AsyncAdminControls, AsyncAdminWorkflows, AsyncAdminHistory):
+class AsyncAdmin(AsyncAdminControls, AsyncAdminWorkflows, AsyncAdminHistory,
+                 AsyncAdminResults):
     """Operator operations on the connection you pass, in its transaction.
 
     The pauses and cron schedules (``pause``, ``resume``, ``paused``,
@@ -342,60 +340,6 @@ class AsyncAdmin(AsyncAdminControls, AsyncAdminWorkflows, AsyncAdminHistory):
         # Delivered at commit: whoever waits for this event hears of its end.
         await run_async(conn, self._q["event_notify"],
                         {"channel": self._q.results_channel, "payload": result_payload(event_id)})
-
-    async def result(self, conn: psycopg.AsyncConnection[Any], event_id: int) -> EventResult:
-        """Where one event stands and what its handler returned.
-
-        ``value`` holds the decoded return value once the event succeeded on a
-        route added with ``store_result=True`` (docs/results.md); ``finished``
-        tells whether it reached a final state. Raises EventNotFoundError for
-        an unknown id (also once retention has pruned the event).
-        """
-        event_id = check_event_id(event_id)
-        row = await (await run_async(conn, self._q["event_result"], {"id": event_id})).fetchone()
-        if row is None:
-            raise EventNotFoundError(f"event {event_id} not found")
-        return result_from_event_result_row(row)
-
-    async def wait(self, conn: psycopg.AsyncConnection[Any], event_id: int, *,
-                   timeout: float = 30.0) -> EventResult:
-        """Wait until the event succeeded, failed (parked) or was cancelled; return its result.
-
-        Listens for the announcement a worker sends when it writes the end of
-        an event of a ``store_result`` route (and :meth:`cancel` sends at
-        commit), so it answers within milliseconds without polling; it also
-        reads the event again every few seconds, for ends nobody announces
-        (a route without ``store_result``, a bulk cancel).
-
-        ``conn`` must be in autocommit mode (a LISTEN inside a transaction
-        would start only at its commit); it is left listening to nothing new.
-        ``timeout``: seconds, defaults to 30. Raises WaitTimeoutError when
-        the event is still unfinished after it, EventNotFoundError for an
-        unknown id.
-        """
-        event_id = check_event_id(event_id)
-        timeout = _check_wait_timeout(timeout)
-        if not conn.autocommit:
-            raise InvalidInputError("wait() needs a connection in autocommit mode (LISTEN inside "
-                                    "a transaction starts only at commit), got autocommit=False")
-        deadline = time.monotonic() + timeout
-        channel = sql.Identifier(self._q.results_channel)
-        await conn.execute(sql.SQL("LISTEN {}").format(channel))
-        wanted = result_payload(event_id)
-        try:
-            while True:
-                found = await self.result(conn, event_id)
-                if found.finished:
-                    return found
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WaitTimeoutError(f"event {event_id} did not finish within {timeout:g}s; "
-                                           f"it is {found.state}")
-                async for note in conn.notifies(timeout=min(left, WAIT_RECHECK)):
-                    if note.payload == wanted:
-                        break
-        finally:
-            await conn.execute(sql.SQL("UNLISTEN {}").format(channel))
 
     async def prune(self, conn: psycopg.AsyncConnection[Any], older_than: float,
                     states: Sequence[str] | None = None, *, dry_run: bool = False,
