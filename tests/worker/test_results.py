@@ -35,8 +35,8 @@ WOKEN_WITHIN = 30.0
 
 @pytest.fixture
 def no_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("conveyor.admin_async.WAIT_RECHECK", NO_RECHECK)
-    monkeypatch.setattr("conveyor.admin.WAIT_RECHECK", NO_RECHECK)
+    monkeypatch.setattr("conveyor.admin_results_async.WAIT_RECHECK", NO_RECHECK)
+    monkeypatch.setattr("conveyor.admin_results.WAIT_RECHECK", NO_RECHECK)
 
 
 async def _work_all(url: str, router: Router, **config: Any) -> Worker:
