@@ -12,6 +12,7 @@ transactions write (tests/wal_support.py), whatever else the server does.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import sys
 from collections import Counter
@@ -119,6 +120,22 @@ def test_tracing_after_of_an_unsampled_attempt_only_restores_the_context() -> No
     assert not made["set_attribute"] and not made["end"], made
     # ContextVar get and set, is_recording, and the detach (three calls in it).
     assert sum(made.values()) <= 6, made
+
+
+def test_tracing_quiet_of_an_unsampled_attempt_only_makes_its_context_current() -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+    middleware = TracingMiddleware(TracerProvider(sampler=ParentBased(ALWAYS_ON)))
+    claimed = event(traceparent=f"00-{0x5A5A:032x}-{0x77:016x}-00")
+    context = contextvars.copy_context()
+    made = context.run(calls, middleware.quiet, claimed)
+    assert not made["start_span"] and not made["should_sample"], made
+    # The unsampled span, the context it is current in, and the attach: eight
+    # calls, no traceparent parsed, no span started, no sampler asked.
+    assert sum(made.values()) <= 8, made
+    current = context.run(trace.get_current_span)
+    assert current.get_span_context().trace_id == 0x5A5A
 
 
 def test_tracing_records_a_sampled_attempt_in_full() -> None:

@@ -455,6 +455,44 @@ def test_an_unsampled_producer_decides_the_process_span_when_the_sampler_follows
         assert repr_seen[0].startswith("NonRecordingSpan(SpanContext(trace_id=0x")  # loggable
 
 
+SAMPLED = trace.SpanContext(trace_id=0x6B6B, span_id=0x88, is_remote=False,
+                            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+
+
+def test_an_unsampled_first_attempt_runs_no_hook_and_a_sampled_one_does(
+        conn: psycopg.Connection[Any]) -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+    hooks: list[str] = []
+
+    class Counted(TracingMiddleware):
+        def before(self, event: Any) -> None:
+            hooks.append("before")
+            super().before(event)
+
+        def after(self, event: Any, result: Any) -> None:
+            hooks.append("after")
+            super().after(event, result)
+
+    exporter = InMemorySpanExporter()
+    middleware = Counted(_provider(ParentBased(ALWAYS_ON), exporter))
+    seen: list[trace.SpanContext] = []
+    router = Router()
+    router.add("trace.quiet", lambda event: seen.append(trace.get_current_span().get_span_context()))
+    with trace.use_span(trace.NonRecordingSpan(UNSAMPLED)):
+        Producer().enqueue(conn, "trace.quiet", {})
+    assert work_event(conn, router, middleware=[middleware]) is not None
+    # Quiet: the producer's context current for the handler, and no hook called.
+    assert hooks == []
+    assert seen[0].trace_id == 0x5A5A and not seen[0].trace_flags.sampled
+    with trace.use_span(trace.NonRecordingSpan(SAMPLED)):
+        Producer().enqueue(conn, "trace.quiet", {})
+    assert work_event(conn, router, middleware=[middleware]) is not None
+    assert hooks == ["before", "after"]
+    assert seen[1].trace_id == 0x6B6B and seen[1].trace_flags.sampled
+    assert len(named(exporter, "process")) == 1
+
+
 def test_only_a_parent_based_sampler_that_drops_unsampled_parents_is_followed() -> None:
     from opentelemetry.sdk.trace.sampling import (
         ALWAYS_ON,

@@ -76,6 +76,19 @@ class Middleware:
         """Called once the attempt's outcome is decided; returns nothing (or is a coroutine)."""
         return None
 
+    def quiet(self, event: Event) -> bool:
+        """Whether this attempt may run without the hooks; a fast path, optional.
+
+        Called in the handler's context before anything else, and only when
+        every installed middleware overrides it: when each returns True, no
+        ``before`` or ``after`` runs for the attempt, and the handler sees the
+        context variables ``quiet`` set (a tracing middleware makes an
+        unsampled trace's context current this way, and records nothing).
+        When one returns False, every hook runs as usual, in a context where
+        what the others set is gone. Never called for a batch handler's events.
+        """
+        return False
+
 
 def check_middleware(middleware: Sequence[object]) -> tuple[Middleware, ...]:
     """The middleware as a tuple, each one checked to have the hooks."""

@@ -235,30 +235,53 @@ class TracingMiddleware(Middleware):
         self._attempt: ContextVar[_Attempt | None] = ContextVar(
             f"conveyor_tracing_{id(self)}", default=None)
 
-    def before(self, event: Event) -> None:
-        if self._maybe_noop:
-            provider = trace.get_tracer_provider()
-            if type(provider) is trace.ProxyTracerProvider:
-                # No SDK set up (yet): every span would be a no-op, and building
-                # its links and attributes would cost CPU on every event for nothing.
-                return
-            self._maybe_noop = False
-            self._parent_decides = follows_unsampled_parents(provider)
-            # The SDK's own tracer from now on: the one made before it was set up
-            # is a proxy, one more call per span (hot path, measured: see
-            # docs/benchmarks.md).
-            self._tracer = _tracer(None)
+    def _spans_are_noops(self) -> bool:
+        """Whether every span would be a no-op: no SDK set up (yet). Building a span's
+        links and attributes would then cost CPU on every event for nothing."""
+        provider = trace.get_tracer_provider()
+        if type(provider) is trace.ProxyTracerProvider:
+            return True
+        self._maybe_noop = False
+        self._parent_decides = follows_unsampled_parents(provider)
+        # The SDK's own tracer from now on: the one made before it was set up
+        # is a proxy, one more call per span (hot path, measured: see
+        # docs/benchmarks.md).
+        self._tracer = _tracer(None)
+        return False
+
+    def _unsampled(self, event: Event) -> _UnsampledParent | None:
+        """The producer's context when the head sampler said no and the provider's
+        sampler would follow it (the SDK's span would record nothing) on the
+        first attempt; the handler's own calls carry the decision on. Read
+        from the row only if one of them asks for it."""
         carried = event.traceparent
         if carried is not None and carried[-1:] in _NOT_SAMPLED and event.attempt == 1 \
                 and self._parent_decides:
-            # The head sampler said no and the provider's sampler would follow
-            # it: the SDK's span would record nothing. The producer's context,
-            # current as is, carries the decision to the handler's own calls,
-            # read from the row only if one of them asks for it.
-            unsampled = _UnsampledParent(carried, event.tracestate)
+            return _UnsampledParent(carried, event.tracestate)
+        return None
+
+    def quiet(self, event: Event) -> bool:
+        """No hooks for an attempt that records nothing: no SDK, or an unsampled
+        first attempt, whose producer's context is made current here."""
+        if self._maybe_noop and self._spans_are_noops():
+            return True
+        unsampled = self._unsampled(event)
+        if unsampled is None:
+            return False
+        # The handler's own context, dropped with it: nothing to detach.
+        otel_context.attach(trace.set_span_in_context(unsampled, _ROOT))
+        return True
+
+    def before(self, event: Event) -> None:
+        if self._maybe_noop and self._spans_are_noops():
+            return
+        unsampled = self._unsampled(event)
+        if unsampled is not None:
+            # Another middleware sees this attempt, so this one's after() runs too.
             token = otel_context.attach(trace.set_span_in_context(unsampled, _ROOT))
             self._attempt.set((unsampled, token, self._attempt.get()))
             return
+        carried = event.traceparent
         producer = context_of(carried, event.tracestate) if carried is not None else None
         if producer is None:
             # A root: never whatever span happens to be current in the worker.

@@ -175,6 +175,91 @@ def test_work_event_runs_the_same_middleware(conn: psycopg.Connection[Any]) -> N
     assert threading.current_thread() is threading.main_thread()
 
 
+class Quiet(Recorder):
+    """Lets the attempts of ``quiet_topic`` through without its hooks, setting its context."""
+
+    def __init__(self, name: str, log: list[tuple[Any, ...]], quiet_topic: str,
+                 var: contextvars.ContextVar[str | None] = REQUEST_ID) -> None:
+        super().__init__(name, log)
+        self.quiet_topic = quiet_topic
+        self.var = var
+
+    def quiet(self, event: Event) -> bool:
+        self.log.append((self.name, "quiet", event.id))
+        if event.topic != self.quiet_topic:
+            return False
+        self.var.set(f"{self.name}-{event.id}")
+        return True
+
+
+TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tenant", default=None)
+
+
+@pytest.mark.parametrize("kind", ["async", "thread", "inline"])
+async def test_an_attempt_every_hook_lets_through_runs_without_hooks_in_their_context(
+        db: str, kind: str) -> None:
+    log: list[tuple[Any, ...]] = []
+    seen: list[Any] = []
+    seen_tenant: list[Any] = []
+    router = _router(seen, kind)
+    router.add("mw.other", lambda event: seen_tenant.append((REQUEST_ID.get(), TENANT.get())),
+               blocking=kind == "thread")
+    quiet = await enqueue(db, "mw.ok")
+    loud = await enqueue(db, "mw.other")
+    worker = Worker(db, router, fast_config(),
+                    middleware=[Quiet("outer", log, "mw.ok"),
+                                Quiet("inner", log, "mw.ok", TENANT)])
+    async with running(worker):
+        async def both_ran() -> bool:
+            return len(seen) == 1 and len(seen_tenant) == 1
+        await wait_until(both_ran, timeout=10, what="both handlers")
+    # Both hooks said quiet: no before or after, and the handler saw what each set.
+    assert [e[:2] for e in log if e[2] == quiet] == [("outer", "quiet"), ("inner", "quiet")]
+    assert seen == [f"outer-{quiet}"]
+    # The first said no: the second was not asked, every hook ran, and the handler
+    # saw what before() set, in a context without what quiet() did.
+    assert [e[:2] for e in log if e[2] == loud] == [
+        ("outer", "quiet"), ("outer", "before"), ("inner", "before"),
+        ("inner", "after"), ("outer", "after")]
+    assert seen_tenant == [(f"req-{loud}", None)]
+    assert (await event_row(db, quiet))["state"] == "succeeded"
+
+
+async def test_one_hook_without_quiet_makes_every_attempt_run_the_hooks(db: str) -> None:
+    log: list[tuple[Any, ...]] = []
+    seen: list[Any] = []
+    ok = await enqueue(db, "mw.ok")
+    worker = Worker(db, _router(seen, "async"), fast_config(),
+                    middleware=[Quiet("quiet", log, "mw.ok"), Recorder("plain", log)])
+    async with running(worker):
+        async def both_after() -> bool:
+            return len(seen) == 1 and sum(e[1] == "after" for e in log) == 2
+        await wait_until(both_after, timeout=10, what="the handler and both after() calls")
+    assert [e[:2] for e in log if e[2] == ok] == [
+        ("quiet", "before"), ("plain", "before"), ("plain", "after"), ("quiet", "after")]
+    assert seen == [f"req-{ok}"]
+
+
+async def test_a_batch_handlers_events_always_run_the_hooks(db: str) -> None:
+    log: list[tuple[Any, ...]] = []
+    seen: list[Any] = []
+
+    async def batch(events: list[Event]) -> None:
+        seen.append((len(events), REQUEST_ID.get()))
+
+    router = Router()
+    router.add("mw.batch", batch, batch=True)
+    ids = [await enqueue(db, "mw.batch") for _ in range(2)]
+    async with running(Worker(db, router, fast_config(),
+                              middleware=[Quiet("quiet", log, "mw.batch")])):
+        async def both_after() -> bool:
+            return sum(e[1] == "after" for e in log) == 2
+        await wait_until(both_after, timeout=10, what="after() for both events")
+    assert not [e for e in log if e[1] == "quiet"]
+    assert sorted(e[2] for e in log if e[1] == "before") == ids
+    assert sum(n for n, _ in seen) == 2
+
+
 def test_something_that_is_no_middleware_is_refused() -> None:
     router = Router()
     router.add("x", lambda event: None)
@@ -186,5 +271,6 @@ def test_the_base_class_hooks_do_nothing() -> None:
     m = Middleware()
     event = Event(id=1, topic="t", payload_text="{}")
     assert m.before(event) is None
+    assert m.quiet(event) is False
     assert m.after(event, HandlerResult(EventState.SUCCEEDED, None, None, 0.0, None, True)) is None
     logging.getLogger(__name__).debug("base hooks are no-ops")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from conveyor.middleware import HandlerResult, Middleware
@@ -73,6 +73,16 @@ def returned(route: Route, events: list[Event], value: object,
 def enters_all(hooks: Sequence[Middleware]) -> bool:
     """Whether no hook has a ``before`` of its own: every hook is entered, nothing to call."""
     return all(getattr(hook.before, "__func__", None) is Middleware.before for hook in hooks)
+
+
+def quiet_hooks(hooks: Sequence[Middleware]) -> tuple[Callable[[Event], bool], ...] | None:
+    """Every hook's ``quiet`` when each has one of its own, else None: one hook that
+    sees every attempt makes every attempt run the hooks."""
+    quiets = [getattr(hook, "quiet", None) for hook in hooks]   # optional: see check_middleware
+    if not hooks or any(quiet is None or getattr(quiet, "__func__", None) is Middleware.quiet
+                        for quiet in quiets):
+        return None
+    return tuple(quiets)  # type: ignore[arg-type]
 
 
 def before_hooks(hooks: Sequence[Middleware], events: list[Event],

@@ -48,6 +48,7 @@ from conveyor.worker.call_steps import (
     before_inline,
     enters_all,
     hook_results,
+    quiet_hooks,
     returned,
 )
 from conveyor.worker.classify import ERROR_MAX_CHARS as ERROR_MAX_CHARS
@@ -119,6 +120,9 @@ class Executor(InFlight):
         # Hooks with only an ``after`` (metrics, say) are entered without a step
         # to run: a generator per call would be most of their cost.
         self._enters_all = enters_all(self._middleware)
+        # Every hook's ``quiet``, when each has one: an attempt they all let
+        # through runs as if no middleware were installed (see _quiet_context).
+        self._quiet = quiet_hooks(self._middleware)
 
     def start(self, events: list[Event]) -> None:
         """Start the handlers of claimed events whose slots are taken in ``running``."""
@@ -134,6 +138,7 @@ class Executor(InFlight):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self._threads,
                                             thread_name_prefix="conveyor-handler")
+        quiet_context = self._quiet_context if self._quiet is not None else None
         started = False
         batches: dict[int, tuple[Route, list[Running]]] | None = None
         for event in events:
@@ -150,6 +155,8 @@ class Executor(InFlight):
                     batches = {}
                 batches.setdefault(id(route), (route, []))[1].append(running)
                 continue
+            # A quiet attempt's context: what its hooks set up there instead of running.
+            quiet = quiet_context(event) if quiet_context is not None else None
             if not route.is_async and not route.blocking and not self._async_hooks:
                 # A plain handler routed blocking=False runs to completion in one
                 # call that nothing can interrupt: it needs no task or coroutine
@@ -157,25 +164,27 @@ class Executor(InFlight):
                 # keeps its lease while it blocks the loop.
                 running.task = self._finished(loop)
                 running.deadline = now + (override or route.timeout or default_timeout)
-                self._call_inline(route, event)
+                self._call_inline(route, event, quiet)
                 continue
             timeout = override or route.timeout or default_timeout
             running.deadline = now + timeout
-            coro = call(route, [event], [running], timeout)
+            coro = (call(route, [event], [running], timeout, self._middleware) if quiet is None
+                    else call(route, [event], [running], timeout, NO_HOOKS, quiet=True))
             if EAGER_TASKS:
                 # Python 3.12+: the handler runs at once, up to its first real wait,
                 # with itself as the current task; one that never waits costs no
                 # scheduling round at all.
                 self._starting_event = event
                 running.task = asyncio.Task(coro, loop=loop,  # type: ignore[call-arg]
-                                            eager_start=True)
+                                            eager_start=True, context=quiet)
                 self._starting_event = None
             else:
-                running.task = loop.create_task(coro)
+                running.task = loop.create_task(coro, context=quiet)
             started = True
         for route, runnings in (batches or {}).values():
             timeout = override or route.timeout or default_timeout
-            task = loop.create_task(call(route, [r.event for r in runnings], runnings, timeout))
+            task = loop.create_task(call(route, [r.event for r in runnings], runnings, timeout,
+                                         self._middleware))
             # One callback per batch (per event it would cost about 2 us on the
             # hot path; a one-event call guarantees its outcome in _call itself).
             task.add_done_callback(functools.partial(self._batch_ended, route, runnings))
@@ -203,16 +212,33 @@ class Executor(InFlight):
             return []
         return [*self._middleware] * len(events)
 
-    def _call_inline(self, route: Route, event: Event) -> None:
+    def _quiet_context(self, event: Event) -> contextvars.Context | None:
+        """The context an attempt every hook lets through runs in, without its hooks;
+        None when one of them wants to see it (then what the others set is dropped).
+
+        Each ``quiet`` runs in the copy the handler would get, so the context
+        variables it sets (the producer's trace context, say) are the handler's.
+        """
+        assert self._quiet is not None
+        context = contextvars.copy_context()
+        for quiet in self._quiet:
+            if not context.run(quiet, event):
+                return None
+        return context
+
+    def _call_inline(self, route: Route, event: Event,
+                     quiet: contextvars.Context | None = None) -> None:
         """Call a ``blocking=False`` plain handler here and hand on its outcome."""
-        if self._middleware:
+        if quiet is not None:
+            quiet.run(self._inline, route, event, NO_HOOKS)
+        elif self._middleware:
             # Hooks may set context variables for the handler: in a copy, so they
             # stay this call's and do not weigh on the fetch loop's own context.
-            contextvars.copy_context().run(self._inline, route, event)
+            contextvars.copy_context().run(self._inline, route, event, self._middleware)
         else:
-            self._inline(route, event)
+            self._inline(route, event, NO_HOOKS)
 
-    def _inline(self, route: Route, event: Event) -> None:
+    def _inline(self, route: Route, event: Event, hooks: Sequence[Middleware]) -> None:
         """The synchronous driver of the call core: hooks and call, right here."""
         self._inline_event = event
         events = [event]
@@ -222,18 +248,17 @@ class Executor(InFlight):
         outcomes: list[Outcome] | None = None
         try:
             try:
-                if self._middleware:
+                if hooks:
                     entered, started = self._entered(events), time.monotonic()
                     if not entered:
-                        before_inline(self._middleware, events, entered)
+                        before_inline(hooks, events, entered)
                 value = route.handler(event)
             except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
                 outcomes, raised = self._failed(route, events, exc, None, 0.0)
             else:
                 outcomes = returned(route, events, value, self._backoff)
             if entered:
-                after_inline(self._middleware, events, entered,
-                             hook_results(outcomes, raised, started))
+                after_inline(hooks, events, entered, hook_results(outcomes, raised, started))
         except BaseException as exc:  # noqa: BLE001 - raised here, it would end the fetch loop
             outcomes = self._unsettled(route, events, exc, outcomes, None)
         finally:
@@ -241,13 +266,15 @@ class Executor(InFlight):
         self._sink(outcomes[0])
 
     async def _call(self, route: Route, events: list[Event], runnings: list[Running],
-                    timeout: float) -> None:
+                    timeout: float, hooks: Sequence[Middleware], *, quiet: bool = False) -> None:
         """The asynchronous driver of the call core: one call in its own task, or one
         call of a batch handler for the route's events of one claim.
 
         Its deadline is enforced by the sweeper, which cancels the task; a
         batch's deadline is the batch's, and every event of it gets the timeout.
         Middleware sees each event of a batch as if it had a call of its own.
+        ``hooks``: the executor's middleware, or none for a ``quiet`` attempt,
+        whose task runs in the context its hooks' ``quiet`` set up.
         """
         entered = NO_HOOKS
         started = 0.0
@@ -255,11 +282,11 @@ class Executor(InFlight):
         outcomes: list[Outcome] | None = None
         try:
             try:
-                if self._middleware:
+                if hooks:
                     entered, started = self._entered(events), time.monotonic()
-                    if not entered and (done := before_hooks(self._middleware, events,
+                    if not entered and (done := before_hooks(hooks, events,
                                                              entered)) is not None:
-                        await before_awaited(self._middleware, events, entered, done)
+                        await before_awaited(hooks, events, entered, done)
                 if route.batch:
                     handler: Any = route.handler    # a batch handler takes the list
                     # A copy: the handler may consume or reorder its list
@@ -268,20 +295,21 @@ class Executor(InFlight):
                 elif route.is_async:
                     value = await route.handler(events[0])
                 else:
-                    # The context copied after the hooks ran: what they set reaches the thread.
+                    # The context copied after the hooks ran (or quiet set it up):
+                    # what they set reaches the thread.
                     value = await call_handler(
                         route, events[0], self._pool, self._running.thread_abandoned,
-                        contextvars.copy_context() if entered else None)
+                        contextvars.copy_context() if entered or quiet else None)
             except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
                 outcomes, raised = self._failed(route, events, exc, runnings, timeout)
             else:
                 outcomes = returned(route, events, value, self._backoff)
             if entered:
                 results = hook_results(outcomes, raised, started)
-                pending = after_hooks(self._middleware, events, entered, results,
+                pending = after_hooks(hooks, events, entered, results,
                                       len(entered) - 1, stoppable=True)
                 if pending is not None:
-                    await after_awaited(self._middleware, events, entered, results, pending)
+                    await after_awaited(hooks, events, entered, results, pending)
         except BaseException as exc:  # noqa: BLE001 - the safety net: see _unsettled
             outcomes = self._unsettled(route, events, exc, outcomes, runnings)
         if not route.batch:
