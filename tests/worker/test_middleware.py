@@ -225,6 +225,29 @@ async def test_an_attempt_every_hook_lets_through_runs_without_hooks_in_their_co
     assert (await event_row(db, quiet))["state"] == "succeeded"
 
 
+async def test_a_quiet_that_raises_runs_the_hooks_and_is_logged(
+        db: str, caplog: pytest.LogCaptureFixture) -> None:
+    log: list[tuple[Any, ...]] = []
+    seen: list[Any] = []
+
+    class Broken(Quiet):
+        def quiet(self, event: Event) -> bool:
+            raise RuntimeError("sampler down")
+
+    ok = await enqueue(db, "mw.ok")
+    worker = Worker(db, _router(seen, "async"), fast_config(),
+                    middleware=[Broken("broken", log, "mw.ok")])
+    async with running(worker):
+        async def after() -> bool:
+            return any(e[1] == "after" for e in log)
+        await wait_until(after, timeout=10, what="after()")
+    assert [e[:2] for e in log] == [("broken", "before"), ("broken", "after")]
+    assert seen == [f"req-{ok}"]
+    assert (await event_row(db, ok))["state"] == "succeeded"
+    assert any(getattr(r, "action", None) == "middleware_failed" and r.event_id == ok
+               for r in caplog.records)
+
+
 async def test_one_hook_without_quiet_makes_every_attempt_run_the_hooks(db: str) -> None:
     log: list[tuple[Any, ...]] = []
     seen: list[Any] = []

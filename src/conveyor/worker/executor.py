@@ -221,9 +221,14 @@ class Executor(InFlight):
         """
         assert self._quiet is not None
         context = contextvars.copy_context()
-        for quiet in self._quiet:
-            if not context.run(quiet, event):
-                return None
+        try:
+            for quiet in self._quiet:
+                if not context.run(quiet, event):
+                    return None
+        except Exception:   # raised here, it would end the fetch loop: the hooks decide
+            log.exception("middleware quiet() failed for event %d; its hooks run", event.id,
+                          extra={"action": "middleware_failed", "event_id": event.id})
+            return None
         return context
 
     def _call_inline(self, route: Route, event: Event,
