@@ -6,7 +6,9 @@
 :meth:`Executor._failed`: the exits, ``store_result``, the timeout), the
 ``after`` hooks (those steps shared by every driver are in
 :mod:`conveyor.worker.call_steps`) and the safety net
-(:meth:`Executor._unsettled`). Two drivers compose it, as httpx drives one
+(:meth:`Executor._unsettled`); an attempt every middleware lets through
+(``Middleware.quiet``) skips the hooks and runs in the context they set up.
+Two drivers compose it, as httpx drives one
 auth flow sync and async: :meth:`Executor._inline` calls a ``blocking=False``
 plain handler right here, :meth:`Executor._call` runs one call, or one call
 of a batch handler, in a task. The hook steps stop at what is to be
