@@ -170,8 +170,8 @@ class Executor(InFlight):
                 continue
             timeout = override or route.timeout or default_timeout
             running.deadline = now + timeout
-            coro = (call(route, [event], [running], timeout, self._middleware) if quiet is None
-                    else call(route, [event], [running], timeout, NO_HOOKS, quiet=True))
+            coro = call(route, [event], [running], timeout,
+                        self._middleware if quiet is None else NO_HOOKS)
             if EAGER_TASKS:
                 # Python 3.12+: the handler runs at once, up to its first real wait,
                 # with itself as the current task; one that never waits costs no
@@ -234,7 +234,7 @@ class Executor(InFlight):
         return context
 
     def _call_inline(self, route: Route, event: Event,
-                     quiet: contextvars.Context | None = None) -> None:
+                     quiet: contextvars.Context | None) -> None:
         """Call a ``blocking=False`` plain handler here and hand on its outcome."""
         if quiet is not None:
             quiet.run(self._inline, route, event, NO_HOOKS)
@@ -273,7 +273,7 @@ class Executor(InFlight):
         self._sink(outcomes[0])
 
     async def _call(self, route: Route, events: list[Event], runnings: list[Running],
-                    timeout: float, hooks: Sequence[Middleware], *, quiet: bool = False) -> None:
+                    timeout: float, hooks: Sequence[Middleware]) -> None:
         """The asynchronous driver of the call core: one call in its own task, or one
         call of a batch handler for the route's events of one claim.
 
@@ -302,11 +302,11 @@ class Executor(InFlight):
                 elif route.is_async:
                     value = await route.handler(events[0])
                 else:
-                    # The context copied after the hooks ran (or quiet set it up):
-                    # what they set reaches the thread.
+                    # The context copied after the hooks ran (or their quiet set it
+                    # up): what they set reaches the thread.
                     value = await call_handler(
                         route, events[0], self._pool, self._running.thread_abandoned,
-                        contextvars.copy_context() if entered or quiet else None)
+                        contextvars.copy_context() if self._middleware else None)
             except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
                 outcomes, raised = self._failed(route, events, exc, runnings, timeout)
             else:
