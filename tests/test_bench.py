@@ -21,8 +21,8 @@ import pytest
 from conveyor.config import BATCH_SIZE_DEFAULT
 from conveyor_tools.bench import scratch
 from conveyor_tools.bench.app import NOOP_TOPIC
-from conveyor_tools.bench.baseline import RawVariant
-from conveyor_tools.bench.measure import percentile
+from conveyor_tools.bench.baseline import RawVariant, claim_sql
+from conveyor_tools.bench.measure import percentile, raw_backlog
 from conveyor_tools.bench.report import format_table
 from conveyor_tools.bench.suite import Plan, worker_commit
 
@@ -253,6 +253,26 @@ def test_fill_reads_the_wal_position_after_its_own_rows(fresh_db: str, system: s
             scratch.drop(admin, schemas)
     assert written > 2_000 * 60  # at least a heap tuple per row
     assert after_fill < written / 20
+
+
+def test_the_raw_loop_claims_from_its_index_from_the_first_claim(fresh_db: str) -> None:
+    """The baseline's backlog is analyzed before ``go``: planned from the empty
+    table's statistics, its first claims read and sorted the whole backlog."""
+    schemas = scratch.schemas_for("conveyor_rawplan")
+    with psycopg.connect(fresh_db, autocommit=True) as admin:
+        scratch.create(admin, schemas)
+        try:
+            scratch.settle(admin, schemas.raw)      # as before every drain: an empty table
+            raw_backlog(admin, fresh_db, schemas.raw, 20_000)
+            with psycopg.connect(fresh_db) as drainer:
+                plan = drainer.execute("EXPLAIN (FORMAT JSON) " + claim_sql(schemas.raw),
+                                       (BATCH_SIZE_DEFAULT,), prepare=False).fetchone()
+        finally:
+            scratch.drop(admin, schemas)
+    assert plan is not None
+    text = json.dumps(plan[0])
+    assert '"Index Name": "events_claim_idx"' in text
+    assert '"Node Type": "Sort"' not in text
 
 
 def test_raw_variant_survives_the_command_line() -> None:
