@@ -27,9 +27,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from conveyor.config import WorkerConfig
 from conveyor.db.named_queries import queries_for
-from conveyor.worker import Worker
+from conveyor.worker.claims import claim_filter
 from conveyor_tools.bench import scratch
 from conveyor_tools.bench.app import NOOP_TOPIC, router
 from conveyor_tools.bench.baseline import claim_sql, finish_sql, render
@@ -56,8 +55,7 @@ def conveyor_pair(conn: psycopg.Connection[Any], schema: str, batch: int, timing
     q = queries_for(schema)
     owner = str(uuid.uuid4())
     # The worker's own claim filter, so the parameters follow the worker's code.
-    claim_filter = Worker("", router, WorkerConfig(schema=schema))._filter
-    params = {**claim_filter, "limit": batch, "owner": owner, "lease_ttl": 15.0}
+    params = {**claim_filter(router, None), "limit": batch, "owner": owner, "lease_ttl": 15.0}
     ack = ack_sql or q["event_succeed_many"]
     rows = _timed(timings, f"{prefix}: conveyor claim", lambda: conn.execute(
         q["event_claim"], params).fetchall())
