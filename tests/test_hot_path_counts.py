@@ -29,15 +29,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from prometheus_client import CollectorRegistry
 
-from conveyor import NewEvent, Producer
+from conveyor import NewEvent, Producer, ProducerConfig
 from conveyor.db.named_queries import queries_for
 from conveyor.metrics.middleware import MetricsMiddleware
 from conveyor.middleware import HandlerResult, Middleware
 from conveyor.patterns import sql_params
+from conveyor.producer_core import prepare_one
 from conveyor.retry import BackoffPolicy
 from conveyor.router import Router
 from conveyor.tracing import TracingMiddleware
 from conveyor.types import CLAIM_COLUMNS, Event, EventState
+from conveyor.validation import check_topic
 from conveyor.worker.acks import ack
 from conveyor.worker.classify import success
 from conveyor.worker.executor import Executor
@@ -210,6 +212,19 @@ def raw_drain_wal(conn: psycopg.Connection, batches: int, batch: int, finish: st
         wal.mark()
         conn.commit()
     return wal.bytes() / (batches * batch)
+
+
+def test_preparing_the_common_event_makes_at_most_twelve_calls() -> None:
+    # A known topic and a payload, every option at its default: the payload's
+    # encoding and the row, no NewEvent and no check of an option left at its
+    # default (the full checks made 26 calls).
+    config = ProducerConfig()
+    check_topic("orders.placed")
+    made = calls(lambda: prepare_one(config, "orders.placed", {"n": 1}, tenant=None,
+                                     idempotency_key=None, delay=0.0, priority=0,
+                                     max_attempts=None, run_at=None))
+    assert sum(made.values()) <= 12, made
+    assert "NewEvent" not in made and "check_priority" not in made
 
 
 @pytest.mark.parametrize("delete_succeeded", [False, True], ids=["mark", "delete"])

@@ -30,6 +30,8 @@ from conveyor import (
     ProducerConfig,
 )
 from conveyor.producer import COPY_THRESHOLD
+from conveyor.producer_core import prepare, prepare_one
+from conveyor.validation import check_topic
 from wake_support import listen_for_wakes
 
 CHANNEL = sql.Identifier("conveyor.events")
@@ -516,6 +518,33 @@ def test_a_bad_pair_is_refused_as_a_single_enqueue_refuses_it(
     assert str(batch.value) == f"event #70: {single.value}"
     assert type(batch.value) is type(single.value)
     assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+@pytest.mark.parametrize("option", [
+    {"priority": True}, {"priority": "1"}, {"delay": -1.0}, {"delay": float("nan")},
+    {"max_attempts": 0}, {"tenant": "Not A Label"}, {"idempotency_key": ""},
+    {"payload": {"n": object()}}, {"run_at": datetime(2026, 1, 1)},
+], ids=lambda o: ",".join(o))
+def test_an_enqueue_of_a_known_topic_still_checks_every_option_it_is_given(
+    conn: psycopg.Connection[Any], option: dict[str, Any],
+) -> None:
+    # The common event's shortcut (producer_core.prepare_one) is taken only
+    # when every option is at its default: one that is not is checked in full.
+    producer = Producer()
+    producer.enqueue(conn, "known.options", {})
+    kwargs = {"payload": {}, **option}
+    with pytest.raises(InvalidInputError):
+        producer.enqueue(conn, "known.options", **kwargs)
+
+
+def test_the_common_event_is_written_as_the_full_checks_would_write_it() -> None:
+    config = ProducerConfig(max_attempts=7)
+    check_topic("known.common")
+    defaults: dict[str, Any] = {"tenant": None, "idempotency_key": None, "delay": 0,
+                                "priority": 0, "max_attempts": None, "run_at": None}
+    for payload in ({"n": 1}, None, [1, "two"]):
+        assert prepare_one(config, "known.common", payload, **defaults) == prepare(
+            config, NewEvent(topic="known.common", payload=payload))
 
 
 def test_a_refused_bulk_batch_inside_an_open_transaction_leaves_it_as_it_was(

@@ -57,8 +57,8 @@ from conveyor.producer_core import (
     insert_many_params,
     key_params,
     plain_pairs,
-    prepare,
     prepare_many,
+    prepare_one,
     producer_tracing,
     single_insert,
     unseen_key,
@@ -108,9 +108,9 @@ class AsyncProducer:
         due, a timezone-aware datetime, instead of a ``delay`` in seconds (the
         database's clock decides when either has come).
         """
-        row = prepare(self.config, NewEvent(
-            topic=topic, payload=payload, tenant=tenant, idempotency_key=idempotency_key,
-            delay=delay, priority=priority, max_attempts=max_attempts, run_at=run_at))
+        row = prepare_one(self.config, topic, payload, tenant=tenant,
+                          idempotency_key=idempotency_key, delay=delay, priority=priority,
+                          max_attempts=max_attempts, run_at=run_at)
         send = self._tracing.start(row.topic) if self._tracing is not None else None
         if send is None:
             return await self._insert(conn, row, None)

@@ -82,9 +82,15 @@ def is_plain(event: NewEvent) -> bool:
     Exact types only: a ``True`` priority or a ``Decimal`` delay takes the full
     checks, which refuse or convert it.
     """
-    return (event.tenant is None and event.idempotency_key is None and event.max_attempts is None
-            and event.run_at is None and type(event.priority) is int and event.priority == 0
-            and type(event.delay) in (float, int) and event.delay == 0)
+    return _plain(event.tenant, event.idempotency_key, event.max_attempts, event.run_at,
+                  event.priority, event.delay)
+
+
+def _plain(tenant: object, key: object, max_attempts: object, run_at: object,
+           priority: object, delay: object) -> bool:
+    return (tenant is None and key is None and max_attempts is None and run_at is None
+            and type(priority) is int and priority == 0
+            and type(delay) in (float, int) and delay == 0)
 
 
 @dataclass(slots=True)   # hot path, measured: see docs/benchmarks.md (not frozen)
@@ -99,6 +105,35 @@ class _Row:
     key: str | None
     delay: float
     run_at: datetime | None = None   # absolute due time; wins over delay (which is then 0)
+
+
+def prepare_one(config: ProducerConfig, topic: str, payload: Any, *, tenant: str | None,
+                idempotency_key: str | None, delay: float, priority: int,
+                max_attempts: int | None, run_at: datetime | None) -> _Row:
+    """:func:`prepare` for the arguments of one ``enqueue`` call. The common event
+    (a topic seen valid before and a payload, every option at its default)
+    skips the checks that could refuse nothing and the :class:`NewEvent` (hot
+    path, measured: see docs/benchmarks.md)."""
+    if (_plain(tenant, idempotency_key, max_attempts, run_at, priority, delay)
+            and type(topic) is str and topic in KNOWN_TOPICS):
+        return _plain_row(topic, payload, config.max_attempts, config.max_payload_bytes,
+                          config.max_payload_depth)
+    return prepare(config, NewEvent(
+        topic=topic, payload=payload, tenant=tenant, idempotency_key=idempotency_key,
+        delay=delay, priority=priority, max_attempts=max_attempts, run_at=run_at))
+
+
+def _plain_row(topic: str, payload: Any, max_attempts: int, max_bytes: int, max_depth: int,
+               index: int | None = None) -> _Row:
+    """The row of a plain event whose topic is known valid: only its payload to check."""
+    try:
+        encoded = encode_payload({} if payload is None else payload,
+                                 max_bytes=max_bytes, max_depth=max_depth)
+    except InvalidInputError as exc:
+        if index is None:
+            raise
+        raise type(exc)(f"event #{index}: {exc}") from None
+    return _Row(None, topic, encoded, 0, max_attempts, None, 0.0)
 
 
 def prepare(config: ProducerConfig, event: NewEvent, index: int | None = None) -> _Row:
@@ -139,12 +174,7 @@ def prepare_many(config: ProducerConfig, events: Iterable[EventLike]) -> list[_R
         event = item if type(item) is NewEvent else coerce(item, i)
         # A plain event with a known topic needs only its payload checked.
         if is_plain(event) and type(event.topic) is str and event.topic in KNOWN_TOPICS:
-            try:
-                payload = encode_payload({} if event.payload is None else event.payload,
-                                         max_bytes=max_bytes, max_depth=max_depth)
-            except InvalidInputError as exc:
-                raise type(exc)(f"event #{i}: {exc}") from None
-            append(_Row(None, event.topic, payload, 0, max_attempts, None, 0.0))
+            append(_plain_row(event.topic, event.payload, max_attempts, max_bytes, max_depth, i))
         else:
             append(prepare(config, event, i))
     return rows
