@@ -36,6 +36,13 @@ def _succeeded(url: str) -> int:
     return state_counts(url).get("succeeded", 0)
 
 
+def _busy_pids(url: str) -> set[int]:
+    """The worker processes with events running under their lease."""
+    return {pid for (pid,) in query(url, "SELECT DISTINCT w.pid FROM conveyor.events AS e"
+                                         " JOIN conveyor.workers AS w ON w.id = e.lease_owner"
+                                         " WHERE e.state = 'running'")}
+
+
 def test_business_rows_equal_succeeded_events_through_a_kill_storm(
         acc_db: str, spawn: Callable[..., WorkerProcess]) -> None:
     with psycopg.connect(acc_db) as conn:
@@ -47,6 +54,13 @@ def test_business_rows_equal_succeeded_events_through_a_kill_storm(
     rng = random.Random(23)
     workers = [spawn(acc_db, *ARGS, app=APP) for _ in range(2)]
     kills = 0
+    busy: list[WorkerProcess] = []   # the workers with handlers under way, as last seen
+
+    def some_busy() -> bool:
+        pids = _busy_pids(acc_db)
+        busy[:] = [w for w in workers if w.pid in pids]
+        return bool(busy) or _succeeded(acc_db) == EVENTS
+
     while kills < KILLS:
         seen = _succeeded(acc_db)
         if seen == EVENTS:
@@ -54,7 +68,14 @@ def test_business_rows_equal_succeeded_events_through_a_kill_storm(
         # Kill only while there is work under way: after some more successes.
         wait_for(lambda seen=seen: _succeeded(acc_db) >= min(EVENTS, seen + 20), 60,
                  "more events to succeed", alive=workers)
-        victim = workers.pop(rng.randrange(len(workers)))
+        # ... and only a worker with handlers under way: one just started may own
+        # nothing yet (a loaded machine's run once killed only such workers, and
+        # no handler was interrupted).
+        wait_for(some_busy, 60, "a worker's handlers under way", alive=workers)
+        if not busy:
+            break
+        victim = busy[rng.randrange(len(busy))]
+        workers.remove(victim)
         victim.signal(signal.SIGKILL)
         assert victim.wait(timeout=10) == -signal.SIGKILL
         kills += 1
