@@ -6,7 +6,8 @@ patch replaces one named query's text in the loaded catalogue (the files in
 
     python benchmarks/patched_worker.py trace-wake -- --schema s worker ...
 
-Patches (joined with "+"): trace-wake, and the query patches in PATCHES. The
+Patches (joined with "+"): trace-wake, timeline, two-fetch, and the query
+patches in PATCHES. The
 worker's own settings already hold what earlier patches measured
 (synchronous_commit off on the claim and acknowledgement sessions, one
 deadline sweeper instead of a timer per handler, the acknowledgement without
@@ -52,12 +53,91 @@ def trace_wake_path() -> None:
     Claims.claim = traced_claim  # type: ignore[assignment,method-assign]
 
 
+TIMELINE_ENV = "PATCHED_WORKER_TIMELINE"
+
+
+def timeline() -> None:
+    """Record every claim, acknowledgement and handler start as a line
+    "KIND START END EVENTS" (time.perf_counter(), KIND claim, ack or start) in
+    the file the environment's PATCHED_WORKER_TIMELINE names, written at exit:
+    where the fetch loop's time goes (profile_drain.py sums it up)."""
+    import atexit
+    import os
+    import time
+    from typing import Any
+
+    from conveyor.worker.claims import Claims
+    from conveyor.worker.completer import Completer
+    from conveyor.worker.executor import Executor
+
+    path = os.environ[TIMELINE_ENV]
+    records: list[tuple[str, float, float, int]] = []
+    claim, write, start = Claims._claim, Completer._write, Executor.start
+
+    async def timed_claim(self: Claims, *args: Any) -> Any:
+        began = time.perf_counter()
+        events = await claim(self, *args)
+        records.append(("claim", began, time.perf_counter(), len(events or ())))
+        return events
+
+    async def timed_write(self: Completer, conn: Any, batch: Any) -> Any:
+        began = time.perf_counter()
+        done = await write(self, conn, batch)
+        records.append(("ack", began, time.perf_counter(), len(batch)))
+        return done
+
+    def timed_start(self: Executor, events: Any) -> None:
+        began = time.perf_counter()
+        start(self, events)
+        records.append(("start", began, time.perf_counter(), len(events)))
+
+    def dump() -> None:
+        with open(path, "w", encoding="ascii") as out:
+            out.writelines(f"{kind} {a:.6f} {b:.6f} {n}\n" for kind, a, b, n in records)
+
+    Claims._claim = timed_claim  # type: ignore[method-assign]
+    Completer._write = timed_write  # type: ignore[method-assign]
+    Executor.start = timed_start  # type: ignore[method-assign]
+    atexit.register(dump)
+
+
+def two_fetch() -> None:
+    """A second fetch loop on a connection of its own, beside the first: one
+    claim is on its way while the other's rows are handed out (a design
+    priced, not shipped: one more connection per worker)."""
+    import asyncio
+    import copy
+
+    from conveyor.worker.claims import Claims
+    from conveyor.worker.connection import CursorCache
+
+    fetch_loop = Claims.fetch_loop
+
+    async def twin_loops(self: Claims) -> None:
+        twin = copy.copy(self)
+        fetch = copy.copy(self.connections.fetch)
+        fetch.role, fetch._conn, fetch._connecting = "fetch2", None, asyncio.Lock()
+        twin.connections = copy.copy(self.connections)
+        twin.connections.fetch = fetch
+        twin._cursors = {**self._cursors, fetch.role: CursorCache(binary=True)}
+        twin._deferred = []
+        twin.hold = copy.copy(self.hold)
+        twin.hold._enabled = False      # the first loop keeps the wake gate
+        await asyncio.gather(fetch_loop(self), fetch_loop(twin))
+
+    Claims.fetch_loop = twin_loops  # type: ignore[method-assign]
+
+
 def main() -> int:
     name, sep, *rest = sys.argv[1:]
     assert sep == "--", "usage: patched_worker.py PATCH -- CLI-ARGS..."
     for part in name.split("+"):
         if part == "trace-wake":
             trace_wake_path()
+        elif part == "timeline":
+            timeline()
+        elif part == "two-fetch":
+            two_fetch()
         else:
             named_queries.raw_queries().update(PATCHES[part])
     from conveyor.cli.main import main as cli_main

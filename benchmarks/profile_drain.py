@@ -75,9 +75,12 @@ def report_cpu(label: str, n: int, seconds: float, own: float,
 def profile_conveyor(args: argparse.Namespace, admin: psycopg.Connection[Any],
                      schemas: scratch.Schemas, registry: ProcessRegistry, out: str) -> None:
     launcher: list[str] = ["-m", "conveyor.cli.main"]
+    timeline = None
     if args.patch:
         launcher = [os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                  "patched_worker.py"), args.patch, "--"]
+        if "timeline" in args.patch.split("+"):
+            timeline = os.environ["PATCHED_WORKER_TIMELINE"] = os.path.join(out, "timeline.txt")
     if args.tool == "cprofile":
         launcher = ["-m", "cProfile", "-o", os.path.join(out, "worker.prof"), *launcher]
     worker = registry.worker(args.url, schemas.conveyor, batch_size=args.batch_size,
@@ -114,6 +117,8 @@ def profile_conveyor(args: argparse.Namespace, admin: psycopg.Connection[Any],
              f"concurrency={args.concurrency or 'default'}")
     report_cpu(label, args.events, seconds, cpu1 - cpu0,
                {backends[p]: db1[p] - db0.get(p, 0.0) for p in backends})
+    if timeline is not None:
+        summarize_timeline(timeline)
     if args.tool == "py-spy":
         summarize_stacks(os.path.join(out, "stacks.txt"), args.top)
     elif args.tool == "cprofile":
@@ -147,6 +152,34 @@ def profile_raw(args: argparse.Namespace, admin: psycopg.Connection[Any],
     seconds = stats.check(args.events, "raw drain")
     report_cpu(f"raw drain batch={batch} (backend CPU sampled every 5 ms)", args.events,
                seconds, own, {"raw": sum(cpu_backend.values())})
+
+
+def summarize_timeline(path: str) -> None:
+    """What the worker's claims, acknowledgements and handler starts took, from
+    patched_worker.py's timeline: the fetch loop is claiming, or waiting for
+    free slots (or for the next claim to be sent) the rest of the drain."""
+    spans: dict[str, list[tuple[float, float, int]]] = collections.defaultdict(list)
+    with open(path, encoding="ascii") as f:
+        for line in f:
+            kind, began, ended, events = line.split()
+            if int(events):
+                spans[kind].append((float(began), float(ended), int(events)))
+    if not spans["claim"]:
+        print("\n== timeline: no claim recorded")
+        return
+    first = min(b for b, _, _ in spans["claim"])
+    last = max(e for kind in spans.values() for _, e, _ in kind)
+    drain = last - first
+    print(f"\n== timeline: {drain * 1e3:.1f} ms from the first claim to the last write")
+    for kind in ("claim", "ack", "start"):
+        rows = spans[kind]
+        if not rows:
+            continue
+        busy = sum(e - b for b, e, _ in rows)
+        events = sum(n for _, _, n in rows)
+        print(f"   {kind:<6} {len(rows):5d} x, {events:7,d} events: busy {busy * 1e3:7.1f} ms"
+              f" ({100 * busy / drain:4.1f} % of the drain), {busy / len(rows) * 1e3:.3f} ms each,"
+              f" {busy / events * 1e6:.2f} us/event")
 
 
 def summarize_stacks(path: str, top: int) -> None:
@@ -192,7 +225,7 @@ def main() -> int:
     parser.add_argument("--raw-batch", type=int, action="append",
                         help="also profile the raw drainer at this batch (repeatable)")
     parser.add_argument("--patch", help="run the worker through patched_worker.py with these "
-                        "patches, e.g. trace-wake (see patched_worker.py)")
+                        "patches, e.g. timeline or two-fetch+timeline (see patched_worker.py)")
     parser.add_argument("--app", default=APP, help="the router the worker serves, e.g. "
                         "conveyor_tools.bench.traced_app:router (tracing set up)")
     parser.add_argument("--flag", action="append",
