@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import sys
 from collections import Counter
@@ -351,3 +352,54 @@ def test_hooks_that_await_nothing_cost_a_call_no_generator_or_coroutine() -> Non
     async def extra() -> int:
         return await resumable_frames((Both(),)) - await resumable_frames(())
     assert asyncio.run(extra()) == 0
+
+
+async def calls_in_tasks(start: Callable[[], None], running: RunningSet) -> Counter[str]:
+    """The calls the handlers' tasks make, by function name (built-ins too), from
+    ``start()`` (where an eager task runs its first step) until every one ends;
+    not this coroutine's, nor the loop's rounds around them."""
+    outer = asyncio.current_task()
+    seen: Counter[str] = Counter()
+
+    def profile(frame: FrameType, kind: str, arg: Any) -> None:
+        if asyncio.current_task() in (None, outer):
+            return
+        if kind == "call":
+            seen[frame.f_code.co_name] += 1
+        elif kind == "c_call":
+            seen[getattr(arg, "__name__", "?")] += 1
+
+    sys.setprofile(profile)
+    try:
+        start()
+        await asyncio.gather(*running.unfinished_tasks())
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_an_after_only_middleware_adds_few_calls_to_an_async_handler_call() -> None:
+    # A one-event call enters its after-only hooks through a list every call
+    # shares and hands them its one result directly: metrics added 17 calls to
+    # each task's run (14 now); its own after() makes seven of them.
+    async def handler(event: Event) -> None:
+        pass
+
+    async def extra_calls() -> int:
+        made = []
+        for middleware in ((), (MetricsMiddleware(registry=CollectorRegistry()),)):
+            router = Router()
+            router.add("orders.placed", handler)
+            running = RunningSet(10)
+            executor = Executor(router, running, lambda outcome: None, handler_timeout=5.0,
+                                backoff=BackoffPolicy(), threads=1, middleware=middleware)
+            claimed = [event(n) for n in (1, 2)]
+            running.take(claimed)
+            executor.start(claimed[:1])       # the first call makes the series
+            await asyncio.gather(*running.unfinished_tasks())
+            seen = await calls_in_tasks(functools.partial(executor.start, claimed[1:]), running)
+            assert seen["handler"] == 1, seen
+            made.append(sum(seen.values()))
+            executor.close()
+        return made[1] - made[0]
+    assert asyncio.run(extra_calls()) <= 14

@@ -1,24 +1,20 @@
 """Runs handler calls and hands on their :class:`~conveyor.worker.classify.Outcome`.
 
 :class:`Executor` is the one handler path, shared by the worker and
-:func:`conveyor.testing.work_event`. Every call goes through one core: the
-``before`` hooks, the call, its outcomes (``returned``,
-:meth:`Executor._failed`: the exits, ``store_result``, the timeout), the
-``after`` hooks (those steps shared by every driver are in
-:mod:`conveyor.worker.call_steps`) and the safety net
+:func:`conveyor.testing.work_event`. Every call goes through one core: the ``before``
+hooks, the call, its outcomes (``returned``, :meth:`Executor._failed`: the exits,
+``store_result``, the timeout), the ``after`` hooks (those steps shared by every driver
+are in :mod:`conveyor.worker.call_steps`) and the safety net
 (:meth:`Executor._unsettled`); an attempt every middleware lets through
-(``Middleware.quiet``) skips the hooks and runs in the context they set up.
-Two drivers compose it, as httpx drives one
-auth flow sync and async: :meth:`Executor._inline` calls a ``blocking=False``
-plain handler right here, :meth:`Executor._call` runs one call, or one call
-of a batch handler, in a task. The hook steps stop at what is to be
-awaited, so each driver waits (or refuses to) in its own way; the call
-itself is written out in each driver, since a generator or coroutine per
-call is measurable on a no-op handler.
+(``Middleware.quiet``) skips the hooks and runs in the context they set up. Two drivers
+compose it, as httpx drives one auth flow sync and async: :meth:`Executor._inline` calls
+a ``blocking=False`` plain handler right here, :meth:`Executor._call` runs one call, or
+one call of a batch handler, in a task. The hook steps stop at what is to be awaited, so
+each driver waits (or refuses to) in its own way; the call itself is written out in each
+driver, since a generator or coroutine per call is measurable on a no-op handler.
 
-How a call ended becomes an outcome in :mod:`conveyor.worker.classify`; how
-a handler is called (awaited, in a thread) is
-:mod:`conveyor.worker.handler_call`.
+How a call ended becomes an outcome in :mod:`conveyor.worker.classify`; how a handler is
+called (awaited, in a thread) is :mod:`conveyor.worker.handler_call`.
 """
 
 from __future__ import annotations
@@ -42,6 +38,7 @@ from conveyor.router import Route, Router
 from conveyor.types import Event
 from conveyor.worker.call_steps import (
     NO_HOOKS,
+    NO_RESULTS,
     after_awaited,
     after_hooks,
     after_inline,
@@ -58,6 +55,7 @@ from conveyor.worker.classify import (
     HANDLER_EXITS,
     exit_refused,
     failure,
+    handler_result,
     outcome_of_error,
     unsettled_outcome,
 )
@@ -119,9 +117,11 @@ class Executor(InFlight):
         # An async hook needs a task to await in: no handler is called inline then.
         self._async_hooks = any(inspect.iscoroutinefunction(m.before)
                                 or inspect.iscoroutinefunction(m.after) for m in self._middleware)
-        # Hooks with only an ``after`` (metrics, say) are entered without a step
-        # to run: a generator per call would be most of their cost.
+        # Hooks with only an ``after`` (metrics, say) are entered without a step to run
+        # (a generator per call would be most of their cost), a one-event call into a
+        # list all share: nothing appends to a full list (hot path, measured).
         self._enters_all = enters_all(self._middleware)
+        self._entered_one: list[Middleware] = [*self._middleware] if self._enters_all else []
         # Every hook's ``quiet``, when each has one: an attempt they all let
         # through runs as if no middleware were installed (see _quiet_context).
         self._quiet = quiet_hooks(self._middleware)
@@ -256,7 +256,9 @@ class Executor(InFlight):
         try:
             try:
                 if hooks:
-                    entered, started = self._entered(events), time.monotonic()
+                    entered = (self._entered_one if self._enters_all and not route.batch
+                               else self._entered(events))
+                    started = time.monotonic()
                     if not entered:
                         before_inline(hooks, events, entered)
                 value = route.handler(event)
@@ -290,7 +292,9 @@ class Executor(InFlight):
         try:
             try:
                 if hooks:
-                    entered, started = self._entered(events), time.monotonic()
+                    entered = (self._entered_one if self._enters_all and not route.batch
+                               else self._entered(events))
+                    started = time.monotonic()
                     if not entered and (done := before_hooks(hooks, events,
                                                              entered)) is not None:
                         await before_awaited(hooks, events, entered, done)
@@ -312,7 +316,8 @@ class Executor(InFlight):
             else:
                 outcomes = returned(route, events, value, self._backoff)
             if entered:
-                results = hook_results(outcomes, raised, started)
+                results = ((handler_result(outcomes[0], raised, started), NO_RESULTS)
+                           if len(outcomes) == 1 else hook_results(outcomes, raised, started))
                 pending = after_hooks(hooks, events, entered, results,
                                       len(entered) - 1, stoppable=True)
                 if pending is not None:
