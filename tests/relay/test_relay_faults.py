@@ -30,7 +30,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conveyor import NewEvent, Producer
+from conveyor import BrokerUnavailableError, NewEvent, Producer
+from conveyor.relay import NatsPublisher
 
 REPO = Path(__file__).resolve().parents[2]
 STREAM = "FAULTS"
@@ -240,12 +241,17 @@ class RabbitServer(PrivateServer):
 
 
 class TcpProxy:
-    """A TCP proxy on its own thread that can cut every connection or stop forwarding."""
+    """A TCP proxy on its own thread that can cut every connection or stop forwarding.
+
+    ``hold``: whether to keep a chunk of what a client sends (and what follows
+    it) from the server, for as long as it says so.
+    """
 
     def __init__(self, target_port: int) -> None:
         self.port = _free_port()
         self.target_port = target_port
         self.stalled = threading.Event()
+        self.hold: Callable[[bytes], bool] | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -272,10 +278,12 @@ class TcpProxy:
             return
         self._writers |= {writer, up_writer}
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                       upstream: bool) -> None:
             try:
                 while data := await src.read(65536):
-                    while self.stalled.is_set():
+                    while self.stalled.is_set() or (
+                            upstream and self.hold is not None and self.hold(data)):
                         await asyncio.sleep(0.01)
                     dst.write(data)
                     await dst.drain()
@@ -283,7 +291,7 @@ class TcpProxy:
                 pass
             finally:
                 dst.close()
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
         self._writers -= {writer, up_writer}
 
     def cut(self) -> None:
@@ -563,6 +571,36 @@ def test_redis_killed_restarted_and_full_with_relays_killed_loses_and_doubles_no
     assert kills >= 8 and restarts >= 1 and fills >= 1, (kills, restarts, fills)
     _exactly_once(ledger, committed)
     _none_parked(fresh_db)
+
+
+async def test_a_stream_nats_does_not_create_in_time_is_a_broker_away_not_a_crash(
+        nats_server: NatsServer) -> None:
+    # Seen under load: a relay starting while the broker stalled found no
+    # stream, and its request to create one timed out; that TimeoutError
+    # escaped the start's check (only the lookup's was caught) and ended the
+    # `conveyor relay` process instead of leaving its events to wait.
+    import nats
+
+    proxy = TcpProxy(nats_server.port)
+    proxy.start()
+    proxy.hold = lambda data: b"$JS.API.STREAM.CREATE." in data
+    publisher = NatsPublisher(f"nats://127.0.0.1:{proxy.port}", stream="HELD",
+                              subjects=["held.>"], timeout=0.5)
+    try:
+        with pytest.raises(BrokerUnavailableError,
+                           match="NATS did not answer for stream 'HELD'"):
+            await publisher.start()
+        proxy.hold = None
+        await publisher.start()     # the next try creates it
+        nc = await nats.connect(nats_server.url)
+        try:
+            info = await nc.jetstream().stream_info("HELD")
+        finally:
+            await nc.close()
+        assert info.config.subjects == ["held.>"]
+    finally:
+        await publisher.aclose()
+        proxy.stop()
 
 
 def test_nats_through_a_proxy_that_cuts_and_stalls_loses_and_doubles_nothing(

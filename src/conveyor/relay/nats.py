@@ -193,21 +193,30 @@ class NatsPublisher:
             return js
 
     async def _check_stream(self, js: JetStreamContext) -> None:
+        import nats.errors
         import nats.js.errors
         from nats.js.api import StreamConfig
 
         try:
-            info = await js.stream_info(self.stream)
-        except nats.js.errors.NotFoundError:
-            if not self.create_stream:
-                raise ConfigError(f"NATS has no stream {self.stream!r} and create_stream is "
-                                  f"off") from None
-            await js.add_stream(StreamConfig(name=self.stream, subjects=self.subjects,
-                                             duplicate_window=self.duplicate_window))
-            return
-        except TimeoutError as exc:
+            try:
+                info = await js.stream_info(self.stream)
+            except nats.js.errors.NotFoundError:
+                if not self.create_stream:
+                    raise ConfigError(f"NATS has no stream {self.stream!r} and create_stream "
+                                      f"is off") from None
+                # Unanswered, as the lookup may be: a relay starting while the
+                # broker stalls waits for it like one that cannot connect.
+                await js.add_stream(StreamConfig(name=self.stream, subjects=self.subjects,
+                                                 duplicate_window=self.duplicate_window))
+                return
+        except (nats.js.errors.ServiceUnavailableError, nats.js.errors.ServerError) as exc:
+            raise BrokerUnavailableError(f"NATS cannot serve stream {self.stream!r} now: "
+                                         f"{_text(exc)}") from exc
+        except nats.js.errors.APIError as exc:
+            raise ConfigError(f"NATS refused stream {self.stream!r}: {_text(exc)}") from None
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise BrokerUnavailableError(f"NATS did not answer for stream {self.stream!r} "
-                                         f"(is JetStream enabled?)") from exc
+                                         f"(is JetStream enabled?): {_text(exc)}") from exc
         window = info.config.duplicate_window or 0
         if window + 1e-6 < self.duplicate_window:
             raise ConfigError(f"NATS stream {self.stream!r} remembers message ids for "
