@@ -142,6 +142,24 @@ async def test_nats_refuses_a_stream_that_forgets_ids_too_soon() -> None:
         await nc.close()
 
 
+async def test_nats_refuses_a_stream_it_cannot_create_in_one_line() -> None:
+    import nats
+    from nats.js.api import StreamConfig
+
+    from conveyor import ConfigError
+
+    taken = f"T{uuid.uuid4().hex[:12]}"
+    nc = await nats.connect(NATS_URL)
+    try:
+        await nc.jetstream().add_stream(StreamConfig(name=taken, subjects=[f"{taken}.>"]))
+        publisher = NatsPublisher(NATS_URL, stream=f"{taken}B", subjects=[f"{taken}.>"])
+        with pytest.raises(ConfigError, match=f"NATS refused stream '{taken}B': .*overlap"):
+            await publisher.start()
+    finally:
+        await nc.jetstream().delete_stream(taken)
+        await nc.close()
+
+
 class FlakyFirstTry:
     """A publisher that refuses every fifth event's first attempt, then passes it on."""
 
