@@ -289,6 +289,27 @@ async def test_rabbitmq_confirms_persistent_messages_with_their_ids(db: str) -> 
         await connection.close()
 
 
+async def test_rabbitmq_refuses_an_exchange_it_cannot_declare_in_one_line() -> None:
+    import aio_pika
+
+    from conveyor import ConfigError
+
+    exchange_name = f"conveyor-test-{uuid.uuid4().hex[:12]}"
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        channel = await connection.channel()
+        await channel.declare_exchange(exchange_name, "fanout", durable=True)
+        publisher = RabbitMQPublisher(AMQP_URL, exchange=exchange_name)   # a topic exchange
+        with pytest.raises(ConfigError, match=f"RabbitMQ refused exchange '{exchange_name}': "
+                                              ".*inequivalent arg 'type'"):
+            await publisher.start()
+        await publisher.aclose()
+    finally:
+        channel = await connection.channel()
+        await channel.exchange_delete(exchange_name)
+        await connection.close()
+
+
 async def test_rabbitmq_unroutable_messages_are_refused_not_dropped(db: str) -> None:
     import aio_pika
 

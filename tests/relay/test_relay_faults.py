@@ -603,6 +603,40 @@ async def test_a_stream_nats_does_not_create_in_time_is_a_broker_away_not_a_cras
         proxy.stop()
 
 
+async def test_an_exchange_rabbitmq_does_not_declare_in_time_is_a_broker_away_not_a_crash(
+) -> None:
+    # The same for RabbitMQ: connected, a publisher whose exchange declaration
+    # went unanswered raised asyncio's TimeoutError from its start, and from
+    # a publish a failure that spent every event's attempt, not a wait. The
+    # machine's broker, behind a proxy that holds the declaration back.
+    import aio_pika
+
+    from conveyor.relay import RabbitMQPublisher
+
+    name = f"held-{os.getpid()}-{random.randrange(10**6)}"
+    proxy = TcpProxy(5672)
+    proxy.start()
+    proxy.hold = lambda data: name.encode() in data
+    publisher = RabbitMQPublisher(f"amqp://guest:guest@127.0.0.1:{proxy.port}/", exchange=name,
+                                  timeout=0.5)
+    try:
+        with pytest.raises(BrokerUnavailableError,
+                           match=f"RabbitMQ did not set up exchange '{name}'"):
+            await publisher.start()
+        proxy.hold = None
+        await publisher.start()     # the next try declares it
+        connection = await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/")
+        try:
+            channel = await connection.channel()
+            await channel.get_exchange(name, ensure=True)
+            await channel.exchange_delete(name)
+        finally:
+            await connection.close()
+    finally:
+        await publisher.aclose()
+        proxy.stop()
+
+
 def test_nats_through_a_proxy_that_cuts_and_stalls_loses_and_doubles_nothing(
         fresh_db: str, nats_server: NatsServer, tmp_path: Path) -> None:
     proxy = TcpProxy(nats_server.port)

@@ -114,6 +114,7 @@ class RabbitMQPublisher:
             except (TimeoutError, OSError, aio_pika.exceptions.AMQPError) as exc:
                 raise BrokerUnavailableError(f"cannot reach RabbitMQ: "
                                              f"{str(exc) or type(exc).__name__}") from exc
+            exceptions = aio_pika.exceptions
             try:
                 channel: AbstractChannel = await connection.channel(
                     publisher_confirms=True, on_return_raises=True)
@@ -125,8 +126,20 @@ class RabbitMQPublisher:
                     exchange = await channel.get_exchange(self.exchange, ensure=True)
                 else:
                     exchange = channel.default_exchange
-            except BaseException:
-                await connection.close()
+            except BaseException as exc:
+                await self._close(connection)
+                # The broker answered no: a misconfiguration. Not at all, or the
+                # connection went: a broker away, whose events wait (connected,
+                # it may stall before the channel or the exchange is there).
+                if isinstance(exc, (exceptions.ChannelNotFoundEntity,
+                                    exceptions.ChannelPreconditionFailed,
+                                    _aiormq_exceptions().ChannelAccessRefused)):
+                    raise ConfigError(f"RabbitMQ refused exchange {self.exchange!r}: "
+                                      f"{str(exc) or type(exc).__name__}") from None
+                if isinstance(exc, (TimeoutError, OSError, exceptions.AMQPError, RuntimeError)):
+                    raise BrokerUnavailableError(f"RabbitMQ did not set up exchange "
+                                                 f"{self.exchange!r}: "
+                                                 f"{str(exc) or type(exc).__name__}") from exc
                 raise
             self._connection, self._channel, self._exchange = connection, channel, exchange
             return exchange
@@ -226,11 +239,17 @@ class RabbitMQPublisher:
     async def _drop(self) -> None:
         connection, self._connection, self._channel, self._exchange = \
             self._connection, None, None, None
-        if connection is not None and not connection.is_closed:
-            try:
-                await connection.close()
-            except Exception:  # noqa: BLE001 - a broken connection is dropped either way
-                pass
+        if connection is not None:
+            await self._close(connection)
+
+    async def _close(self, connection: AbstractConnection) -> None:
+        if connection.is_closed:
+            return
+        try:
+            # Bounded: a broker that stalls would never answer the close.
+            await asyncio.wait_for(connection.close(), self.timeout)
+        except Exception:  # noqa: BLE001 - a broken connection is dropped either way
+            pass
 
     async def aclose(self) -> None:
         await self._drop()
