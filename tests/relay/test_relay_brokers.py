@@ -310,6 +310,17 @@ async def test_rabbitmq_refuses_an_exchange_it_cannot_declare_in_one_line() -> N
         await connection.close()
 
 
+async def test_rabbitmq_refuses_a_missing_exchange_it_may_not_declare_in_one_line() -> None:
+    from conveyor import ConfigError
+
+    exchange_name = f"conveyor-test-{uuid.uuid4().hex[:12]}"
+    publisher = RabbitMQPublisher(AMQP_URL, exchange=exchange_name, declare_exchange=False)
+    with pytest.raises(ConfigError, match=f"RabbitMQ refused exchange '{exchange_name}': "
+                                          "NOT_FOUND"):
+        await publisher.start()
+    await publisher.aclose()
+
+
 async def test_rabbitmq_unroutable_messages_are_refused_not_dropped(db: str) -> None:
     import aio_pika
 
