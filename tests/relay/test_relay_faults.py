@@ -302,7 +302,16 @@ class TcpProxy:
         self._loop.call_soon_threadsafe(close_all)
 
     def stop(self) -> None:
-        self.cut()
+        async def shut() -> None:
+            # Every connection cut and its task ended, none left pending for the
+            # stopped loop to report as destroyed.
+            for writer in list(self._writers):
+                writer.transport.abort()
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
