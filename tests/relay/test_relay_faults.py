@@ -628,22 +628,19 @@ async def test_an_exchange_rabbitmq_does_not_declare_in_time_is_a_broker_away_no
     proxy.hold = lambda data: name.encode() in data
     publisher = RabbitMQPublisher(f"amqp://guest:guest@127.0.0.1:{proxy.port}/", exchange=name,
                                   timeout=0.5)
+    connection = await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/")
     try:
         with pytest.raises(BrokerUnavailableError,
                            match=f"RabbitMQ did not set up exchange '{name}'"):
             await publisher.start()
         proxy.hold = None
         await publisher.start()     # the next try declares it
-        connection = await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/")
-        try:
-            channel = await connection.channel()
-            await channel.get_exchange(name, ensure=True)
-            await channel.exchange_delete(name)
-        finally:
-            await connection.close()
+        await (await connection.channel()).get_exchange(name, ensure=True)
     finally:
         await publisher.aclose()
         proxy.stop()
+        await (await connection.channel()).exchange_delete(name)
+        await connection.close()
 
 
 def test_nats_through_a_proxy_that_cuts_and_stalls_loses_and_doubles_nothing(
