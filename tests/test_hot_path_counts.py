@@ -55,17 +55,22 @@ def event(n: int = 1, **fields: Any) -> Event:
     return Event(id=n, topic="orders.placed", payload_text="{}", created_at=CREATED, **fields)
 
 
+def counting(seen: Counter[str], counts: Callable[[], bool] = lambda: True
+             ) -> Callable[[FrameType, str, Any], None]:
+    """A profile function adding to ``seen`` every call into a Python function and
+    every call of a built-in, by name, made while ``counts()`` says so."""
+    def profile(frame: FrameType, kind: str, arg: Any) -> None:
+        if kind == "call" and counts():
+            seen[frame.f_code.co_name] += 1
+        elif kind == "c_call" and counts():
+            seen[getattr(arg, "__name__", "?")] += 1
+    return profile
+
+
 def calls(hook: Callable[..., object], *args: Any) -> Counter[str]:
     """The calls ``hook(*args)`` makes, by function name (built-ins too), itself not counted."""
     seen: Counter[str] = Counter()
-
-    def profile(frame: FrameType, kind: str, arg: Any) -> None:
-        if kind == "call":
-            seen[frame.f_code.co_name] += 1
-        elif kind == "c_call":
-            seen[getattr(arg, "__name__", "?")] += 1
-
-    sys.setprofile(profile)
+    sys.setprofile(counting(seen))
     try:
         hook(*args)
     finally:
@@ -360,16 +365,7 @@ async def calls_in_tasks(start: Callable[[], None], running: RunningSet) -> Coun
     not this coroutine's, nor the loop's rounds around them."""
     outer = asyncio.current_task()
     seen: Counter[str] = Counter()
-
-    def profile(frame: FrameType, kind: str, arg: Any) -> None:
-        if asyncio.current_task() in (None, outer):
-            return
-        if kind == "call":
-            seen[frame.f_code.co_name] += 1
-        elif kind == "c_call":
-            seen[getattr(arg, "__name__", "?")] += 1
-
-    sys.setprofile(profile)
+    sys.setprofile(counting(seen, lambda: asyncio.current_task() not in (None, outer)))
     try:
         start()
         await asyncio.gather(*running.unfinished_tasks())
