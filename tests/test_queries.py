@@ -630,15 +630,21 @@ def test_the_history_goes_on_in_partitions_of_the_span_set(db: Conn) -> None:
     db.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = %s, done = true"
                " WHERE id = %s", (later, event))
     assert _table_of(db, event) == f"conveyor.events_done_{tomorrow:%Y%m%d}_0100"
-    # Back to days, from an hour's end: a first partition up to midnight.
+    # Back to days, from an hour's end: a first partition up to midnight
+    # (none when the hours ended at midnight: in the last hour of a UTC day).
     db.execute(Q["history_drop"], {"older_than": -(until - now).total_seconds() + 3 * 3600})
     db.execute(Q["history_set_span"], {"seconds": day})
     db.execute(Q["history_make"], {"ahead": 2 * day})
     parts = db.execute(Q["history_list"]).fetchall()
     assert all(a[2] == b[1] for a, b in pairwise(parts))
-    short, last = parts[-2], parts[-1]
-    assert short[0] == f"events_done_{short[1].astimezone(UTC):%Y%m%d_%H%M}" and short[1] == until
-    assert short[2].astimezone(UTC).hour == 0 and last[2] - last[1] == timedelta(days=1)
+    first = next(p for p in parts if p[1] == until)
+    if until.astimezone(UTC).hour:
+        assert first[0] == f"events_done_{until.astimezone(UTC):%Y%m%d_%H%M}"
+        assert first[2].astimezone(UTC).hour == 0 and first[2] - first[1] < timedelta(days=1)
+    else:
+        assert first[0] == f"events_done_{until.astimezone(UTC):%Y%m%d}"
+    last = parts[-1]
+    assert last[2] - last[1] == timedelta(days=1) and last[1].astimezone(UTC).hour == 0
     assert last[0] == f"events_done_{last[1].astimezone(UTC):%Y%m%d}"
     # Retention drops every partition that ended before it, and only those.
     ended = sum(1 for p in parts if p[2] <= now + timedelta(hours=30))
