@@ -4,7 +4,8 @@ Runs the worker's own named queries (``event_claim``, ``event_succeed_many``)
 from one sync psycopg connection, batch after batch over pre-filled events,
 next to the raw baseline's claim/finish, alternating so load drift falls on
 both. Then repeats Conveyor's pair on schema variants (each in a fresh
-scratch schema) to price each index and the acknowledge-by-DELETE option:
+scratch schema) to price each index, the acknowledge-by-DELETE option and
+the claim through the partitioned parent instead of the live partition:
 
     .venv/bin/python benchmarks/sql_costs.py --url postgresql://... [--batch 100]
 
@@ -52,14 +53,14 @@ def _timed(timings: Timings, key: str, fn: Callable[[], Any]) -> Any:
 
 
 def conveyor_pair(conn: psycopg.Connection[Any], schema: str, batch: int, timings: Timings,
-                  prefix: str, ack_sql: str | None = None) -> int:
+                  prefix: str, ack_sql: str | None = None, claim_sql: str | None = None) -> int:
     q = queries_for(schema)
     owner = str(uuid.uuid4())
     # The worker's own claim filter, so the parameters follow the worker's code.
     params = {**claim_filter(router, None), "limit": batch, "owner": owner, "lease_ttl": 15.0}
     ack = ack_sql or q["event_succeed_many"]
     rows = _timed(timings, f"{prefix}: conveyor claim", lambda: conn.execute(
-        q["event_claim"], params).fetchall())
+        claim_sql or q["event_claim"], params).fetchall())
     if not rows:
         return 0
     ids, attempts = [r[0] for r in rows], [r[4] for r in rows]
@@ -98,9 +99,22 @@ def variant(admin: psycopg.Connection[Any], url: str, schemas: scratch.Schemas,
                 sql.Identifier(schemas.conveyor, name)))
 
 
+def through_parent(claim: str, schema: str) -> str:
+    """``event_claim`` reading and writing the partitioned parent, as it did before
+    it named the live partition (every pending row is live, 0025)."""
+    quoted = sql.Identifier(schema).as_string()
+    live, parent = f"{quoted}.events_live", f"{quoted}.events"
+    through = claim.replace(f"FROM {live} AS events", f"FROM {parent}").replace(
+        f"UPDATE {live} AS e", f"UPDATE {parent} AS e")
+    if through.count(live) or through == claim:
+        raise SystemExit("event_claim no longer names the live partition as expected")
+    return through
+
+
 def _phase(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any], url: str,
            schemas: scratch.Schemas, args: argparse.Namespace, timings: Timings, label: str,
-           drops: list[str], ack: str | None, prepare: bool = True) -> None:
+           drops: list[str], ack: str | None, prepare: bool = True,
+           claim: str | None = None) -> None:
     """One variant of Conveyor's table, interleaved batch by batch with the raw baseline."""
     variant(admin, url, schemas, drops)
     # The history's partitions, as a worker makes them when it starts: without
@@ -116,7 +130,8 @@ def _phase(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any], url: s
                                                           prepare_threshold=None)
     try:
         while True:
-            a = conveyor_pair(conveyor_conn, schemas.conveyor, args.batch, timings, label, ack)
+            a = conveyor_pair(conveyor_conn, schemas.conveyor, args.batch, timings, label, ack,
+                              claim)
             b = raw_pair(conn, schemas.raw, args.batch, timings, label)
             if not a and not b:
                 break
@@ -139,19 +154,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with psycopg.connect(args.url, autocommit=True) as conn:
                 timings: Timings = {}
                 # Dropped indexes stay dropped: keep those phases last.
-                phases: list[tuple[str, list[str], str | None, bool]] = [
-                    ("as shipped", [], None, True),
-                    ("never prepared (custom plans)", [], None, False),
-                    ("ack by DELETE", [], render(DELETE_ACK, schemas.conveyor), True),
+                parent = through_parent(queries_for(schemas.conveyor)["event_claim"],
+                                        schemas.conveyor)
+                phases: list[tuple[str, list[str], str | None, bool, str | None]] = [
+                    ("as shipped", [], None, True, None),
+                    ("claim on events", [], None, True, parent),
+                    ("never prepared (custom plans)", [], None, False, None),
+                    ("ack by DELETE", [], render(DELETE_ACK, schemas.conveyor), True, None),
                     ("no prunable+lease idx", ["events_prunable_idx", "events_lease_idx"],
-                     None, True),
+                     None, True, None),
                     # Last: the constraints stay dropped too (and so do the indexes).
                     ("no checks either", ["events_prunable_idx", "events_lease_idx",
-                                          *CHECKS], None, True),
+                                          *CHECKS], None, True, None),
                 ]
-                for label, drops, ack, prepare in phases:
+                for label, drops, ack, prepare, claim in phases:
                     _phase(admin, conn, args.url, schemas, args, timings, label, drops, ack,
-                           prepare)
+                           prepare, claim)
             for key, values in timings.items():
                 out[key] = {"median_ms": statistics.median(values[1:] or values),
                             "batches": len(values)}
