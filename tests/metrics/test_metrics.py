@@ -73,6 +73,38 @@ async def test_outcome_counters_move_by_topic(db: str) -> None:
     assert sample(registry, "conveyor_worker_claimed_events_total") == 5
 
 
+class _NoHooks(MetricsMiddleware):
+    """Counts whatever reaches its hooks: a worker must feed it batches instead."""
+
+    hooked = 0
+
+    def after(self, event: Event, result: Any) -> None:
+        self.hooked += 1
+        super().after(event, result)
+
+
+async def test_a_worker_counts_each_acknowledged_batch_and_runs_no_hook(db: str) -> None:
+    router = Router()
+    router.add("mail.ok", ok)
+    registry = CollectorRegistry()
+    metrics = _NoHooks(registry=registry)
+    worker = Worker(db, router, fast_config(), middleware=[metrics])
+    async with running(worker):
+        for _ in range(4):
+            await enqueue(db, "mail.ok")
+
+        async def acknowledged() -> bool:
+            return worker.stats.succeeded == 4
+        await wait_until(acknowledged, timeout=10, what="four successes acknowledged")
+    assert metrics.hooked == 0
+    total = "conveyor_events_handled_total"
+    assert sample(registry, total, topic="mail.ok", outcome="succeeded") == 4
+    assert sample(registry, "conveyor_handler_duration_seconds_count", topic="mail.ok") == 4
+    # Enqueued moments ago: every wait is under five seconds, none negative.
+    assert sample(registry, "conveyor_queue_wait_seconds_bucket", topic="mail.ok", le="5.0") == 4
+    assert 0 <= sample(registry, "conveyor_queue_wait_seconds_sum", topic="mail.ok") < 20
+
+
 async def test_healthz_and_readyz_follow_the_life_cycle(db: str) -> None:
     worker, registry = build(db)
     transport = httpx.ASGITransport(app=metrics_app(worker, registry))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from conveyor.types import Event, EventState
-from conveyor.worker.accounting import OutcomeAccounting
+from conveyor.worker.accounting import OutcomeAccounting, SettledObserver
 from conveyor.worker.executor import Outcome
 from conveyor.worker.failure_log import FailureLogLimiter
 from conveyor.worker.running import RunningSet
@@ -75,3 +76,46 @@ def test_a_snooze_spends_no_attempt_and_counts_as_nothing() -> None:
     books.accounting.settled([Outcome(1, 1, EventState.PENDING, delay=1.0, refund=1)], {1})
     assert (books.stats.retried, books.stats.succeeded) == (0, 0)
     assert books.counts() == {} and len(books.timers) == 1
+
+
+class _Seen(SettledObserver):
+    def __init__(self, fail: bool = False) -> None:
+        self.seen: list[tuple[int, EventState]] = []
+        self.fail = fail
+
+    def observe_settled(self, settled: Sequence[tuple[Event, Outcome]]) -> None:
+        self.seen += [(event.id, outcome.state) for event, outcome in settled]
+        if self.fail:
+            raise RuntimeError("observer broke")
+
+
+def test_observers_see_the_written_outcomes_of_handler_calls_only() -> None:
+    books, seen = _Books(), _Seen()
+    books.accounting = OutcomeAccounting(
+        books.running, books.stats, books.tally, FailureLogLimiter(100, 60.0),
+        clock_offset=lambda: 0.0, wake_at=books.timers.append, room_freed=books._freed,
+        observers=[seen])
+    books.claim(1, 2, 3, 4)
+    now = time.monotonic()
+    handed_back = Outcome.handed_back(Event(id=4, topic="t0", payload_text="null"))
+    books.accounting.settled([Outcome(1, 1, EventState.SUCCEEDED, started=now),
+                              Outcome(2, 1, EventState.PENDING, delay=1.0, started=now),
+                              Outcome(3, 1, EventState.SUCCEEDED, started=now),
+                              handed_back], done={1, 2, 4})
+    # 3's acknowledgement was refused (a lost lease), 4 was handed back unrun.
+    assert seen.seen == [(1, EventState.SUCCEEDED), (2, EventState.PENDING)]
+    assert len(books.running) == 0
+
+
+def test_an_observer_that_raises_frees_the_slots_all_the_same(caplog: Any) -> None:
+    books = _Books()
+    books.accounting = OutcomeAccounting(
+        books.running, books.stats, books.tally, FailureLogLimiter(100, 60.0),
+        clock_offset=lambda: 0.0, wake_at=books.timers.append, room_freed=books._freed,
+        observers=[_Seen(fail=True)])
+    books.claim(1, 2)
+    now = time.monotonic()
+    books.accounting.settled([Outcome(i, 1, EventState.SUCCEEDED, started=now) for i in (1, 2)],
+                             {1, 2})
+    assert len(books.running) == 0 and books.stats.succeeded == 2
+    assert "_Seen failed to observe 2 outcomes" in caplog.text

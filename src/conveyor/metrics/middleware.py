@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -15,6 +15,8 @@ from prometheus_client.registry import Collector
 from conveyor.metrics.config import OTHER, MetricsConfig
 from conveyor.middleware import HandlerResult, Middleware
 from conveyor.types import Event, EventState
+from conveyor.worker.accounting import SettledObserver
+from conveyor.worker.classify import Outcome
 
 # Seconds; handlers run from milliseconds to minutes.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -55,14 +57,16 @@ class _Series:
     __slots__ = ("duration", "duration_sum", "outcomes", "wait", "wait_sum")
 
     def __init__(self) -> None:
-        self.outcomes: dict[str, int] = {}
+        # Every outcome from the start, so counting one is an addition (an
+        # outcome never seen is left out of the scrape).
+        self.outcomes: dict[str, int] = dict.fromkeys(_OUTCOME_NAMES.values(), 0)
         self.duration = [0] * (len(DURATION_BUCKETS) + 1)
         self.duration_sum = 0.0
         self.wait = [0] * (len(WAIT_BUCKETS) + 1)
         self.wait_sum = 0.0
 
 
-class MetricsMiddleware(Middleware, Collector):
+class MetricsMiddleware(Middleware, Collector, SettledObserver):
     """Outcome counter, handler duration and queue wait histograms, labelled by topic.
 
     Example::
@@ -82,7 +86,10 @@ class MetricsMiddleware(Middleware, Collector):
     The counts are kept here, under one lock, and exported as prometheus_client
     metric families at scrape time: a Counter and two Histograms updated per
     event cost twice as much (three locks, a label look-up, a linear bucket
-    scan; docs/benchmarks.md, "Behind choices in the code").
+    scan; docs/benchmarks.md, "Behind choices in the code"). A worker counts
+    each acknowledged batch's outcomes at once (:meth:`observe_settled`)
+    and runs neither hook; so an outcome whose acknowledgement the database
+    refused (a lost lease: the event is another worker's) is not counted.
     """
 
     def __init__(self, *, registry: CollectorRegistry | None = None,
@@ -103,29 +110,43 @@ class MetricsMiddleware(Middleware, Collector):
         (REGISTRY if registry is None else registry).register(self)
 
     def after(self, event: Event, result: HandlerResult) -> None:
-        key = (event.topic, event.tenant or "") if self.tenant_label else (event.topic,)
-        created = event.created_at
+        outcome = (_SUCCEEDED if result.state is EventState.SUCCEEDED
+                   else _OUTCOME_NAMES[result.state, result.attempt_spent])
         duration = result.duration
-        wait: float | None = None
+        with self._lock:
+            self._count(event, outcome, duration, time.time() - duration)
+
+    def observe_settled(self, settled: Sequence[tuple[Event, Outcome]]) -> None:
+        """A worker's written outcomes, a batch at a time (instead of ``after``: see
+        :class:`~conveyor.worker.accounting.SettledObserver`); each call's start
+        on the wall clock from its monotonic one."""
+        wall = time.time() - time.monotonic()
+        count = self._count
+        with self._lock:
+            for event, outcome in settled:
+                name = (_SUCCEEDED if outcome.state is EventState.SUCCEEDED
+                        else _OUTCOME_NAMES[outcome.state, not outcome.refund])
+                count(event, name, outcome.duration, (outcome.started or 0.0) + wall)
+
+    def _count(self, event: Event, outcome: str, duration: float, started: float) -> None:
+        """One attempt, under the lock: its outcome, its duration and its wait from
+        enqueue to ``started`` (epoch seconds)."""
+        key = (event.topic, event.tenant or "") if self.tenant_label else (event.topic,)
+        series = self._series.get(key)
+        if series is None:
+            series = self._new_series(key)
+        series.outcomes[outcome] += 1
+        series.duration[bisect_left(DURATION_BUCKETS, duration)] += 1
+        series.duration_sum += duration
+        created = event.created_at
         if created is not None:
             if created != self._created:
                 self._created, self._created_epoch = created, created.timestamp()
-            wait = time.time() - duration - self._created_epoch
+            wait = started - self._created_epoch
             if wait < 0.0:
                 wait = 0.0
-        outcome = (_SUCCEEDED if result.state is EventState.SUCCEEDED
-                   else _OUTCOME_NAMES[result.state, result.attempt_spent])
-        with self._lock:
-            series = self._series.get(key)
-            if series is None:
-                series = self._new_series(key)
-            outcomes = series.outcomes
-            outcomes[outcome] = outcomes.get(outcome, 0) + 1
-            series.duration[bisect_left(DURATION_BUCKETS, duration)] += 1
-            series.duration_sum += duration
-            if wait is not None:
-                series.wait[bisect_left(WAIT_BUCKETS, wait)] += 1
-                series.wait_sum += wait
+            series.wait[bisect_left(WAIT_BUCKETS, wait)] += 1
+            series.wait_sum += wait
 
     def _new_series(self, key: tuple[str, ...]) -> _Series:
         """The series of a label set not seen before: its own below the cap, else ``_other``'s
@@ -154,7 +175,8 @@ class MetricsMiddleware(Middleware, Collector):
                                      labels=self._labels)
         for key, outcomes, durations, duration_sum, waits, wait_sum in snapshot:
             for outcome, count in sorted(outcomes.items()):
-                handled.add_metric([*key, outcome], count)
+                if count:
+                    handled.add_metric([*key, outcome], count)
             duration.add_metric(list(key), _cumulative(DURATION_BUCKETS, durations),
                                 duration_sum)
             wait.add_metric(list(key), _cumulative(WAIT_BUCKETS, waits), wait_sum)

@@ -4,13 +4,15 @@ The :class:`~conveyor.worker.completer.Completer` hands every flushed batch
 here with the ids the database accepted. Only a written outcome is counted,
 logged or timed: an outcome the fence refused (a lost lease) frees its slot
 and nothing more, so the log never tells of a result the database refused.
+A :class:`SettledObserver` (the metrics) is handed each batch's written
+outcomes here too, instead of a hook call per event.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 from conveyor.types import Event, EventState
 from conveyor.worker.classify import Outcome
@@ -55,6 +57,24 @@ def log_outcome(event: Event, outcome: Outcome, limiter: FailureLogLimiter | Non
                   outcome.traceback, extra={"action": "attempt_traceback", **fields})
 
 
+class SettledObserver:
+    """Sees the written outcomes of handler calls, a batch at a time, after their
+    acknowledgement: what a middleware that only counts needs, for a call per
+    batch where its ``after`` hook was a call per event, with the executor's
+    hook path around it (hot path, measured: docs/benchmarks.md).
+
+    A worker given a middleware that is also a SettledObserver
+    (:class:`~conveyor.metrics.MetricsMiddleware`) runs none of its hooks and
+    times every handler call instead; elsewhere (``conveyor.testing``) its
+    hooks run as any middleware's.
+    """
+
+    def observe_settled(self, settled: Sequence[tuple[Event, Outcome]]) -> None:
+        """Each written outcome a handler call decided, with its event; ``started``
+        and ``duration`` are set. Runs on the worker's loop: it must not block."""
+        raise NotImplementedError
+
+
 class OutcomeAccounting:
     """Settles acknowledged batches for one worker.
 
@@ -67,12 +87,14 @@ class OutcomeAccounting:
             minutes are the database's).
         wake_at: arms a claim for when a retry is due (time.time()).
         room_freed: slots came free, of these topics (a flow limit may have room).
+        observers: see each batch's written outcomes (:class:`SettledObserver`).
     """
 
     def __init__(self, running: RunningSet, stats: WorkerStats, tally: OutcomeTally,
                  failure_log: FailureLogLimiter, *, clock_offset: Callable[[], float],
                  wake_at: Callable[[float], None],
-                 room_freed: Callable[[Collection[str]], None]) -> None:
+                 room_freed: Callable[[Collection[str]], None],
+                 observers: Sequence[SettledObserver] = ()) -> None:
         self.running = running
         self.stats = stats
         self.tally = tally
@@ -80,9 +102,12 @@ class OutcomeAccounting:
         self._clock_offset = clock_offset
         self._wake_at = wake_at
         self._room_freed = room_freed
+        self._observers = tuple(observers)
 
     def settled(self, batch: list[Outcome], done: set[int]) -> None:
         """Free the slots of written outcomes; count them, log failures, time retries."""
+        if self._observers:
+            self._observe(batch, done)
         s = self.stats
         release = self.running.release
         succeeded = EventState.SUCCEEDED
@@ -131,3 +156,21 @@ class OutcomeAccounting:
                 s.cancelled += 1
         self.running.freed.set()
         self._room_freed(freed)
+
+    def _observe(self, batch: list[Outcome], done: set[int]) -> None:
+        """Hand the observers the written outcomes of handler calls (before the
+        slots are freed: the running set still holds their events)."""
+        entries = self.running.entries
+        settled = []
+        for outcome in batch:
+            entry = entries.get((outcome.event_id, outcome.attempt))
+            if entry is not None and outcome.started is not None and outcome.event_id in done:
+                settled.append((entry.event, outcome))
+        if not settled:
+            return
+        for observer in self._observers:
+            try:
+                observer.observe_settled(settled)
+            except Exception:   # raised here, it would leave the batch's slots taken
+                log.exception("%s failed to observe %d outcomes", type(observer).__name__,
+                              len(settled), extra={"action": "middleware_failed"})

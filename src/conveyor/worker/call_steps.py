@@ -14,7 +14,9 @@ state: a call's route, events and hooks are all they read.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -68,6 +70,34 @@ def returned(route: Route, events: list[Event], value: object,
     outcome = stored_success(event, route, value)
     outcome.watched = True
     return [outcome]
+
+
+def quiet_context(quiets: tuple[Callable[[Event], bool], ...], event: Event
+                  ) -> contextvars.Context | None:
+    """The context an attempt every hook lets through runs in, without its hooks;
+    None when one of them wants to see it (then what the others set is dropped).
+
+    Each ``quiet`` runs in the copy the handler would get, so the context
+    variables it sets (the producer's trace context, say) are the handler's.
+    """
+    context = contextvars.copy_context()
+    try:
+        for quiet in quiets:
+            if not context.run(quiet, event):
+                return None
+    except Exception:   # raised here, it would end the fetch loop: the hooks decide
+        log.exception("middleware quiet() failed for event %d; its hooks run", event.id,
+                      extra={"action": "middleware_failed", "event_id": event.id})
+        return None
+    return context
+
+
+def stamp(outcomes: list[Outcome], started: float) -> None:
+    """The start (``time.monotonic()``) and duration of the call that decided ``outcomes``."""
+    duration = time.monotonic() - started
+    for outcome in outcomes:
+        outcome.started = started
+        outcome.duration = duration
 
 
 def enters_all(hooks: Sequence[Middleware]) -> bool:

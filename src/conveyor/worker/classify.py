@@ -44,7 +44,7 @@ HOOK_ERRORS: tuple[type[BaseException], ...] = (Exception, *HANDLER_EXITS)
 
 # Not frozen: one is made per handled event, and a frozen dataclass's __init__
 # costs about 1 us more (object.__setattr__ per field). Only the executor sets
-# ``watched`` on one it has just made.
+# ``watched``, ``started`` and ``duration`` on one it has just made.
 @dataclass(slots=True)
 class Outcome:
     """What to write back for one attempt (fenced on ``event_id`` + ``attempt``)."""
@@ -61,6 +61,12 @@ class Outcome:
     # Someone may wait for this event's end (a store_result route): the
     # acknowledgement announces a final state on the results channel.
     watched: bool = False
+    # When the handler call that decided it began (time.monotonic()) and how
+    # long it ran, stamped by an executor that times its calls (a
+    # SettledObserver is installed: conveyor/worker/accounting.py). None for
+    # an outcome no call decided (a hand-back) or that nobody times.
+    started: float | None = None
+    duration: float = 0.0
 
     @classmethod
     def handed_back(cls, event: Event) -> Outcome:

@@ -47,8 +47,10 @@ from conveyor.worker.call_steps import (
     before_inline,
     enters_all,
     hook_results,
+    quiet_context,
     quiet_hooks,
     returned,
+    stamp,
 )
 from conveyor.worker.classify import ERROR_MAX_CHARS as ERROR_MAX_CHARS
 from conveyor.worker.classify import (
@@ -92,11 +94,14 @@ class Executor(InFlight):
         threads: size of the pool for plain handlers: a thread per slot, and as
             many in reserve for threads a timed-out handler leaves running.
         middleware: hooks around every call (see :mod:`conveyor.middleware`).
+        timed: stamp each call's outcomes with its start and duration, for a
+            :class:`~conveyor.worker.accounting.SettledObserver`.
     """
 
     def __init__(self, router: Router, running: RunningSet, sink: Callable[[Outcome], None], *,
                  handler_timeout: float, backoff: RetryPolicy, timeout: float | None = None,
-                 threads: int, middleware: Sequence[Middleware] = ()) -> None:
+                 threads: int, middleware: Sequence[Middleware] = (), timed: bool = False
+                 ) -> None:
         self._resolve = router.resolve
         self._running = running
         self._entries = running.entries     # the same dict, looked up once per batch
@@ -114,6 +119,7 @@ class Executor(InFlight):
         self._task_events = weakref.WeakKeyDictionary()
         add_source(self.event_of_current_task)
         self._middleware = check_middleware(middleware)
+        self._timed = timed
         # An async hook needs a task to await in: no handler is called inline then.
         self._async_hooks = any(inspect.iscoroutinefunction(m.before)
                                 or inspect.iscoroutinefunction(m.after) for m in self._middleware)
@@ -123,7 +129,7 @@ class Executor(InFlight):
         self._enters_all = enters_all(self._middleware)
         self._entered_one: list[Middleware] = [*self._middleware] if self._enters_all else []
         # Every hook's ``quiet``, when each has one: an attempt they all let
-        # through runs as if no middleware were installed (see _quiet_context).
+        # through runs as if no middleware were installed (see quiet_context).
         self._quiet = quiet_hooks(self._middleware)
 
     def start(self, events: list[Event]) -> None:
@@ -140,7 +146,7 @@ class Executor(InFlight):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self._threads,
                                             thread_name_prefix="conveyor-handler")
-        quiet_context = self._quiet_context if self._quiet is not None else None
+        quiets = self._quiet
         started = False
         batches: dict[int, tuple[Route, list[Running]]] | None = None
         for event in events:
@@ -158,7 +164,7 @@ class Executor(InFlight):
                 batches.setdefault(id(route), (route, []))[1].append(running)
                 continue
             # A quiet attempt's context: what its hooks set up there instead of running.
-            quiet = quiet_context(event) if quiet_context is not None else None
+            quiet = quiet_context(quiets, event) if quiets is not None else None
             if not route.is_async and not route.blocking and not self._async_hooks:
                 # A plain handler routed blocking=False runs to completion in one
                 # call that nothing can interrupt: it needs no task or coroutine
@@ -214,25 +220,6 @@ class Executor(InFlight):
             return []
         return [*self._middleware] * len(events)
 
-    def _quiet_context(self, event: Event) -> contextvars.Context | None:
-        """The context an attempt every hook lets through runs in, without its hooks;
-        None when one of them wants to see it (then what the others set is dropped).
-
-        Each ``quiet`` runs in the copy the handler would get, so the context
-        variables it sets (the producer's trace context, say) are the handler's.
-        """
-        assert self._quiet is not None
-        context = contextvars.copy_context()
-        try:
-            for quiet in self._quiet:
-                if not context.run(quiet, event):
-                    return None
-        except Exception:   # raised here, it would end the fetch loop: the hooks decide
-            log.exception("middleware quiet() failed for event %d; its hooks run", event.id,
-                          extra={"action": "middleware_failed", "event_id": event.id})
-            return None
-        return context
-
     def _call_inline(self, route: Route, event: Event,
                      quiet: contextvars.Context | None) -> None:
         """Call a ``blocking=False`` plain handler here and hand on its outcome."""
@@ -261,11 +248,15 @@ class Executor(InFlight):
                     started = time.monotonic()
                     if not entered:
                         before_inline(hooks, events, entered)
+                elif self._timed:
+                    started = time.monotonic()
                 value = route.handler(event)
             except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
                 outcomes, raised = self._failed(route, events, exc, None, 0.0)
             else:
                 outcomes = returned(route, events, value, self._backoff)
+            if self._timed:
+                stamp(outcomes, started)
             if entered:
                 after_inline(hooks, events, entered, hook_results(outcomes, raised, started))
         except BaseException as exc:  # noqa: BLE001 - raised here, it would end the fetch loop
@@ -298,6 +289,8 @@ class Executor(InFlight):
                     if not entered and (done := before_hooks(hooks, events,
                                                              entered)) is not None:
                         await before_awaited(hooks, events, entered, done)
+                elif self._timed:
+                    started = time.monotonic()
                 if route.batch:
                     handler: Any = route.handler    # a batch handler takes the list
                     # A copy: the handler may consume or reorder its list
@@ -315,6 +308,8 @@ class Executor(InFlight):
                 outcomes, raised = self._failed(route, events, exc, runnings, timeout)
             else:
                 outcomes = returned(route, events, value, self._backoff)
+            if self._timed:
+                stamp(outcomes, started)
             if entered:
                 results = ((handler_result(outcomes[0], raised, started), NO_RESULTS)
                            if len(outcomes) == 1 else hook_results(outcomes, raised, started))

@@ -24,7 +24,7 @@ from conveyor.db.wake_gate import WakeGate
 from conveyor.holder import Holder
 from conveyor.middleware import Middleware
 from conveyor.router import Router
-from conveyor.worker.accounting import OutcomeAccounting
+from conveyor.worker.accounting import OutcomeAccounting, SettledObserver
 from conveyor.worker.claims import Claims, claim_filter
 from conveyor.worker.completer import Completer
 from conveyor.worker.connection import ConnectionGate
@@ -107,15 +107,21 @@ def build_parts(conninfo: str, router: Router, c: WorkerConfig, *, worker_id: st
     holder = Holder(worker_id, c.schema, result_limit=router.result_limit)
     running = RunningSet(c.concurrency, holder)
     flow = FlowControl(q, router)
+    # A middleware that observes written outcomes (the metrics) is fed a batch at
+    # a time by the accounting instead of running its hooks per event.
+    observers = [m for m in middleware if isinstance(m, SettledObserver)]
+    hooks = [m for m in middleware if not isinstance(m, SettledObserver)]
     accounting = OutcomeAccounting(
         running, stats, tally, failure_log, clock_offset=lambda: maintenance.clock_offset,
-        wake_at=lambda when: due_times.wake_at(when), room_freed=flow.room_freed)
+        wake_at=lambda when: due_times.wake_at(when), room_freed=flow.room_freed,
+        observers=observers)
     completer = Completer(connections.ack, q, worker_id, flush_size=c.batch_size,
                           interval=c.ack_interval, query_timeout=c.query_timeout,
                           on_acked=accounting.settled, completed=holder.completed,
                           delete_succeeded=c.retention == 0)
     executor = Executor(router, running, completer.add, handler_timeout=c.handler_timeout,
-                        backoff=c.backoff, threads=2 * c.concurrency, middleware=middleware)
+                        backoff=c.backoff, threads=2 * c.concurrency, middleware=hooks,
+                        timed=bool(observers))
     claims = Claims(connections, q, c, worker_id, flow, claiming, running=running,
                     executor=executor, completer=completer, stats=stats, stopping=stopping,
                     on_window_written=accounting.settled)
