@@ -11,11 +11,13 @@ callgrind, once with 1,000 events and once with 3,000: the difference over
 
 Kinds: ``plain``; ``after_only`` and ``both`` (no-op middleware with an
 ``after``, or a ``before`` and an ``after``: the executor's hook path alone);
-``metrics``; ``tracing`` (an SDK provider recording every span);
-``plain_head`` and ``tracing_sampled`` (rows carrying a head sampler's
-context, 1 % sampled, and ``ParentBased(TraceIdRatioBased(0.01))``). Each
-figure is printed with what it adds to ``plain`` (``plain_head`` for
-``tracing_sampled``). Needs valgrind on the PATH.
+``metrics`` (``MetricsMiddleware`` as a hook, as ``conveyor.testing`` runs it);
+``metrics_worker`` (as a worker runs it: calls timed, each batch's outcomes
+handed to ``observe_settled``, as the acknowledgement's accounting does);
+``tracing`` (an SDK provider recording every span); ``plain_head`` and
+``tracing_sampled`` (rows carrying a head sampler's context, 1 % sampled, and
+``ParentBased(TraceIdRatioBased(0.01))``). Each figure is printed with what it
+adds to ``plain`` (``plain_head`` for ``tracing_sampled``). Needs valgrind on the PATH.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import subprocess
 import sys
 from typing import Any
 
-KINDS = ("plain", "after_only", "both", "metrics", "tracing", "plain_head", "tracing_sampled")
+KINDS = ("plain", "after_only", "both", "metrics", "metrics_worker", "tracing", "plain_head",
+         "tracing_sampled")
 SIZES = (1_000, 3_000)
 BATCH = 100
 
@@ -89,15 +92,22 @@ async def _drain(kind: str, count: int) -> None:
     router.add("bench.noop", noop)
     events = _events(count, head=kind in ("plain_head", "tracing_sampled"))
     slots = RunningSet(1000)
-    executor = Executor(router, slots, lambda outcome: slots.release((outcome.event_id,
-                                                                      outcome.attempt)),
-                        handler_timeout=60.0, backoff=BackoffPolicy(), threads=1,
-                        middleware=_middleware(kind))
+    observer = _middleware("metrics")[0] if kind == "metrics_worker" else None
+    decided: list[Any] = []
+    executor = Executor(router, slots, decided.append, handler_timeout=60.0,
+                        backoff=BackoffPolicy(), threads=1,
+                        middleware=[] if observer else _middleware(kind), timed=bool(observer))
     for start in range(0, count, BATCH):
         batch = events[start:start + BATCH]
         slots.take(batch)
         executor.start(batch)
         await asyncio.gather(*slots.unfinished_tasks())
+        if observer is not None:
+            observer.observe_settled([(slots.entries[o.event_id, o.attempt].event, o)
+                                      for o in decided])
+        for outcome in decided:
+            slots.release((outcome.event_id, outcome.attempt))
+        decided.clear()
     executor.close()
 
 

@@ -78,6 +78,12 @@ def test_a_snooze_spends_no_attempt_and_counts_as_nothing() -> None:
     assert books.counts() == {} and len(books.timers) == 1
 
 
+def _timed(outcome: Outcome, started: float) -> Outcome:
+    """``outcome`` as an executor that times its calls hands it on."""
+    outcome.started, outcome.duration = started, 0.001
+    return outcome
+
+
 class _Seen(SettledObserver):
     def __init__(self, fail: bool = False) -> None:
         self.seen: list[tuple[int, EventState]] = []
@@ -98,9 +104,9 @@ def test_observers_see_the_written_outcomes_of_handler_calls_only() -> None:
     books.claim(1, 2, 3, 4)
     now = time.monotonic()
     handed_back = Outcome.handed_back(Event(id=4, topic="t0", payload_text="null"))
-    books.accounting.settled([Outcome(1, 1, EventState.SUCCEEDED, started=now),
-                              Outcome(2, 1, EventState.PENDING, delay=1.0, started=now),
-                              Outcome(3, 1, EventState.SUCCEEDED, started=now),
+    books.accounting.settled([_timed(Outcome(1, 1, EventState.SUCCEEDED), now),
+                              _timed(Outcome(2, 1, EventState.PENDING, delay=1.0), now),
+                              _timed(Outcome(3, 1, EventState.SUCCEEDED), now),
                               handed_back], done={1, 2, 4})
     # 3's acknowledgement was refused (a lost lease), 4 was handed back unrun.
     assert seen.seen == [(1, EventState.SUCCEEDED), (2, EventState.PENDING)]
@@ -115,7 +121,7 @@ def test_an_observer_that_raises_frees_the_slots_all_the_same(caplog: Any) -> No
         observers=[_Seen(fail=True)])
     books.claim(1, 2)
     now = time.monotonic()
-    books.accounting.settled([Outcome(i, 1, EventState.SUCCEEDED, started=now) for i in (1, 2)],
+    books.accounting.settled([_timed(Outcome(i, 1, EventState.SUCCEEDED), now) for i in (1, 2)],
                              {1, 2})
     assert len(books.running) == 0 and books.stats.succeeded == 2
     assert "_Seen failed to observe 2 outcomes" in caplog.text

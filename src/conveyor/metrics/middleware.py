@@ -126,7 +126,7 @@ class MetricsMiddleware(Middleware, Collector, SettledObserver):
             for event, outcome in settled:
                 name = (_SUCCEEDED if outcome.state is EventState.SUCCEEDED
                         else _OUTCOME_NAMES[outcome.state, not outcome.refund])
-                count(event, name, outcome.duration, (outcome.started or 0.0) + wall)
+                count(event, name, outcome.duration, outcome.started + wall)
 
     def _count(self, event: Event, outcome: str, duration: float, started: float) -> None:
         """One attempt, under the lock: its outcome, its duration and its wait from

@@ -164,7 +164,7 @@ class OutcomeAccounting:
         settled = []
         for outcome in batch:
             entry = entries.get((outcome.event_id, outcome.attempt))
-            if entry is not None and outcome.started is not None and outcome.event_id in done:
+            if entry is not None and hasattr(outcome, "started") and outcome.event_id in done:
                 settled.append((entry.event, outcome))
         if not settled:
             return

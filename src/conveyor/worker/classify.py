@@ -14,7 +14,7 @@ import logging
 import math
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.errors import InvalidInputError
@@ -63,10 +63,12 @@ class Outcome:
     watched: bool = False
     # When the handler call that decided it began (time.monotonic()) and how
     # long it ran, stamped by an executor that times its calls (a
-    # SettledObserver is installed: conveyor/worker/accounting.py). None for
-    # an outcome no call decided (a hand-back) or that nobody times.
-    started: float | None = None
-    duration: float = 0.0
+    # SettledObserver is installed: conveyor/worker/accounting.py); unset on
+    # an outcome no call decided (a hand-back) or that nobody times. Not
+    # __init__ arguments: two defaults more cost every event 1,500-2,000
+    # instructions (benchmarks/hook_instructions.py), metrics or not.
+    started: float = field(init=False, repr=False, compare=False)
+    duration: float = field(init=False, repr=False, compare=False)
 
     @classmethod
     def handed_back(cls, event: Event) -> Outcome:

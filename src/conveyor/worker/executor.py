@@ -147,6 +147,9 @@ class Executor(InFlight):
             self._pool = ThreadPoolExecutor(max_workers=self._threads,
                                             thread_name_prefix="conveyor-handler")
         quiets = self._quiet
+        # Read once here and handed to each call: a look-up per call was
+        # measurable on a no-op handler (benchmarks/hook_instructions.py).
+        timed = self._timed
         started = False
         batches: dict[int, tuple[Route, list[Running]]] | None = None
         for event in events:
@@ -172,12 +175,12 @@ class Executor(InFlight):
                 # keeps its lease while it blocks the loop.
                 running.task = self._finished(loop)
                 running.deadline = now + (override or route.timeout or default_timeout)
-                self._call_inline(route, event, quiet)
+                self._call_inline(route, event, quiet, timed)
                 continue
             timeout = override or route.timeout or default_timeout
             running.deadline = now + timeout
             coro = call(route, [event], [running], timeout,
-                        self._middleware if quiet is None else NO_HOOKS)
+                        self._middleware if quiet is None else NO_HOOKS, timed)
             if EAGER_TASKS:
                 # Python 3.12+: the handler runs at once, up to its first real wait,
                 # with itself as the current task; one that never waits costs no
@@ -192,7 +195,7 @@ class Executor(InFlight):
         for route, runnings in (batches or {}).values():
             timeout = override or route.timeout or default_timeout
             task = loop.create_task(call(route, [r.event for r in runnings], runnings, timeout,
-                                         self._middleware))
+                                         self._middleware, timed))
             # One callback per batch (per event it would cost about 2 us on the
             # hot path; a one-event call guarantees its outcome in _call itself).
             task.add_done_callback(functools.partial(self._batch_ended, route, runnings))
@@ -220,19 +223,20 @@ class Executor(InFlight):
             return []
         return [*self._middleware] * len(events)
 
-    def _call_inline(self, route: Route, event: Event,
-                     quiet: contextvars.Context | None) -> None:
+    def _call_inline(self, route: Route, event: Event, quiet: contextvars.Context | None,
+                     timed: bool) -> None:
         """Call a ``blocking=False`` plain handler here and hand on its outcome."""
         if quiet is not None:
-            quiet.run(self._inline, route, event, NO_HOOKS)
+            quiet.run(self._inline, route, event, NO_HOOKS, timed)
         elif self._middleware:
             # Hooks may set context variables for the handler: in a copy, so they
             # stay this call's and do not weigh on the fetch loop's own context.
-            contextvars.copy_context().run(self._inline, route, event, self._middleware)
+            contextvars.copy_context().run(self._inline, route, event, self._middleware, timed)
         else:
-            self._inline(route, event, NO_HOOKS)
+            self._inline(route, event, NO_HOOKS, timed)
 
-    def _inline(self, route: Route, event: Event, hooks: Sequence[Middleware]) -> None:
+    def _inline(self, route: Route, event: Event, hooks: Sequence[Middleware],
+                timed: bool) -> None:
         """The synchronous driver of the call core: hooks and call, right here."""
         self._inline_event = event
         events = [event]
@@ -248,14 +252,14 @@ class Executor(InFlight):
                     started = time.monotonic()
                     if not entered:
                         before_inline(hooks, events, entered)
-                elif self._timed:
+                elif timed:
                     started = time.monotonic()
                 value = route.handler(event)
             except BaseException as exc:  # noqa: BLE001 - even SystemExit: see HANDLER_EXITS
                 outcomes, raised = self._failed(route, events, exc, None, 0.0)
             else:
                 outcomes = returned(route, events, value, self._backoff)
-            if self._timed:
+            if timed:
                 stamp(outcomes, started)
             if entered:
                 after_inline(hooks, events, entered, hook_results(outcomes, raised, started))
@@ -266,7 +270,7 @@ class Executor(InFlight):
         self._sink(outcomes[0])
 
     async def _call(self, route: Route, events: list[Event], runnings: list[Running],
-                    timeout: float, hooks: Sequence[Middleware]) -> None:
+                    timeout: float, hooks: Sequence[Middleware], timed: bool) -> None:
         """The asynchronous driver of the call core: one call in its own task, or one
         call of a batch handler for the route's events of one claim.
 
@@ -289,7 +293,7 @@ class Executor(InFlight):
                     if not entered and (done := before_hooks(hooks, events,
                                                              entered)) is not None:
                         await before_awaited(hooks, events, entered, done)
-                elif self._timed:
+                elif timed:
                     started = time.monotonic()
                 if route.batch:
                     handler: Any = route.handler    # a batch handler takes the list
@@ -308,7 +312,7 @@ class Executor(InFlight):
                 outcomes, raised = self._failed(route, events, exc, runnings, timeout)
             else:
                 outcomes = returned(route, events, value, self._backoff)
-            if self._timed:
+            if timed:
                 stamp(outcomes, started)
             if entered:
                 results = ((handler_result(outcomes[0], raised, started), NO_RESULTS)
