@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib
 import inspect
 import logging
@@ -204,7 +205,17 @@ class Beside(Protocol):
 
 def serve_until_stopped(target: Runnable, stop: StopSignals, event_loop: str,
                metrics: Beside | None = None) -> None:
-    """Run ``target`` until it stops (SIGTERM, SIGINT), with its metrics beside it if any."""
+    """Run ``target`` until it stops (SIGTERM, SIGINT), with its metrics beside it if any.
+
+    What the process has made so far (its modules, the app, the worker) is
+    moved out of the cyclic garbage collector's sight first (``gc.freeze``):
+    it lives as long as the process, and every full collection walked it
+    again. A drain allocates steadily, the tracing middleware most (with a
+    1 % sampler it added 25,700 instructions an event, 9,300 fewer once
+    frozen; docs/benchmarks.md). Reference counting still frees what is let go.
+    """
+    gc.freeze()
+
     async def serve() -> None:
         target.install_signal_handlers()
         stop.forward_to(target.request_stop)
