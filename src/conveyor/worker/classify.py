@@ -65,8 +65,7 @@ class Outcome:
     # long it ran, stamped by an executor that times its calls (a
     # SettledObserver is installed: conveyor/worker/accounting.py); unset on
     # an outcome no call decided (a hand-back) or that nobody times. Not
-    # __init__ arguments: two defaults more cost every event 1,500-2,000
-    # instructions (benchmarks/hook_instructions.py), metrics or not.
+    # __init__ arguments, so that an outcome nobody times sets nothing more.
     started: float = field(init=False, repr=False, compare=False)
     duration: float = field(init=False, repr=False, compare=False)
 
