@@ -624,12 +624,13 @@ def test_the_history_goes_on_in_partitions_of_the_span_set(db: Conn) -> None:
     assert until == parts[-1][2] and now + timedelta(hours=23) < until <= now + timedelta(hours=25)
     assert made == len(parts) - 1
     assert {p[3] for p in parts} == {0} and all(p[4] > 0 for p in parts)
-    # A finished event moves into the partition of its finish time.
-    later = tomorrow + timedelta(minutes=90)
+    # A finished event moves into the partition of its finish time: the last
+    # hour made (in the first hours of a UTC day, the only one of tomorrow's).
+    hour = parts[-1][1].astimezone(UTC)
     event = _insert(db)
     db.execute("UPDATE conveyor.events SET state = 'succeeded', finished_at = %s, done = true"
-               " WHERE id = %s", (later, event))
-    assert _table_of(db, event) == f"conveyor.events_done_{tomorrow:%Y%m%d}_0100"
+               " WHERE id = %s", (hour + timedelta(minutes=30), event))
+    assert _table_of(db, event) == f"conveyor.events_done_{hour:%Y%m%d_%H%M}"
     # Back to days, from an hour's end: a first partition up to midnight
     # (none when the hours ended at midnight: in the last hour of a UTC day).
     db.execute(Q["history_drop"], {"older_than": -(until - now).total_seconds() + 3 * 3600})
