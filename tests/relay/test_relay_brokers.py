@@ -7,9 +7,11 @@ fault tests run private instances: test_relay_faults.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -256,12 +258,26 @@ async def test_nats_a_full_stream_makes_events_wait_and_spends_no_attempt(db: st
 
 # -------------------------------------------------------------- RabbitMQ
 
+@contextlib.asynccontextmanager
+async def _exchange() -> AsyncIterator[tuple[Any, str]]:
+    """A connection to the machine's RabbitMQ and a fresh exchange name; the
+    exchange, if anything declared it, is deleted whatever the test's end."""
+    import aio_pika
+
+    name = f"conveyor-test-{uuid.uuid4().hex[:12]}"
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        yield connection, name
+    finally:
+        channel = await connection.channel()
+        await channel.exchange_delete(name)
+        await connection.close()
+
+
 async def test_rabbitmq_confirms_persistent_messages_with_their_ids(db: str) -> None:
     import aio_pika
 
-    exchange_name = f"conveyor-test-{uuid.uuid4().hex[:12]}"
-    connection = await aio_pika.connect(AMQP_URL)
-    try:
+    async with _exchange() as (connection, exchange_name):
         channel = await connection.channel()
         exchange = await channel.declare_exchange(exchange_name, "topic", durable=True)
         queue = await channel.declare_queue(exclusive=True)
@@ -283,20 +299,12 @@ async def test_rabbitmq_confirms_persistent_messages_with_their_ids(db: str) -> 
         assert json.loads(first.body) == {"n": 0, "text": "é"}
         assert first.headers["conveyor-topic"] == "order.created"
         assert first.headers["conveyor-tenant"] == "t0"
-    finally:
-        channel = await connection.channel()
-        await channel.exchange_delete(exchange_name)
-        await connection.close()
 
 
 async def test_rabbitmq_refuses_an_exchange_it_cannot_declare_in_one_line() -> None:
-    import aio_pika
-
     from conveyor import ConfigError
 
-    exchange_name = f"conveyor-test-{uuid.uuid4().hex[:12]}"
-    connection = await aio_pika.connect(AMQP_URL)
-    try:
+    async with _exchange() as (connection, exchange_name):
         channel = await connection.channel()
         await channel.declare_exchange(exchange_name, "fanout", durable=True)
         publisher = RabbitMQPublisher(AMQP_URL, exchange=exchange_name)   # a topic exchange
@@ -304,10 +312,6 @@ async def test_rabbitmq_refuses_an_exchange_it_cannot_declare_in_one_line() -> N
                                               ".*inequivalent arg 'type'"):
             await publisher.start()
         await publisher.aclose()
-    finally:
-        channel = await connection.channel()
-        await channel.exchange_delete(exchange_name)
-        await connection.close()
 
 
 async def test_rabbitmq_refuses_a_missing_exchange_it_may_not_declare_in_one_line() -> None:
@@ -322,32 +326,20 @@ async def test_rabbitmq_refuses_a_missing_exchange_it_may_not_declare_in_one_lin
 
 
 async def test_rabbitmq_unroutable_messages_are_refused_not_dropped(db: str) -> None:
-    import aio_pika
-
-    exchange_name = f"conveyor-test-{uuid.uuid4().hex[:12]}"
-    relay = Relay()
-    relay.route("order.*", RabbitMQPublisher(AMQP_URL, exchange=exchange_name),
-                destination="nobody.listens")
-    await enqueue_many(db, _events(3, max_attempts=1))
-    try:
+    async with _exchange() as (_, exchange_name):
+        relay = Relay()
+        relay.route("order.*", RabbitMQPublisher(AMQP_URL, exchange=exchange_name),
+                    destination="nobody.listens")
+        await enqueue_many(db, _events(3, max_attempts=1))
         states = await _relay_all(db, relay, 3)
         assert set(states.values()) == {"failed"}
         rows = await query(db, "SELECT last_error FROM conveyor.events")
         assert all("refused 'nobody.listens'" in r["last_error"] for r in rows), rows
-    finally:
-        connection = await aio_pika.connect(AMQP_URL)
-        channel = await connection.channel()
-        await channel.exchange_delete(exchange_name)
-        await connection.close()
 
 
 async def test_rabbitmq_a_full_queue_nacks_and_the_events_wait_without_spending_attempts(
         db: str) -> None:
-    import aio_pika
-
-    exchange_name = f"conveyor-test-{uuid.uuid4().hex[:12]}"
-    connection = await aio_pika.connect(AMQP_URL)
-    try:
+    async with _exchange() as (connection, exchange_name):
         channel = await connection.channel()
         exchange = await channel.declare_exchange(exchange_name, "topic", durable=True)
         queue = await channel.declare_queue(exclusive=True, arguments={
@@ -378,10 +370,6 @@ async def test_rabbitmq_a_full_queue_nacks_and_the_events_wait_without_spending_
                     got.append(int(message.message_id or 0))
             await wait_all_in(db, {"succeeded"}, timeout=10)
         assert sorted(got) == ids
-    finally:
-        channel = await connection.channel()
-        await channel.exchange_delete(exchange_name)
-        await connection.close()
 
 
 # ----------------------------------------------------------------- Redis
