@@ -80,6 +80,12 @@ def seconds(name: str, value: object, *, least: float, most: float) -> float:
     return float(value)
 
 
+def error_text(exc: BaseException) -> str:
+    """A broker client's exception as a publisher's error text: its message, or its
+    class name when it has none (several of them are raised bare)."""
+    return str(exc) or type(exc).__name__
+
+
 def _template_fields(template: str, pattern: str) -> None:
     try:
         names = {name for _, name, spec, conv in string.Formatter().parse(template)

@@ -36,7 +36,7 @@ from conveyor.errors import (
     MissingExtraError,
     PublishRejectedError,
 )
-from conveyor.relay.core import TIMEOUT_MAX, RelayMessage, seconds
+from conveyor.relay.core import TIMEOUT_MAX, RelayMessage, error_text, seconds
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -57,10 +57,6 @@ EXPECTED_STREAM = "Nats-Expected-Stream"
 def _lost() -> Exception:
     """What a PubAck awaited on a connection that closed fails with."""
     return ConnectionResetError("the connection to NATS closed before the PubAck")
-
-
-def _text(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
 
 
 async def _log_error(exc: Exception) -> None:
@@ -182,7 +178,7 @@ class NatsPublisher:
                     self.timeout)
             except (TimeoutError, OSError, nats.errors.Error) as exc:
                 raise BrokerUnavailableError(f"cannot reach NATS at {', '.join(self.servers)}: "
-                                             f"{_text(exc)}") from exc
+                                             f"{error_text(exc)}") from exc
             js: JetStreamContext = nc.jetstream(timeout=self.timeout)
             try:
                 await self._check_stream(js)
@@ -211,12 +207,12 @@ class NatsPublisher:
                 return
         except (nats.js.errors.ServiceUnavailableError, nats.js.errors.ServerError) as exc:
             raise BrokerUnavailableError(f"NATS cannot serve stream {self.stream!r} now: "
-                                         f"{_text(exc)}") from exc
+                                         f"{error_text(exc)}") from exc
         except nats.js.errors.APIError as exc:
-            raise ConfigError(f"NATS refused stream {self.stream!r}: {_text(exc)}") from None
+            raise ConfigError(f"NATS refused stream {self.stream!r}: {error_text(exc)}") from None
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise BrokerUnavailableError(f"NATS did not answer for stream {self.stream!r} "
-                                         f"(is JetStream enabled?): {_text(exc)}") from exc
+                                         f"(is JetStream enabled?): {error_text(exc)}") from exc
         window = info.config.duplicate_window or 0
         if window + 1e-6 < self.duplicate_window:
             raise ConfigError(f"NATS stream {self.stream!r} remembers message ids for "
@@ -338,7 +334,7 @@ class NatsPublisher:
             return PublishRejectedError(f"{self.name} refused {message.destination!r}: the "
                                         f"payload is over the server's max_payload")
         if isinstance(exc, (TimeoutError, OSError, nats.errors.Error)):
-            return BrokerUnavailableError(f"no PubAck from {self.name}: {_text(exc)}")
+            return BrokerUnavailableError(f"no PubAck from {self.name}: {error_text(exc)}")
         raise exc
 
     async def _drop(self) -> None:

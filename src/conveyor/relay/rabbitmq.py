@@ -20,7 +20,7 @@ from conveyor.errors import (
     MissingExtraError,
     PublishRejectedError,
 )
-from conveyor.relay.core import TIMEOUT_MAX, RelayMessage, seconds
+from conveyor.relay.core import TIMEOUT_MAX, RelayMessage, error_text, seconds
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
@@ -113,7 +113,7 @@ class RabbitMQPublisher:
                 connection = await aio_pika.connect(self.url, timeout=self.timeout)
             except (TimeoutError, OSError, aio_pika.exceptions.AMQPError) as exc:
                 raise BrokerUnavailableError(f"cannot reach RabbitMQ: "
-                                             f"{str(exc) or type(exc).__name__}") from exc
+                                             f"{error_text(exc)}") from exc
             exceptions = aio_pika.exceptions
             try:
                 channel: AbstractChannel = await connection.channel(
@@ -135,11 +135,11 @@ class RabbitMQPublisher:
                                     exceptions.ChannelPreconditionFailed,
                                     _aiormq_exceptions().ChannelAccessRefused)):
                     raise ConfigError(f"RabbitMQ refused exchange {self.exchange!r}: "
-                                      f"{str(exc) or type(exc).__name__}") from None
+                                      f"{error_text(exc)}") from None
                 if isinstance(exc, (TimeoutError, OSError, exceptions.AMQPError, RuntimeError)):
                     raise BrokerUnavailableError(f"RabbitMQ did not set up exchange "
                                                  f"{self.exchange!r}: "
-                                                 f"{str(exc) or type(exc).__name__}") from exc
+                                                 f"{error_text(exc)}") from exc
                 raise
             self._connection, self._channel, self._exchange = connection, channel, exchange
             return exchange
@@ -230,11 +230,11 @@ class RabbitMQPublisher:
             # more on a new channel; a broker really gone fails that again.
             self._exchange = None
             raise _ClosedByAnother(f"{self.name} closed the channel under this message: "
-                                   f"{str(exc) or type(exc).__name__}") from exc
+                                   f"{error_text(exc)}") from exc
         except (TimeoutError, OSError, exceptions.AMQPError, RuntimeError) as exc:
             self._exchange = None     # reconnect on the next publish
             raise BrokerUnavailableError(f"no confirm from {self.name}: "
-                                         f"{str(exc) or type(exc).__name__}") from exc
+                                         f"{error_text(exc)}") from exc
 
     async def _drop(self) -> None:
         connection, self._connection, self._channel, self._exchange = \
