@@ -8,19 +8,24 @@ load drift falls on all alike:
 
 * raw: the baseline's INSERT; then with ``RETURNING id`` and ``pg_notify()``
   (what Conveyor's statement does for its returned id and its wake-up);
-* Conveyor's table as shipped, a two-column INSERT; the same table without
-  its three table CHECKs; and without them and every index but the primary key and
-  events_claim_idx;
+* Conveyor's table as shipped, a two-column INSERT; the same table with its
+  state and topic rules as table CHECKs of their own, as before 0029; without
+  its three table CHECKs; and without them and every index but the primary
+  key and events_claim_idx;
 * ``event_insert_plain`` (Conveyor's statement: RETURNING id, its wake-up
   passing the wake gate), and ``Producer.enqueue`` (validation, JSON, the
   named query), both with nobody waiting (no NOTIFY, as while every worker is
-  busy); and ``Producer.enqueue`` while a worker waits (a session holds the
+  busy); ``Producer.enqueue`` on the table as before 0029; and
+  ``Producer.enqueue`` while a worker waits (a session holds the
   wake gate: every commit sends the NOTIFY).
 
     .venv/bin/python benchmarks/insert_costs.py --url postgresql://... [--events 500 --rounds 16]
 
-Prints the median microseconds per transaction of each shape and its ratio to
-the raw INSERT. Scratch schemas ``conveyor_inscost*`` are dropped at the end.
+Then the table shapes once more, each INSERT + COMMIT looped in a procedure
+in the server (no client, synchronous_commit off): the backend's own work per
+transaction, without the client's noise. Prints the median microseconds per
+transaction of each shape and its ratio to the raw INSERT. Scratch schemas
+``conveyor_inscost*`` are dropped at the end.
 """
 
 from __future__ import annotations
@@ -48,9 +53,36 @@ CHECKS = ("events_state_check", "events_topic_check", "events_lease_check")
 # Every index but the primary key and the claim index (migrations 0002-0015).
 SECONDARY = ("events_fair_idx", "events_lease_idx", "events_prunable_idx", "events_failed_idx",
              "events_stopped_topic_idx", "events_stopped_tenant_idx", "events_idempotency_idx")
+# The state and topic rules as table CHECKs of their own, as before 0029.
+BEFORE_0029 = """
+ALTER TABLE {schema}.events
+    DROP CONSTRAINT events_state_check,
+    DROP CONSTRAINT events_topic_check,
+    ADD CONSTRAINT events_state_check CHECK
+        (state IN ('waiting', 'pending', 'running', 'succeeded', 'failed', 'cancelled')),
+    ADD CONSTRAINT events_topic_check CHECK (length(topic) BETWEEN 1 AND 100)
+"""
 INSERT_TWO = "INSERT INTO {schema}.events (topic, payload) VALUES (%s, %s::jsonb)"
 RAW_RETURNING_NOTIFY = ("INSERT INTO {schema}.events (topic, payload) VALUES (%s, %s::jsonb) "
                         "RETURNING id, pg_notify('conveyor_inscost', topic)")
+
+# The same INSERT and COMMIT looped in the server (PostgreSQL 11+ procedures
+# commit in a loop): no client, no round trip, and no wait for the WAL flush
+# (the caller's session sets synchronous_commit off), so what is left is the
+# backend's own work per transaction, which differs by table shape alone.
+# Conveyor's rows go to the live partition, as the producer writes them.
+SERVER_LOOP = """
+CREATE PROCEDURE {loop}(n int, INOUT us float8 DEFAULT 0)
+LANGUAGE plpgsql AS $$
+DECLARE started timestamptz := clock_timestamp();
+BEGIN
+    FOR i IN 1..n LOOP
+        INSERT INTO {table} (topic, payload) VALUES ('bench.noop', '{{}}');
+        COMMIT;
+    END LOOP;
+    us := extract(epoch FROM clock_timestamp() - started) * 1e6 / n;
+END $$
+"""
 
 Loop = Callable[[int], None]
 
@@ -110,9 +142,32 @@ def waited_loop(conn: psycopg.Connection[Any], waiter: psycopg.Connection[Any],
     return run
 
 
+def server_loops(admin: psycopg.Connection[Any], shapes: dict[str, str], events: int,
+                 rounds: int) -> dict[str, float]:
+    """Median microseconds per transaction of SERVER_LOOP in each schema of ``shapes``
+    (the raw baseline's first)."""
+    for schema in shapes.values():
+        raw = schema == next(iter(shapes.values()))
+        admin.execute(sql.SQL(SERVER_LOOP).format(
+            loop=sql.Identifier(schema, "insert_loop"),
+            table=sql.Identifier(schema, "events" if raw else "events_live")))
+    admin.execute("SET synchronous_commit = off")
+    spent: dict[str, list[float]] = {name: [] for name in shapes}
+    names = list(shapes)
+    for r in range(rounds):
+        for j in range(len(names)):
+            name = names[(j + r) % len(names)]
+            call = sql.SQL("CALL {}(%s)").format(sql.Identifier(shapes[name], "insert_loop"))
+            row = admin.execute(call, (events,)).fetchone()
+            spent[name].append(row[0] if row else 0.0)
+    admin.execute("RESET synchronous_commit")
+    return {f"server: {name}": statistics.median(values) for name, values in spent.items()}
+
+
 def run(url: str, events: int, rounds: int) -> dict[str, float]:
-    shipped, no_checks, lean = (scratch.schemas_for(f"conveyor_inscost{n}") for n in ("", "1", "2"))
-    every = (shipped, no_checks, lean)
+    shipped, no_checks, lean, before = (scratch.schemas_for(f"conveyor_inscost{n}")
+                                        for n in ("", "1", "2", "3"))
+    every = (shipped, no_checks, lean, before)
     conns: list[psycopg.Connection[Any]] = []
     with psycopg.connect(url, autocommit=True) as admin:
         scratch.lock(admin, shipped)
@@ -121,6 +176,7 @@ def run(url: str, events: int, rounds: int) -> dict[str, float]:
         try:
             _drop(admin, no_checks.conveyor, checks=True, indexes=False)
             _drop(admin, lean.conveyor, checks=True, indexes=True)
+            admin.execute(render(BEFORE_0029, before.conveyor).encode())
 
             def conn() -> psycopg.Connection[Any]:
                 conns.append(psycopg.connect(url))
@@ -135,12 +191,15 @@ def run(url: str, events: int, rounds: int) -> dict[str, float]:
                     conn(), render(RAW_RETURNING_NOTIFY, shipped.raw)),
                 "events table, as shipped": statement_loop(
                     conn(), render(INSERT_TWO, shipped.conveyor)),
+                "events table, CHECKs as before 0029": statement_loop(
+                    conn(), render(INSERT_TWO, before.conveyor)),
                 "events table, no table CHECKs": statement_loop(
                     conn(), render(INSERT_TWO, no_checks.conveyor)),
                 "events table, no CHECKs, 2 indexes": statement_loop(
                     conn(), render(INSERT_TWO, lean.conveyor)),
                 "event_insert_plain": named_loop(conn(), q["event_insert_plain"]),
                 "Producer.enqueue": producer_loop(conn(), shipped.conveyor),
+                "Producer.enqueue, CHECKs as before 0029": producer_loop(conn(), before.conveyor),
                 "Producer.enqueue, a worker waiting": waited_loop(
                     conn(), waiter, shipped.conveyor),
             }
@@ -152,7 +211,15 @@ def run(url: str, events: int, rounds: int) -> dict[str, float]:
                     t0 = time.perf_counter()
                     loop(events)
                     spent[name].append((time.perf_counter() - t0) / events * 1e6)
-            return {name: statistics.median(values) for name, values in spent.items()}
+            result = {name: statistics.median(values) for name, values in spent.items()}
+            for schemas in every:
+                scratch.reset(admin, schemas.conveyor)
+            scratch.reset(admin, shipped.raw)
+            return result | server_loops(admin, {
+                "raw INSERT": shipped.raw, "events table, as shipped": shipped.conveyor,
+                "events table, CHECKs as before 0029": before.conveyor,
+                "events table, no table CHECKs": no_checks.conveyor,
+                "events table, no CHECKs, 2 indexes": lean.conveyor}, 2 * events, rounds)
         finally:
             for c in conns:
                 c.close()
@@ -174,10 +241,11 @@ def main() -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    raw = result["raw INSERT"]
-    print(f"one event + COMMIT, median of {args.rounds} rounds of {args.events}:")
+    print(f"one event + COMMIT, median of {args.rounds} rounds of {args.events}"
+          f" (server: {2 * args.events} in a procedure, synchronous_commit off):")
     for name, us in result.items():
-        print(f"  {name:<40} {us:7.1f} us   raw / this {raw / us:4.2f}")
+        raw = result["server: raw INSERT" if name.startswith("server:") else "raw INSERT"]
+        print(f"  {name:<48} {us:7.1f} us   raw / this {raw / us:4.2f}")
     return 0
 
 

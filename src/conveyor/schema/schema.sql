@@ -1,4 +1,4 @@
--- Conveyor schema snapshot: the shape migrations 0001..0028 produce,
+-- Conveyor schema snapshot: the shape migrations 0001..0029 produce,
 -- rendered for the schema "conveyor". Read it to see the current tables at a
 -- glance; do not apply it to a live database (use `conveyor migrate`, or
 -- `conveyor migrate --sql` for your own migration tool). The version table
@@ -32,6 +32,15 @@ ALTER DOMAIN conveyor.traceparent
 CREATE DOMAIN conveyor.tracestate AS text;
 ALTER DOMAIN conveyor.tracestate
     ADD CONSTRAINT tracestate_check CHECK (length(VALUE) <= 512) NOT VALID;
+
+-- The rules on state and topic (0029), which the events table's CHECKs cast
+-- to: a domain's rule is planned once per session, a table CHECK's at the
+-- start of every statement. Those columns stay text: partial indexes read them.
+CREATE DOMAIN conveyor.event_state AS text
+    CONSTRAINT events_state_check
+    CHECK (VALUE IN ('waiting', 'pending', 'running', 'succeeded', 'failed', 'cancelled'));
+CREATE DOMAIN conveyor.event_topic AS text
+    CONSTRAINT events_topic_check CHECK (length(VALUE) BETWEEN 1 AND 100);
 
 -- At most 1 MiB of JSON text; a route's own limit is usually lower (0010).
 CREATE DOMAIN conveyor.event_result AS jsonb
@@ -85,10 +94,7 @@ CREATE TABLE conveyor.events_live (
     xid              xid8,
     -- The partition key (0025): NULL here, true in events_done.
     done             boolean,
-    -- state and topic keep table CHECKs: partial indexes read them (0007).
-    CONSTRAINT events_state_check
-        CHECK (state IN ('waiting', 'pending', 'running', 'succeeded', 'failed', 'cancelled')),
-    CONSTRAINT events_topic_check CHECK (length(topic) BETWEEN 1 AND 100),
+    -- The rules on state and topic: CHECKs added to events below (0029).
     -- A running event always has an owner and a lease; nothing else does.
     CONSTRAINT events_lease_check
         CHECK ((state = 'running') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
@@ -122,6 +128,12 @@ CREATE INDEX events_done_cancelled_topic_idx ON conveyor.events_done (topic COLL
     WHERE state = 'cancelled';
 CREATE INDEX events_done_cancelled_tenant_idx ON conveyor.events_done (tenant, id)
     WHERE tenant IS NOT NULL AND state = 'cancelled';
+
+-- The rules on state and topic, for every partition: casts to the domains
+-- above, NOT VALID as 0029 adds them to a table in use without reading it.
+ALTER TABLE conveyor.events
+    ADD CONSTRAINT events_state_check CHECK (state::conveyor.event_state IS NOT NULL) NOT VALID,
+    ADD CONSTRAINT events_topic_check CHECK (topic::conveyor.event_topic IS NOT NULL) NOT VALID;
 
 -- The claim query walks this index in order; only pending rows are in it, so
 -- millions of finished rows cost the claim nothing. Topic and tenant ride
