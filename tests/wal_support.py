@@ -14,6 +14,8 @@ varied by a fifth between runs of one test (a claim: 437 and 556 bytes).
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 
 
@@ -23,6 +25,14 @@ class OwnWal:
     def __init__(self, conn: psycopg.Connection) -> None:
         self._conn = conn
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        # A temporary slot of this session keeps the server from removing the
+        # WAL from here on, which bytes() reads back: on a busy server a
+        # checkpoint recycled it first (tests/test_wal_support.py). One per
+        # session (a server has few), dropped when the connection closes.
+        conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)"
+                     " WHERE NOT EXISTS (SELECT FROM pg_replication_slots"
+                     "                   WHERE temporary AND active_pid = pg_backend_pid())",
+                     (f"conveyor_test_wal_{uuid.uuid4().hex}",))
         self._start = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
         conn.commit()
         self._xids: list[int] = []
