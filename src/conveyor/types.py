@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from conveyor.filters import ERROR_FILTER_MAX_LENGTH, FILTER_IDS_MAX, EventFilter
@@ -97,6 +97,10 @@ EventLike = NewEvent | Mapping[str, Any] | tuple[str, Any]
 # ``attempt``); tests/test_rows.py holds the query, this tuple and the decoder together.
 CLAIM_COLUMNS = ("id", "tenant", "topic", "payload", "attempts", "max_attempts", "priority",
                  "idempotency_key", "created_at", "traceparent", "tracestate")
+# Where PostgreSQL's binary timestamps count from: the claim reads ``created_at``
+# as that count of microseconds (conveyor.db.rows.claim_cursor says why).
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+PG_EPOCH_SECONDS = PG_EPOCH.timestamp()
 
 
 class Event:
@@ -108,10 +112,11 @@ class Event:
     None (docs/tracing.md).
     """
 
-    __slots__ = ("_cancelled", "_holder", "_payload", "_payload_text", "attempt", "created_at",
+    __slots__ = ("_cancelled", "_created", "_holder", "_payload", "_payload_text", "attempt",
                  "id", "idempotency_key", "max_attempts", "priority", "tenant", "topic",
                  "traceparent", "tracestate")
     _cancelled: bool
+    _created: datetime | int | None   # an int until first read: see created_at
     _holder: Holder      # set by the worker that claimed it (conveyor.complete reads it)
 
     def __init__(
@@ -136,7 +141,7 @@ class Event:
         self.max_attempts = max_attempts
         self.priority = priority
         self.idempotency_key = idempotency_key
-        self.created_at = created_at
+        self._created = created_at
         self.traceparent = traceparent
         self.tracestate = tracestate
         self._payload_text = payload_text
@@ -151,7 +156,7 @@ class Event:
         """
         event = cls.__new__(cls)
         (event.id, event.tenant, event.topic, event._payload_text, event.attempt,
-         event.max_attempts, event.priority, event.idempotency_key, event.created_at,
+         event.max_attempts, event.priority, event.idempotency_key, event._created,
          event.traceparent, event.tracestate) = row
         event._payload = _UNSET
         return event
@@ -162,6 +167,27 @@ class Event:
         if self._payload is _UNSET:
             self._payload = json.loads(self._payload_text)
         return self._payload
+
+    @property
+    def created_at(self) -> datetime | None:
+        """When the event was enqueued (the database's clock), in UTC."""
+        created = self._created
+        if isinstance(created, int):
+            # The claim's count of microseconds, made a datetime on first use:
+            # most handlers never look (hot path, measured: docs/benchmarks.md).
+            created = self._created = PG_EPOCH + timedelta(microseconds=created)
+        return created
+
+    @created_at.setter
+    def created_at(self, value: datetime | None) -> None:
+        self._created = value
+
+    def _created_epoch(self) -> float | None:
+        """:attr:`created_at` in epoch seconds, without making the datetime."""
+        created = self._created
+        if isinstance(created, int):
+            return created / 1_000_000 + PG_EPOCH_SECONDS
+        return None if created is None else created.timestamp()
 
     @property
     def payload_text(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import threading
 
 import pytest
@@ -134,6 +135,30 @@ async def test_handler_receives_the_event_as_enqueued(db: str) -> None:
     assert (event.attempt, event.max_attempts, event.priority) == (1, 4, 3)
     assert event.created_at == row["created_at"]
     assert not event.is_last_attempt
+
+
+async def test_a_claimed_event_makes_its_created_at_only_when_read(db: str) -> None:
+    seen: list[Event] = []
+
+    async def handle(event: Event) -> None:
+        seen.append(event)
+
+    router = Router()
+    router.add("order.created", handle)
+    event_id = await enqueue(db, "order.created", {})
+    worker = Worker(db, router, fast_config())
+    try:
+        assert await worker.run_once() == 1
+    finally:
+        await worker.close()
+    [event] = seen
+    # The claim's microseconds, not yet a datetime: a handler that never looks
+    # pays nothing for it (types.Event.created_at).
+    assert isinstance(event._created, int)
+    created = event.created_at
+    assert created == (await event_row(db, event_id))["created_at"]
+    assert created is not None and created.utcoffset() == datetime.timedelta(0)
+    assert event.created_at is created
 
 
 async def test_higher_priority_runs_first_then_oldest_first(db: str) -> None:

@@ -105,7 +105,7 @@ class MetricsMiddleware(Middleware, Collector, SettledObserver):
         # The last enqueue time seen, and its epoch seconds: the events of one
         # enqueue transaction share it (now()), and datetime.timestamp() was
         # the dearest step of after().
-        self._created: datetime | None = None
+        self._created: datetime | int | None = None
         self._created_epoch = 0.0
         (REGISTRY if registry is None else registry).register(self)
 
@@ -138,10 +138,12 @@ class MetricsMiddleware(Middleware, Collector, SettledObserver):
         series.outcomes[outcome] += 1
         series.duration[bisect_left(DURATION_BUCKETS, duration)] += 1
         series.duration_sum += duration
-        created = event.created_at
+        # Read as the claim gave it (Event.created_at would make a datetime);
+        # the events of one enqueue share it, so its epoch is worked out once.
+        created = event._created
         if created is not None:
             if created != self._created:
-                self._created, self._created_epoch = created, created.timestamp()
+                self._created, self._created_epoch = created, event._created_epoch() or 0.0
             wait = started - self._created_epoch
             if wait < 0.0:
                 wait = 0.0

@@ -35,7 +35,7 @@ import psycopg
 from conveyor.config import WorkerConfig
 from conveyor.db.arrays import text_array
 from conveyor.db.named_queries import Queries
-from conveyor.db.rows import CLAIM_PRIORITY
+from conveyor.db.rows import CLAIM_PRIORITY, claim_cursor
 from conveyor.router import Router
 from conveyor.types import CLAIM_COLUMNS, Event
 from conveyor.worker.classify import Outcome
@@ -122,7 +122,8 @@ class Claims:
         self._rng = random.Random()
         # A cursor per claim connection (two with claim windows), and the
         # connection the last claim handed to its window (not to be given back here).
-        self._cursors = {c.role: CursorCache(binary=True) for c in connections.claimers()}
+        self._cursors = {c.role: CursorCache(binary=True, setup=claim_cursor)
+                         for c in connections.claimers()}
         self._held: ManagedConnection | None = None
         # How many limited events the last plain claim moved to their lane.
         self.moved = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import psycopg
@@ -67,14 +68,18 @@ class CursorCache:
     connection.
     """
 
-    def __init__(self, *, binary: bool = False) -> None:
+    def __init__(self, *, binary: bool = False,
+                 setup: Callable[[psycopg.AsyncCursor[Any]], None] | None = None) -> None:
         self._binary = binary
+        self._setup = setup     # adapts each new cursor (its loaders, say)
         self._cursor: psycopg.AsyncCursor[Any] | None = None
 
     def get(self, conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
         cur = self._cursor
         if cur is None or cur.connection is not conn:
             cur = self._cursor = conn.cursor(binary=self._binary)
+            if self._setup is not None:
+                self._setup(cur)
         return cur
 
 
