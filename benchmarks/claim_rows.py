@@ -53,7 +53,7 @@ def _read(url: str, way: str, count: int) -> None:
         conn.execute(FILL, (BATCH,))
         cur = conn.cursor(binary=True)
         if way == "worker":
-            claim_cursor(cur)  # type: ignore[arg-type]  # the sync cursor has the same adapters
+            claim_cursor(cur)
         for _ in range(count):
             cur.execute(query, prepare=True)
             events = [Event._from_claim_row(row) for row in cur.fetchall()]

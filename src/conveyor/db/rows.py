@@ -61,7 +61,7 @@ CLAIM_PRIORITY = CLAIM_COLUMNS.index("priority")
 event_from_claim_row = Event._from_claim_row
 
 
-def claim_cursor(cursor: psycopg.AsyncCursor[Any]) -> None:
+def claim_cursor(cursor: psycopg.AsyncCursor[Any] | psycopg.Cursor[Any]) -> None:
     """Set up the cursor of the plain claim (binary results): ``created_at`` comes as
     PostgreSQL sends it, microseconds since :data:`~conveyor.types.PG_EPOCH`, and
     :attr:`Event.created_at <conveyor.types.Event.created_at>` makes the datetime
