@@ -170,7 +170,9 @@ class Event:
 
     @property
     def created_at(self) -> datetime | None:
-        """When the event was enqueued (the database's clock), in UTC."""
+        """When the event was enqueued (the database's clock), an aware datetime:
+        in UTC from the plain claim, which reads it as a count (see below), and
+        in the session's time zone from the others."""
         created = self._created
         if isinstance(created, int):
             # The claim's count of microseconds, made a datetime on first use:
