@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
 
 import psycopg
 
 from conveyor.types import CLAIM_COLUMNS
+from conveyor_tools.bench.callgrind import instructions
 
 BATCH = 100
 SIZES = (100, 300)
@@ -64,13 +63,7 @@ def _instructions(url: str, way: str, count: int, time_zone: str | None) -> int:
     env = dict(os.environ)
     if time_zone:
         env["PGTZ"] = time_zone
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-                           sys.executable, __file__, "--run", url, way, str(count)],
-                          capture_output=True, text=True, check=True, env=env)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise SystemExit(f"no instruction count from valgrind:\n{done.stderr[-2000:]}")
-    return int(found.group(1))
+    return instructions([__file__, "--run", url, way, str(count)], env)
 
 
 def main() -> int:

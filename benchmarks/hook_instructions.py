@@ -25,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import datetime
 import random
-import re
-import subprocess
 import sys
 from typing import Any
+
+from conveyor_tools.bench.callgrind import instructions
 
 KINDS = ("plain", "after_only", "both", "metrics", "metrics_worker", "tracing", "plain_head",
          "tracing_sampled")
@@ -112,13 +112,7 @@ async def _drain(kind: str, count: int) -> None:
 
 
 def _instructions(kind: str, count: int) -> int:
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-                           sys.executable, __file__, "--run", kind, str(count)],
-                          capture_output=True, text=True, check=True)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise SystemExit(f"no instruction count from valgrind:\n{done.stderr[-2000:]}")
-    return int(found.group(1))
+    return instructions([__file__, "--run", kind, str(count)])
 
 
 def main() -> int:
