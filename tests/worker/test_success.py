@@ -112,7 +112,9 @@ async def test_running_worker_drains_all_three_handler_kinds(db: str) -> None:
     assert worker.stats.succeeded == 3
 
 
-async def test_handler_receives_the_event_as_enqueued(db: str) -> None:
+async def _handed_to_a_handler(db: str, event_id: int) -> Event:
+    """The event ``event_id`` (of topic ``order.created``) as one worker pass hands it
+    to a handler."""
     seen: list[Event] = []
 
     async def handle(event: Event) -> None:
@@ -120,14 +122,20 @@ async def test_handler_receives_the_event_as_enqueued(db: str) -> None:
 
     router = Router()
     router.add("order.created", handle)
-    event_id = await enqueue(db, "order.created", {"id": 7, "lines": [1, 2]}, tenant="acme",
-                             idempotency_key="order-7", priority=3, max_attempts=4)
     worker = Worker(db, router, fast_config())
     try:
         assert await worker.run_once() == 1
     finally:
         await worker.close()
     [event] = seen
+    assert event.id == event_id
+    return event
+
+
+async def test_handler_receives_the_event_as_enqueued(db: str) -> None:
+    event_id = await enqueue(db, "order.created", {"id": 7, "lines": [1, 2]}, tenant="acme",
+                             idempotency_key="order-7", priority=3, max_attempts=4)
+    event = await _handed_to_a_handler(db, event_id)
     row = await event_row(db, event_id)
     assert (event.id, event.topic, event.tenant, event.idempotency_key) == \
         (event_id, "order.created", "acme", "order-7")
@@ -138,20 +146,8 @@ async def test_handler_receives_the_event_as_enqueued(db: str) -> None:
 
 
 async def test_a_claimed_event_makes_its_created_at_only_when_read(db: str) -> None:
-    seen: list[Event] = []
-
-    async def handle(event: Event) -> None:
-        seen.append(event)
-
-    router = Router()
-    router.add("order.created", handle)
     event_id = await enqueue(db, "order.created", {})
-    worker = Worker(db, router, fast_config())
-    try:
-        assert await worker.run_once() == 1
-    finally:
-        await worker.close()
-    [event] = seen
+    event = await _handed_to_a_handler(db, event_id)
     # The claim's microseconds, not yet a datetime: a handler that never looks
     # pays nothing for it (types.Event.created_at).
     assert isinstance(event._created, int)
