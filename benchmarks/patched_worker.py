@@ -6,7 +6,7 @@ patch replaces one named query's text in the loaded catalogue (the files in
 
     python benchmarks/patched_worker.py trace-wake -- --schema s worker ...
 
-Patches (joined with "+"): trace-wake, timeline, two-fetch, and the query
+Patches (joined with "+"): trace-wake, timeline, two-fetch, ack-refill, and the query
 patches in PATCHES. The
 worker's own settings already hold what earlier patches measured
 (synchronous_commit off on the claim and acknowledgement sessions, one
@@ -128,6 +128,44 @@ def two_fetch() -> None:
     Claims.fetch_loop = twin_loops  # type: ignore[method-assign]
 
 
+def ack_refill() -> None:
+    """After each acknowledgement written while a backlog lasts, the acknowledging
+    connection claims into the slots it freed, on its own round trip, while the
+    fetch loop claims on its connection as before (a design priced, not shipped)."""
+    from conveyor.db.rows import claim_cursor
+    from conveyor.worker.claims import Claims
+    from conveyor.worker.completer import Completer
+    from conveyor.worker.connection import CursorCache
+
+    init, flush, claim = Claims.__init__, Completer.flush, Claims.claim
+    state = {"full": False}
+
+    def patched_init(self: Claims, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        self.completer._refill = self  # type: ignore[attr-defined]
+        self._cursors["ack"] = CursorCache(binary=True, setup=claim_cursor)
+
+    async def patched_claim(self: Claims, want: int, **kwargs: bool) -> object:
+        events = await claim(self, want, **kwargs)
+        state["full"] = events is not None and len(events) == want
+        return events
+
+    async def patched_flush(self: Completer) -> None:
+        await flush(self)
+        claims = getattr(self, "_refill", None)
+        if claims is None or not state["full"]:
+            return
+        free = claims.running.free_slots()
+        if free >= max(1, claims.config.batch_size // 4):
+            want = min(free, self.flush_size)
+            events = await claims._claim(self._conn, claims._cursors["ack"], want, False)
+            state["full"] = events is not None and len(events) == want
+
+    Claims.__init__ = patched_init  # type: ignore[method-assign]
+    Claims.claim = patched_claim  # type: ignore[method-assign]
+    Completer.flush = patched_flush  # type: ignore[method-assign]
+
+
 def main() -> int:
     name, sep, *rest = sys.argv[1:]
     assert sep == "--", "usage: patched_worker.py PATCH -- CLI-ARGS..."
@@ -138,6 +176,8 @@ def main() -> int:
             timeline()
         elif part == "two-fetch":
             two_fetch()
+        elif part == "ack-refill":
+            ack_refill()
         else:
             named_queries.raw_queries().update(PATCHES[part])
     from conveyor.cli.main import main as cli_main
