@@ -13,7 +13,13 @@ context after one of these steps, and prints CPU microseconds per task:
 * ``attach``: OpenTelemetry's ``context.attach`` of an empty context;
 * ``quiet``: ``TracingMiddleware.quiet`` of an unsampled first attempt.
 
-    .venv/bin/python benchmarks/quiet_context.py [--rounds 300]
+    .venv/bin/python benchmarks/quiet_context.py [--rounds 300] [--gc worker]
+
+``--gc worker`` collects garbage as a ``conveyor worker`` process does
+(``conveyor.cli.process.serve_until_stopped``: start-up objects frozen, the
+youngest generation collected every 10,000 allocations); by default, as
+Python does. Every object a step allocates makes the collector's walks
+come sooner, so the two settings price the same steps differently.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -31,6 +38,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
+from conveyor.cli.process import YOUNG_GC_THRESHOLD
 from conveyor.tracing import TracingMiddleware
 from conveyor.types import Event
 
@@ -86,11 +94,18 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=300, help="rounds of 100 tasks per sample")
     parser.add_argument("--repeats", type=int, default=5, help="samples per variant, alternating")
+    parser.add_argument("--gc", choices=["python", "worker"], default="python",
+                        help="the garbage collector's settings: Python's own, or a worker's")
     args = parser.parse_args()
+    if args.gc == "worker":
+        gc.freeze()
+        _python_young, *older = gc.get_threshold()
+        gc.set_threshold(YOUNG_GC_THRESHOLD, *older)
     trace.set_tracer_provider(TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01))))
     result = asyncio.run(_measure(args.rounds, args.repeats))
     plain = result["plain"]
-    print(f"CPU per no-op task, median of {args.repeats} samples of {args.rounds} x {TASKS}:")
+    print(f"CPU per no-op task, median of {args.repeats} samples of {args.rounds} x {TASKS}, "
+          f"{args.gc}'s garbage collection:")
     for name, us in result.items():
         print(f"  {name:<8} {us:5.2f} us   +{us - plain:4.2f}")
     return 0
